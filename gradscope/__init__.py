@@ -1,0 +1,82 @@
+"""gradscope: see PyTorch autograd graphs, saved tensors and memory, and compare strategies.
+
+Example:
+    >>> import torch, gradscope as gs
+    >>> w = torch.ones(4, requires_grad=True)
+    >>> with gs.record(memory="off") as rec:
+    ...     (w.exp() * 2).sum().backward()
+    >>> rec.recording.saved_bytes
+    16
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from gradscope.errors import GradscopeError, MemoryBudgetExceeded
+from gradscope.recording import Recording, load
+
+__all__ = [
+    "Comparison",
+    "GradscopeError",
+    "MemoryBudgetExceeded",
+    "Recording",
+    "compare",
+    "diagnose",
+    "graph",
+    "load",
+    "load_ipython_extension",
+    "predict",
+    "record",
+    "show",
+    "unload_ipython_extension",
+]
+
+__version__ = "0.1.0"
+
+# Public names that live in submodules, imported on first use so that `import gradscope`
+# stays light (no IPython, no widget stack) and a missing optional dependency only matters
+# when its feature is used.
+_LAZY = {
+    "record": "gradscope.record",
+    "graph": "gradscope.graph",
+    "compare": "gradscope.compare",
+    "Comparison": "gradscope.compare",
+    "diagnose": "gradscope.diagnose",
+    "predict": "gradscope.predict",
+    "show": "gradscope.widget",
+    "strategies": "gradscope.strategies",
+}
+
+if TYPE_CHECKING:
+    from gradscope.compare import Comparison, compare
+    from gradscope.diagnose import diagnose
+    from gradscope.graph import graph
+    from gradscope.predict import predict
+    from gradscope.record import record
+    from gradscope.widget import show
+
+
+def __getattr__(name: str) -> Any:
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'gradscope' has no attribute {name!r}")
+    module = importlib.import_module(mod)
+    value = module if name == "strategies" else getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """Entry point of ``%load_ext gradscope``."""
+    from gradscope.ipython import load_ipython_extension as _load
+
+    _load(ipython)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    """Entry point of ``%unload_ext gradscope``."""
+    from gradscope.ipython import unload_ipython_extension as _unload
+
+    _unload(ipython)
