@@ -1,0 +1,43 @@
+"""The seed patterns as tested, plain-PyTorch functions (no gradscope hooks needed).
+
+=========================================  ==================================================
+pattern                                    functions
+=========================================  ==================================================
+mixed second derivative, frozen model      :func:`mixed_grad` (``create_graph`` / ``forward_ad`` / ``split``)
+loss over many outputs of one model        :func:`many_inputs_backward` (``stacked`` / ``two_pass``)
+hypergradient through optimizer steps      :func:`hypergradient`, :func:`unrolled_params`
+early release of penalty branches          :class:`PenaltyBranches` (``early`` / ``retain_graph`` / ``joint``)
+Jacobians                                  :func:`jacobian` (``loop`` / ``batched`` / ``jacrev`` / ``jacfwd`` / ``vmap``)
+=========================================  ==================================================
+
+Example:
+    >>> import torch
+    >>> from gradscope import strategies
+    >>> J = strategies.jacobian(torch.sin, torch.zeros(3), method="jacfwd")
+    >>> torch.equal(J, torch.eye(3))
+    True
+"""
+
+from __future__ import annotations
+
+from gradscope.strategies.hyper import HYPERGRAD_METHODS, OPTIMIZERS, hypergradient, unrolled_params
+from gradscope.strategies.jacobian import JACOBIAN_METHODS, jacobian
+from gradscope.strategies.many_inputs import MANY_INPUTS_METHODS, many_inputs_backward
+from gradscope.strategies.mixed import MIXED_GRAD_METHODS, frozen, mixed_grad
+from gradscope.strategies.penalties import PENALTY_METHODS, PenaltyBranches
+
+__all__ = [
+    "HYPERGRAD_METHODS",
+    "JACOBIAN_METHODS",
+    "MANY_INPUTS_METHODS",
+    "MIXED_GRAD_METHODS",
+    "OPTIMIZERS",
+    "PENALTY_METHODS",
+    "PenaltyBranches",
+    "frozen",
+    "hypergradient",
+    "jacobian",
+    "many_inputs_backward",
+    "mixed_grad",
+    "unrolled_params",
+]

@@ -1,0 +1,215 @@
+"""Hypergradients through unrolled optimizer steps (the seed-002 pattern).
+
+``d val_loss(θ_K) / d λ`` where ``θ_{k+1} = step(θ_k, d train_loss(θ_k, λ) / dθ_k)``. Done functionally:
+the parameters are plain tensors passed to ``torch.func.functional_call``, every update is an
+out-of-place expression (``θ - lr * g`` for SGD, Adam's moments as tensors), and the gradients are taken
+with ``create_graph=True``, so the whole trajectory stays differentiable in ``λ``.
+
+The forum thread's failure mode is kept as ``method="inplace"``: the update runs in place under
+``torch.no_grad()`` (what ``optimizer.step()`` does), which cuts the graph from ``θ_K`` back to ``λ``;
+``autograd.grad(val, λ)`` then raises "One of the differentiated Tensors appears to not have been used
+in the graph", and with ``allow_unused=True`` it returns ``None``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+
+from gradscope.strategies._checks import _fail, _need_method, _need_scalar
+
+__all__ = ["HYPERGRAD_METHODS", "OPTIMIZERS", "hypergradient", "unrolled_params"]
+
+HYPERGRAD_METHODS = ("unrolled", "inplace")
+OPTIMIZERS = ("sgd", "adam")
+
+_F = "hypergradient"
+
+Params = dict[str, torch.Tensor]
+
+
+def unrolled_params(
+    model: nn.Module,
+    train_loss: Callable[[Params], torch.Tensor],
+    steps: int,
+    optimizer: str = "sgd",
+    lr: float | torch.Tensor = 0.1,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+) -> Params:
+    """The parameters after ``steps`` differentiable optimizer steps, as a name -> tensor dict.
+
+    The model itself is not changed. The result carries the graph back to anything ``train_loss`` (or a
+    tensor ``lr``) depends on. The updates are those of ``torch.optim.SGD`` (no momentum) and
+    ``torch.optim.Adam`` (no weight decay, no amsgrad).
+
+    Args:
+        model: supplies the starting parameters (detached copies) and names.
+        train_loss: ``train_loss(params) -> scalar``; typically calls
+            ``torch.func.functional_call(model, params, (x,))``.
+        steps: number of steps, at least 1.
+        optimizer: ``"sgd"`` or ``"adam"``.
+        lr: learning rate, a float or a tensor (then it can be a hyperparameter too).
+        betas: Adam's moment decay rates.
+        eps: Adam's epsilon.
+
+    Returns:
+        ``{name: tensor}`` after the last step.
+
+    Example:
+        >>> import torch
+        >>> from torch.func import functional_call
+        >>> model = torch.nn.Linear(2, 1)
+        >>> x, t = torch.randn(4, 2), torch.randn(4, 1)
+        >>> loss = lambda p: ((functional_call(model, p, (x,)) - t) ** 2).mean()
+        >>> p = unrolled_params(model, loss, steps=2)
+        >>> sorted(p), p["weight"].shape
+        (['bias', 'weight'], torch.Size([1, 2]))
+    """
+    if not isinstance(model, nn.Module):
+        raise _fail(_F, f"`model` must be an nn.Module, got {type(model).__name__}.")
+    if not callable(train_loss):
+        raise _fail(
+            _F, f"`train_loss` must be callable as train_loss(params), got {type(train_loss).__name__}."
+        )
+    if not isinstance(steps, int) or steps < 1:
+        raise _fail(_F, f"`steps` must be a positive int, got {steps!r}.")
+    if optimizer not in OPTIMIZERS:
+        raise _fail(_F, f"`optimizer` must be one of {OPTIMIZERS}, got {optimizer!r}.")
+    params: Params = {n: p.detach().clone().requires_grad_(True) for n, p in model.named_parameters()}
+    if not params:
+        raise _fail(_F, "`model` has no parameters to unroll.")
+    names = list(params)
+    b1, b2 = betas
+    m = {n: torch.zeros_like(p) for n, p in params.items()}
+    v = {n: torch.zeros_like(p) for n, p in params.items()}
+    for k in range(1, steps + 1):
+        loss = _need_scalar(_F, "`train_loss`", train_loss(params))
+        grads = torch.autograd.grad(loss, [params[n] for n in names], create_graph=True, allow_unused=True)
+        new: Params = {}
+        for n, gr in zip(names, grads, strict=True):
+            p = params[n]
+            if gr is None:
+                gr = torch.zeros_like(p)
+            if optimizer == "sgd":
+                new[n] = p - lr * gr
+            else:
+                m[n] = b1 * m[n] + (1 - b1) * gr
+                v[n] = b2 * v[n] + (1 - b2) * gr * gr
+                m_hat = m[n] / (1 - b1**k)
+                v_hat = v[n] / (1 - b2**k)
+                # sqrt has an infinite derivative at 0; a zero gradient entry would turn it into NaN.
+                # The 1e-30 shift is far below float32 resolution of any non-zero v_hat.
+                new[n] = p - lr * m_hat / (torch.sqrt(v_hat + 1e-30) + eps)
+        params = new
+    return params
+
+
+def hypergradient(
+    model: nn.Module,
+    hyper: torch.Tensor | Sequence[torch.Tensor],
+    train_loss: Callable[[Params], torch.Tensor],
+    val_loss: Callable[[Params], torch.Tensor],
+    steps: int = 1,
+    optimizer: str = "sgd",
+    lr: float | torch.Tensor = 0.1,
+    method: str = "unrolled",
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+) -> torch.Tensor | tuple[torch.Tensor | None, ...] | None:
+    """``d val_loss(θ_K) / d hyper`` through ``steps`` optimizer steps on ``train_loss``.
+
+    Args:
+        model: the model trained in the inner loop; left unchanged by both methods.
+        hyper: the hyperparameter tensor(s), each requiring grad; ``train_loss`` (or a tensor ``lr``)
+            depends on them.
+        train_loss: ``train_loss(params) -> scalar`` with ``params`` a name -> tensor dict (use
+            ``torch.func.functional_call(model, params, args)``).
+        val_loss: ``val_loss(params) -> scalar``, evaluated at the parameters after the last step.
+        steps: number of unrolled steps ``K``.
+        optimizer: ``"sgd"`` or ``"adam"``.
+        lr: learning rate (float or tensor).
+        method: ``"unrolled"`` (functional, correct) or ``"inplace"`` (the thread's in-place
+            ``no_grad`` update through ``torch.optim``; the graph is cut and the result is ``None``).
+        betas: Adam's moment decay rates.
+        eps: Adam's epsilon.
+
+    Returns:
+        One tensor shaped like ``hyper`` (a tuple for a sequence of hyperparameters); ``None`` entries
+        where no gradient reaches a hyperparameter.
+
+    Raises:
+        GradscopeError: a hyperparameter that is not a tensor requiring grad, a bad ``steps``, optimizer
+            or method.
+
+    Example:
+        >>> import torch
+        >>> from torch.func import functional_call
+        >>> model = torch.nn.Linear(2, 1)
+        >>> x, t = torch.randn(4, 2), torch.randn(4, 1)
+        >>> w = torch.ones(4, requires_grad=True)  # per-sample weights
+        >>> tr = lambda p: (w * (functional_call(model, p, (x,)) - t).squeeze(1) ** 2).mean()
+        >>> va = lambda p: ((functional_call(model, p, (x,)) - t) ** 2).mean()
+        >>> hypergradient(model, w, tr, va, steps=2).shape
+        torch.Size([4])
+        >>> print(hypergradient(model, w, tr, va, steps=2, method="inplace"))
+        None
+    """
+    _need_method(_F, method, HYPERGRAD_METHODS)
+    single = isinstance(hyper, torch.Tensor)
+    hypers = [hyper] if single else list(hyper)  # type: ignore[list-item]
+    if not hypers:
+        raise _fail(
+            _F, "`hyper` is empty; pass the hyperparameter tensor(s) to differentiate with respect to."
+        )
+    for i, h in enumerate(hypers):
+        name = "hyper" if single else f"hyper[{i}]"
+        if not isinstance(h, torch.Tensor):
+            raise _fail(_F, f"`{name}` must be a torch.Tensor, got {type(h).__name__}.")
+        if not h.requires_grad:
+            raise _fail(_F, f"`{name}` must require grad; call `.requires_grad_()` on it first.")
+    if not callable(val_loss):
+        raise _fail(_F, f"`val_loss` must be callable as val_loss(params), got {type(val_loss).__name__}.")
+    if method == "unrolled":
+        params = unrolled_params(model, train_loss, steps, optimizer, lr, betas, eps)
+        val = _need_scalar(_F, "`val_loss`", val_loss(params))
+        grads = torch.autograd.grad(val, hypers, allow_unused=True)
+    else:
+        grads = _inplace(model, hypers, train_loss, val_loss, steps, optimizer, lr, betas, eps)
+    return grads[0] if single else tuple(grads)
+
+
+def _inplace(model, hypers, train_loss, val_loss, steps, optimizer, lr, betas, eps):  # type: ignore[no-untyped-def]
+    if not isinstance(model, nn.Module):
+        raise _fail(_F, f"`model` must be an nn.Module, got {type(model).__name__}.")
+    if not isinstance(steps, int) or steps < 1:
+        raise _fail(_F, f"`steps` must be a positive int, got {steps!r}.")
+    if optimizer not in OPTIMIZERS:
+        raise _fail(_F, f"`optimizer` must be one of {OPTIMIZERS}, got {optimizer!r}.")
+    named = dict(model.named_parameters())
+    saved = {n: (p.detach().clone(), p.grad) for n, p in named.items()}
+    lr_value = float(lr) if isinstance(lr, torch.Tensor) else lr
+    opt: torch.optim.Optimizer
+    if optimizer == "sgd":
+        opt = torch.optim.SGD(list(named.values()), lr=lr_value)
+    else:
+        opt = torch.optim.Adam(list(named.values()), lr=lr_value, betas=betas, eps=eps)
+    try:
+        for _ in range(steps):
+            loss = _need_scalar(_F, "`train_loss`", train_loss(named))
+            grads = torch.autograd.grad(loss, list(named.values()), create_graph=True, allow_unused=True)
+            for p, gr in zip(named.values(), grads, strict=True):
+                p.grad = None if gr is None else gr.detach()
+            opt.step()  # in place, under no_grad: θ no longer depends on the hyperparameters
+        val = _need_scalar(_F, "`val_loss`", val_loss(named))
+        if not val.requires_grad:
+            return [None] * len(hypers)
+        return list(torch.autograd.grad(val, hypers, allow_unused=True))
+    finally:
+        with torch.no_grad():
+            for n, p in named.items():
+                value, grad = saved[n]
+                p.copy_(value)
+                p.grad = grad

@@ -1,0 +1,159 @@
+"""A loss over many outputs of one model (the seed-001 pattern).
+
+``L = g(f(x_1), ..., f(x_n))``. Stacking keeps ``n`` graphs of ``f`` alive until ``L.backward()``.
+The two-pass version keeps one: a no-grad pass computes every ``z_i = f(x_i)``, ``dL/dz`` comes from
+``g`` alone, then each ``z_i`` is recomputed and back-propagated with its slice of ``dL/dz``.
+
+NOTE [ two-pass keeps RNG and batch-norm state exact ]: the recompute must see the same ``z_i`` as the
+first pass and must leave the model exactly as the stacked run would. So:
+  * the RNG state is saved before each input's first pass and restored for its recompute, so dropout
+    draws the same masks; after the recompute the RNG is put back where the first pass left it, which is
+    where the stacked run leaves it;
+  * the first pass runs the model as the stacked run does (same order, train mode), so batch-norm
+    running statistics and ``num_batches_tracked`` are updated exactly once per input;
+  * during the recompute every norm layer in train mode gets ``track_running_stats = False``: it then
+    normalizes with the batch statistics (as in the first pass) but neither reads nor updates the
+    running statistics. The flags are restored afterwards, also on error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.modules.batchnorm import _NormBase
+
+from gradscope.strategies._checks import _fail, _need_callable, _need_method, _need_scalar
+
+__all__ = ["MANY_INPUTS_METHODS", "many_inputs_backward"]
+
+MANY_INPUTS_METHODS = ("stacked", "two_pass")
+
+_F = "many_inputs_backward"
+
+
+def many_inputs_backward(
+    f: Callable[[torch.Tensor], torch.Tensor],
+    inputs: Sequence[torch.Tensor],
+    g: Callable[[torch.Tensor], torch.Tensor],
+    method: str = "two_pass",
+) -> torch.Tensor:
+    """Back-propagate ``L = g(torch.stack([f(x) for x in inputs]))`` into ``.grad``; return ``L``.
+
+    Args:
+        f: the model, usually an ``nn.Module`` (dropout and batch norm allowed, see
+            NOTE [ two-pass keeps RNG and batch-norm state exact ]).
+        inputs: the ``x_i``, a non-empty sequence of tensors.
+        g: ``g(zs) -> scalar`` where ``zs`` stacks the ``f(x_i)`` along a new first dimension.
+        method: ``"stacked"`` (all graphs alive at once) or ``"two_pass"`` (one graph of ``f`` at a
+            time; peak memory flat in ``len(inputs)``).
+
+    Returns:
+        ``L``, detached. Gradients are accumulated into ``.grad`` of every leaf that ``f`` and ``g`` use,
+        as ``L.backward()`` would.
+
+    Raises:
+        GradscopeError: empty or non-tensor inputs, ``g`` not returning a scalar, an unknown method.
+
+    Example:
+        >>> import torch
+        >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
+        <torch._C.Generator object at ...>
+        >>> f = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4), torch.nn.Dropout(0.5))
+        >>> xs = [torch.randn(5, 3) for _ in range(3)]
+        >>> g = lambda zs: zs.pow(2).mean()
+        >>> L = many_inputs_backward(f, xs, g, method="two_pass")
+        >>> L.requires_grad, f[0].weight.grad.shape
+        (False, torch.Size([4, 3]))
+    """
+    _need_callable(_F, "f", f)
+    _need_callable(_F, "g", g)
+    _need_method(_F, method, MANY_INPUTS_METHODS)
+    if isinstance(inputs, torch.Tensor):
+        inputs = list(inputs.unbind(0))
+    if len(inputs) == 0:
+        raise _fail(_F, "`inputs` is empty; pass a non-empty sequence of tensors.")
+    for i, x in enumerate(inputs):
+        if not isinstance(x, torch.Tensor):
+            raise _fail(_F, f"`inputs[{i}]` must be a torch.Tensor, got {type(x).__name__}.")
+    if method == "stacked":
+        zs = torch.stack([_output(f, x, i) for i, x in enumerate(inputs)])
+        L = _need_scalar(_F, "`g`", g(zs))
+        L.backward()
+        return L.detach()
+    return _two_pass(f, inputs, g)
+
+
+def _output(f: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, i: int) -> torch.Tensor:
+    z = f(x)
+    if not isinstance(z, torch.Tensor):
+        raise _fail(_F, f"`f(inputs[{i}])` must return a tensor, got {type(z).__name__}.")
+    return z
+
+
+def _two_pass(
+    f: Callable[[torch.Tensor], torch.Tensor], inputs: Sequence[torch.Tensor], g: Any
+) -> torch.Tensor:
+    devices = _cuda_devices(inputs, f)
+    states = []
+    zs = []
+    with torch.no_grad():
+        for i, x in enumerate(inputs):
+            states.append(_get_rng(devices))
+            zs.append(_output(f, x, i))
+    after = _get_rng(devices)
+    zs_leaf = torch.stack(zs).requires_grad_(True)
+    del zs
+    L = _need_scalar(_F, "`g`", g(zs_leaf))
+    L.backward()  # also accumulates the gradients of any leaves g itself uses
+    dL_dz = zs_leaf.grad
+    assert dL_dz is not None
+    del zs_leaf
+    try:
+        with _batch_stats_only(f):
+            for i, (x, state) in enumerate(zip(inputs, states, strict=True)):
+                _set_rng(state)
+                z = _output(f, x, i)
+                z.backward(dL_dz[i])
+                del z
+    finally:
+        _set_rng(after)
+    return L.detach()
+
+
+def _cuda_devices(inputs: Sequence[torch.Tensor], f: Any) -> list[int]:
+    devs = {x.device.index or 0 for x in inputs if x.device.type == "cuda"}
+    if isinstance(f, nn.Module):
+        devs |= {p.device.index or 0 for p in f.parameters() if p.device.type == "cuda"}
+    return sorted(devs)
+
+
+def _get_rng(cuda_devices: list[int]) -> tuple[torch.Tensor, list[tuple[int, torch.Tensor]]]:
+    return torch.get_rng_state(), [(d, torch.cuda.get_rng_state(d)) for d in cuda_devices]
+
+
+def _set_rng(state: tuple[torch.Tensor, list[tuple[int, torch.Tensor]]]) -> None:
+    cpu, cuda = state
+    torch.set_rng_state(cpu)
+    for d, s in cuda:
+        torch.cuda.set_rng_state(s, d)
+
+
+@contextlib.contextmanager
+def _batch_stats_only(f: Any) -> Iterator[None]:
+    """Norm layers in train mode use batch statistics without touching running ones (see NOTE above)."""
+    changed: list[_NormBase] = []
+    if isinstance(f, nn.Module):
+        for m in f.modules():
+            if isinstance(m, _NormBase) and m.training and m.track_running_stats:
+                changed.append(m)
+    try:
+        for m in changed:
+            m.track_running_stats = False
+        yield
+    finally:
+        for m in changed:
+            m.track_running_stats = True
