@@ -369,7 +369,7 @@ def test_early_release_frees_the_branch_before_the_end():
     assert node._saved_result.shape == (5, 32)
     pb.add(penalty, at=h)
     with pytest.raises(RuntimeError, match="backward through the graph a second time"):
-        node._saved_result  # the branch's saved tensors are gone already
+        _ = node._saved_result  # the branch's saved tensors are gone already
     assert h.grad_fn._saved_result.shape == (5, 8)  # the trunk's are still there
     pb.backward(h.sum())
     assert heads[0].weight.grad is not None and trunk[0].weight.grad is not None
