@@ -1,0 +1,73 @@
+"""Self-contained HTML pages: one file with the widget's script and the data inline, that renders
+the graph, the memory timeline and the backward step-through from ``file://`` with no network.
+
+Example:
+    >>> from gradscope.recording import Recording, Node
+    >>> page = recording_html(Recording(nodes=(Node(0, "SumBackward0"),)))  # doctest: +SKIP
+    >>> page.startswith("<!doctype html>")  # doctest: +SKIP
+    True
+"""
+
+from __future__ import annotations
+
+import html as _html
+import json
+from typing import Any
+
+from gradscope.recording import Recording
+from gradscope.widget import bundle_text, comparison_payload, recording_payload
+
+__all__ = ["comparison_html", "page_html", "recording_html"]
+
+# NOTE [ no network in pages ]: the page's Content-Security-Policy allows inline script and
+# style and data:/blob: images only, so a page cannot fetch anything even if some code tried.
+_CSP = (
+    "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+    "img-src data: blob:; font-src data:"
+)
+
+
+def _inline_json(payload: Any) -> str:
+    """JSON safe inside ``<script type="application/json">``: ``<``, ``>`` and ``&`` are escaped
+    as ``\\u003c`` etc., so no text in the data can close the element or open a comment."""
+    text = json.dumps(payload, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+    return (
+        text.replace("<", "\\u003c")
+        .replace(">", "\\u003e")
+        .replace("&", "\\u0026")
+        .replace("\u2028", "\\u2028")
+        .replace("\u2029", "\\u2029")
+    )
+
+
+def _inline_script(js: str) -> str:
+    """Script text safe inside ``<script>``: no ``</script`` and no ``<!--`` can end it early."""
+    return js.replace("</script", "<\\/script").replace("</SCRIPT", "<\\/SCRIPT").replace("<!--", "<\\!--")
+
+
+def page_html(payload: dict[str, Any], title: str) -> str:
+    """A complete HTML document rendering ``payload`` (from recording_payload/comparison_payload)."""
+    return (
+        "<!doctype html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+        f"<meta http-equiv=\"Content-Security-Policy\" content=\"{_CSP}\">\n"
+        "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
+        f"<title>{_html.escape(title)}</title>\n"
+        "<style>body { margin: 12px; background: #f5f7fa; }</style>\n"
+        "</head>\n<body>\n"
+        "<noscript>This gradscope page needs JavaScript to draw the graph and timeline.</noscript>\n"
+        f"<script type=\"application/json\" id=\"gradscope-data\">{_inline_json(payload)}</script>\n"
+        "<div id=\"gradscope-page\"></div>\n"
+        f"<script type=\"module\">\n{_inline_script(bundle_text())}\n</script>\n"
+        "</body>\n</html>\n"
+    )
+
+
+def recording_html(rec: Recording) -> str:
+    """One self-contained page for a recording (what :meth:`Recording.to_html` writes)."""
+    label = rec.label or "recording"
+    return page_html(recording_payload(rec), f"gradscope · {label}")
+
+
+def comparison_html(cmp: Any) -> str:
+    """One self-contained page for a comparison (what ``Comparison.to_html`` writes)."""
+    return page_html(comparison_payload(cmp), "gradscope · comparison")

@@ -1,0 +1,474 @@
+"""The notebook widget: the autograd graph, memory timeline, backward step-through and strategy
+toggles, as an anywidget whose front end is bundled from ``js/`` (no CDN).
+
+Example:
+    >>> import gradscope as gs
+    >>> from gradscope.recording import Recording, Node
+    >>> payload = recording_payload(Recording(nodes=(Node(0, "SumBackward0"),)))
+    >>> payload["summary"]["nodes"]
+    1
+
+In a notebook, ``gs.show(rec.recording)`` (or a recording as a cell's last value) shows the widget.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from gradscope.errors import GradscopeError
+from gradscope.layout import GraphLayout, layout_recording
+from gradscope.recording import Recording, format_bytes
+
+__all__ = [
+    "MAX_TIMELINE_POINTS",
+    "ComparisonWidget",
+    "RecordingWidget",
+    "bundle_path",
+    "bundle_text",
+    "comparison_payload",
+    "mimebundle",
+    "payload_json",
+    "recording_payload",
+    "show",
+]
+
+MAX_TIMELINE_POINTS = 6000
+PAYLOAD_VERSION = 1
+_STATIC = Path(__file__).resolve().parent / "static"
+
+try:  # The widget stack is optional: payloads and the HTML page work without it.
+    import anywidget as _anywidget
+    import traitlets as _traitlets
+except ImportError:  # pragma: no cover - exercised where the notebook extra is missing
+    _anywidget = None
+    _traitlets = None
+
+
+# ----- the bundled front end ----------------------------------------------------------------
+def bundle_path() -> Path:
+    """Where the bundled front end (one ES module) lives."""
+    return _STATIC / "widget.js"
+
+
+def bundle_text() -> str:
+    """The bundled front end; raises GradscopeError saying how to build it when it is missing."""
+    p = bundle_path()
+    try:
+        return p.read_text(encoding="utf-8")
+    except OSError:
+        raise GradscopeError(
+            f"gradscope: the widget's JavaScript bundle is missing ({p.name} in gradscope/static). "
+            "Reinstall gradscope with Node.js and npm available (pip install -e .), or build it: "
+            "cd js && npm ci && npm run build."
+        ) from None
+
+
+# ----- payloads: what the front end reads -----------------------------------------------------
+class _Strings:
+    """Interns strings so each distinct one travels once."""
+
+    def __init__(self) -> None:
+        self.table: list[str] = []
+        self._index: dict[str, int] = {}
+
+    def __call__(self, s: str | None) -> int:
+        if s is None:
+            return -1
+        i = self._index.get(s)
+        if i is None:
+            i = len(self.table)
+            self._index[s] = i
+            self.table.append(s)
+        return i
+
+
+def _shape_text(shape: Sequence[int] | None) -> str | None:
+    if shape is None:
+        return None
+    if len(shape) == 0:
+        return "scalar"
+    return " × ".join(str(int(d)) for d in shape)
+
+
+def _decimate(live: Sequence[int], max_points: int) -> list[int]:
+    """Indexes of timeline points to keep: all when few; else per bucket the first, lowest,
+    highest and last point, plus the global peak, so the curve's shape and peak survive."""
+    n = len(live)
+    if n <= max_points:
+        return list(range(n))
+    buckets = max(1, max_points // 4)
+    keep: set[int] = {0, n - 1}
+    size = n / buckets
+    for b in range(buckets):
+        lo = int(b * size)
+        hi = min(n, int((b + 1) * size))
+        if lo >= hi:
+            continue
+        seg = range(lo, hi)
+        keep.add(lo)
+        keep.add(hi - 1)
+        keep.add(min(seg, key=live.__getitem__))
+        keep.add(max(seg, key=live.__getitem__))
+    keep.add(max(range(n), key=live.__getitem__))
+    return sorted(keep)
+
+
+def _round_t(v: float) -> float:
+    return round(float(v), 7)
+
+
+def recording_payload(
+    rec: Recording,
+    *,
+    layout: GraphLayout | None = None,
+    collapse: bool | int | str = "auto",
+    engine: str = "auto",
+    max_timeline_points: int = MAX_TIMELINE_POINTS,
+) -> dict[str, Any]:
+    """Everything the front end draws for one recording, as compact JSON-ready columns.
+
+    Strings are interned into one table (``strings``); columns hold indexes (-1 for none). The
+    timeline is thinned to at most about ``max_timeline_points`` points, keeping the peak.
+    """
+    if not isinstance(rec, Recording):
+        raise GradscopeError(f"gradscope: expected a Recording, got {type(rec).__name__}.")
+    S = _Strings()
+    lay = layout if layout is not None else layout_recording(rec, collapse=collapse, engine=engine)
+    n = len(rec.nodes)
+    node_storages: list[dict[int, int]] = [{} for _ in range(n)]
+    saved_count = [0] * n
+    for s in rec.saved:
+        if 0 <= s.node < n:
+            node_storages[s.node][s.storage] = s.bytes
+            saved_count[s.node] += 1
+    nodes = {
+        "name": [S(x.name) for x in rec.nodes],
+        "order": [x.order for x in rec.nodes],
+        "module": [S(x.module) for x in rec.nodes],
+        "leaf": [S(x.leaf) for x in rec.nodes],
+        "leaf_shape": [S(_shape_text(x.leaf_shape)) for x in rec.nodes],
+        "executed": [x.executed for x in rec.nodes],
+        "saved_bytes": [sum(d.values()) for d in node_storages],
+        "saved_count": saved_count,
+    }
+    saved = {
+        "node": [s.node for s in rec.saved],
+        "attribute": [S(s.attribute) for s in rec.saved],
+        "shape": [S(_shape_text(s.shape)) for s in rec.saved],
+        "dtype": [S(s.dtype) for s in rec.saved],
+        "device": [S(s.device) for s in rec.saved],
+        "bytes": [s.bytes for s in rec.saved],
+        "storage": [s.storage for s in rec.saved],
+        "kind": [S(s.kind.value if hasattr(s.kind, "value") else str(s.kind)) for s in rec.saved],
+        "module": [S(s.module) for s in rec.saved],
+        "name": [S(s.name) for s in rec.saved],
+        "freed": [s.freed_at_step for s in rec.saved],
+    }
+    steps = {
+        "node": [s.node for s in rec.steps],
+        "backward": [s.backward for s in rec.steps],
+        "start": [_round_t(s.start_s) for s in rec.steps],
+        "duration": [_round_t(s.duration_s) for s in rec.steps],
+        "live_before": [s.live_before for s in rec.steps],
+        "live_after": [s.live_after for s in rec.steps],
+        "freed": [s.freed_bytes for s in rec.steps],
+    }
+    tl = rec.timeline
+    keep = _decimate([p.live for p in tl], max_timeline_points)
+    timeline = {
+        "t": [_round_t(tl[i].t_s) for i in keep],
+        "live": [tl[i].live for i in keep],
+        "phase": [1 if getattr(tl[i].phase, "value", tl[i].phase) == "backward" else 0 for i in keep],
+        "label": [S(tl[i].label) for i in keep],
+        "module": [S(tl[i].module) for i in keep],
+        "step": [tl[i].step for i in keep],
+        "dropped": rec.timeline_dropped + (len(tl) - len(keep)),
+    }
+    peak = None
+    if rec.peak is not None:
+        p = rec.peak
+        peak = {
+            "bytes": p.bytes,
+            "phase": getattr(p.phase, "value", str(p.phase)),
+            "t": _round_t(p.t_s),
+            "label": p.label,
+            "node": p.node,
+            "module": p.module,
+            "step": p.step,
+        }
+    graph = lay.to_payload()
+    graph["groups"]["key"] = [str(k) for k in graph["groups"]["key"]]  # type: ignore[index]
+    return {
+        "version": PAYLOAD_VERSION,
+        "kind": "recording",
+        "label": rec.label,
+        "summary": {
+            "nodes": n,
+            "edges": len(rec.edges),
+            "saved": len(rec.saved),
+            "saved_bytes": rec.saved_bytes,
+            "peak_bytes": rec.peak_bytes,
+            "baseline_bytes": rec.baseline_bytes,
+            "steps": len(rec.steps),
+            "device": rec.where.device,
+            "complete": rec.complete,
+            "error": rec.error,
+        },
+        "peak": peak,
+        "strings": S.table,
+        "nodes": nodes,
+        "edges": [v for e in rec.edges if 0 <= e.src < n and 0 <= e.dst < n for v in (e.src, e.dst)],
+        "saved": saved,
+        "steps": steps,
+        "timeline": timeline,
+        "graph": graph,
+    }
+
+
+def _is_comparison(obj: Any) -> bool:
+    return hasattr(obj, "rows") and callable(getattr(obj, "rerun", None))
+
+
+def _finite(v: Any) -> Any:
+    if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))):
+        return None
+    return v
+
+
+def comparison_payload(cmp: Any) -> dict[str, Any]:
+    """The front end's data for a comparison: one row per candidate and its recording."""
+    if not _is_comparison(cmp):
+        raise GradscopeError(
+            f"gradscope: expected a Comparison (from gs.compare), got {type(cmp).__name__}."
+        )
+    rows = []
+    recordings: list[dict[str, Any] | None] = []
+    for r in cmp.rows:
+        status = getattr(r.status, "value", r.status)
+        rows.append(
+            {
+                "name": str(r.name),
+                "status": str(status),
+                "peak_bytes": r.peak_bytes,
+                "saved_bytes": r.saved_bytes,
+                "time_s": _finite(r.time_s),
+                "max_abs_error": _finite(r.max_abs_error),
+                "message": "" if r.message is None else str(r.message),
+            }
+        )
+        rec = getattr(r, "recording", None)
+        recordings.append(recording_payload(rec) if isinstance(rec, Recording) else None)
+    reference = getattr(cmp, "reference", None)
+    return {
+        "version": PAYLOAD_VERSION,
+        "kind": "comparison",
+        "reference": None if reference is None else str(reference),
+        "rows": rows,
+        "recordings": recordings,
+    }
+
+
+def payload_json(obj: Any) -> str:
+    """The payload of a Recording or Comparison as compact JSON text."""
+    if isinstance(obj, Recording):
+        payload = recording_payload(obj)
+    elif _is_comparison(obj):
+        payload = comparison_payload(obj)
+    else:
+        raise GradscopeError(
+            f"gradscope: cannot show a {type(obj).__name__}; pass a Recording (rec.recording) or a "
+            "Comparison (from gs.compare)."
+        )
+    return json.dumps(payload, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+
+
+def _summary_text(obj: Any) -> str:
+    try:
+        return str(obj.summary())
+    except Exception:  # the text report is another module; a widget must still show
+        if isinstance(obj, Recording):
+            return (
+                f"{obj!r}\npeak {format_bytes(obj.peak_bytes)}, saved {format_bytes(obj.saved_bytes)}"
+            )
+        return repr(obj)
+
+
+# ----- widgets --------------------------------------------------------------------------------
+def _need_widgets() -> None:
+    if _anywidget is None:
+        raise GradscopeError(
+            "gradscope: the widget needs anywidget and ipywidgets: pip install 'gradscope[notebook]'. "
+            "Without them, use rec.to_html('run.html') or print(rec.summary())."
+        )
+
+
+if _anywidget is not None:
+    _t = _traitlets
+
+    class RecordingWidget(_anywidget.AnyWidget):  # type: ignore[misc,name-defined]
+        """A recording's graph, saved tensors, memory timeline and backward step-through.
+
+        Synced state: ``selected_node`` (the node clicked in the graph, -1 for none) and ``step``
+        (the backward step shown, -1 for none), both settable from Python too.
+        """
+
+        data = _t.Unicode("{}").tag(sync=True)
+        selected_node = _t.Int(-1).tag(sync=True)
+        step = _t.Int(-1).tag(sync=True)
+
+        def __init__(self, recording: Recording, **kwargs: Any) -> None:
+            self._esm = bundle_text()
+            super().__init__(data=payload_json(recording), **kwargs)
+            self.recording = recording
+
+        @property
+        def selected(self) -> Any:
+            """The :class:`~gradscope.recording.Node` clicked in the graph, or None."""
+            if 0 <= self.selected_node < len(self.recording.nodes):
+                return self.recording.node(self.selected_node)
+            return None
+
+        @property
+        def selected_saved(self) -> list[Any]:
+            """Saved tensors of the clicked node."""
+            return [s for s in self.recording.saved if s.node == self.selected_node]
+
+    class ComparisonWidget(_anywidget.AnyWidget):  # type: ignore[misc,name-defined]
+        """A comparison's candidates side by side, with toggles to re-run some of them.
+
+        The front end sends ``{"type": "rerun", "names": [...]}``; the comparison re-measures them
+        in a background thread (a long run never freezes the view), then ``data``,
+        ``rerun_count`` and ``running`` update. ``selected`` is the candidate whose graph is shown.
+        """
+
+        data = _t.Unicode("{}").tag(sync=True)
+        selected = _t.Unicode("").tag(sync=True)
+        selected_node = _t.Int(-1).tag(sync=True)
+        step = _t.Int(-1).tag(sync=True)
+        running = _t.List(_t.Unicode(), default_value=[]).tag(sync=True)
+        rerun_count = _t.Int(0).tag(sync=True)
+        rerun_error = _t.Unicode("").tag(sync=True)
+
+        def __init__(self, comparison: Any, **kwargs: Any) -> None:
+            self._esm = bundle_text()
+            super().__init__(data=payload_json(comparison), **kwargs)
+            self.comparison = comparison
+            self._thread: threading.Thread | None = None
+            self._lock = threading.Lock()
+            self.on_msg(self._handle_msg)
+
+        def _handle_msg(self, _widget: Any, content: Any, _buffers: Any = None) -> None:
+            if not isinstance(content, dict) or content.get("type") != "rerun":
+                return
+            names = content.get("names")
+            if not isinstance(names, list):
+                return
+            try:
+                self.rerun([str(n) for n in names])
+            except GradscopeError as e:
+                self.rerun_error = str(e)
+
+        def rerun(self, names: Sequence[str]) -> threading.Thread:
+            """Re-measure the named candidates in a background thread; returns the thread."""
+            known = [str(r.name) for r in self.comparison.rows]
+            unknown = [n for n in names if n not in known]
+            if unknown:
+                raise GradscopeError(
+                    f"gradscope: no candidate named {unknown[0]!r} in this comparison; it has {known}."
+                )
+            with self._lock:
+                if self._thread is not None and self._thread.is_alive():
+                    raise GradscopeError(
+                        "gradscope: a re-run is already in progress; wait for it to finish."
+                    )
+                self.rerun_error = ""
+                self.running = list(names)
+                self._thread = threading.Thread(
+                    target=self._rerun_worker, args=(list(names),), name="gradscope-rerun", daemon=True
+                )
+                self._thread.start()
+                return self._thread
+
+        def _rerun_worker(self, names: list[str]) -> None:
+            error = ""
+            try:
+                self.comparison.rerun(names)
+            except Exception as e:  # shown in the widget; the kernel keeps running
+                error = f"gradscope: re-running {', '.join(names)} failed: {type(e).__name__}: {e}"
+            try:
+                data = payload_json(self.comparison)
+            except Exception as e:
+                data = self.data
+                error = error or f"gradscope: could not redraw the comparison: {e}"
+            with self.hold_sync():
+                self.data = data
+                self.rerun_error = error
+                self.rerun_count = self.rerun_count + 1
+                self.running = []
+
+        def wait(self, timeout: float | None = None) -> None:
+            """Block until the current re-run (if any) has finished."""
+            t = self._thread
+            if t is not None:
+                t.join(timeout)
+
+else:  # pragma: no cover
+
+    class RecordingWidget:  # type: ignore[no-redef]
+        """Placeholder: the widget needs anywidget."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            _need_widgets()
+
+    class ComparisonWidget:  # type: ignore[no-redef]
+        """Placeholder: the widget needs anywidget."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            _need_widgets()
+
+
+def show(obj: Any) -> Any:
+    """The widget for a Recording (or a ``gs.record()`` recorder) or a Comparison.
+
+    Example:
+        >>> import gradscope as gs  # doctest: +SKIP
+        >>> gs.show(rec.recording)  # doctest: +SKIP
+    """
+    _need_widgets()
+    rec = getattr(obj, "recording", None)
+    if not isinstance(obj, Recording) and isinstance(rec, Recording) and not _is_comparison(obj):
+        obj = rec
+    if isinstance(obj, Recording):
+        return RecordingWidget(obj)
+    if _is_comparison(obj):
+        return ComparisonWidget(obj)
+    raise GradscopeError(
+        f"gradscope: gs.show() takes a Recording (rec.recording) or a Comparison (gs.compare(...)), "
+        f"not a {type(obj).__name__}."
+    )
+
+
+def mimebundle(obj: Any) -> dict[str, Any]:
+    """What a Recording or Comparison shows as a cell's value: the widget when the widget stack
+    and the bundle are available, otherwise the text summary and the self-contained HTML page."""
+    text = _summary_text(obj)
+    if _anywidget is not None and bundle_path().exists():
+        w = show(obj)
+        data = w._repr_mimebundle_()
+        if isinstance(data, tuple):
+            data = data[0]
+        out = dict(data)
+        out["text/plain"] = text
+        return out
+    out = {"text/plain": text}
+    try:
+        from gradscope.html import comparison_html, recording_html
+
+        out["text/html"] = recording_html(obj) if isinstance(obj, Recording) else comparison_html(obj)
+    except GradscopeError:
+        pass
+    return out

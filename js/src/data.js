@@ -1,0 +1,88 @@
+// Decoding the payload that Python sends (gradscope.widget.recording_payload). Pure, no DOM.
+
+/**
+ * Turn a recording payload into arrays and lookups the views read.
+ * Strings travel once in a table; columns hold indexes into it (-1 or null for "none").
+ */
+export function decodeRecording(p) {
+  const S = p.strings || [];
+  const str = (i) => (i === null || i === undefined || i < 0 ? null : S[i]);
+  const n = p.nodes.name.length;
+  const nodes = [];
+  for (let i = 0; i < n; i++) {
+    nodes.push({
+      id: i,
+      name: str(p.nodes.name[i]),
+      order: p.nodes.order[i],
+      module: str(p.nodes.module[i]),
+      leaf: str(p.nodes.leaf[i]),
+      leafShape: str(p.nodes.leaf_shape[i]),
+      executed: p.nodes.executed[i],
+      savedBytes: p.nodes.saved_bytes[i],
+      savedCount: p.nodes.saved_count[i],
+    });
+  }
+  const m = p.saved.node.length;
+  const saved = [];
+  const savedByNode = Array.from({ length: n }, () => []);
+  for (let i = 0; i < m; i++) {
+    const s = {
+      index: i,
+      node: p.saved.node[i],
+      attribute: str(p.saved.attribute[i]),
+      shape: str(p.saved.shape[i]),
+      dtype: str(p.saved.dtype[i]),
+      device: str(p.saved.device[i]),
+      bytes: p.saved.bytes[i],
+      storage: p.saved.storage[i],
+      kind: str(p.saved.kind[i]),
+      module: str(p.saved.module[i]),
+      name: str(p.saved.name[i]),
+      freedAt: p.saved.freed[i],
+    };
+    saved.push(s);
+    if (s.node >= 0 && s.node < n) savedByNode[s.node].push(i);
+  }
+  const steps = [];
+  for (let i = 0; i < p.steps.node.length; i++) {
+    steps.push({
+      index: i,
+      node: p.steps.node[i],
+      backward: p.steps.backward[i],
+      start: p.steps.start[i],
+      duration: p.steps.duration[i],
+      liveBefore: p.steps.live_before[i],
+      liveAfter: p.steps.live_after[i],
+      freedBytes: p.steps.freed[i],
+    });
+  }
+  const tl = p.timeline;
+  const timeline = {
+    t: tl.t,
+    live: tl.live,
+    phase: tl.phase.map((k) => (k === 1 ? "backward" : "forward")),
+    label: tl.label.map(str),
+    module: tl.module.map(str),
+    step: tl.step,
+    dropped: tl.dropped || 0,
+  };
+  return {
+    label: p.label || "",
+    summary: p.summary,
+    peak: p.peak,
+    nodes,
+    edges: p.edges,
+    saved,
+    savedByNode,
+    steps,
+    timeline,
+    graph: p.graph,
+    groupKeys: p.graph.groups.key,
+  };
+}
+
+/** The text a node is drawn with: the parameter name for leaves, the node's class otherwise. */
+export function nodeLabel(node) {
+  if (node.leaf) return node.leaf;
+  return node.name || "?";
+}

@@ -1,0 +1,40 @@
+// The widget's stylesheet, scoped under .gs-root (a notebook page holds other content).
+export const CSS = `
+.gs-root { font: 13px/1.4 system-ui, -apple-system, "Segoe UI", sans-serif; color: #1f2933; background: #fff;
+  border: 1px solid #d9e2ec; border-radius: 6px; padding: 10px; box-sizing: border-box; max-width: 100%; }
+.gs-root * { box-sizing: border-box; }
+.gs-root h3 { font-size: 15px; margin: 0 0 4px 0; }
+.gs-root h4 { font-size: 13px; margin: 6px 0 4px 0; overflow-wrap: anywhere; }
+.gs-summary { color: #52606d; margin-bottom: 6px; overflow-wrap: anywhere; }
+.gs-toolbar { display: flex; gap: 6px; align-items: center; flex-wrap: wrap; margin: 6px 0; }
+.gs-root button { font: inherit; padding: 2px 9px; border: 1px solid #9aa5b1; border-radius: 4px; background: #f5f7fa; cursor: pointer; }
+.gs-root button:hover { background: #e4e7eb; }
+.gs-root button:disabled { opacity: 0.5; cursor: default; }
+.gs-legend { display: flex; gap: 10px; color: #52606d; font-size: 12px; flex-wrap: wrap; }
+.gs-swatch { display: inline-block; width: 14px; height: 10px; margin-right: 3px; vertical-align: middle; border: 1px solid #52606d; }
+.gs-body { display: flex; gap: 10px; align-items: stretch; }
+.gs-graph { position: relative; flex: 1 1 auto; min-width: 0; height: 460px; border: 1px solid #d9e2ec; border-radius: 4px; background: #fbfcfd; overflow: hidden; }
+.gs-canvas { display: block; cursor: grab; touch-action: none; outline: none; }
+.gs-side { flex: 0 0 320px; max-width: 40%; height: 460px; overflow: auto; border: 1px solid #d9e2ec; border-radius: 4px; padding: 6px 8px; }
+.gs-kv { display: grid; grid-template-columns: auto 1fr; gap: 1px 8px; }
+.gs-kv > span:nth-child(odd) { color: #52606d; }
+.gs-kv > span { overflow-wrap: anywhere; white-space: pre-wrap; }
+.gs-table { border-collapse: collapse; width: 100%; font-size: 12px; }
+.gs-table th, .gs-table td { border-bottom: 1px solid #e4e7eb; padding: 2px 4px; text-align: left; vertical-align: top; overflow-wrap: anywhere; white-space: pre-wrap; }
+.gs-table td.gs-num, .gs-table th.gs-num { text-align: right; white-space: nowrap; }
+.gs-table tr.gs-freed td { color: #9aa5b1; text-decoration: line-through; }
+.gs-table tr.gs-freed-now td { background: #fef3c7; }
+.gs-muted { color: #7b8794; }
+.gs-stepper { display: flex; gap: 6px; align-items: center; margin: 8px 0 4px 0; flex-wrap: wrap; }
+.gs-stepper input[type=range] { flex: 1 1 200px; }
+.gs-steplabel { min-width: 260px; overflow-wrap: anywhere; }
+.gs-timeline { width: 100%; min-height: 240px; }
+.gs-status-ok { color: #15803d; font-weight: 600; }
+.gs-status-wrong { color: #b91c1c; font-weight: 600; }
+.gs-status-raised { color: #b45309; font-weight: 600; }
+.gs-cmp-status { margin-left: 8px; color: #52606d; }
+.gs-section { margin-top: 10px; }
+.gs-error { color: #b91c1c; white-space: pre-wrap; overflow-wrap: anywhere; }
+.gs-modlist li { overflow-wrap: anywhere; white-space: pre-wrap; }
+.gs-modlist { padding-left: 18px; margin: 2px 0; }
+`;
