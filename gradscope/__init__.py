@@ -35,16 +35,23 @@ __all__ = [
 
 __version__ = "0.1.0"
 
-# Public names that live in submodules, imported on first use so that `import gradscope`
-# stays light (no IPython, no widget stack) and a missing optional dependency only matters
-# when its feature is used.
+# Functions whose submodule has the same name are imported here, eagerly, so that the package
+# attribute is always the function (``gs.record(...)``) and never the module, whatever imports
+# ``gradscope.record`` later. Their modules import only torch. The rest load on first use, so that
+# `import gradscope` needs no IPython or widget stack.
+from gradscope.graph import graph  # noqa: E402
+from gradscope.record import record  # noqa: E402
+
+for _name, _module in (("compare", "gradscope.compare"), ("diagnose", "gradscope.diagnose"),
+                       ("predict", "gradscope.predict")):
+    try:
+        globals()[_name] = getattr(importlib.import_module(_module), _name)
+    except ModuleNotFoundError as _e:  # a part not built yet
+        if _e.name != _module:
+            raise
+
 _LAZY = {
-    "record": "gradscope.record",
-    "graph": "gradscope.graph",
-    "compare": "gradscope.compare",
     "Comparison": "gradscope.compare",
-    "diagnose": "gradscope.diagnose",
-    "predict": "gradscope.predict",
     "show": "gradscope.widget",
     "strategies": "gradscope.strategies",
 }
@@ -52,9 +59,7 @@ _LAZY = {
 if TYPE_CHECKING:
     from gradscope.compare import Comparison, compare
     from gradscope.diagnose import diagnose
-    from gradscope.graph import graph
     from gradscope.predict import predict
-    from gradscope.record import record
     from gradscope.widget import show
 
 

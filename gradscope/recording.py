@@ -272,6 +272,12 @@ class Recording:
             _atomic_write_text(os.fspath(path), html)
         return html
 
+    def to_dot(self, max_nodes: int = 5000) -> Any:
+        """A ``graphviz.Digraph`` of the graph with saved tensors and their bytes."""
+        from gradscope.graph import to_dot
+
+        return to_dot(self, max_nodes=max_nodes)
+
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
         from gradscope.widget import mimebundle
 

@@ -1,0 +1,411 @@
+"""Memory sources: where a recording's bytes come from.
+
+- ``cpu``: PyTorch's profiler allocation events. They come from the CPU allocator itself, so they
+  include memory that kernels allocate internally (CPU convolution's temporaries), which a tracker
+  of operator outputs cannot see. See NOTE [ CPU bytes come from the allocator ].
+- ``tracker``: a dispatch mode that follows every operator's output storages with weak references.
+  It is online (it knows the live total at every moment), so it enforces a simulated budget
+  (:class:`~gradscope.errors.MemoryBudgetExceeded`) and works on the meta device for prediction;
+  it misses kernel-internal temporaries.
+- ``cuda``: the caching allocator's statistics (allocated, reserved; with ``history=True`` its
+  event history) and NVML totals through ``nvidia-ml-py`` when present.
+
+Every source yields the same :class:`AllocEvent` list, so the recorder turns any of them into one
+timeline. Sources keep no tensors alive: only sizes, addresses and weak references.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from gradscope.errors import GradscopeError, MemoryBudgetExceeded
+
+__all__ = ["AllocEvent", "nvml_device_totals", "parse_size", "resolve_memory"]
+
+_MODES = ("auto", "cpu", "cuda", "tracker", "off")
+
+
+@dataclass
+class AllocEvent:
+    """One allocation (``size > 0``) or free (``size < 0``) inside the block.
+
+    ``t_ns`` is on the ``time.time_ns()`` clock. ``eval_index`` is, for the profiler source, the
+    index of the engine's ``evaluate_function`` scope it happened in (None outside backward);
+    ``step`` is a recorder step index when the source knows it online.
+    """
+
+    t_ns: int
+    size: int
+    key: int
+    label: str
+    eval_index: int | None = None
+    step: int | None = None
+    reserved: int | None = None
+
+
+@dataclass
+class EvalScope:
+    """One ``autograd::engine::evaluate_function`` scope seen by the profiler."""
+
+    name: str
+    seq: int
+    start_ns: int
+    end_ns: int
+
+
+def parse_size(size: int | str | None) -> int | None:
+    """``"8GiB"`` -> 8589934592; ints pass through; raises GradscopeError on nonsense."""
+    if size is None or (isinstance(size, int) and not isinstance(size, bool)):
+        if isinstance(size, int) and size <= 0:
+            raise GradscopeError(f"gradscope: a memory budget must be positive, got {size}.")
+        return size
+    if not isinstance(size, str):
+        raise GradscopeError(
+            f"gradscope: a memory size must be an int of bytes or a string like '8GiB', got {size!r}."
+        )
+    s = size.strip().replace(" ", "")
+    units = {
+        "": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2,
+        "mib": 1024**2, "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4, "tb": 1000**4,
+        "tib": 1024**4,
+    }
+    i = len(s)
+    while i > 0 and not (s[i - 1].isdigit() or s[i - 1] == "."):
+        i -= 1
+    num, unit = s[:i], s[i:].lower()
+    try:
+        value = float(num)
+    except ValueError:
+        value = -1.0
+    if unit not in units or value <= 0:
+        raise GradscopeError(
+            f"gradscope: cannot read the memory size {size!r}; write it like '512MiB', '8GiB' or "
+            "'2GB' (KiB/MiB/GiB are powers of 1024, KB/MB/GB powers of 1000)."
+        )
+    return int(value * units[unit])
+
+
+def resolve_memory(memory: str, budget: int | None) -> str:
+    """Turn ``memory="auto"`` and a budget into the concrete source name."""
+    if memory not in _MODES:
+        raise GradscopeError(
+            f"gradscope: memory={memory!r} is not one of {', '.join(_MODES)}. Use 'auto' to take "
+            "CUDA's allocator on a GPU and the CPU allocator's events otherwise."
+        )
+    if memory == "auto":
+        memory = "cuda" if torch.cuda.is_available() and torch.cuda.is_initialized() else "cpu"
+    if budget is not None and memory in ("cpu", "off"):
+        # NOTE [ budgets need an online source ]: the profiler's events arrive only after the
+        # block, so a budget that must stop the program at the crossing allocation uses the tracker.
+        memory = "tracker"
+    return memory
+
+
+# --------------------------------------------------------------------------------------
+# CPU: the profiler's allocation events
+# --------------------------------------------------------------------------------------
+class ProfilerSource:
+    """NOTE [ CPU bytes come from the allocator ]: the profiler with ``profile_memory=True`` gets a
+    report from the CPU allocator for every allocation and free, including buffers that kernels
+    allocate internally. The running sum of those events from the block's start is the block's
+    live memory; frees of memory allocated before the block come without a size and are ignored,
+    so pre-existing tensors never count toward ``peak_bytes``.
+    """
+
+    name = "cpu"
+    online = False
+
+    def __init__(self) -> None:
+        self._prof: Any = None
+        self.events: list[AllocEvent] = []
+        self.scopes: list[EvalScope] = []
+
+    def start(self) -> None:
+        from torch.profiler import ProfilerActivity, profile
+
+        self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+        self._prof.__enter__()
+
+    def stop(self) -> None:
+        prof, self._prof = self._prof, None
+        if prof is None:
+            return
+        prof.__exit__(None, None, None)
+        self._parse(prof.profiler.kineto_results.experimental_event_tree())
+
+    def live(self) -> int | None:
+        return None
+
+    def _parse(self, roots: Any) -> None:
+        from torch._C._profiler import _EventType
+
+        alloc_tag = _EventType.Allocation
+        events: list[AllocEvent] = []
+        scopes: list[EvalScope] = []
+        # Iterative walk (deep trees must not hit the recursion limit); children are pushed in
+        # reverse so that events come out in time order within a scope.
+        stack: list[tuple[Any, str, int | None]] = [(r, "", None) for r in reversed(roots)]
+        while stack:
+            ev, label, scope = stack.pop()
+            if ev.tag == alloc_tag:
+                ef = ev.extra_fields
+                if ef.device.type != "cpu":
+                    continue
+                events.append(AllocEvent(ev.start_time_ns, int(ef.alloc_size), int(ef.ptr), label, scope))
+                continue
+            name = ev.name
+            if name.startswith("autograd::engine::evaluate_function: "):
+                scope = len(scopes)
+                node_name = name[len("autograd::engine::evaluate_function: ") :]
+                seq = getattr(ev.extra_fields, "sequence_number", -1)
+                scopes.append(EvalScope(_node_name(node_name), int(seq), ev.start_time_ns, ev.end_time_ns))
+                label = _node_name(node_name)
+            elif scope is None or label == "":
+                label = name
+            for c in reversed(ev.children):
+                stack.append((c, label, scope))
+        events.sort(key=lambda e: e.t_ns)
+        self.events = _inside_only(events)
+        self.scopes = scopes
+
+
+def _inside_only(events: list[AllocEvent]) -> list[AllocEvent]:
+    """Drop frees of memory allocated before the block (the profiler reports them with a size when
+    an earlier profiling session saw the allocation): they are baseline, not the block's memory."""
+    live: dict[int, int] = {}
+    out: list[AllocEvent] = []
+    for e in events:
+        if e.size > 0:
+            live[e.key] = e.size
+            out.append(e)
+        elif live.pop(e.key, None) is not None:
+            out.append(e)
+    return out
+
+
+def _node_name(name: str) -> str:
+    return name.rsplit("::", 1)[-1]
+
+
+# --------------------------------------------------------------------------------------
+# The online tracker (budgets, meta-device prediction)
+# --------------------------------------------------------------------------------------
+class _TrackerMode(TorchDispatchMode):
+    def __init__(self, source: TrackerSource) -> None:
+        super().__init__()
+        self.source = source
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        src = self.source
+        kwargs = kwargs or {}
+        in_keys: set[int] = set()
+        for a in tree_leaves((args, kwargs)):
+            if isinstance(a, torch.Tensor):
+                k = _storage_key(a)
+                if k is not None:
+                    in_keys.add(k)
+        out = func(*args, **kwargs)
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                src._observe(t, in_keys, func)
+        return out
+
+
+class TrackerSource:
+    """A dispatch mode that counts each operator output's storage until its last reference dies.
+
+    Rules it follows: outputs whose storage is also an input's are views or in-place results and
+    are skipped; zero tensors are skipped; only tensors of the recorded device type count
+    (torch.func creates internal meta tensors); it must be active before the forward pass.
+    """
+
+    name = "tracker"
+    online = True
+
+    def __init__(self, device_type: str = "cpu", budget: int | None = None,
+                 step_of: Callable[[], int | None] | None = None) -> None:
+        self.device_type = device_type
+        self.budget = budget
+        self.step_of = step_of or (lambda: None)
+        self.events: list[AllocEvent] = []
+        self.scopes: list[EvalScope] = []
+        self._live = 0
+        self._known: dict[int, tuple[int, Any]] = {}
+        self._mode: _TrackerMode | None = None
+        self.stopped = False
+
+    def start(self) -> None:
+        self._mode = _TrackerMode(self)
+        self._mode.__enter__()
+
+    def stop(self) -> None:
+        mode, self._mode = self._mode, None
+        if mode is not None:
+            mode.__exit__(None, None, None)
+        self.stopped = True
+
+    def live(self) -> int:
+        return self._live
+
+    def _observe(self, t: torch.Tensor, in_keys: set[int], func: Any) -> None:
+        if t.device.type != self.device_type:
+            return
+        try:
+            if t._is_zerotensor():
+                return
+        except (AttributeError, RuntimeError):
+            pass
+        key = _storage_key(t)
+        if key is None or key in in_keys or key in self._known:
+            return
+        try:
+            storage = t.untyped_storage()
+            nbytes = int(storage.nbytes())
+        except (RuntimeError, NotImplementedError):
+            return
+        if nbytes == 0:
+            return
+        label = _op_label(func)
+        if self.budget is not None and self._live + nbytes > self.budget:
+            raise MemoryBudgetExceeded(nbytes, self._live, self.budget, where=label)
+        self._live += nbytes
+        self.events.append(AllocEvent(time.time_ns(), nbytes, key, label, step=self.step_of()))
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        ref = StorageWeakRef(storage)
+        # The finalizer is attached to the tensor object (tensors keep their Python object while
+        # C++ holds them); the storage check below decides when its bytes are really gone.
+        self._known[key] = (nbytes, ref)
+        weakref.finalize(t, self._maybe_free, key)
+
+    def _maybe_free(self, key: int) -> None:
+        entry = self._known.get(key)
+        if entry is None:
+            return
+        nbytes, ref = entry
+        if not ref.expired():
+            # Another tensor (a view) still holds the storage: check again when it dies.
+            return
+        del self._known[key]
+        self._live -= nbytes
+        if not self.stopped:
+            self.events.append(AllocEvent(time.time_ns(), -nbytes, key, "free", step=self.step_of()))
+
+    def sweep(self) -> None:
+        """Account frees of storages whose last holder was a view that died without a finalizer."""
+        for key in [k for k, (_, r) in self._known.items() if r.expired()]:
+            self._maybe_free(key)
+
+
+def _storage_key(t: torch.Tensor) -> int | None:
+    try:
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        return int(StorageWeakRef(t.untyped_storage()).cdata)
+    except (RuntimeError, NotImplementedError, TypeError, AttributeError):
+        return None
+
+
+def _op_label(func: Any) -> str:
+    name = getattr(func, "__name__", str(func))
+    return "aten::" + name.split(".")[0]
+
+
+# --------------------------------------------------------------------------------------
+# CUDA: the caching allocator (behind one boundary; exercised only where a GPU exists)
+# --------------------------------------------------------------------------------------
+class CudaSource:
+    """CUDA memory from the caching allocator: allocated/reserved statistics, and with
+    ``history=True`` the allocator's event history turned into a timeline."""
+
+    name = "cuda"
+    online = True
+
+    def __init__(self, device: torch.device | None = None, history: bool = False,
+                 max_entries: int = 100_000, step_of: Callable[[], int | None] | None = None) -> None:
+        self.device = device if device is not None else torch.device("cuda", torch.cuda.current_device())
+        self.history = history
+        self.max_entries = max_entries
+        self.step_of = step_of or (lambda: None)
+        self.events: list[AllocEvent] = []
+        self.scopes: list[EvalScope] = []
+        self.baseline = 0
+        self.peak = 0
+        self.reserved_peak = 0
+        self.total: int | None = None
+
+    def start(self) -> None:
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        self.baseline = torch.cuda.memory_allocated(self.device)
+        if self.history:
+            torch.cuda.memory._record_memory_history(max_entries=self.max_entries)
+        self._t0 = time.time_ns()
+
+    def stop(self) -> None:
+        torch.cuda.synchronize(self.device)
+        self.peak = torch.cuda.max_memory_allocated(self.device) - self.baseline
+        self.reserved_peak = torch.cuda.max_memory_reserved(self.device)
+        self.total = torch.cuda.get_device_properties(self.device).total_memory
+        if self.history:
+            try:
+                snap = torch.cuda.memory._snapshot(self.device)
+            finally:
+                torch.cuda.memory._record_memory_history(enabled=None)
+            self.events = _events_from_snapshot(snap, self.device.index or 0, self._t0)
+
+    def live(self) -> int:
+        return torch.cuda.memory_allocated(self.device) - self.baseline
+
+
+def _events_from_snapshot(snap: dict[str, Any], index: int, t0_ns: int) -> list[AllocEvent]:
+    traces = snap.get("device_traces", [])
+    if index >= len(traces):
+        return []
+    out: list[AllocEvent] = []
+    for e in traces[index]:
+        action = e.get("action")
+        t_ns = int(e.get("time_us", 0)) * 1000
+        if t_ns and t_ns < t0_ns:
+            continue
+        frames = e.get("frames") or []
+        label = frames[0].get("name", "") if frames else ""
+        if action == "alloc":
+            out.append(AllocEvent(t_ns, int(e["size"]), int(e["addr"]), label))
+        elif action == "free_completed":
+            out.append(AllocEvent(t_ns, -int(e["size"]), int(e["addr"]), label))
+    return out
+
+
+def nvml_device_totals(index: int = 0) -> dict[str, int] | None:
+    """Whole-device memory from NVML (``nvidia-ml-py``): ``{"total", "used", "free"}``.
+
+    None when NVML is not installed or no NVIDIA driver is present: normal on CPU machines.
+    """
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # NVMLError_LibraryNotFound and friends: no driver here
+        return None
+    try:
+        h = pynvml.nvmlDeviceGetHandleByIndex(index)
+        info = pynvml.nvmlDeviceGetMemoryInfo(h)
+        return {"total": int(info.total), "used": int(info.used), "free": int(info.free)}
+    except Exception:
+        return None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass

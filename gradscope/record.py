@@ -1,0 +1,959 @@
+"""``gs.record()``: watch real code run and produce one immutable :class:`~gradscope.Recording`.
+
+What is installed while a block runs, and removed in ``finally`` whatever happens:
+- a ``saved_tensors_hooks`` pair (every tensor saved for backward, with its true storage bytes),
+- global module forward pre/post hooks (module paths and parameter names, no user changes),
+- an interception of the autograd engine's entry point (backward and autograd.grad), which walks
+  the graph about to run and puts pre/post hooks on its nodes for that pass only,
+- one memory source from :mod:`gradscope.memory`.
+
+NOTE [ node identity ]: an autograd node's Python object is recreated whenever nobody holds it,
+and holding it would keep the graph (and its saved tensors) alive, so nodes are identified by
+their sequence number (unique per thread, assigned at creation) and ``AccumulateGrad`` nodes by
+their leaf tensor. The recorder never keeps a node or a tensor beyond the moment it looks at it.
+
+NOTE [ which node saved a tensor ]: a node's sequence number is taken from the thread's counter
+before the op saves its inputs/outputs, so in the pack hook ``_get_sequence_nr() - 1`` is the
+saving node. The attribute name comes from reading the node's ``_saved_*`` attributes once
+before its backward runs: that calls our unpack hook with the handle the pack hook returned.
+"""
+
+from __future__ import annotations
+
+import bisect
+import socket
+import sys
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+from torch.autograd.graph import saved_tensors_hooks
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from gradscope.errors import GradscopeError, MemoryBudgetExceeded
+from gradscope.memory import (
+    AllocEvent,
+    CudaSource,
+    EvalScope,
+    ProfilerSource,
+    TrackerSource,
+    nvml_device_totals,
+    parse_size,
+    resolve_memory,
+)
+from gradscope.recording import (
+    Edge,
+    Kind,
+    MemoryPoint,
+    Node,
+    Peak,
+    Phase,
+    Recording,
+    SavedTensor,
+    Step,
+    Where,
+)
+
+__all__ = ["record"]
+
+_ACC = 18446744073709551615  # AccumulateGrad's sequence number (UINT64_MAX)
+_ROOT_RING = 4096  # how many recent results are remembered (weakly) as candidate graph roots
+_active = threading.local()
+
+
+class _NodeInfo:
+    __slots__ = ("id", "name", "order", "module", "leaf", "leaf_shape", "executed", "seq",
+                 "walked", "saved_read", "custom", "leaf_ref")
+
+    def __init__(self, id: int, name: str, order: int, seq: int | None) -> None:
+        self.id = id
+        self.name = name
+        self.order = order
+        self.module: str | None = None
+        self.leaf: str | None = None
+        self.leaf_shape: tuple[int, ...] | None = None
+        self.executed = 0
+        self.seq = seq
+        self.walked = False
+        self.saved_read = False
+        self.custom = False
+        self.leaf_ref: Any = None
+
+
+class _SavedRaw:
+    __slots__ = ("sid", "seq", "node", "attribute", "shape", "dtype", "device", "bytes", "skey",
+                 "ptr", "kind", "name", "t_ns", "ref", "freed_at_step", "leafish")
+
+    def __init__(self) -> None:
+        self.node: _NodeInfo | None = None
+        self.attribute = ""
+        self.freed_at_step: int | None = None
+
+
+class _Packed:
+    """What the pack hook returns: the tensor (the node keeps it alive exactly as it would keep
+    the tensor itself) plus the id of its metadata row and a weak link to the recorder."""
+
+    __slots__ = ("t", "sid", "owner", "__weakref__")
+
+    def __init__(self, t: torch.Tensor, sid: int, owner: Any) -> None:
+        self.t = t
+        self.sid = sid
+        self.owner = owner
+
+
+def _unpack(p: Any) -> torch.Tensor:
+    if not isinstance(p, _Packed):  # saved before the hooks were ours
+        return p
+    rec = p.owner() if p.owner is not None else None
+    if rec is not None and rec._reading is not None:
+        rec._note_read(p.sid)
+    return p.t
+
+
+class _Call:
+    __slots__ = ("root", "rel", "seq0", "seq1", "t0", "t1")
+
+
+class _Step:
+    __slots__ = ("index", "info", "backward", "t0", "t1", "live_before", "live_after", "freed")
+
+
+class record:  # noqa: N801 - reads like a function, as torch.no_grad does
+    """Record the autograd graph, saved tensors, backward steps and memory of a block.
+
+    Args:
+        memory: ``"auto"`` (CUDA allocator on a GPU, else the CPU allocator's events), ``"cpu"``,
+            ``"cuda"``, ``"tracker"`` (online storage tracker; also used with a budget) or ``"off"``.
+        budget: a simulated device size (``"8GiB"`` or bytes). Crossing it raises
+            :class:`~gradscope.MemoryBudgetExceeded` at the allocation that crosses it.
+        label: a name for the recording.
+        modules: a module or ``{"name": module}`` to name the roots of module paths. By default
+            the root modules called in the block are found by themselves.
+        max_events: bound on timeline points kept (the peak is always exact and kept).
+        history: on CUDA, also record the caching allocator's event history for the timeline.
+
+    Example:
+        >>> import torch, gradscope as gs
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())
+        >>> with gs.record(memory="off") as rec:
+        ...     model(torch.ones(2, 4)).sum().backward()
+        >>> sorted(n.leaf for n in rec.recording.nodes if n.leaf)
+        ['0.bias', '0.weight']
+    """
+
+    def __init__(self, memory: str = "auto", *, budget: int | str | None = None, label: str = "",
+                 modules: nn.Module | Mapping[str, nn.Module] | None = None,
+                 max_events: int | None = 200_000, history: bool = False) -> None:
+        self._budget = parse_size(budget)
+        self._memory = resolve_memory(memory, self._budget)
+        if max_events is not None and (not isinstance(max_events, int) or max_events < 2):
+            raise GradscopeError(f"gradscope: max_events must be an int >= 2 or None, got {max_events!r}.")
+        if modules is not None and not isinstance(modules, nn.Module | Mapping):
+            raise GradscopeError(
+                "gradscope: modules= takes an nn.Module or a dict {'name': module}, "
+                f"got {type(modules).__name__}."
+            )
+        self._label = label
+        self._max_events = max_events
+        self._history = history
+        self._given_roots: dict[int, str] = {}
+        if isinstance(modules, nn.Module):
+            self._given_roots[id(modules)] = ""
+        elif modules is not None:
+            for k, m in modules.items():
+                if not isinstance(m, nn.Module):
+                    raise GradscopeError(f"gradscope: modules[{k!r}] is not an nn.Module.")
+                self._given_roots[id(m)] = str(k)
+        self.recording: Recording | None = None
+        self._entered = False
+
+    # ------------------------------------------------------------------ lifecycle
+    def __enter__(self) -> record:
+        if self._entered:
+            raise GradscopeError("gradscope: a gs.record object can be used once; create a new one.")
+        if getattr(_active, "rec", None) is not None:
+            raise GradscopeError(
+                "gradscope: gs.record blocks cannot be nested (only the innermost saved-tensor hooks "
+                "would apply, so the outer numbers would be wrong). Record the outer block only, or "
+                "run the inner part in its own block."
+            )
+        self._entered = True
+        self._init_state()
+        self._handles: list[Any] = []
+        self._undo: list[Callable[[], None]] = []
+        try:
+            self._install()
+        except BaseException:
+            self._uninstall()
+            raise
+        _active.rec = self
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        _active.rec = None
+        t1 = time.time_ns()
+        self._remember_frame_roots(sys._getframe(1))
+        internal: BaseException | None = None
+        try:
+            self._uninstall()
+        except Exception as e:  # never mask the user's exception with ours
+            internal = e
+        error = None
+        if exc_type is not None:
+            error = f"{exc_type.__name__}: {exc}"
+        try:
+            self.recording = self._finalize(t1, complete=exc_type is None, error=error)
+        except Exception as e:
+            internal = internal or e
+            self.recording = Recording(label=self._label, complete=False,
+                                       error=error or f"gradscope internal error: {e!r}")
+        if internal is not None and exc_type is None:
+            raise GradscopeError(
+                f"gradscope: recording failed inside gradscope ({internal!r}); every hook was removed. "
+                "Please report this with the code that triggered it."
+            ) from internal
+        return False
+
+    def _remember_frame_roots(self, frame: Any) -> None:
+        """Results the block left in local variables (``loss = ...``) are roots of the graph even
+        when no backward ran. Only weak references are kept."""
+        try:
+            values = list(frame.f_locals.values())
+        except Exception:
+            return
+        for v in values:
+            items = v.values() if isinstance(v, dict) else v if isinstance(v, list | tuple) else (v,)
+            for t in list(items)[:1000]:
+                if isinstance(t, torch.Tensor) and t.grad_fn is not None:
+                    self._ring.append(weakref.ref(t))
+
+    def add_roots(self, *tensors: torch.Tensor) -> None:
+        """Name more results whose graphs belong to this recording (before the block ends)."""
+        for t in tensors:
+            if isinstance(t, torch.Tensor) and t.grad_fn is not None:
+                self._ring.append(weakref.ref(t))
+
+    def _init_state(self) -> None:
+        self._tid = threading.get_ident()
+        self._self_ref = weakref.ref(self)
+        self._t0 = time.time_ns()
+        self._seq0 = torch._C._autograd._get_sequence_nr()
+        self._by_key: dict[Any, _NodeInfo] = {}
+        self._infos: list[_NodeInfo] = []
+        self._edges: dict[tuple[int, int], None] = {}
+        self._saved: list[_SavedRaw] = []
+        self._saved_by_seq: dict[int, list[_SavedRaw]] = {}
+        self._saved_by_node: dict[int, list[_SavedRaw]] = {}
+        self._reading: tuple[_NodeInfo, str] | None = None
+        self._ring: deque[Any] = deque(maxlen=_ROOT_RING)
+        self._calls: list[_Call] = []
+        self._stack: list[tuple[nn.Module, _Call]] = []
+        self._roots: list[tuple[Any, str, str]] = []  # (weakref to module, class name, given name)
+        self._root_index: dict[int, int] = {}
+        self._module_paths: list[dict[int, str]] = []
+        self._param_by_id: dict[int, tuple[Any, int, str]] = {}
+        self._param_skeys: dict[int, tuple[int, str, Kind]] = {}
+        self._baseline_storages: dict[int, int] = {}
+        self._steps: list[_Step] = []
+        self._cur: _Step | None = None
+        self._pending: _Step | None = None
+        self._backward_idx = -1
+        self._create_graph = False
+        self._notes: list[str] = []
+        self._foreign_saves = 0
+        self._source: Any = None
+
+    def _install(self) -> None:
+        src = self._make_source()
+        hooks = saved_tensors_hooks(self._pack, _unpack)
+        hooks.__enter__()
+        self._undo.append(lambda: hooks.__exit__(None, None, None))
+        self._handles.append(nn.modules.module.register_module_forward_pre_hook(self._mod_pre))
+        self._handles.append(nn.modules.module.register_module_forward_hook(self._mod_post))
+        self._patch_engine()
+        if src is not None:
+            src.start()
+            self._source = src
+            self._undo.append(src.stop)
+
+    def _uninstall(self) -> None:
+        first: BaseException | None = None
+        for h in self._handles:
+            try:
+                h.remove()
+            except Exception as e:
+                first = first or e
+        self._handles.clear()
+        while self._undo:
+            undo = self._undo.pop()
+            try:
+                undo()
+            except Exception as e:
+                first = first or e
+        if first is not None:
+            raise first
+
+    def _make_source(self) -> Any:
+        m = self._memory
+        if m == "cpu":
+            return ProfilerSource()
+        if m == "tracker":
+            return TrackerSource("cpu", self._budget, step_of=self._step_index)
+        if m == "cuda":
+            if not torch.cuda.is_available():
+                raise GradscopeError(
+                    "gradscope: memory='cuda' but CUDA is not available here; use memory='cpu', or "
+                    "gs.predict(..., device='cuda') to estimate CUDA memory without a GPU."
+                )
+            return CudaSource(history=self._history, step_of=self._step_index)
+        return None
+
+    def _step_index(self) -> int | None:
+        return None if self._cur is None else self._cur.index
+
+    # ------------------------------------------------------------------ engine interception
+    def _patch_engine(self) -> None:
+        import torch.autograd as ag
+
+        if hasattr(ag, "_engine_run_backward"):
+            orig = ag._engine_run_backward
+
+            def run(t_outputs: Any, *args: Any, **kwargs: Any) -> Any:
+                create = bool(args[2]) if len(args) > 2 else bool(kwargs.get("create_graph", False))
+                return self._run_backward(orig, t_outputs, create, args, kwargs)
+
+            ag._engine_run_backward = run
+            self._undo.append(lambda: setattr(ag, "_engine_run_backward", orig))
+        else:  # older torch: wrap the two public entry points
+            orig_b, orig_g = ag.backward, ag.grad
+
+            def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+                return self._run_backward(lambda *a, **k: orig_b(tensors, *args, **kwargs),
+                                          tensors, bool(kwargs.get("create_graph", False)), (), {})
+
+            def grad(outputs: Any, *args: Any, **kwargs: Any) -> Any:
+                return self._run_backward(lambda *a, **k: orig_g(outputs, *args, **kwargs),
+                                          outputs, bool(kwargs.get("create_graph", False)), (), {})
+
+            ag.backward, ag.grad = backward, grad
+            self._undo.append(lambda: (setattr(ag, "backward", orig_b), setattr(ag, "grad", orig_g)))
+
+    def _run_backward(self, orig: Callable[..., Any], t_outputs: Any, create: bool,
+                      args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if threading.get_ident() != self._tid or self._cur is not None:
+            # Another thread, or a backward started from inside a node (reentrant checkpoint):
+            # run it unobserved by the step hooks (its nodes are still found later).
+            return orig(t_outputs, *args, **kwargs)
+        roots = []
+        for t in t_outputs if isinstance(t_outputs, list | tuple) else (t_outputs,):
+            fn = _node_of(t)
+            if fn is not None:
+                roots.append(fn)
+        handles: list[Any] = []
+        self._backward_idx += 1
+        self._create_graph = create
+        try:
+            self._discover(roots, order=0, module=None, hook_into=handles)
+            return orig(t_outputs, *args, **kwargs)
+        finally:
+            for h in handles:
+                h.remove()
+            self._settle_pending()
+            self._cur = None
+            self._create_graph = False
+
+    # ------------------------------------------------------------------ graph discovery
+    def _key(self, fn: Any) -> Any:
+        seq = fn._sequence_nr()
+        if seq == _ACC:
+            try:
+                return ("acc", id(fn.variable))
+            except (AttributeError, RuntimeError):
+                return ("obj", id(fn))
+        return seq
+
+    def _info(self, fn: Any, order: int, module: str | None) -> _NodeInfo:
+        key = self._key(fn)
+        info = self._by_key.get(key)
+        if info is not None and info.leaf_ref is not None and info.leaf_ref() is None:
+            info = None  # a leaf died and its id() was reused
+        if info is None:
+            seq = None if isinstance(key, tuple) else key
+            info = _NodeInfo(len(self._infos), _node_name(fn.name()), order, seq)
+            info.module = module
+            if isinstance(key, tuple) and key[0] == "acc":
+                var = fn.variable
+                info.leaf_ref = weakref.ref(var)
+                info.leaf_shape = tuple(var.shape)
+                named = self._param_by_id.get(id(var))
+                if named is not None and named[0]() is var:
+                    info.leaf = self._full_name(named[1], named[2])
+                else:
+                    info.leaf = "input"
+            elif isinstance(fn, torch.autograd.function.BackwardCFunction):
+                info.custom = True
+            self._by_key[key] = info
+            self._infos.append(info)
+        return info
+
+    def _discover(self, roots: Iterable[Any], order: int, module: str | None,
+                  hook_into: list[Any] | None = None) -> None:
+        """Walk from ``roots`` through ``next_functions`` (iteratively). New nodes get ``order``
+        and ``module``. Without ``hook_into`` the walk stops at nodes already walked; with it,
+        every node reached gets step hooks for this backward pass."""
+        stack = [r for r in roots if r is not None]
+        visited: set[int] = set()
+        while stack:
+            fn = stack.pop()
+            info = self._info(fn, order, module)
+            if info.id in visited:
+                continue
+            visited.add(info.id)
+            if not info.saved_read:
+                self._read_saved(fn, info)
+            if hook_into is not None:
+                hook_into.append(fn.register_prehook(_bind_pre(self._self_ref, info)))
+                hook_into.append(fn.register_hook(_bind_post(self._self_ref, info)))
+            elif info.walked:
+                continue
+            info.walked = True
+            for nxt, _ in fn.next_functions:
+                if nxt is None:
+                    continue
+                ninfo = self._info(nxt, order, module)
+                self._edges[(ninfo.id, info.id)] = None
+                if ninfo.id not in visited:
+                    stack.append(nxt)
+
+    def _read_saved(self, fn: Any, info: _NodeInfo) -> None:
+        info.saved_read = True
+        if info.custom:
+            attrs = ["saved_tensors"]
+        else:
+            attrs = _saved_attrs(fn)
+        for attr in attrs:
+            self._reading = (info, attr)
+            try:
+                value = getattr(fn, attr)
+            except (RuntimeError, AttributeError):
+                value = None
+            finally:
+                self._reading = None
+            del value
+
+    def _note_read(self, sid: int) -> None:
+        assert self._reading is not None
+        info, attr = self._reading
+        if not 0 <= sid < len(self._saved):
+            return
+        s = self._saved[sid]
+        if s.node is None or s.node is info:
+            if s.node is None:
+                self._attach_saved(s, info)
+            if not s.attribute:
+                s.attribute = attr
+
+    def _attach_saved(self, s: _SavedRaw, info: _NodeInfo) -> None:
+        s.node = info
+        self._saved_by_node.setdefault(info.id, []).append(s)
+
+    # ------------------------------------------------------------------ hooks
+    def _pack(self, t: torch.Tensor) -> Any:
+        if threading.get_ident() != self._tid:
+            return _Packed(t, -1, None)
+        s = _SavedRaw()
+        s.sid = len(self._saved)
+        s.seq = torch._C._autograd._get_sequence_nr() - 1
+        s.t_ns = time.time_ns()
+        s.shape = tuple(t.shape)
+        s.dtype = str(t.dtype).replace("torch.", "")
+        s.device = str(t.device)
+        try:
+            storage = t.untyped_storage()
+            s.bytes = int(storage.nbytes())
+            s.ptr = int(storage.data_ptr())
+            ref = StorageWeakRef(storage)
+            s.skey = int(ref.cdata)
+            s.ref = ref
+        except (RuntimeError, NotImplementedError, TypeError):
+            s.bytes = t.numel() * t.element_size()
+            s.ptr = 0
+            s.skey = -(s.sid + 1)
+            s.ref = None
+        s.name = None
+        s.kind = Kind.ACTIVATION
+        s.leafish = t.grad_fn is None
+        named = self._param_skeys.get(s.skey)
+        if named is not None:
+            s.kind = named[2]
+            s.name = self._full_name(named[0], named[1])
+        elif s.leafish:
+            s.kind = Kind.INPUT
+        else:
+            self._ring.append(weakref.ref(t))
+        self._saved.append(s)
+        self._saved_by_seq.setdefault(s.seq, []).append(s)
+        return _Packed(t, s.sid, self._self_ref)
+
+    def _mod_pre(self, module: nn.Module, args: Any) -> None:
+        if threading.get_ident() != self._tid:
+            return
+        try:
+            call = _Call()
+            if self._stack:
+                root = self._stack[-1][1].root
+                parent_rel = self._stack[-1][1].rel
+            else:
+                root = self._root_of(module)
+                parent_rel = None
+            rel = self._module_paths[root].get(id(module))
+            if rel is None:
+                cls = type(module).__name__
+                rel = cls if parent_rel in (None, "") else f"{parent_rel}.{cls}"
+            call.root, call.rel = root, rel
+            call.seq0 = torch._C._autograd._get_sequence_nr()
+            call.t0 = time.time_ns()
+            call.seq1, call.t1 = call.seq0, call.t0
+            self._calls.append(call)
+            self._stack.append((module, call))
+        except Exception as e:  # observing must never break the model
+            self._internal(e)
+
+    def _mod_post(self, module: nn.Module, args: Any, output: Any) -> None:
+        if threading.get_ident() != self._tid:
+            return
+        try:
+            while self._stack:
+                m, call = self._stack.pop()
+                call.seq1 = torch._C._autograd._get_sequence_nr()
+                call.t1 = time.time_ns()
+                if m is module:
+                    break
+            if isinstance(output, torch.Tensor) and output.grad_fn is not None:
+                self._ring.append(weakref.ref(output))
+        except Exception as e:
+            self._internal(e)
+
+    def _root_of(self, module: nn.Module) -> int:
+        idx = self._root_index.get(id(module))
+        if idx is not None and self._roots[idx][0]() is module:
+            return idx
+        idx = len(self._roots)
+        self._root_index[id(module)] = idx
+        given = self._given_roots.get(id(module))
+        self._roots.append((weakref.ref(module), type(module).__name__, given))
+        self._module_paths.append({id(m): name for name, m in module.named_modules()})
+        for name, p in module.named_parameters():
+            self._param_by_id[id(p)] = (weakref.ref(p), idx, name)
+            k = _skey(p)
+            if k is not None:
+                self._param_skeys.setdefault(k, (idx, name, Kind.PARAMETER))
+                self._baseline_storages[k] = p.untyped_storage().nbytes()
+        for name, b in module.named_buffers():
+            k = _skey(b)
+            if k is not None:
+                self._param_skeys.setdefault(k, (idx, name, Kind.BUFFER))
+                self._baseline_storages[k] = b.untyped_storage().nbytes()
+        return idx
+
+    def _full_name(self, root: int, rel: str) -> str:
+        prefix = self._root_prefix(root)
+        if not prefix:
+            return rel
+        return prefix if not rel else f"{prefix}.{rel}"
+
+    def _root_prefix(self, root: int) -> str:
+        _, cls, given = self._roots[root]
+        if given is not None:
+            return given
+        if len(self._roots) == 1 and not self._given_roots:
+            return ""
+        same = [i for i, r in enumerate(self._roots) if r[1] == cls and r[2] is None]
+        return cls if len(same) <= 1 else f"{cls}#{same.index(root)}"
+
+    def _pre(self, info: _NodeInfo, grad_outputs: Any) -> None:
+        try:
+            self._settle_pending()
+            st = _Step()
+            st.index = len(self._steps)
+            st.info = info
+            st.backward = self._backward_idx
+            st.freed = 0
+            src = self._source
+            st.live_before = src.live() if src is not None and src.online else None
+            st.live_after = None
+            st.t0 = time.time_ns()
+            st.t1 = st.t0
+            info.executed += 1
+            self._steps.append(st)
+            self._cur = st
+        except Exception as e:
+            self._internal(e)
+
+    def _post(self, info: _NodeInfo, grad_inputs: Any, grad_outputs: Any) -> None:
+        try:
+            st = self._cur
+            if st is None or st.info is not info:
+                return
+            st.t1 = time.time_ns()
+            if self._create_graph:
+                made = [g.grad_fn for g in grad_inputs
+                        if isinstance(g, torch.Tensor) and g.grad_fn is not None]
+                if made:
+                    self._discover(made, order=info.order + 1, module=info.module)
+            self._pending = st
+            self._cur = None
+        except Exception as e:
+            self._internal(e)
+
+    def _settle_pending(self) -> None:
+        """The engine frees a node's saved tensors right after its post hook; at the next step's
+        pre hook (or at the end of the pass) we check which of them are gone."""
+        st, self._pending = self._pending, None
+        if st is None:
+            return
+        src = self._source
+        if src is not None and src.online:
+            if isinstance(src, TrackerSource):
+                src.sweep()
+            st.live_after = src.live()
+        freed_keys: set[int] = set()
+        for s in self._saved_for(st.info):
+            if s.freed_at_step is None and s.ref is not None and s.ref.expired():
+                s.freed_at_step = st.index
+                if s.skey not in freed_keys:
+                    freed_keys.add(s.skey)
+                    st.freed += s.bytes
+        if freed_keys:
+            # Other saves of the same storages (by nodes that already ran) are gone too.
+            for s in self._saved:
+                if s.skey in freed_keys and s.freed_at_step is None:
+                    s.freed_at_step = st.index
+
+    def _saved_for(self, info: _NodeInfo) -> list[_SavedRaw]:
+        out = list(self._saved_by_node.get(info.id, ()))
+        if info.seq is not None:
+            for s in self._saved_by_seq.get(info.seq, ()):
+                if s.node is None:
+                    self._attach_saved(s, info)
+                    out.append(s)
+        return out
+
+    def _internal(self, e: BaseException) -> None:
+        if isinstance(e, MemoryBudgetExceeded):
+            raise e
+        msg = f"gradscope internal error while observing: {e!r}"
+        if msg not in self._notes:
+            self._notes.append(msg)
+
+    # ------------------------------------------------------------------ finalize
+    def _finalize(self, t1: int, complete: bool, error: str | None) -> Recording:
+        # Roots never passed to backward: recent op outputs and module outputs still alive.
+        live_roots = []
+        for ref in list(self._ring):
+            t = ref()
+            if t is not None and t.grad_fn is not None:
+                live_roots.append(t.grad_fn)
+        self._ring.clear()
+        self._discover(live_roots, order=0, module=None)
+        del live_roots
+        self._assign_modules()
+        # Saves that were never read back are attached through their sequence number.
+        by_seq = {i.seq: i for i in self._infos if i.seq is not None}
+        dropped = 0
+        for s in self._saved:
+            if s.node is None:
+                info = by_seq.get(s.seq)
+                if info is None:
+                    dropped += 1
+                    continue
+                self._attach_saved(s, info)
+        if dropped:
+            self._notes.append(
+                f"{dropped} saved tensors belonged to nodes that were freed before gradscope saw them; "
+                "they are not listed."
+            )
+        if any(i.custom for i in self._infos):
+            self._notes.append(
+                "custom autograd.Function nodes are present: tensors they keep as ctx attributes "
+                "(ctx.x = t) bypass saved-tensor hooks and are not counted; save_for_backward is counted."
+            )
+        seq_end = torch._C._autograd._get_sequence_nr()
+        created = seq_end - self._seq0
+        seen_created = sum(1 for i in self._infos if i.seq is not None and i.seq >= self._seq0)
+        if self._memory == "off":
+            timeline: list[MemoryPoint] = []
+            peak_bytes, peak, dropped_points = 0, None, 0
+        else:
+            timeline, peak_bytes, peak, dropped_points = self._timeline(t1)
+        nodes = tuple(
+            Node(id=i.id, name=i.name, order=i.order, module=i.module, leaf=i.leaf,
+                 leaf_shape=i.leaf_shape, executed=i.executed)
+            for i in self._infos
+        )
+        saved = tuple(
+            SavedTensor(node=s.node.id, attribute=s.attribute or f"saved[{k}]", shape=s.shape,
+                        dtype=s.dtype, device=s.device, bytes=s.bytes, storage=self._storage_id(s.skey),
+                        kind=self._final_kind(s), module=s.node.module, name=s.name,
+                        freed_at_step=s.freed_at_step)
+            for k, s in enumerate(x for x in self._saved if x.node is not None)
+        )
+        steps = tuple(
+            Step(index=st.index, node=st.info.id, backward=st.backward, start_s=(st.t0 - self._t0) / 1e9,
+                 duration_s=(st.t1 - st.t0) / 1e9, live_before=st.live_before,
+                 live_after=st.live_after, freed_bytes=st.freed)
+            for st in self._steps
+        )
+        baseline = self._baseline(saved)
+        reserved_peak = total = None
+        device = "cpu"
+        if isinstance(self._source, CudaSource):
+            baseline = self._source.baseline
+            reserved_peak = self._source.reserved_peak
+            device = str(self._source.device)
+            nv = nvml_device_totals(self._source.device.index or 0)
+            total = nv["total"] if nv else self._source.total
+        notes = list(self._notes)
+        if self._foreign_saves:
+            notes.append(f"{self._foreign_saves} saved tensors were packed by other saved_tensors_hooks.")
+        extra: dict[str, Any] = {"nodes_created": created, "nodes_created_seen": seen_created}
+        return Recording(
+            nodes=nodes,
+            edges=tuple(Edge(a, b) for a, b in self._edges),
+            saved=saved,
+            steps=steps,
+            timeline=tuple(timeline),
+            peak_bytes=peak_bytes,
+            baseline_bytes=baseline,
+            peak=peak,
+            where=_where(device, self._memory),
+            complete=complete,
+            error=error,
+            notes=tuple(notes),
+            label=self._label,
+            wall_time_s=(t1 - self._t0) / 1e9,
+            backward_passes=self._backward_idx + 1,
+            reserved_peak_bytes=reserved_peak,
+            device_total_bytes=total,
+            timeline_dropped=dropped_points,
+            extra=extra,
+        )
+
+    def _storage_id(self, skey: int) -> int:
+        ids = self.__dict__.setdefault("_sids", {})
+        return ids.setdefault(skey, len(ids))
+
+    def _final_kind(self, s: _SavedRaw) -> Kind:
+        if s.kind is Kind.INPUT and self._allocated_inside(s):
+            return Kind.ACTIVATION
+        return s.kind
+
+    def _allocated_inside(self, s: _SavedRaw) -> bool:
+        src = self._source
+        if src is None or not s.ptr:
+            return False
+        keys = self.__dict__.get("_alloc_keys")
+        if keys is None:
+            keys = {}
+            for e in src.events:
+                if e.size > 0:
+                    keys.setdefault(e.key, []).append(e.t_ns)
+            self._alloc_keys = keys
+        k = s.skey if isinstance(src, TrackerSource) else s.ptr
+        times = keys.get(k)
+        return bool(times) and times[0] <= s.t_ns
+
+    def _baseline(self, saved: tuple[SavedTensor, ...]) -> int:
+        storages = dict(self._baseline_storages)
+        for s in self._saved:
+            if s.node is not None and self._final_kind(s) is Kind.INPUT:
+                storages[s.skey] = s.bytes
+        return sum(storages.values())
+
+    def _assign_modules(self) -> None:
+        """Order-0 nodes get the innermost module call whose sequence range holds their number."""
+        infos = sorted((i for i in self._infos if i.seq is not None and i.order == 0 and i.module is None),
+                       key=lambda i: i.seq)
+        seqs = [i.seq for i in infos]
+        # Calls are appended at their start, so outer calls come before the calls nested in them:
+        # writing each call's range in that order leaves every node with its innermost module.
+        for call in self._calls:
+            lo = bisect.bisect_left(seqs, call.seq0)
+            hi = bisect.bisect_left(seqs, call.seq1)
+            path = self._full_name(call.root, call.rel) or "(root)"
+            if call.rel == "" and self._root_prefix(call.root) == "":
+                path = self._roots[call.root][1]
+            for i in infos[lo:hi]:
+                i.module = path
+        # Nodes created by create_graph inherit the module of the node that created them
+        # (already set at discovery); leaves take their parameter's module.
+        for i in self._infos:
+            if i.leaf and i.leaf != "input" and i.module is None and "." in i.leaf:
+                i.module = i.leaf.rsplit(".", 1)[0]
+
+    def _module_at(self, t_ns: int) -> str | None:
+        best: _Call | None = None
+        for call in self._calls_sorted():
+            if call.t0 > t_ns:
+                break
+            if call.t1 >= t_ns:
+                best = call  # later-starting enclosing calls are nested deeper
+        if best is None:
+            return None
+        path = self._full_name(best.root, best.rel)
+        return path or self._roots[best.root][1]
+
+    def _calls_sorted(self) -> list[_Call]:
+        return self._calls  # appended in start order
+
+    def _timeline(self, t1: int) -> tuple[list[MemoryPoint], int, Peak | None, int]:
+        src = self._source
+        events: list[AllocEvent] = list(src.events) if src is not None else []
+        step_of_scope = self._match_scopes(src.scopes if src is not None else [])
+        steps = self._steps
+        # Step live_before/after from a source that is not online: bisect the events by time.
+        points: list[MemoryPoint] = []
+        live = 0
+        peak_i = -1
+        peak_v = 0
+        cum_t: list[int] = []
+        cum_live: list[int] = []
+        for e in events:
+            live += e.size
+            step = e.step
+            if step is None and e.eval_index is not None:
+                step = step_of_scope.get(e.eval_index)
+            phase = Phase.BACKWARD if (step is not None or e.eval_index is not None) else Phase.FORWARD
+            module = None
+            if step is not None and step < len(steps):
+                module = steps[step].info.module
+            elif phase is Phase.FORWARD:
+                module = self._module_at(e.t_ns)
+            points.append(MemoryPoint(t_s=(e.t_ns - self._t0) / 1e9, live=live, phase=phase,
+                                      label=e.label, step=step, module=module, reserved=e.reserved))
+            cum_t.append(e.t_ns)
+            cum_live.append(live)
+            if live > peak_v:
+                peak_v, peak_i = live, len(points) - 1
+        if src is not None and not src.online and src.scopes:
+            for k, scope in enumerate(src.scopes):
+                si = step_of_scope.get(k)
+                if si is None:
+                    continue
+                a = bisect.bisect_left(cum_t, scope.start_ns)
+                b = bisect.bisect_right(cum_t, scope.end_ns)
+                steps[si].live_before = cum_live[a - 1] if a > 0 else 0
+                steps[si].live_after = cum_live[b - 1] if b > 0 else 0
+        peak_bytes = peak_v
+        if isinstance(src, CudaSource):
+            peak_bytes = max(peak_bytes, src.peak)
+        peak = None
+        if peak_i >= 0:
+            p = points[peak_i]
+            node = steps[p.step].info.id if p.step is not None and p.step < len(steps) else None
+            peak = Peak(bytes=peak_bytes, phase=p.phase, t_s=p.t_s, label=p.label, node=node,
+                        module=p.module, step=p.step)
+        elif isinstance(src, CudaSource) and peak_bytes:
+            peak = Peak(bytes=peak_bytes, phase=Phase.FORWARD, label="(allocator statistics)")
+        dropped = 0
+        if self._max_events is not None and len(points) > self._max_events:
+            points, dropped = _downsample(points, peak_i, self._max_events)
+        return points, peak_bytes, peak, dropped
+
+    def _match_scopes(self, scopes: list[EvalScope]) -> dict[int, int]:
+        """Pair the profiler's evaluate_function scopes with our steps, in order, by node name
+        and sequence number (scopes of backward passes we did not observe are skipped)."""
+        out: dict[int, int] = {}
+        j = 0
+        steps = self._steps
+        for k, sc in enumerate(scopes):
+            if j >= len(steps):
+                break
+            info = steps[j].info
+            if sc.name == info.name and (info.seq is None or sc.seq == info.seq or sc.seq < 0):
+                out[k] = j
+                j += 1
+        return out
+
+
+def _downsample(points: list[MemoryPoint], peak_i: int, limit: int) -> tuple[list[MemoryPoint], int]:
+    stride = -(-len(points) // (limit - 1))
+    keep = set(range(0, len(points), stride))
+    keep.add(peak_i)
+    keep.add(len(points) - 1)
+    kept = [points[i] for i in sorted(keep)]
+    return kept, len(points) - len(kept)
+
+
+def _bind_pre(ref: Any, info: _NodeInfo) -> Callable[[Any], None]:
+    def pre(grad_outputs: Any) -> None:
+        rec = ref()
+        if rec is not None:
+            rec._pre(info, grad_outputs)
+
+    return pre
+
+
+def _bind_post(ref: Any, info: _NodeInfo) -> Callable[[Any, Any], None]:
+    def post(grad_inputs: Any, grad_outputs: Any) -> None:
+        rec = ref()
+        if rec is not None:
+            rec._post(info, grad_inputs, grad_outputs)
+
+    return post
+
+
+_SAVED_ATTRS: dict[type, list[str]] = {}
+
+
+def _saved_attrs(fn: Any) -> list[str]:
+    cls = type(fn)
+    attrs = _SAVED_ATTRS.get(cls)
+    if attrs is None:
+        attrs = [a for a in dir(fn) if a.startswith("_saved_") and not a.endswith(("_sym_sizes",
+                 "_sym_strides", "_sizes", "_strides"))]
+        _SAVED_ATTRS[cls] = attrs
+    return attrs
+
+
+def _node_name(name: str) -> str:
+    return name.rsplit("::", 1)[-1]
+
+
+def _node_of(t: Any) -> Any:
+    if isinstance(t, torch.autograd.graph.GradientEdge):
+        return t.node
+    if isinstance(t, torch.Tensor):
+        if t.grad_fn is not None:
+            return t.grad_fn
+        if t.requires_grad:
+            return torch.autograd.graph.get_gradient_edge(t).node
+    return None
+
+
+def _skey(t: torch.Tensor) -> int | None:
+    try:
+        return int(StorageWeakRef(t.untyped_storage()).cdata)
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None
+
+
+def _where(device: str, memory: str) -> Where:
+    rank = world = None
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            rank, world = dist.get_rank(), dist.get_world_size()
+    except Exception:
+        pass
+    source = {"cpu": "cpu-allocator (profiler events)", "tracker": "storage tracker",
+              "cuda": "cuda caching allocator", "off": "off"}.get(memory, memory)
+    return Where(device=device, memory_source=source, torch_version=torch.__version__, rank=rank,
+                 world_size=world, hostname=socket.gethostname())
