@@ -1,15 +1,16 @@
 """``gs.compare``: run several ways of computing the same thing, side by side, from identical state.
 
-Each candidate is a zero-argument callable. It runs once under :class:`gradscope.record` (peak bytes,
-saved bytes, the full recording) and ``repeat - 1`` more times without recording for timing. Before
+Each candidate is a zero-argument callable. It runs once unrecorded to find the state it involves,
+once under :class:`gradscope.record` (peak bytes, saved bytes, the full recording) and ``repeat - 1``
+more times without recording; the time is the median of the last ``repeat`` runs. Before
 every run the state is put back: the torch RNG (CPU, and CUDA when initialized), the parameters,
 buffers, train/eval flags and ``requires_grad`` flags of the modules involved, and the ``.grad`` of every
 leaf involved (cleared). After the comparison everything is restored to how it was before the call.
 
 NOTE [ how compare finds the state to restore ]: modules are those passed as ``modules=`` plus every
-module whose forward runs inside a recorded run, snapshotted by a global forward pre-hook the first time
+module whose forward runs in the candidate's first (unrecorded) run, snapshotted by a global forward pre-hook the first time
 it is seen (before its forward can change it). Leaves are the modules' parameters plus every leaf tensor
-that requires grad and is passed to a torch function inside a recorded run, found by a
+that requires grad and is passed to a torch function in that run, found by a
 ``TorchFunctionMode``; the first time a leaf is seen its ``.grad`` is remembered and cleared (a leaf is
 always used before backward can accumulate into it). Neither keeps a tensor alive: leaves are held by
 weak reference; module snapshots hold copies of the values.
@@ -298,14 +299,24 @@ class Comparison:
         fn = self._candidates[name]
         state = self._state
         is_ref = name == self.reference
+        # A first, unrecorded run finds the modules and leaves involved and snapshots them at first
+        # sight (see NOTE [ how compare finds the state to restore ]), so that the recorded run
+        # carries none of compare's own hooks or copies. It also warms caches; it is not timed.
+        seen = _Seen(state)
         state.reset()
+        try:
+            with state.watch(seen):
+                out = fn()
+            del out
+        except Exception:  # the recorded run below raises too, and reports it
+            pass
+        state.reset(known=seen)
         rec = record(memory=self.memory, label=name)
         error: BaseException | None = None
         outputs: Any = None
-        seen = _Seen(state)
         times: list[float] = []
         try:
-            with rec, state.watch(seen):
+            with rec:
                 _sync()
                 t0 = time.perf_counter()
                 outputs = fn()
@@ -320,18 +331,8 @@ class Comparison:
         recording = rec.recording
         peak, saved = _memory_of(recording)
         if error is not None:
-            self._rows[name] = Row(
-                name,
-                "raised",
-                peak,
-                saved,
-                None,
-                None,
-                f"{type(error).__name__}: {error}",
-                recording,
-                (),
-                is_ref,
-            )
+            message = f"{type(error).__name__}: {error}"
+            self._rows[name] = Row(name, "raised", peak, saved, None, None, message, recording, (), is_ref)
             if is_ref:
                 self._ref_outputs = None
                 self._ref_grads = {}
@@ -364,17 +365,9 @@ class Comparison:
                 times.append(time.perf_counter() - t0)
                 del out
             except Exception as e:  # a candidate that raises only sometimes
+                message = f"{type(e).__name__}: {e} (in a timing run)"
                 self._rows[name] = Row(
-                    name,
-                    "raised",
-                    peak,
-                    saved,
-                    None,
-                    None,
-                    f"{type(e).__name__}: {e} (in a timing run)",
-                    recording,
-                    tuple(times),
-                    is_ref,
+                    name, "raised", peak, saved, None, None, message, recording, tuple(times), is_ref
                 )
                 return
         self._rows[name] = Row(
@@ -586,6 +579,7 @@ class _Watch:
         self.seen = seen
         self.mode = _LeafMode(self)
         self.handle: Any = None
+        self.busy = False  # our own snapshot copies must not count as the candidate's use
 
     def __enter__(self) -> _Watch:
         self.handle = nn.modules.module.register_module_forward_pre_hook(self._pre)
@@ -605,7 +599,11 @@ class _Watch:
     def _pre(self, module: nn.Module, args: Any) -> None:
         state = self.state
         if state.covered.get(id(module)) is not module:
-            state.adopt(module)
+            self.busy = True
+            try:
+                state.adopt(module)
+            finally:
+                self.busy = False
         for p in module.parameters(recurse=False):
             key = id(p)
             if key not in self.seen.leaves:
@@ -629,7 +627,7 @@ class _LeafMode(TorchFunctionMode):
         self.tid = threading.get_ident()
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if threading.get_ident() == self.tid:
+        if threading.get_ident() == self.tid and not self.watch.busy:
             for a in _tensors(args, kwargs):
                 try:
                     if a.requires_grad and a.is_leaf:

@@ -1,0 +1,299 @@
+"""gs.compare: statuses, error figures, identical inputs between candidates, restored state, rerun."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import types
+
+import pytest
+import torch
+from torch import nn
+
+import gradscope as gs
+from gradscope.compare import Comparison, Row, tolerance
+from gradscope.errors import GradscopeError
+from gradscope.strategies import mixed_grad
+
+
+def _mixed_setup(depth: int = 3):
+    torch.manual_seed(0)
+    G = nn.Sequential(*[m for _ in range(depth) for m in (nn.Linear(32, 32), nn.Tanh())])
+
+    def f(y, g):
+        return ((y + g) ** 3).sum()
+
+    z = torch.randn(8, 32)
+    y = torch.randn(8, 32, requires_grad=True)
+    return f, G, z, y
+
+
+def test_seed_000_table_forward_ad_ok_split_wrong():
+    f, G, z, y = _mixed_setup()
+    cmp = gs.compare(
+        {m: (lambda m=m: mixed_grad(f, G, z, y, method=m)) for m in ("create_graph", "forward_ad", "split")},
+        memory="cpu",
+    )
+    assert isinstance(cmp, Comparison)
+    assert cmp.reference == "create_graph"
+    assert [r.name for r in cmp.rows] == ["create_graph", "forward_ad", "split"]
+    ref, fwd, split = cmp.rows
+    assert (ref.status, fwd.status, split.status) == ("ok", "ok", "wrong")
+    assert ref.max_abs_error == 0.0 and ref.reference and not fwd.reference
+    assert fwd.max_abs_error is not None and fwd.max_abs_error < 1e-4
+    assert split.max_abs_error is None
+    assert split.message == "output is None where the reference has a tensor"
+    # forward AD keeps nothing of G: fewer saved bytes and a lower peak than double backward
+    assert fwd.saved_bytes < ref.saved_bytes / 4
+    assert fwd.peak_bytes < ref.peak_bytes
+    for r in cmp.rows:
+        assert r.peak_bytes == r.recording.peak_bytes
+        assert r.saved_bytes == r.recording.saved_bytes
+        assert len(r.times_s) == 3 and r.time_s == sorted(r.times_s)[1]
+    text = cmp.summary()
+    assert "reference 'create_graph'" in text
+    assert "split: output is None where the reference has a tensor" in text
+    assert [line.split()[0] for line in text.splitlines()[3:6]] == ["create_graph", "forward_ad", "split"]
+
+
+def test_exact_saved_bytes_and_gradient_checked():
+    w = torch.ones(1000, requires_grad=True)
+
+    def exp_twice():
+        (w.exp() * 2).sum().backward()
+
+    def wrong_factor():
+        (w.exp() * 3).sum().backward()
+
+    cmp = gs.compare({"a": exp_twice, "b": exp_twice, "c": wrong_factor}, memory="cpu", repeat=1)
+    a, b, c = cmp.rows
+    assert a.saved_bytes == 4000  # exp saves its 1000-float result; the constant factor saves nothing
+    assert a.peak_bytes == b.peak_bytes
+    assert (a.status, b.status, c.status) == ("ok", "ok", "wrong")
+    assert b.max_abs_error == 0.0
+    # the outputs are both None: only the gradient tells them apart; e = 2.718..., so |3e - 2e| = e
+    assert c.max_abs_error == pytest.approx(torch.e, rel=1e-6)
+    assert c.message.startswith("tensor#1(1000,).grad: max abs error 2.72 above the tolerance")
+    assert w.grad is None  # compare leaves no gradient behind
+
+
+def test_candidate_that_raises_does_not_stop_the_others():
+    x = torch.randn(4, requires_grad=True)
+
+    def boom():
+        raise ValueError("shape (3, 4) is not what I wanted")
+
+    cmp = gs.compare({"ok": lambda: x * 2, "boom": boom, "after": lambda: x + x}, memory="off")
+    assert [r.status for r in cmp.rows] == ["ok", "raised", "ok"]
+    bad = cmp.row("boom")
+    assert bad.message == "ValueError: shape (3, 4) is not what I wanted"
+    assert bad.time_s is None and bad.max_abs_error is None
+    assert bad.recording is not None and bad.recording.complete is False
+    assert cmp.row("after").max_abs_error == 0.0
+
+
+def test_raising_reference_leaves_others_unchecked():
+    cmp = gs.compare({"ref": lambda: 1 / 0, "b": lambda: torch.ones(2)}, memory="off", repeat=1)
+    assert cmp.row("ref").status == "raised" and cmp.row("ref").message.startswith("ZeroDivisionError")
+    assert cmp.row("b").status == "ok" and cmp.row("b").max_abs_error is None
+    assert "reference 'ref' raised" in cmp.row("b").message
+
+
+def test_wrong_statuses_say_which():
+    lin = nn.Linear(3, 2)
+    x = torch.randn(5, 3)
+
+    def ref():
+        out = lin(x)
+        out.pow(2).sum().backward()
+        return {"out": out, "pair": (out.sum(), out.mean())}
+
+    def no_backward():
+        out = lin(x)
+        return {"out": out, "pair": (out.sum(), out.mean())}
+
+    def transposed():
+        out = lin(x)
+        out.pow(2).sum().backward()
+        return {"out": out.t(), "pair": (out.sum(), out.mean())}
+
+    def fewer():
+        out = lin(x)
+        out.pow(2).sum().backward()
+        return {"out": out}
+
+    def slightly_off():
+        out = lin(x)
+        out.pow(2).sum().backward()
+        return {"out": out + 1e-7, "pair": (out.sum(), out.mean())}
+
+    cmp = gs.compare(
+        {
+            "ref": ref,
+            "no_backward": no_backward,
+            "transposed": transposed,
+            "fewer": fewer,
+            "slightly_off": slightly_off,
+        },
+        memory="off",
+        repeat=1,
+    )
+    st = {r.name: r.status for r in cmp.rows}
+    assert st == {
+        "ref": "ok",
+        "no_backward": "wrong",
+        "transposed": "wrong",
+        "fewer": "wrong",
+        "slightly_off": "ok",
+    }
+    assert cmp.row("no_backward").message == (
+        "Linear.weight.grad is None where the reference has a tensor; "
+        "Linear.bias.grad is None where the reference has a tensor"
+    )
+    assert cmp.row("transposed").message == "output['out']: shape mismatch (2, 5) vs the reference's (5, 2)"
+    assert cmp.row("fewer").message.startswith("output structure differs: [output['out']] vs the reference's")
+    assert 0 < cmp.row("slightly_off").max_abs_error < 1e-6
+    assert lin.weight.grad is None
+
+
+def test_tolerance_is_dtype_aware():
+    assert tolerance(torch.float64) == (1e-9, 1e-12)
+    assert tolerance(torch.float16) == (1e-2, 1e-4)
+    assert tolerance(torch.int64) == (0.0, 0.0)
+    base = torch.linspace(1, 2, 10)
+    for dtype, delta, status in [
+        (torch.float32, 1e-6, "ok"),
+        (torch.float32, 1e-3, "wrong"),
+        (torch.float64, 1e-6, "wrong"),
+        (torch.float16, 1e-3, "ok"),
+        (torch.int64, 1, "wrong"),
+    ]:
+        ref = base.to(dtype) if dtype != torch.int64 else torch.arange(10)
+        cmp = gs.compare(
+            {"r": lambda ref=ref: ref, "c": lambda ref=ref, d=delta: ref + d}, memory="off", repeat=1
+        )
+        assert cmp.row("c").status == status, (dtype, delta)
+    cmp = gs.compare({"r": lambda: base, "c": lambda: base + 1e-3}, memory="off", repeat=1, atol=1e-2)
+    assert cmp.row("c").status == "ok"
+
+
+def test_nan_where_the_reference_has_none_is_wrong():
+    cmp = gs.compare(
+        {"r": lambda: torch.ones(3), "c": lambda: torch.tensor([1.0, float("nan"), 1.0])}, memory="off"
+    )
+    assert cmp.row("c").status == "wrong"
+    assert "NaN" in cmp.row("c").message
+
+
+def test_candidates_see_identical_rng_and_module_state():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Dropout(0.5))
+    x = torch.randn(16, 4)
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    draws = []
+
+    def run():
+        out = net(x)  # dropout draws from the RNG, batch norm updates its running stats
+        draws.append(torch.rand(1).item())
+        out.sum().backward()
+        return out, net[1].running_mean.clone(), net[1].num_batches_tracked.clone()
+
+    cmp = gs.compare({"a": run, "b": run}, memory="off", repeat=2)
+    assert [r.status for r in cmp.rows] == ["ok", "ok"]
+    assert cmp.row("b").max_abs_error == 0.0
+    assert len(draws) == 6 and len(set(draws)) == 1  # (1 discovery + 2 measured runs) x 2
+    # everything is back as it was: buffers, parameters, no gradients
+    for k, v in net.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    assert all(p.grad is None for p in net.parameters())
+
+
+def test_without_restoring_rng_the_runs_would_differ():
+    # guards the test above: two dropout calls in a row do draw different masks
+    x = torch.ones(100)
+    assert not torch.equal(nn.functional.dropout(x, 0.5), nn.functional.dropout(x, 0.5))
+
+
+def test_modules_argument_names_gradients_and_restores_state():
+    net = nn.Linear(2, 2)
+    x = torch.randn(3, 2)
+    old = torch.full((2, 2), 7.0)
+    net.weight.grad = old
+
+    def step():
+        net(x).sum().backward()
+        with torch.no_grad():
+            net.weight.add_(1.0)  # a candidate that changes the model
+        return net.weight.clone()
+
+    def step_twice():
+        net(x).sum().backward()
+        with torch.no_grad():
+            net.weight.add_(2.0)
+        return net.weight.clone()
+
+    w0 = net.weight.detach().clone()
+    cmp = gs.compare({"one": step, "two": step_twice}, modules={"net": net}, memory="off")
+    assert cmp.row("two").status == "wrong"
+    assert cmp.row("two").max_abs_error == pytest.approx(1.0)
+    assert cmp.row("two").message.startswith("output: max abs error 1 above")
+    assert torch.equal(net.weight.detach(), w0)
+    assert net.weight.grad is old  # the user's gradient is given back, untouched
+    assert torch.equal(old, torch.full((2, 2), 7.0))
+
+
+def test_rerun_from_a_background_thread():
+    f, G, z, y = _mixed_setup(depth=2)
+    cmp = gs.compare(
+        {m: (lambda m=m: mixed_grad(f, G, z, y, method=m)) for m in ("create_graph", "forward_ad")},
+        memory="cpu",
+        repeat=1,
+    )
+    first = cmp.row("forward_ad")
+    t = threading.Thread(target=cmp.rerun, args=(["forward_ad"],))
+    t.start()
+    t.join(60)
+    assert not t.is_alive()
+    again = cmp.row("forward_ad")
+    assert again is not first and again.recording is not first.recording
+    assert again.status == "ok" and again.saved_bytes == first.saved_bytes
+    assert cmp.row("create_graph") is cmp.rows[0]
+    cmp.rerun(["create_graph"])
+    assert cmp.row("create_graph").max_abs_error == 0.0
+    with pytest.raises(GradscopeError, match="unknown candidate"):
+        cmp.rerun(["nope"])
+
+
+def test_bad_input_is_a_gradscope_error():
+    with pytest.raises(GradscopeError, match="non-empty dict"):
+        gs.compare({})
+    with pytest.raises(GradscopeError, match="candidate 'a' is a int, not a callable"):
+        gs.compare({"a": 3})
+    with pytest.raises(GradscopeError, match="reference 'c' is not a candidate; use one of 'a', 'b'"):
+        gs.compare({"a": lambda: None, "b": lambda: None}, reference="c")
+    with pytest.raises(GradscopeError, match="repeat must be an int >= 1"):
+        gs.compare({"a": lambda: None}, repeat=0)
+    with pytest.raises(GradscopeError, match=r"returned a str at output\[1\]; compare\(\) expects a tensor"):
+        gs.compare({"a": lambda: (torch.ones(1), "done")}, memory="off")
+    with pytest.raises(GradscopeError, match="modules= takes nn.Module"):
+        gs.compare({"a": lambda: None}, modules=[3])
+
+
+def test_views_delegate_to_html_and_widget(monkeypatch, tmp_path):
+    cmp = gs.compare({"a": lambda: torch.ones(1)}, memory="off", repeat=1)
+    fake_html = types.ModuleType("gradscope.html")
+    fake_html.comparison_html = lambda c: f"<p>{c.rows[0].name}:{c.rows[0].status}</p>"
+    fake_widget = types.ModuleType("gradscope.widget")
+    fake_widget.mimebundle = lambda c: {"text/plain": repr(c)}
+    monkeypatch.setitem(sys.modules, "gradscope.html", fake_html)
+    monkeypatch.setitem(sys.modules, "gradscope.widget", fake_widget)
+    out = tmp_path / "cmp.html"
+    assert cmp.to_html(str(out)) == "<p>a:ok</p>"
+    assert out.read_text() == "<p>a:ok</p>"
+    assert cmp._repr_mimebundle_() == {"text/plain": "Comparison(reference='a': a=ok)"}
+
+
+def test_row_is_frozen():
+    row = Row("a", "ok", 1, 2, 0.1, 0.0, "", None)
+    with pytest.raises(AttributeError):
+        row.status = "wrong"  # type: ignore[misc]
