@@ -1,0 +1,275 @@
+"""gs.record: graph, saved tensors, backward steps and memory against independent computations."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import MODELS, independent_nodes, mlp, no_gradscope_left, profiler_peak
+from torch import nn
+from torch.autograd.graph import saved_tensors_hooks
+
+import gradscope as gs
+from gradscope.recording import Kind, Phase
+
+
+def _step(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    model.zero_grad(set_to_none=True)
+    loss = model(x).pow(2).mean()
+    loss.backward()
+    return loss
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_node_count_equals_independent_walk(name: str) -> None:
+    model, x = MODELS[name]()
+    with gs.record(memory="off") as rec:
+        loss = _step(model, x)
+    r = rec.recording
+    assert len(r.nodes) == len(independent_nodes(loss.grad_fn))
+    assert r.order_counts() == {0: len(r.nodes)}
+    # every edge is one next_functions link of the independent walk
+    n_edges = sum(sum(1 for f, _ in fn.next_functions if f is not None)
+                  for fn in independent_nodes(loss.grad_fn))
+    assert len(r.edges) == n_edges
+    # every node ran exactly once in the single backward pass
+    assert len(r.steps) == len(r.nodes)
+    assert all(n.executed == 1 for n in r.nodes)
+
+
+def test_leaves_named_by_parameter_and_nodes_by_module() -> None:
+    model, x = MODELS["encoder"]()
+    with gs.record(memory="off") as rec:
+        _step(model, x)
+    r = rec.recording
+    leaves = {n.leaf for n in r.nodes if n.leaf}
+    assert leaves == {name for name, _ in model.named_parameters()}
+    assert "layers.0.linear1.weight" in leaves
+    modules = {n.module for n in r.nodes if n.name == "AddmmBackward0"}
+    assert {"layers.0.linear1", "layers.0.linear2", "layers.1.linear1", "layers.1.linear2"} <= modules
+    # the loss nodes were created outside any module
+    assert r.nodes[0].name == "MeanBackward0" and r.nodes[0].module is None
+
+
+def test_named_roots_prefix_paths() -> None:
+    model, x = mlp()
+    with gs.record(memory="off", modules={"net": model}) as rec:
+        _step(model, x)
+    assert {n.leaf for n in rec.recording.nodes if n.leaf} == {f"net.{k}" for k, _ in model.named_parameters()}
+
+
+def test_double_backward_order_one_count() -> None:
+    model, x = mlp()
+    params = list(model.parameters())
+    with gs.record(memory="off") as rec:
+        loss = model(x).pow(2).mean()
+        before = torch._C._autograd._get_sequence_nr()
+        grads = torch.autograd.grad(loss, params, create_graph=True)
+        after = torch._C._autograd._get_sequence_nr()
+        penalty = sum(g.pow(2).sum() for g in grads)
+        penalty.backward()
+    r = rec.recording
+    nodes = independent_nodes(penalty.grad_fn, loss.grad_fn)
+    made_by_grad = [fn for fn in nodes if before <= fn._sequence_nr() < after]
+    assert made_by_grad, "create_graph made no nodes?"
+    assert r.order_counts().get(1, 0) == len(made_by_grad)
+    assert len(r.nodes) == len(nodes)
+    assert r.backward_passes == 2
+    # nodes created in backward carry the module of the node whose formula made them
+    assert {n.module for n in r.nodes if n.order == 1} - {None} <= {"0", "1", "2", "3", "4"}
+
+
+def _own_saved_bytes(model: nn.Module, x: torch.Tensor) -> int:
+    storages: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        s = t.untyped_storage()
+        storages[s.data_ptr()] = s.nbytes()
+        return t
+
+    with saved_tensors_hooks(pack, lambda t: t):
+        loss = model(x).pow(2).mean()
+    del loss
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_saved_bytes_equal_own_pack_hook_accounting(name: str) -> None:
+    model, x = MODELS[name]()
+    expected = _own_saved_bytes(model, x)
+    with gs.record(memory="off") as rec:
+        _step(model, x)
+    assert rec.recording.saved_bytes == expected
+    assert all(s.bytes > 0 and s.attribute for s in rec.recording.saved)
+
+
+def test_view_counts_whole_storage() -> None:
+    w = torch.randn(8, requires_grad=True)
+    big = torch.randn(1024, 1024)  # 4 MiB
+    view = big[:8, :8]  # a 256-byte view
+    with gs.record(memory="off") as rec:
+        (w * view[0]).sum().backward()
+    saved = {s.attribute: s for s in rec.recording.saved}
+    assert saved["_saved_other"].bytes == 1024 * 1024 * 4
+    assert saved["_saved_other"].shape == (8,)
+    assert saved["_saved_other"].kind is Kind.INPUT
+    assert list(saved) == ["_saved_other"]  # w's value is not needed: only the view is saved
+    assert rec.recording.saved_bytes == 1024 * 1024 * 4
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_cpu_peak_equals_profiler_running_sum(name: str) -> None:
+    model, x = MODELS[name]()
+    _step(model, x)  # warm up: lazily created buffers, allocator caches
+    expected = profiler_peak(lambda: _step(model, x))
+    with gs.record(memory="cpu") as rec:
+        _step(model, x)
+    r = rec.recording
+    assert r.peak_bytes == expected
+    assert max(p.live for p in r.timeline) == r.peak_bytes
+    assert r.peak is not None and r.peak.bytes == r.peak_bytes
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert r.baseline_bytes >= params
+    phases = {p.phase for p in r.timeline}
+    assert phases == {Phase.FORWARD, Phase.BACKWARD}
+
+
+def test_backward_steps_release_saved_activations() -> None:
+    model, x = mlp()
+    with gs.record(memory="cpu") as rec:
+        _step(model, x)
+    r = rec.recording
+    names = {s.node: r.nodes[s.node].name for s in r.steps}
+    relu_steps = [s for s in r.steps if names[s.node] == "ReluBackward0"]
+    assert len(relu_steps) == 2 and all(s.freed_bytes == 32 * 128 * 4 for s in relu_steps)
+    # every activation storage is freed during backward, exactly once, at some step
+    activations = {s.storage: s.bytes for s in r.saved if s.kind is Kind.ACTIVATION}
+    assert sum(s.freed_bytes for s in r.steps) == sum(activations.values())
+    assert all(s.freed_at_step is not None for s in r.saved if s.kind is Kind.ACTIVATION)
+    # the input batch is held by the caller: never freed
+    assert all(s.freed_at_step is None for s in r.saved if s.kind is Kind.INPUT)
+    # live bytes around each step come from the allocator's events
+    for s in r.steps:
+        assert s.live_before is not None and s.live_after is not None
+    freed_at = relu_steps[0]
+    assert freed_at.live_after <= freed_at.live_before + 32 * 128 * 4
+
+
+def test_tracker_and_profiler_agree_on_mlp_peak() -> None:
+    model, x = mlp()
+    _step(model, x)
+    with gs.record(memory="cpu") as a:
+        _step(model, x)
+    with gs.record(memory="tracker") as b:
+        _step(model, x)
+    assert a.recording.peak_bytes == b.recording.peak_bytes
+
+
+def test_empty_block() -> None:
+    with gs.record(memory="cpu") as rec:
+        torch.ones(3) + 1
+    r = rec.recording
+    assert r.nodes == () and r.saved == () and r.steps == ()
+    assert "no autograd graph was built" in r.summary()
+    assert no_gradscope_left() == []
+
+
+def test_forward_only_roots_from_locals() -> None:
+    w = torch.ones(3, requires_grad=True)
+    with gs.record(memory="off") as rec:
+        y = (w.exp() * 2).sum()
+    assert [n.name for n in rec.recording.nodes] == ["SumBackward0", "MulBackward0", "ExpBackward0",
+                                                    "AccumulateGrad"]
+    assert rec.recording.saved_bytes == 12
+    assert y.grad_fn is not None
+
+
+def test_exception_in_block_propagates_and_marks_incomplete() -> None:
+    model, x = mlp()
+    err = ValueError("boom")
+    with pytest.raises(ValueError) as info:
+        with gs.record(memory="cpu") as rec:
+            loss = model(x).sum()
+            raise err
+    assert info.value is err
+    r = rec.recording
+    assert r is not None and not r.complete and r.error == "ValueError: boom"
+    assert len(r.nodes) == len(independent_nodes(loss.grad_fn))
+    assert "INCOMPLETE" in r.summary()
+    assert no_gradscope_left() == []
+
+
+def test_second_backward_error_passes_through() -> None:
+    model, x = mlp()
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        with gs.record(memory="off") as rec:
+            loss = model(x).sum()
+            loss.backward()
+            loss.backward()
+    r = rec.recording
+    assert not r.complete
+    first = [s for s in r.steps if s.backward == 0]
+    assert len(first) == len(independent_nodes(loss.grad_fn))
+
+
+def test_nested_record_is_a_clear_error() -> None:
+    with gs.record(memory="off"):
+        with pytest.raises(gs.GradscopeError, match="cannot be nested"):
+            with gs.record(memory="off"):
+                pass
+    assert no_gradscope_left() == []
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(gs.GradscopeError, match="not one of"):
+        gs.record(memory="gpu")
+    with pytest.raises(gs.GradscopeError, match="512MiB"):
+        gs.record(budget="lots")
+    with pytest.raises(gs.GradscopeError, match="modules="):
+        gs.record(modules=[1, 2])
+    if not torch.cuda.is_available():
+        with pytest.raises(gs.GradscopeError, match="CUDA is not available"):
+            with gs.record(memory="cuda"):
+                pass
+        assert no_gradscope_left() == []
+
+
+def test_nothing_left_installed_and_gradients_unchanged() -> None:
+    model, x = MODELS["cnn"]()
+    _step(model, x)
+    ref = [p.grad.clone() for p in model.parameters()]
+    for memory in ("off", "cpu", "tracker"):
+        with gs.record(memory=memory):
+            _step(model, x)
+        assert no_gradscope_left() == []
+        # batch norm's running stats moved, so compare against a fresh reference each time
+        got = [p.grad.clone() for p in model.parameters()]
+        _step(model, x)
+        assert all(torch.equal(a, b) for a, b in zip(got, [p.grad for p in model.parameters()], strict=True))
+    assert len(ref) == len(got)
+
+
+def test_budget_raises_at_crossing_allocation() -> None:
+    model, x = mlp()
+    with pytest.raises(gs.MemoryBudgetExceeded) as info:
+        with gs.record(budget=20_000) as rec:
+            _step(model, x)
+    e = info.value
+    assert isinstance(e, torch.OutOfMemoryError)
+    assert e.budget == 20_000 and e.live + e.requested > 20_000 and e.live <= 20_000
+    assert not rec.recording.complete and "MemoryBudgetExceeded" in rec.recording.error
+    assert no_gradscope_left() == []
+
+
+def test_summary_is_deterministic_and_exact() -> None:
+    model, x = mlp()
+    runs = []
+    for _ in range(2):
+        with gs.record(memory="cpu", label="mlp") as rec:
+            _step(model, x)
+        runs.append(rec.recording.summary())
+    assert runs[0] == runs[1]
+    text = runs[0]
+    r = rec.recording
+    assert f"graph: {len(r.nodes)} nodes (order 0: {len(r.nodes)})" in text
+    assert f"({r.saved_bytes} bytes)" in text and f"({r.peak_bytes} bytes)" in text
+    assert "top saved tensors" in text and "top modules by saved bytes" in text
