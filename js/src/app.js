@@ -2,7 +2,7 @@
 // toggles, side-by-side figures, overlaid timelines). Shared by the widget and the HTML page.
 // See NOTE [ text is data ] in dom.js: no user text ever goes through innerHTML.
 
-import { decodeRecording, nodeLabel } from "./data.js";
+import { decodeRecording, modulesBySavedBytes, nodeLabel } from "./data.js";
 import { clear, h } from "./dom.js";
 import { formatBytes, formatError, formatSeconds } from "./format.js";
 import { GraphView } from "./graph.js";
@@ -13,24 +13,6 @@ import { COLORS } from "./color.js";
 import { zoomAt } from "./viewport.js";
 
 const ORDER_TEXT = ["forward (order 0)", "created by create_graph (order 1)", "created by a second create_graph (order 2)"];
-
-/** Saved bytes per module, each storage counted once per module, largest first (pure). */
-export function modulesBySavedBytes(saved) {
-  const per = new Map();
-  for (const s of saved) {
-    const key = s.module ?? "(no module)";
-    if (!per.has(key)) per.set(key, new Map());
-    per.get(key).set(s.storage, s.bytes);
-  }
-  const out = [];
-  for (const [mod, m] of per) {
-    let total = 0;
-    for (const b of m.values()) total += b;
-    out.push([mod, total]);
-  }
-  out.sort((a, b) => b[1] - a[1] || (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0));
-  return out;
-}
 
 function legend() {
   const sw = (style) => h("span", { class: "gs-swatch", style });
@@ -84,6 +66,7 @@ export class RecordingView {
     body.appendChild(this.side);
     const btn = (text, fn, cls) => h("button", { class: cls, text, on: { click: fn } });
     tb.appendChild(btn("Fit", () => this.graph.fit(), "gs-fit"));
+    tb.appendChild(btn("Whole graph", () => this.graph.fitAll(), "gs-fit-all"));
     tb.appendChild(btn("+", () => this._zoom(1.4), "gs-zoom-in"));
     tb.appendChild(btn("−", () => this._zoom(1 / 1.4), "gs-zoom-out"));
     if (rec.graph.groups.key.length) {

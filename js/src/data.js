@@ -86,3 +86,21 @@ export function nodeLabel(node) {
   if (node.leaf) return node.leaf;
   return node.name || "?";
 }
+
+/** Saved bytes per module, each storage counted once per module, largest first (pure). */
+export function modulesBySavedBytes(saved) {
+  const per = new Map();
+  for (const s of saved) {
+    const key = s.module ?? "(no module)";
+    if (!per.has(key)) per.set(key, new Map());
+    per.get(key).set(s.storage, s.bytes);
+  }
+  const out = [];
+  for (const [mod, m] of per) {
+    let total = 0;
+    for (const b of m.values()) total += b;
+    out.push([mod, total]);
+  }
+  out.sort((a, b) => b[1] - a[1] || (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0));
+  return out;
+}

@@ -6,7 +6,7 @@ import { COLORS, bytesColor, orderStroke } from "./color.js";
 import { boxCount, groupBytes, visibleLayout } from "./collapse.js";
 import { nodeLabel } from "./data.js";
 import { formatBytes, truncate } from "./format.js";
-import { centerOn, fitView, hitTest, panBy, toScreen, toWorld, zoomAt } from "./viewport.js";
+import { centerOn, fitView, hitTest, initialView, panBy, toScreen, toWorld, zoomAt } from "./viewport.js";
 import { h } from "./dom.js";
 
 function maxOf(values) {
@@ -197,7 +197,14 @@ export class GraphView {
     return { x: r.left + s.x, y: r.top + s.y, visible: s.x >= 0 && s.y >= 0 && s.x <= this.width && s.y <= this.height };
   }
 
+  /** Show the whole graph, or its top at a legible scale when it is too big for that. */
   fit() {
+    this.view = initialView(this.vis.bounds, this.width, this.height);
+    this.draw();
+  }
+
+  /** Show the whole graph however small. */
+  fitAll() {
     this.view = fitView(this.vis.bounds, this.width, this.height, 20, 1.2);
     this.draw();
   }

@@ -2,41 +2,11 @@
 // the peak marked, hover naming the op or node running, a marker for the current backward step.
 
 import Plotly from "plotly.js-basic-dist-min";
-import { escapePlotly, formatBytes } from "./format.js";
+import { escapePlotly } from "./format.js";
+import { formatBytes } from "./format.js";
+import { argmax, hoverTexts, phaseRuns } from "./series.js";
 
 const PALETTE = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#4d7c0f", "#be185d"];
-
-/** Contiguous runs of one phase as [phase, x0, x1] (pure). */
-export function phaseRuns(t, phase) {
-  const runs = [];
-  if (!t.length) return runs;
-  let start = 0;
-  for (let i = 1; i <= t.length; i++) {
-    if (i === t.length || phase[i] !== phase[start]) {
-      runs.push([phase[start], t[start], t[i - 1]]);
-      start = i;
-    }
-  }
-  return runs;
-}
-
-/** Index of the largest value (first one on ties); -1 when empty (pure). */
-export function argmax(values) {
-  let best = -1;
-  for (let i = 0; i < values.length; i++) if (best < 0 || values[i] > values[best]) best = i;
-  return best;
-}
-
-/** Hover text for each timeline point (escaped for Plotly). */
-export function hoverTexts(tl) {
-  const out = new Array(tl.t.length);
-  for (let i = 0; i < tl.t.length; i++) {
-    const mod = tl.module[i] ? ` · ${escapePlotly(tl.module[i])}` : "";
-    const step = tl.step[i] === null || tl.step[i] === undefined ? "" : ` · step ${tl.step[i]}`;
-    out[i] = `${escapePlotly(tl.label[i] || "")}${mod}<br>${formatBytes(tl.live[i])} live · ${tl.phase[i]}${step}`;
-  }
-  return out;
-}
 
 function seriesTrace(name, tl, color, withHover) {
   const t0 = tl.t.length ? tl.t[0] : 0;

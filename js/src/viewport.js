@@ -17,6 +17,19 @@ export function fitView(bounds, width, height, pad = 20, maxScale = 1.5) {
   return { scale, tx, ty };
 }
 
+/**
+ * A readable first view: fit the whole drawing when that keeps boxes legible; otherwise fit the
+ * width (up to `readable` scale) and show the top, so a long thin graph opens legible, not as a speck.
+ */
+export function initialView(bounds, width, height, pad = 20, readable = 0.55) {
+  const fit = fitView(bounds, width, height, pad, 1.2);
+  if (fit.scale >= readable) return fit;
+  const bw = Math.max(1, bounds.maxX - bounds.minX);
+  const scale = clamp(Math.min(readable, (width - 2 * pad) / bw), MIN_SCALE, MAX_SCALE);
+  if (scale <= fit.scale) return fit;
+  return { scale, tx: (width - bw * scale) / 2 - bounds.minX * scale, ty: pad - bounds.minY * scale };
+}
+
 /** Zoom by `factor` keeping the screen point (sx, sy) fixed. */
 export function zoomAt(view, factor, sx, sy) {
   const scale = clamp(view.scale * factor, MIN_SCALE, MAX_SCALE);

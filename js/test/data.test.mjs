@@ -1,0 +1,49 @@
+import assert from "node:assert/strict";
+import { test } from "node:test";
+import { bytesColor, COLORS, orderStroke } from "../src/color.js";
+import { decodeRecording, modulesBySavedBytes, nodeLabel } from "../src/data.js";
+import { argmax, hoverTexts, phaseRuns } from "../src/series.js";
+import { tinyPayload } from "./fixtures.mjs";
+
+test("decodeRecording resolves the string table", () => {
+  const rec = decodeRecording(tinyPayload());
+  assert.equal(rec.nodes.length, 5);
+  assert.equal(rec.nodes[4].leaf, "a.weight");
+  assert.equal(rec.nodes[4].leafShape, "4 × 8");
+  assert.equal(rec.nodes[0].module, null);
+  assert.equal(nodeLabel(rec.nodes[4]), "a.weight");
+  assert.equal(nodeLabel(rec.nodes[1]), "MmBackward0");
+  assert.deepEqual(rec.savedByNode, [[], [0], [1], [2], []]);
+  assert.equal(rec.saved[1].attribute, "result");
+  assert.equal(rec.saved[2].freedAt, null);
+  assert.deepEqual(rec.timeline.phase, ["forward", "forward", "backward", "backward", "backward"]);
+});
+
+test("modulesBySavedBytes counts each storage once per module", () => {
+  const rec = decodeRecording(tinyPayload());
+  assert.deepEqual(modulesBySavedBytes(rec.saved), [["a", 768], ["b", 512]]);
+});
+
+test("phaseRuns and argmax", () => {
+  assert.deepEqual(phaseRuns([0, 1, 2, 3], ["forward", "forward", "backward", "backward"]), [["forward", 0, 1], ["backward", 2, 3]]);
+  assert.deepEqual(phaseRuns([], []), []);
+  assert.equal(argmax([1, 5, 5, 2]), 1);
+  assert.equal(argmax([]), -1);
+});
+
+test("hover text names the op and escapes markup", () => {
+  const rec = decodeRecording(tinyPayload());
+  rec.timeline.label[0] = "<b>x</b>";
+  const t = hoverTexts(rec.timeline);
+  assert.equal(t[0], "&lt;b&gt;x&lt;/b&gt; · a<br>256 B live · forward");
+  assert.equal(t[3], "MmBackward0 · b<br>1.6 KiB live · backward · step 1");
+});
+
+test("colours: zero bytes is the empty colour, more bytes is darker", () => {
+  assert.equal(bytesColor(0, 100), COLORS.empty);
+  assert.equal(bytesColor(100, 100), "rgb(190,30,45)");
+  assert.notEqual(bytesColor(10, 100), bytesColor(100, 100));
+  assert.equal(orderStroke(1).color, COLORS.order1);
+  assert.equal(orderStroke(2).color, COLORS.order2);
+  assert.equal(orderStroke(0).width, 1);
+});

@@ -1,0 +1,94 @@
+"""Self-contained HTML pages: one file, data inline and escaped, no network references."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from _recordings import HOSTILE, hostile_recording, tiny_recording
+
+from gradscope.html import _inline_json, _inline_script, comparison_html, recording_html
+from gradscope.widget import bundle_path
+
+pytestmark = pytest.mark.skipif(not bundle_path().exists(), reason="front end not built (cd js && npm run build)")
+
+
+def _data(page: str) -> dict:
+    m = re.search(r'<script type="application/json" id="gradscope-data">(.*?)</script>', page, re.S)
+    assert m is not None
+    return json.loads(m.group(1))
+
+
+def test_recording_page_is_one_self_contained_file(tmp_path: Path):
+    rec = tiny_recording()
+    path = tmp_path / "run.html"
+    page = rec.to_html(path)
+    assert path.read_text(encoding="utf-8") == page
+    assert page.startswith("<!doctype html>")
+    assert page.count("<script") == 2  # the data and the bundled module, nothing else
+    assert not re.search(r"<script[^>]+src=", page)
+    assert not re.search(r"<link[^>]+href=", page)
+    assert "Content-Security-Policy" in page and "default-src 'none'" in page
+    data = _data(page)
+    assert data["kind"] == "recording"
+    assert data["summary"]["nodes"] == 6
+    assert data["summary"]["saved_bytes"] == rec.saved_bytes == 832
+    assert len(data["graph"]["x"]) == 6
+
+
+def test_hostile_text_cannot_close_the_script():
+    page = recording_html(hostile_recording())
+    # the only "</script>" occurrences are the two closing tags
+    assert page.lower().count("</script") == 2
+    assert "<img src=x" not in page
+    data = _data(page)
+    assert set(HOSTILE) <= set(data["strings"])  # the texts arrive unchanged as data
+    assert "&lt;" in page.split("<title>")[1].split("</title>")[0] or "<" not in HOSTILE[1]
+
+
+def test_inline_escapes():
+    assert _inline_json({"a": "</script><!--&"}) == '{"a":"\\u003c/script\\u003e\\u003c!--\\u0026"}'
+    assert json.loads(_inline_json({"a": "</script>\u2028"})) == {"a": "</script>\u2028"}
+    assert _inline_script('x="</script>"') == 'x="<\\/script>"'
+
+
+class _Row:
+    def __init__(self, name, status, peak, rec):
+        self.name, self.status, self.peak_bytes, self.saved_bytes = name, status, peak, peak // 2
+        self.time_s, self.max_abs_error, self.message, self.recording = 0.01, 0.0, f"<b>{name}</b>", rec
+
+
+class _FakeComparison:
+    reference = "a"
+
+    def __init__(self):
+        self.rows = [_Row("a", "ok", 1600, tiny_recording()), _Row("b", "raised", 100, None)]
+
+    def rerun(self, names):
+        pass
+
+
+def test_comparison_page():
+    page = comparison_html(_FakeComparison())
+    data = _data(page)
+    assert data["kind"] == "comparison"
+    assert [r["name"] for r in data["rows"]] == ["a", "b"]
+    assert [r["status"] for r in data["rows"]] == ["ok", "raised"]
+    assert data["rows"][0]["message"] == "<b>a</b>"
+    assert data["recordings"][0]["summary"]["nodes"] == 6 and data["recordings"][1] is None
+
+
+def test_real_comparison_page():
+    import torch
+
+    import gradscope as gs
+
+    x = torch.randn(5, requires_grad=True)
+    cmp = gs.compare({"sin": lambda: x.sin().sum(), "cos": lambda: x.cos().sum()}, memory="off", repeat=1)
+    data = _data(cmp.to_html())
+    assert [r["name"] for r in data["rows"]] == ["sin", "cos"]
+    assert data["rows"][1]["status"] == "wrong"
+    assert sys.getsizeof(data) > 0
