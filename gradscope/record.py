@@ -162,6 +162,8 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         self._label = label
         self._max_events = max_events
         self._history = history
+        # The device type the tracker counts; gs.predict sets "meta" (see gradscope.predict).
+        self._tracker_device = "cpu"
         self._given_roots: dict[int, str] = {}
         if isinstance(modules, nn.Module):
             self._given_roots[id(modules)] = ""
@@ -304,7 +306,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         if m == "cpu":
             return ProfilerSource()
         if m == "tracker":
-            return TrackerSource("cpu", self._budget, step_of=self._step_index)
+            return TrackerSource(self._tracker_device, self._budget, step_of=self._step_index)
         if m == "cuda":
             if not torch.cuda.is_available():
                 raise GradscopeError(
