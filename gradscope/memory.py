@@ -16,9 +16,11 @@ timeline. Sources keep no tensors alive: only sizes, addresses and weak referenc
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -132,13 +134,15 @@ class ProfilerSource:
         from torch.profiler import ProfilerActivity, profile
 
         self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-        self._prof.__enter__()
+        with _quiet_stderr():
+            self._prof.__enter__()
 
     def stop(self) -> None:
         prof, self._prof = self._prof, None
         if prof is None:
             return
-        prof.__exit__(None, None, None)
+        with _quiet_stderr():
+            prof.__exit__(None, None, None)
         self._parse(prof.profiler.kineto_results.experimental_event_tree())
 
     def live(self) -> int | None:
@@ -175,6 +179,26 @@ class ProfilerSource:
         events.sort(key=lambda e: e.t_ns)
         self.events = _inside_only(events)
         self.scopes = scopes
+
+
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """The profiler's C++ side prints start/stop lines straight to file descriptor 2; they would
+    land in every notebook's log for every recorded cell. Silence the descriptor for those calls."""
+    try:
+        saved = os.dup(2)
+    except OSError:
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            try:
+                yield
+            finally:
+                os.dup2(saved, 2)
+    finally:
+        os.close(saved)
 
 
 def _inside_only(events: list[AllocEvent]) -> list[AllocEvent]:
