@@ -200,12 +200,16 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
         _active.rec = None
         t1 = time.time_ns()
-        self._remember_frame_roots(sys._getframe(1))
         internal: BaseException | None = None
         try:
-            self._uninstall()
+            self._uninstall()  # first: nothing that fails below may leave a hook installed
         except Exception as e:  # never mask the user's exception with ours
             internal = e
+        self._stack.clear()  # module calls that raised: never keep a user's module alive
+        try:
+            self._remember_frame_roots(sys._getframe(1))
+        except Exception as e:
+            internal = internal or e
         error = None
         if exc_type is not None:
             error = f"{exc_type.__name__}: {exc}"
@@ -289,14 +293,14 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         for h in self._handles:
             try:
                 h.remove()
-            except Exception as e:
+            except BaseException as e:  # a KeyboardInterrupt here must not skip the rest
                 first = first or e
         self._handles.clear()
         while self._undo:
             undo = self._undo.pop()
             try:
                 undo()
-            except Exception as e:
+            except BaseException as e:
                 first = first or e
         if first is not None:
             raise first
@@ -361,12 +365,18 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         self._backward_idx += 1
         self._create_graph = create
         try:
-            self._discover(roots, order=0, module=None, hook_into=handles)
+            try:
+                self._discover(roots, order=0, module=None, hook_into=handles)
+            except Exception as e:  # the user's backward runs whatever happens to observing
+                self._internal(e)
             return orig(t_outputs, *args, **kwargs)
         finally:
             for h in handles:
                 h.remove()
-            self._settle_pending()
+            try:
+                self._settle_pending()
+            except Exception as e:
+                self._internal(e)
             self._cur = None
             self._create_graph = False
 
@@ -467,6 +477,13 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
 
     # ------------------------------------------------------------------ hooks
     def _pack(self, t: torch.Tensor) -> Any:
+        try:
+            return self._pack_one(t)
+        except Exception as e:  # observing must never break the model: save the tensor as is
+            self._internal(e)
+            return t
+
+    def _pack_one(self, t: torch.Tensor) -> Any:
         if threading.get_ident() != self._tid:
             return _Packed(t, -1, None)
         s = _SavedRaw()
