@@ -450,6 +450,8 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         else:
             attrs = _saved_attrs(fn)
         for attr in attrs:
+            if self._foreign(fn, attr):
+                continue  # see NOTE [ saves packed by other hooks ]
             self._reading = (info, attr)
             try:
                 value = getattr(fn, attr)
@@ -458,6 +460,25 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
             finally:
                 self._reading = None
             del value
+
+    def _foreign(self, fn: Any, attr: str) -> bool:
+        """NOTE [ saves packed by other hooks ]: only the innermost saved_tensors_hooks pair
+        applies, so a user's own pair, ``save_on_cpu`` or a non-reentrant checkpoint inside the
+        block hides saves from our pack hook. The raw saved variable names its unpack hook without
+        unpacking: saves whose hook is not ours are counted for the recording's notes and are never
+        unpacked by us (their unpack may recompute a checkpointed segment or copy to a device)."""
+        name = "_raw" + attr if attr.startswith("_saved_") else "_raw_saved_tensors"
+        try:
+            raw = getattr(fn, name, None)
+        except (RuntimeError, AttributeError):
+            return False
+        n = 0
+        for r in raw if isinstance(raw, list | tuple) else (raw,):
+            hook = getattr(r, "unpack_hook", None)  # None: saved without hooks, or already freed
+            if hook is not None and hook is not _unpack:
+                n += 1
+        self._foreign_saves += n
+        return n > 0
 
     def _note_read(self, sid: int) -> None:
         assert self._reading is not None
@@ -740,7 +761,12 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
             total = nv["total"] if nv else self._source.total
         notes = list(self._notes)
         if self._foreign_saves:
-            notes.append(f"{self._foreign_saves} saved tensors were packed by other saved_tensors_hooks.")
+            notes.append(
+                f"{self._foreign_saves} saved tensors were packed by other saved_tensors_hooks (a "
+                "user's own pair, save_on_cpu or non-reentrant checkpoint inside the block; only the "
+                "innermost pair applies): gradscope cannot see or size them, so saved bytes are "
+                "undercounted."
+            )
         extra: dict[str, Any] = {"nodes_created": created, "nodes_created_seen": seen_created}
         return Recording(
             nodes=nodes,
