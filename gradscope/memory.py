@@ -51,6 +51,10 @@ class AllocEvent:
     eval_index: int | None = None
     step: int | None = None
     reserved: int | None = None
+    module_call: int | None = None
+
+
+MODULE_MARK = "gradscope.module#"
 
 
 @dataclass
@@ -103,7 +107,7 @@ def resolve_memory(memory: str, budget: int | None) -> str:
             "CUDA's allocator on a GPU and the CPU allocator's events otherwise."
         )
     if memory == "auto":
-        memory = "cuda" if torch.cuda.is_available() and torch.cuda.is_initialized() else "cpu"
+        memory = "cuda" if torch.cuda.is_available() else "cpu"
     if budget is not None and memory in ("cpu", "off"):
         # NOTE [ budgets need an online source ]: the profiler's events arrive only after the
         # block, so a budget that must stop the program at the crossing allocation uses the tracker.
@@ -156,17 +160,25 @@ class ProfilerSource:
         scopes: list[EvalScope] = []
         # Iterative walk (deep trees must not hit the recursion limit); children are pushed in
         # reverse so that events come out in time order within a scope.
-        stack: list[tuple[Any, str, int | None]] = [(r, "", None) for r in reversed(roots)]
+        stack: list[tuple[Any, str, int | None, int | None]] = [(r, "", None, None) for r in reversed(roots)]
         while stack:
-            ev, label, scope = stack.pop()
+            ev, label, scope, call = stack.pop()
             if ev.tag == alloc_tag:
                 ef = ev.extra_fields
                 if ef.device.type != "cpu":
                     continue
-                events.append(AllocEvent(ev.start_time_ns, int(ef.alloc_size), int(ef.ptr), label, scope))
+                events.append(AllocEvent(ev.start_time_ns, int(ef.alloc_size), int(ef.ptr), label, scope,
+                                         module_call=call))
                 continue
             name = ev.name
-            if name.startswith("autograd::engine::evaluate_function: "):
+            if name.startswith(MODULE_MARK):
+                # NOTE [ module markers ]: the recorder opens a profiler scope per module call, so
+                # each allocation knows the module it happened in without comparing clocks.
+                try:
+                    call = int(name[len(MODULE_MARK):])
+                except ValueError:
+                    pass
+            elif name.startswith("autograd::engine::evaluate_function: "):
                 scope = len(scopes)
                 node_name = name[len("autograd::engine::evaluate_function: ") :]
                 seq = getattr(ev.extra_fields, "sequence_number", -1)
@@ -175,7 +187,7 @@ class ProfilerSource:
             elif scope is None or label == "":
                 label = name
             for c in reversed(ev.children):
-                stack.append((c, label, scope))
+                stack.append((c, label, scope, call))
         events.sort(key=lambda e: e.t_ns)
         self.events = _inside_only(events)
         self.scopes = scopes
@@ -255,10 +267,12 @@ class TrackerSource:
     online = True
 
     def __init__(self, device_type: str = "cpu", budget: int | None = None,
-                 step_of: Callable[[], int | None] | None = None) -> None:
+                 step_of: Callable[[], int | None] | None = None,
+                 call_of: Callable[[], int | None] | None = None) -> None:
         self.device_type = device_type
         self.budget = budget
         self.step_of = step_of or (lambda: None)
+        self.call_of = call_of or (lambda: None)
         self.events: list[AllocEvent] = []
         self.scopes: list[EvalScope] = []
         self._live = 0
@@ -288,6 +302,11 @@ class TrackerSource:
         except (AttributeError, RuntimeError):
             pass
         key = _storage_key(t)
+        if key is not None and key in self._known and t._is_view():
+            # A view of a tracked storage keeps it alive after the tensor that brought it dies:
+            # without its own finalizer the free would only be seen at the next sweep (late).
+            weakref.finalize(t, self._maybe_free, key)
+            return
         if key is None or key in in_keys or key in self._known:
             return
         try:
@@ -301,7 +320,8 @@ class TrackerSource:
         if self.budget is not None and self._live + nbytes > self.budget:
             raise MemoryBudgetExceeded(nbytes, self._live, self.budget, where=label)
         self._live += nbytes
-        self.events.append(AllocEvent(time.time_ns(), nbytes, key, label, step=self.step_of()))
+        self.events.append(AllocEvent(time.time_ns(), nbytes, key, label, step=self.step_of(),
+                                      module_call=self.call_of()))
         from torch.multiprocessing.reductions import StorageWeakRef
 
         ref = StorageWeakRef(storage)

@@ -21,6 +21,7 @@ before its backward runs: that calls our unpack hook with the handle the pack ho
 from __future__ import annotations
 
 import bisect
+import contextlib
 import socket
 import sys
 import threading
@@ -37,6 +38,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from gradscope.errors import GradscopeError, MemoryBudgetExceeded
 from gradscope.memory import (
+    MODULE_MARK,
     AllocEvent,
     CudaSource,
     EvalScope,
@@ -117,7 +119,7 @@ def _unpack(p: Any) -> torch.Tensor:
 
 
 class _Call:
-    __slots__ = ("root", "rel", "seq0", "seq1", "t0", "t1")
+    __slots__ = ("idx", "root", "rel", "seq0", "seq1", "t0", "t1", "handle")
 
 
 class _Step:
@@ -273,6 +275,8 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         self._create_graph = False
         self._notes: list[str] = []
         self._foreign_saves = 0
+        self._func_depth = 0  # inside a torch.func transform: see NOTE [ torch.func and our hooks ]
+        self._func_regions = 0
         self._source: Any = None
 
     def _install(self) -> None:
@@ -283,6 +287,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         self._handles.append(nn.modules.module.register_module_forward_pre_hook(self._mod_pre))
         self._handles.append(nn.modules.module.register_module_forward_hook(self._mod_post))
         self._patch_engine()
+        self._patch_func_guard()
         if src is not None:
             src.start()
             self._source = src
@@ -290,6 +295,14 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
 
     def _uninstall(self) -> None:
         first: BaseException | None = None
+        while self._stack:  # module calls left open by an exception inside a forward
+            _, call = self._stack.pop()
+            call.seq1 = torch._C._autograd._get_sequence_nr()
+            call.t1 = time.time_ns()
+            try:
+                _close_marker(call)
+            except Exception as e:
+                first = first or e
         for h in self._handles:
             try:
                 h.remove()
@@ -310,7 +323,8 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         if m == "cpu":
             return ProfilerSource()
         if m == "tracker":
-            return TrackerSource(self._tracker_device, self._budget, step_of=self._step_index)
+            return TrackerSource(self._tracker_device, self._budget, step_of=self._step_index,
+                                 call_of=self._call_index)
         if m == "cuda":
             if not torch.cuda.is_available():
                 raise GradscopeError(
@@ -322,6 +336,9 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
 
     def _step_index(self) -> int | None:
         return None if self._cur is None else self._cur.index
+
+    def _call_index(self) -> int | None:
+        return self._stack[-1][1].idx if self._stack else None
 
     # ------------------------------------------------------------------ engine interception
     def _patch_engine(self) -> None:
@@ -350,9 +367,42 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
             ag.backward, ag.grad = backward, grad
             self._undo.append(lambda: (setattr(ag, "backward", orig_b), setattr(ag, "grad", orig_g)))
 
+    def _patch_func_guard(self) -> None:
+        """NOTE [ torch.func and our hooks ]: torch.func's grad, vjp, jacrev and hessian refuse to
+        run while any saved_tensors_hooks pair is active (they enter
+        ``torch.autograd.graph.disable_saved_tensors_hooks``, which raises then). While a block
+        runs, that guard takes our pair off this thread's stack for the transform's duration and
+        puts it back after, whatever happens; backward passes inside it run unobserved. The
+        transform's internal graph and saves are not recorded, and the recording says so."""
+        import torch.autograd.graph as agg
+
+        orig = agg.disable_saved_tensors_hooks
+        ref = self._self_ref
+
+        @contextlib.contextmanager
+        def guard(error_message: str) -> Any:
+            rec = ref()
+            top = torch._C._autograd._top_saved_tensors_default_hooks(False)
+            if rec is None or top is None or getattr(top[0], "__self__", None) is not rec:
+                with orig(error_message):
+                    yield
+                return
+            torch._C._autograd._pop_saved_tensors_default_hooks()
+            rec._func_depth += 1
+            rec._func_regions += 1
+            try:
+                with orig(error_message):
+                    yield
+            finally:
+                rec._func_depth -= 1
+                torch._C._autograd._push_saved_tensors_default_hooks(rec._pack, _unpack)
+
+        agg.disable_saved_tensors_hooks = guard
+        self._undo.append(lambda: setattr(agg, "disable_saved_tensors_hooks", orig))
+
     def _run_backward(self, orig: Callable[..., Any], t_outputs: Any, create: bool,
                       args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if threading.get_ident() != self._tid or self._cur is not None:
+        if threading.get_ident() != self._tid or self._cur is not None or self._func_depth:
             # Another thread, or a backward started from inside a node (reentrant checkpoint):
             # run it unobserved by the step hooks (its nodes are still found later).
             return orig(t_outputs, *args, **kwargs)
@@ -557,6 +607,10 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                 cls = type(module).__name__
                 rel = cls if parent_rel in (None, "") else f"{parent_rel}.{cls}"
             call.root, call.rel = root, rel
+            call.idx = len(self._calls)
+            call.handle = None
+            if isinstance(self._source, ProfilerSource):  # see NOTE [ module markers ]
+                call.handle = torch.ops.profiler._record_function_enter_new(f"{MODULE_MARK}{call.idx}", None)
             call.seq0 = torch._C._autograd._get_sequence_nr()
             call.t0 = time.time_ns()
             call.seq1, call.t1 = call.seq0, call.t0
@@ -573,6 +627,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                 m, call = self._stack.pop()
                 call.seq1 = torch._C._autograd._get_sequence_nr()
                 call.t1 = time.time_ns()
+                _close_marker(call)
                 if m is module:
                     break
             if isinstance(output, torch.Tensor) and output.grad_fn is not None:
@@ -767,6 +822,12 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                 "innermost pair applies): gradscope cannot see or size them, so saved bytes are "
                 "undercounted."
             )
+        if self._func_regions:
+            notes.append(
+                f"{self._func_regions} torch.func transform calls (grad, vjp, jacrev, ...) ran inside "
+                "the block; they allow no saved-tensor hooks, so gradscope stepped aside inside them: "
+                "their internal graph and saved tensors are not recorded (memory still is)."
+            )
         extra: dict[str, Any] = {"nodes_created": created, "nodes_created_seen": seen_created}
         return Recording(
             nodes=nodes,
@@ -842,20 +903,28 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
             if i.leaf and i.leaf != "input" and i.module is None and "." in i.leaf:
                 i.module = i.leaf.rsplit(".", 1)[0]
 
-    def _module_at(self, t_ns: int) -> str | None:
-        best: _Call | None = None
-        for call in self._calls_sorted():
-            if call.t0 > t_ns:
-                break
-            if call.t1 >= t_ns:
-                best = call  # later-starting enclosing calls are nested deeper
-        if best is None:
-            return None
-        path = self._full_name(best.root, best.rel)
-        return path or self._roots[best.root][1]
-
-    def _calls_sorted(self) -> list[_Call]:
-        return self._calls  # appended in start order
+    def _modules_at(self, times: list[int]) -> list[str | None]:
+        """The innermost module call running at each of ``times`` (sorted), in one sweep."""
+        calls = self._calls  # appended at their start: sorted by start time
+        out: list[str | None] = []
+        open_calls: list[_Call] = []
+        i = 0
+        for t in times:
+            while i < len(calls) and calls[i].t0 <= t:
+                open_calls.append(calls[i])
+                i += 1
+            while open_calls and open_calls[-1].t1 < t:
+                open_calls.pop()
+            # a call that ended may still sit under one that is open; skip it lazily
+            j = len(open_calls) - 1
+            while j >= 0 and open_calls[j].t1 < t:
+                j -= 1
+            if j < 0:
+                out.append(None)
+            else:
+                c = open_calls[j]
+                out.append(self._full_name(c.root, c.rel) or self._roots[c.root][1])
+        return out
 
     def _timeline(self, t1: int) -> tuple[list[MemoryPoint], int, Peak | None, int]:
         src = self._source
@@ -869,7 +938,8 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         peak_v = 0
         cum_t: list[int] = []
         cum_live: list[int] = []
-        for e in events:
+        fwd_modules = self._modules_at([e.t_ns for e in events])
+        for k, e in enumerate(events):
             live += e.size
             step = e.step
             if step is None and e.eval_index is not None:
@@ -878,8 +948,11 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
             module = None
             if step is not None and step < len(steps):
                 module = steps[step].info.module
+            elif e.module_call is not None and e.module_call < len(self._calls):
+                c = self._calls[e.module_call]
+                module = self._full_name(c.root, c.rel) or self._roots[c.root][1]
             elif phase is Phase.FORWARD:
-                module = self._module_at(e.t_ns)
+                module = fwd_modules[k]
             points.append(MemoryPoint(t_s=(e.t_ns - self._t0) / 1e9, live=live, phase=phase,
                                       label=e.label, step=step, module=module, reserved=e.reserved))
             cum_t.append(e.t_ns)
@@ -925,6 +998,12 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                 out[k] = j
                 j += 1
         return out
+
+
+def _close_marker(call: _Call) -> None:
+    handle, call.handle = call.handle, None
+    if handle is not None:
+        torch.ops.profiler._record_function_exit._RecordFunction(handle)
 
 
 def _downsample(points: list[MemoryPoint], peak_i: int, limit: int) -> tuple[list[MemoryPoint], int]:
