@@ -555,8 +555,8 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
             return t
 
     def _pack_one(self, t: torch.Tensor) -> Any:
-        if threading.get_ident() != self._tid:
-            return _Packed(t, -1, None)
+        # No thread filter here: saved-tensor hooks are thread-local, and the autograd engine
+        # carries them into its device threads only for backward passes started in this block.
         s = _SavedRaw()
         s.sid = len(self._saved)
         s.seq = torch._C._autograd._get_sequence_nr() - 1
