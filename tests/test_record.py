@@ -273,3 +273,13 @@ def test_summary_is_deterministic_and_exact() -> None:
     assert f"graph: {len(r.nodes)} nodes (order 0: {len(r.nodes)})" in text
     assert f"({r.saved_bytes} bytes)" in text and f"({r.peak_bytes} bytes)" in text
     assert "top saved tensors" in text and "top modules by saved bytes" in text
+
+
+def test_nvml_absent_is_not_an_error() -> None:
+    from gradscope.memory import nvml_device_totals
+
+    if torch.cuda.is_available():
+        totals = nvml_device_totals(0)
+        assert totals is None or totals["total"] >= torch.cuda.get_device_properties(0).total_memory
+    else:
+        assert nvml_device_totals(0) is None  # no driver here: None, never an exception
