@@ -428,3 +428,16 @@ def test_jacobian_bad_arguments():
         jacobian(net, torch.ones(2, 5), batch_dim=1)
     with pytest.raises(GradscopeError, match="`fn` must return a tensor"):
         jacobian(lambda v: (v, v), torch.ones(2))
+
+
+@pytest.mark.parametrize("method", JACOBIAN_METHODS)
+def test_jacobian_runs_under_saved_tensor_hooks_and_puts_them_back(method):
+    net = _mlp()
+    x = torch.randn(3, 5, dtype=torch.float64)
+    want = jacobian(net, x, method="loop", batch_dim=0)
+    with torch.autograd.graph.save_on_cpu():
+        top = torch._C._autograd._top_saved_tensors_default_hooks(False)
+        got = jacobian(net, x, method=method, batch_dim=0)
+        assert torch._C._autograd._top_saved_tensors_default_hooks(False) == top
+    assert torch.allclose(got, want, rtol=1e-12, atol=1e-14)
+    assert torch._C._autograd._top_saved_tensors_default_hooks(False) is None

@@ -8,11 +8,19 @@ NOTE [ batched grad_outputs are materialized ]: ``autograd.grad(..., is_grads_ba
 backward under vmap. An identity built with ``expand`` has stride-0 dimensions; several backward
 formulas then fall back to slow per-sample paths (or copy inside every node). The identity is therefore
 materialized once with ``.contiguous()`` before the call.
+
+NOTE [ torch.func under saved-tensor hooks ]: ``torch.func.vjp`` / ``jacrev`` refuse to run while any
+``saved_tensors_hooks`` pair is active ("don't yet support saved tensor hooks"), which includes a
+user's ``save_on_cpu`` and any recorder. The ``jacrev`` and ``vmap`` methods therefore set the hook stack
+aside for the duration of the transform and put it back afterwards, also on error. Allocations are still
+seen by allocation-level memory tracking; the tensors those transforms save are not seen by the set-aside
+hooks (a recording reports their saved bytes as 0).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 
 import torch
 from torch.func import jacfwd, jacrev, jvp, vjp, vmap
@@ -82,8 +90,38 @@ def jacobian(
                 f"with batch_dim=0, `fn` must keep the batch size {x.shape[0]} as its output's first "
                 f"dimension; it returned shape {out_shape}.",
             )
-        return _per_sample(fn, x, method, out_shape)
-    return _full(fn, x, method, out_shape)
+        compute = _per_sample
+    else:
+        compute = _full
+    if method in ("jacrev", "vmap"):
+        with _hooks_set_aside():
+            return compute(fn, x, method, out_shape)
+    return compute(fn, x, method, out_shape)
+
+
+@contextlib.contextmanager
+def _hooks_set_aside() -> Iterator[None]:
+    """See NOTE [ torch.func under saved-tensor hooks ]."""
+    ag = torch._C._autograd
+    if not all(
+        hasattr(ag, n)
+        for n in (
+            "_top_saved_tensors_default_hooks",
+            "_pop_saved_tensors_default_hooks",
+            "_push_saved_tensors_default_hooks",
+        )
+    ):
+        yield
+        return
+    stack = []
+    while (top := ag._top_saved_tensors_default_hooks(False)) is not None:
+        stack.append(top)
+        ag._pop_saved_tensors_default_hooks()
+    try:
+        yield
+    finally:
+        for pack, unpack in reversed(stack):
+            ag._push_saved_tensors_default_hooks(pack, unpack)
 
 
 def _full(
