@@ -66,6 +66,69 @@ __all__ = ["record"]
 _ACC = 18446744073709551615  # AccumulateGrad's sequence number (UINT64_MAX)
 _ROOT_RING = 4096  # how many recent results are remembered (weakly) as candidate graph roots
 _active = threading.local()
+# NOTE [ shared patches ]: the engine's entry point and torch.func's hooks guard are process-wide,
+# but recordings are per thread and may end in any order (a widget re-measuring in a background
+# thread while a cell records). One dispatcher per patched name is installed while any recording
+# is active; it sends each call to the recording of the calling thread (or straight through), and
+# the original comes back when the last recording ends, whatever the order.
+_patch_lock = threading.Lock()
+_patch_users: dict[int, Any] = {}  # thread id -> active recorder
+_patch_saved: dict[tuple[Any, str], Any] = {}  # (module, attribute) -> original
+
+
+def _join_patches(rec: Any, patches: list[tuple[Any, str, Callable[[Any], Any]]]) -> None:
+    with _patch_lock:
+        if not _patch_users:
+            for obj, attr, make in patches:
+                orig = getattr(obj, attr)
+                _patch_saved[(obj, attr)] = orig
+                setattr(obj, attr, make(orig))
+        _patch_users[rec._tid] = rec
+
+
+def _leave_patches(rec: Any) -> None:
+    with _patch_lock:
+        if _patch_users.get(rec._tid) is rec:
+            del _patch_users[rec._tid]
+        if not _patch_users:
+            for (obj, attr), orig in _patch_saved.items():
+                setattr(obj, attr, orig)
+            _patch_saved.clear()
+
+
+def _engine_dispatch(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def run(t_outputs: Any, *args: Any, **kwargs: Any) -> Any:
+        rec = _patch_users.get(threading.get_ident())
+        if rec is None:
+            return orig(t_outputs, *args, **kwargs)
+        create = bool(args[2]) if len(args) > 2 else bool(kwargs.get("create_graph", False))
+        return rec._run_backward(orig, t_outputs, create, args, kwargs)
+
+    return run
+
+
+def _func_guard(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """See NOTE [ torch.func and our hooks ]."""
+
+    @contextlib.contextmanager
+    def guard(error_message: str) -> Any:
+        rec = _patch_users.get(threading.get_ident())
+        top = torch._C._autograd._top_saved_tensors_default_hooks(False)
+        if rec is None or top is None or getattr(top[0], "__self__", None) is not rec:
+            with orig(error_message):
+                yield
+            return
+        torch._C._autograd._pop_saved_tensors_default_hooks()
+        rec._func_depth += 1
+        rec._func_regions += 1
+        try:
+            with orig(error_message):
+                yield
+        finally:
+            rec._func_depth -= 1
+            torch._C._autograd._push_saved_tensors_default_hooks(rec._pack, _unpack)
+
+    return guard
 
 
 class _NodeInfo:
@@ -287,7 +350,6 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         self._handles.append(nn.modules.module.register_module_forward_pre_hook(self._mod_pre))
         self._handles.append(nn.modules.module.register_module_forward_hook(self._mod_post))
         self._patch_engine()
-        self._patch_func_guard()
         if src is not None:
             src.start()
             self._source = src
@@ -344,15 +406,12 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
     def _patch_engine(self) -> None:
         import torch.autograd as ag
 
-        if hasattr(ag, "_engine_run_backward"):
-            orig = ag._engine_run_backward
+        if hasattr(ag, "_engine_run_backward"):  # see NOTE [ shared patches ]
+            import torch.autograd.graph as agg
 
-            def run(t_outputs: Any, *args: Any, **kwargs: Any) -> Any:
-                create = bool(args[2]) if len(args) > 2 else bool(kwargs.get("create_graph", False))
-                return self._run_backward(orig, t_outputs, create, args, kwargs)
-
-            ag._engine_run_backward = run
-            self._undo.append(lambda: setattr(ag, "_engine_run_backward", orig))
+            self._undo.append(lambda: _leave_patches(self))
+            _join_patches(self, [(ag, "_engine_run_backward", _engine_dispatch),
+                                 (agg, "disable_saved_tensors_hooks", _func_guard)])
         else:  # older torch: wrap the two public entry points
             orig_b, orig_g = ag.backward, ag.grad
 
@@ -373,32 +432,8 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         ``torch.autograd.graph.disable_saved_tensors_hooks``, which raises then). While a block
         runs, that guard takes our pair off this thread's stack for the transform's duration and
         puts it back after, whatever happens; backward passes inside it run unobserved. The
-        transform's internal graph and saves are not recorded, and the recording says so."""
-        import torch.autograd.graph as agg
-
-        orig = agg.disable_saved_tensors_hooks
-        ref = self._self_ref
-
-        @contextlib.contextmanager
-        def guard(error_message: str) -> Any:
-            rec = ref()
-            top = torch._C._autograd._top_saved_tensors_default_hooks(False)
-            if rec is None or top is None or getattr(top[0], "__self__", None) is not rec:
-                with orig(error_message):
-                    yield
-                return
-            torch._C._autograd._pop_saved_tensors_default_hooks()
-            rec._func_depth += 1
-            rec._func_regions += 1
-            try:
-                with orig(error_message):
-                    yield
-            finally:
-                rec._func_depth -= 1
-                torch._C._autograd._push_saved_tensors_default_hooks(rec._pack, _unpack)
-
-        agg.disable_saved_tensors_hooks = guard
-        self._undo.append(lambda: setattr(agg, "disable_saved_tensors_hooks", orig))
+        transform's internal graph and saves are not recorded, and the recording says so.
+        Installed with the engine's patch (see NOTE [ shared patches ]): :func:`_func_guard`."""
 
     def _run_backward(self, orig: Callable[..., Any], t_outputs: Any, create: bool,
                       args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
