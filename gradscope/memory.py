@@ -241,6 +241,7 @@ class _TrackerMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         src = self.source
+        src._drain()
         kwargs = kwargs or {}
         in_keys: set[int] = set()
         for a in tree_leaves((args, kwargs)):
@@ -277,6 +278,7 @@ class TrackerSource:
         self.scopes: list[EvalScope] = []
         self._live = 0
         self._known: dict[int, tuple[int, Any]] = {}
+        self._pending: list[int] = []
         self._mode: _TrackerMode | None = None
         self.stopped = False
 
@@ -288,9 +290,11 @@ class TrackerSource:
         mode, self._mode = self._mode, None
         if mode is not None:
             mode.__exit__(None, None, None)
+        self._drain()
         self.stopped = True
 
     def live(self) -> int:
+        self._drain()
         return self._live
 
     def _observe(self, t: torch.Tensor, in_keys: set[int], func: Any) -> None:
@@ -302,9 +306,10 @@ class TrackerSource:
         except (AttributeError, RuntimeError):
             pass
         key = _storage_key(t)
-        if key is not None and key in self._known and t._is_view():
-            # A view of a tracked storage keeps it alive after the tensor that brought it dies:
-            # without its own finalizer the free would only be seen at the next sweep (late).
+        if key is not None and key in self._known and not _mutates(func):
+            # A view or alias (``_unsafe_view``) of a tracked storage keeps it alive after the
+            # tensor that brought it dies: without its own finalizer the free would only be seen
+            # at the next sweep (late). In-place and out= results are tensors already watched.
             weakref.finalize(t, self._maybe_free, key)
             return
         if key is None or key in in_keys or key in self._known:
@@ -330,23 +335,41 @@ class TrackerSource:
         self._known[key] = (nbytes, ref)
         weakref.finalize(t, self._maybe_free, key)
 
-    def _maybe_free(self, key: int) -> None:
+    def _maybe_free(self, key: int, deferred: bool = False) -> None:
         entry = self._known.get(key)
         if entry is None:
             return
         nbytes, ref = entry
         if not ref.expired():
-            # Another tensor (a view) still holds the storage: check again when it dies.
+            # NOTE [ frees are checked at the next operator ]: a finalizer runs while the dying
+            # tensor still holds its storage, so the check is repeated at the next operator
+            # (before it allocates) or live() call. A view still holding the storage then has a
+            # finalizer of its own that checks again when it dies.
+            if not deferred:
+                self._pending.append(key)
             return
         del self._known[key]
         self._live -= nbytes
         if not self.stopped:
             self.events.append(AllocEvent(time.time_ns(), -nbytes, key, "free", step=self.step_of()))
 
+    def _drain(self) -> None:
+        """Check the storages whose tensors died since the last operator (see NOTE above)."""
+        if self._pending:
+            pending, self._pending = self._pending, []
+            for key in pending:
+                self._maybe_free(key, deferred=True)
+
     def sweep(self) -> None:
         """Account frees of storages whose last holder was a view that died without a finalizer."""
+        self._drain()
         for key in [k for k, (_, r) in self._known.items() if r.expired()]:
             self._maybe_free(key)
+
+
+def _mutates(func: Any) -> bool:
+    schema = getattr(func, "_schema", None)
+    return bool(getattr(schema, "is_mutable", True))
 
 
 def _storage_key(t: torch.Tensor) -> int | None:
