@@ -359,9 +359,9 @@ if _anywidget is not None:
             self.comparison = comparison
             self._thread: threading.Thread | None = None
             self._lock = threading.Lock()
-            self.on_msg(self._handle_msg)
+            self.on_msg(self._on_custom_msg)
 
-        def _handle_msg(self, _widget: Any, content: Any, _buffers: Any = None) -> None:
+        def _on_custom_msg(self, _widget: Any, content: Any, _buffers: Any = None) -> None:
             if not isinstance(content, dict) or content.get("type") != "rerun":
                 return
             names = content.get("names")

@@ -188,7 +188,7 @@ def test_rerun_message_runs_in_a_thread_and_updates_rows():
     assert isinstance(w, ComparisonWidget)
     assert [r["peak_bytes"] for r in json.loads(w.data)["rows"]] == [100, 200]
     # the message the front end sends when "Re-run selected" is clicked
-    w._handle_msg(w, {"type": "rerun", "names": ["b"]}, [])
+    w._on_custom_msg(w, {"type": "rerun", "names": ["b"]}, [])
     assert cmp.started.wait(5)
     assert w.running == ["b"]  # the handler returned while the re-run is still going
     assert w.rerun_count == 0
@@ -202,16 +202,30 @@ def test_rerun_message_runs_in_a_thread_and_updates_rows():
 
 
 @needs_bundle
+def test_rerun_through_the_comm_message_path():
+    """The whole path a browser message takes: comm message -> ipywidgets -> our handler."""
+    cmp = _SlowComparison()
+    cmp.release.set()
+    w = ComparisonWidget(cmp)
+    w._handle_msg({"content": {"data": {"method": "custom", "content": {"type": "rerun", "names": ["a"]}}}, "buffers": []})
+    w.wait(10)
+    assert cmp.calls == [["a"]] and w.rerun_count == 1
+    # state updates from the front end still work
+    w._handle_msg({"content": {"data": {"method": "update", "state": {"selected": "b", "step": 3}, "buffer_paths": []}}, "buffers": []})
+    assert w.selected == "b" and w.step == 3
+
+
+@needs_bundle
 def test_rerun_errors_are_reported_not_raised():
     cmp = _SlowComparison()
     cmp.release.set()
     w = ComparisonWidget(cmp)
-    w._handle_msg(w, {"type": "rerun", "names": ["nope"]}, [])
+    w._on_custom_msg(w, {"type": "rerun", "names": ["nope"]}, [])
     assert "no candidate named 'nope'" in w.rerun_error and w.rerun_count == 0
-    w._handle_msg(w, {"type": "something else"}, [])
+    w._on_custom_msg(w, {"type": "something else"}, [])
     assert w.rerun_count == 0
     cmp.rows.append(_Row("boom", 1))
-    w._handle_msg(w, {"type": "rerun", "names": ["boom"]}, [])
+    w._on_custom_msg(w, {"type": "rerun", "names": ["boom"]}, [])
     w.wait(10)
     assert w.rerun_count == 1 and "ValueError: boom" in w.rerun_error
 

@@ -175,8 +175,7 @@ export class RecordingView {
       tbl.appendChild(
         h("tr", {}, [
           h("th", { text: "attribute" }),
-          h("th", { text: "shape" }),
-          h("th", { text: "dtype" }),
+          h("th", { text: "shape, dtype" }),
           h("th", { class: "gs-num", text: "bytes" }),
           h("th", { text: "kind" }),
           h("th", { class: "gs-num", text: "freed" }),
@@ -190,8 +189,7 @@ export class RecordingView {
         tbl.appendChild(
           h("tr", { class: cls || undefined, dataset: { saved: j } }, [
             h("td", { text: t.attribute }),
-            h("td", { text: t.shape }),
-            h("td", { text: t.dtype }),
+            h("td", { text: `${t.shape} ${t.dtype}` }),
             h("td", { class: "gs-num", text: formatBytes(t.bytes) }),
             h("td", { text: t.name && t.kind !== "activation" ? `${t.kind} (${t.name})` : t.kind }),
             h("td", { class: "gs-num", text: t.freedAt === null || t.freedAt === undefined ? "—" : `step ${t.freedAt + 1}` }),

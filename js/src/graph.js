@@ -211,8 +211,9 @@ export class GraphView {
 
   resize() {
     const r = this.wrap.getBoundingClientRect();
-    const w = Math.max(100, Math.round(r.width));
-    const hgt = Math.max(100, Math.round(r.height));
+    if (r.width < 2 || r.height < 2) return; // not attached or hidden yet: the observer calls again
+    const w = Math.round(r.width);
+    const hgt = Math.round(r.height);
     if (w === this.width && hgt === this.height) return;
     const first = this.width === 0;
     this.width = w;

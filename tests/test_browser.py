@@ -1,0 +1,440 @@
+"""The widget and the HTML page in a real browser (Chromium driven by Playwright).
+
+1. JupyterLab: the test starts a server on 127.0.0.1 with a temp root, writes a notebook, runs it,
+   and checks the graph's node count, a click on a node (its saved tensors, and the kernel's
+   ``selected_node``), backward step-through (and the kernel's ``step``), a strategy toggle that
+   re-runs one candidate in the kernel, and hostile module names shown as text.
+2. The HTML page from file:// with every non-file request aborted.
+
+Screenshots go to test-artifacts/.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from _recordings import HOSTILE, hostile_recording
+
+import gradscope.widget as W
+from gradscope.recording import format_bytes
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(not Path("/usr/bin/chromium").exists(), reason="needs /usr/bin/chromium"),
+    pytest.mark.skipif(not W.bundle_path().exists(), reason="front end not built (cd js && npm run build)"),
+]
+
+ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = ROOT / "test-artifacts"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+playwright_sync = pytest.importorskip("playwright.sync_api")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _shot(page, name: str) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=False)
+
+
+@pytest.fixture()
+def browser() -> Iterator[object]:
+    with playwright_sync.sync_playwright() as p:
+        b = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+# ----- the notebook ---------------------------------------------------------------------------
+_SETUP = r'''
+import json, torch, gradscope as gs
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+x = torch.randn(8, 6)
+with gs.record() as r:
+    model(x).pow(2).mean().backward()
+rec = r.recording
+by_node = rec.saved_by_node()
+click = max(by_node, key=lambda n: (len(by_node[n]), -n))
+print("FACTS=" + json.dumps({
+    "nodes": len(rec.nodes),
+    "click": click,
+    "click_name": rec.nodes[click].name,
+    "click_attrs": [s.attribute for s in by_node[click]],
+    "steps": [[s.node, s.live_after, s.freed_bytes] for s in rec.steps],
+    "freed": [s.freed_at_step for s in rec.saved],
+}))
+'''
+_WIDGET = "w = gs.show(rec)\nw"
+_COMPARE = r'''
+CALLS = {"stacked": 0, "loop": 0}
+xs = torch.randn(4, 6)
+def stacked():
+    CALLS["stacked"] += 1
+    return model(xs).sum()
+def loop():
+    CALLS["loop"] += 1
+    return sum(model(xs[i:i + 1]).sum() for i in range(4))
+cmp = gs.compare({"stacked": stacked, "loop": loop}, reference="stacked", repeat=1)
+CALLS0 = dict(CALLS)
+cw = gs.show(cmp)
+cw
+'''
+_HOSTILE = "from _recordings import hostile_recording\nhw = gs.show(hostile_recording())\nhw"
+_STATE = (
+    'print("STATE=" + json.dumps({"selected_node": w.selected_node, "step": w.step, '
+    '"calls": {k: CALLS[k] - CALLS0[k] for k in CALLS}, "reruns": cw.rerun_count, '
+    '"rerun_error": cw.rerun_error, "running": cw.running, "statuses": [r.status for r in cmp.rows]}))'
+)
+CELLS = [_SETUP, _WIDGET, _COMPARE, _HOSTILE, _STATE]
+
+
+def _notebook() -> dict:
+    return {
+        "cells": [
+            {"cell_type": "code", "execution_count": None, "id": f"c{i}", "metadata": {}, "outputs": [], "source": src}
+            for i, src in enumerate(CELLS)
+        ],
+        "metadata": {
+            "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
+            "language_info": {"name": "python"},
+        },
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
+
+
+def _settings(dirpath: Path) -> None:
+    """User settings for a quiet, unvirtualised Lab: no news toast, every cell in the DOM."""
+    (dirpath / "@jupyterlab" / "apputils-extension").mkdir(parents=True)
+    (dirpath / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings").write_text(
+        json.dumps({"fetchNews": "false", "checkForUpdates": False})
+    )
+    (dirpath / "@jupyterlab" / "notebook-extension").mkdir(parents=True)
+    (dirpath / "@jupyterlab" / "notebook-extension" / "tracker.jupyterlab-settings").write_text(
+        json.dumps({"windowingMode": "none"})
+    )
+
+
+@pytest.fixture()
+def lab(tmp_path: Path) -> Iterator[tuple[str, str, Path]]:
+    """A JupyterLab server on 127.0.0.1 with a temp root; stopped (with its kernels) afterwards."""
+    root = tmp_path / "root"
+    root.mkdir()
+    shutil.copy(ROOT / "tests" / "_recordings.py", root / "_recordings.py")
+    (root / "widget_test.ipynb").write_text(json.dumps(_notebook()), encoding="utf-8")
+    settings = tmp_path / "settings"
+    _settings(settings)
+    port = _free_port()
+    token = secrets.token_hex(16)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["JUPYTERLAB_SETTINGS_DIR"] = str(settings)
+    env["JUPYTERLAB_WORKSPACES_DIR"] = str(tmp_path / "workspaces")
+    env["JUPYTER_RUNTIME_DIR"] = str(tmp_path / "runtime")
+    log = open(tmp_path / "lab.log", "wb")
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "jupyterlab",
+            "--no-browser", "--allow-root", "--ip=127.0.0.1", f"--port={port}",
+            f"--IdentityProvider.token={token}",
+            "--ServerApp.open_browser=False",
+            "--LabApp.expose_app_in_browser=True",
+            f"--ServerApp.root_dir={root}",
+            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        ],
+        cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                with urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                log.flush()
+                raise RuntimeError("JupyterLab did not start:\n" + (tmp_path / "lab.log").read_text()[-3000:])
+            time.sleep(0.3)
+        yield base, token, root
+    finally:
+        # the server's process group holds the server and its kernels: stop all of it
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=15)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait(timeout=10)
+        log.close()
+
+
+def _cell_output(page, index: int) -> str:
+    return page.locator(".jp-Notebook .jp-Cell").nth(index).locator(".jp-OutputArea-output").all_inner_texts()
+
+
+def _facts(page, prefix: str, index: int) -> dict:
+    text = "\n".join(_cell_output(page, index))
+    m = re.search(prefix + r"=(\{.*\})", text)
+    assert m, f"no {prefix} in cell {index} output: {text[-1500:]}"
+    return json.loads(m.group(1))
+
+
+def _run_cell(page, index: int, prefix: str) -> dict:
+    page.evaluate(
+        """async (i) => {
+            const nb = window.jupyterapp.shell.currentWidget.content;
+            nb.activeCellIndex = i;
+            await window.jupyterapp.commands.execute('notebook:run-cell');
+        }""",
+        index,
+    )
+    page.wait_for_function(
+        "([i, p]) => { const c = document.querySelectorAll('.jp-Notebook .jp-Cell')[i];"
+        " return c && c.querySelector('.jp-InputArea-prompt').textContent.match(/\\[\\d+\\]/) &&"
+        " c.querySelector('.jp-OutputArea-output') && c.querySelector('.jp-OutputArea-output').textContent.includes(p); }",
+        arg=[index, prefix + "="],
+        timeout=60_000,
+    )
+    return _facts(page, prefix, index)
+
+
+def _click_node(page, graph, node_id: int) -> None:
+    graph.scroll_into_view_if_needed()
+    pos = graph.locator("canvas").evaluate(f"c => c.gsNodeCenter({node_id})")
+    assert pos is not None and pos["visible"], pos
+    page.mouse.click(pos["x"], pos["y"])
+
+
+def test_widget_in_jupyterlab(lab, browser):
+    base, token, _root = lab
+    dialogs: list[str] = []
+    blocked: list[str] = []
+    errors: list[str] = []
+    ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = ctx.new_page()
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    page.on("pageerror", lambda e: errors.append(str(e)))
+
+    def route(r):
+        if r.request.url.startswith(base):
+            r.continue_()
+        else:
+            blocked.append(r.request.url)
+            r.abort()
+
+    page.route("**/*", route)
+    t0 = time.monotonic()
+    try:
+        page.goto(f"{base}/lab/tree/widget_test.ipynb?token={token}")
+        page.wait_for_function(
+            "() => window.jupyterapp && window.jupyterapp.shell.currentWidget && "
+            "window.jupyterapp.shell.currentWidget.sessionContext && "
+            "window.jupyterapp.shell.currentWidget.sessionContext.session && "
+            "window.jupyterapp.shell.currentWidget.sessionContext.session.kernel",
+            timeout=60_000,
+        )
+        page.evaluate(
+            """async () => {
+                const p = window.jupyterapp.shell.currentWidget;
+                await p.sessionContext.ready;
+                await window.jupyterapp.commands.execute('notebook:run-all-cells');
+            }"""
+        )
+        page.wait_for_function("() => document.querySelectorAll('.gs-root[data-ready=\"1\"]').length >= 3", timeout=120_000)
+        facts = _facts(page, "FACTS", 0)
+        state0 = _run_cell(page, 4, "STATE")
+        assert state0["selected_node"] == -1 and state0["step"] == -1 and state0["reruns"] == 0
+
+        # --- the graph: every node drawn (a small MLP is not collapsed) ---------------------
+        rw = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".gs-root")
+        graph = rw.locator(".gs-graph")
+        assert int(graph.get_attribute("data-node-count")) == facts["nodes"]
+        assert int(graph.get_attribute("data-visible-count")) == facts["nodes"]
+        graph.scroll_into_view_if_needed()
+        _shot(page, "lab_01_recording")
+
+        # --- click a node: its saved tensors, and the kernel knows ---------------------------
+        _click_node(page, graph, facts["click"])
+        title = rw.locator(".gs-node-title")
+        assert title.inner_text() == f"{facts['click_name']} #{facts['click']}"
+        attrs = rw.locator(".gs-saved tr[data-saved] td:first-child").all_inner_texts()
+        assert attrs == facts["click_attrs"]
+        _shot(page, "lab_02_clicked")
+        assert _run_cell(page, 4, "STATE")["selected_node"] == facts["click"]
+
+        # --- step through backward -----------------------------------------------------------
+        rw.locator(".gs-stepper").scroll_into_view_if_needed()
+        for _ in range(3):
+            rw.locator(".gs-next").click()
+        node, live, freed = facts["steps"][2]
+        label = rw.locator(".gs-steplabel")
+        assert label.get_attribute("data-step") == "2"
+        assert f"step 3/{len(facts['steps'])}" in label.inner_text()
+        assert f"live {format_bytes(live)}" in label.inner_text()
+        assert rw.locator(".gs-side").get_attribute("data-node") == str(node)
+        greyed = rw.locator(".gs-saved tr.gs-freed")
+        expected = [i for i, f in enumerate(facts["freed"]) if f is not None and f <= 2]
+        shown = [int(x) for x in greyed.evaluate_all("rs => rs.map(r => r.dataset.saved)")]
+        assert set(shown) <= set(expected)
+        _shot(page, "lab_03_step")
+        assert _run_cell(page, 4, "STATE")["step"] == 2
+
+        # --- strategy toggles: re-run only "loop" ----------------------------------------------
+        cw = page.locator(".jp-Notebook .jp-Cell").nth(2).locator(".gs-root")
+        cw.scroll_into_view_if_needed()
+        assert cw.locator(".gs-cmp-row").count() == 2
+        assert cw.locator(".gs-cmp-name").all_inner_texts() == ["stacked", "loop"]
+        cw.locator('.gs-toggle[data-name="stacked"]').uncheck()
+        cw.locator(".gs-rerun").click()
+        page.wait_for_selector('.gs-cmp-status[data-rerun-count="1"]', timeout=30_000)
+        assert cw.locator(".gs-cmp-status").inner_text() == "re-runs: 1"
+        _shot(page, "lab_04_compare")
+        state = _run_cell(page, 4, "STATE")
+        assert state["reruns"] == 1 and state["rerun_error"] == ""
+        assert state["calls"]["stacked"] == 0 and state["calls"]["loop"] >= 1
+        assert state["statuses"] == ["ok", "ok"]
+
+        # --- hostile names are text ------------------------------------------------------------
+        hw = page.locator(".jp-Notebook .jp-Cell").nth(3).locator(".gs-root")
+        hw.scroll_into_view_if_needed()
+        mods = hw.locator(".gs-module").all_inner_texts()
+        for text in HOSTILE:
+            if text != "new\nline":
+                assert any(m.startswith(text.strip()) for m in mods), (text, mods)
+        assert page.locator('img[src="x"]').count() == 0
+        _shot(page, "lab_05_hostile")
+        assert dialogs == []
+        assert not [e for e in errors if "gradscope" in e or "gs-" in e], errors
+    except Exception:
+        _shot(page, "lab_failure")
+        print("status:", page.locator(".gs-cmp-status").all_inner_texts(), "errors:", errors)
+        try:
+            print("kernel state:", _run_cell(page, 4, "STATE"))
+        except Exception as e:  # noqa: BLE001
+            print("no kernel state:", e)
+        raise
+    finally:
+        print(f"browser test (JupyterLab) took {time.monotonic() - t0:.1f} s; blocked requests: {len(blocked)}")
+        ctx.close()
+
+
+def test_html_page_offline(tmp_path: Path, browser):
+    import torch
+
+    import gradscope as gs
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    with gs.record() as r:
+        model(torch.randn(8, 6)).pow(2).mean().backward()
+    rec = r.recording
+    page_path = tmp_path / "run.html"
+    rec.to_html(page_path)
+    hostile_path = tmp_path / "hostile.html"
+    hostile_recording().to_html(hostile_path)
+
+    ctx = browser.new_context(viewport={"width": 1300, "height": 1000})
+    page = ctx.new_page()
+    requests: list[str] = []
+    dialogs: list[str] = []
+    errors: list[str] = []
+
+    def route(rt):
+        if rt.request.url.startswith("file:"):
+            rt.continue_()
+        else:
+            requests.append(rt.request.url)
+            rt.abort()
+
+    page.route("**/*", route)
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        page.goto(page_path.as_uri())
+        page.wait_for_selector('.gs-root[data-ready="1"]', timeout=20_000)
+        graph = page.locator(".gs-graph")
+        assert int(graph.get_attribute("data-node-count")) == len(rec.nodes)
+        assert int(graph.get_attribute("data-visible-count")) == len(rec.nodes)
+        page.wait_for_selector('.gs-timeline[data-ready="1"]', timeout=20_000)
+        assert page.locator(".gs-timeline .scatterlayer .trace").count() >= 1
+        assert page.locator(".gs-timeline .shapelayer path").count() >= 2  # forward and backward shaded
+        # hovering the timeline's peak names the op running then
+        peak_i = max(range(len(rec.timeline)), key=lambda i: rec.timeline[i].live)
+        page.locator(".gs-timeline").scroll_into_view_if_needed()
+        pos = page.evaluate(
+            """() => { const gd = document.querySelector('.gs-timeline');
+                       const tr = gd.data[1]; const fl = gd._fullLayout; const r = gd.getBoundingClientRect();
+                       return { x: r.left + fl._size.l + fl.xaxis.l2p(tr.x[0]),
+                                y: r.top + fl._size.t + fl.yaxis.l2p(tr.y[0]) }; }"""
+        )
+        page.mouse.move(pos["x"], pos["y"])
+        page.wait_for_selector(".gs-timeline .hoverlayer .hovertext", timeout=5_000)
+        hover = page.locator(".gs-timeline .hoverlayer .hovertext").first.text_content()
+        assert rec.timeline[peak_i].label in hover and format_bytes(rec.timeline[peak_i].live) in hover
+        _shot(page, "html_01_page")
+        # step-through works without a kernel
+        page.locator(".gs-last").click()
+        n = len(rec.steps)
+        assert page.locator(".gs-steplabel").get_attribute("data-step") == str(n - 1)
+        assert f"step {n}/{n}" in page.locator(".gs-steplabel").inner_text()
+        _shot(page, "html_02_last_step")
+        # a click shows the node's saved tensors
+        by_node = rec.saved_by_node()
+        click = max(by_node, key=lambda k: (len(by_node[k]), -k))
+        _click_node(page, graph, click)
+        assert page.locator(".gs-saved tr[data-saved] td:first-child").all_inner_texts() == [
+            s.attribute for s in by_node[click]
+        ]
+
+        # hostile texts
+        page.goto(hostile_path.as_uri())
+        page.wait_for_selector('.gs-root[data-ready="1"]', timeout=20_000)
+        assert page.locator(".gs-title").inner_text() == f"gradscope · {HOSTILE[1]}"
+        mods = page.locator(".gs-module").all_inner_texts()
+        assert f"{HOSTILE[0]}: 12 B" in mods
+        assert f"{HOSTILE[4]}: 60 B" in mods
+        _click_node(page, page.locator(".gs-graph"), 0)
+        assert page.locator(".gs-node-module").inner_text() == HOSTILE[0]
+        attrs = page.locator(".gs-saved tr[data-saved] td:first-child").all_inner_texts()
+        assert attrs[0] == f"attr {HOSTILE[0]}"
+        assert attrs[3] == "attr new\nline"
+        assert page.locator('img[src="x"]').count() == 0
+        _shot(page, "html_03_hostile")
+        assert dialogs == [] and requests == [] and errors == []
+    finally:
+        ctx.close()
