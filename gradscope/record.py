@@ -313,6 +313,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
     def _init_state(self) -> None:
         self._tid = threading.get_ident()
         self._self_ref = weakref.ref(self)
+        self._hook_pre, self._hook_post = _shared_hooks(self._self_ref)
         self._t0 = time.time_ns()
         self._seq0 = torch._C._autograd._get_sequence_nr()
         self._by_key: dict[Any, _NodeInfo] = {}
@@ -515,8 +516,10 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
             if not info.saved_read:
                 self._read_saved(fn, info)
             if hook_into is not None:
-                hook_into.append(fn.register_prehook(_bind_pre(self._self_ref, info)))
-                hook_into.append(fn.register_hook(_bind_post(self._self_ref, info)))
+                # One pair of hook functions serves every node (fewer objects per pass, so less
+                # work for Python's garbage collector); the node comes from the engine itself.
+                hook_into.append(fn.register_prehook(self._hook_pre))
+                hook_into.append(fn.register_hook(self._hook_post))
             elif info.walked:
                 continue
             info.walked = True
@@ -706,6 +709,12 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
             return ""
         same = [i for i, r in enumerate(self._roots) if r[1] == cls and r[2] is None]
         return cls if len(same) <= 1 else f"{cls}#{same.index(root)}"
+
+    def _running_info(self) -> _NodeInfo | None:
+        fn = torch._C._current_autograd_node()
+        if fn is None:
+            return None
+        return self._by_key.get(self._key(fn))
 
     def _pre(self, info: _NodeInfo, grad_outputs: Any) -> None:
         try:
@@ -1050,22 +1059,24 @@ def _downsample(points: list[MemoryPoint], peak_i: int, limit: int) -> tuple[lis
     return kept, len(points) - len(kept)
 
 
-def _bind_pre(ref: Any, info: _NodeInfo) -> Callable[[Any], None]:
+def _shared_hooks(ref: Any) -> tuple[Callable[[Any], None], Callable[[Any, Any], None]]:
+    """Node pre/post hooks that hold the recorder weakly and look the node up as it runs."""
+
     def pre(grad_outputs: Any) -> None:
         rec = ref()
         if rec is not None:
-            rec._pre(info, grad_outputs)
+            info = rec._running_info()
+            if info is not None:
+                rec._pre(info, grad_outputs)
 
-    return pre
-
-
-def _bind_post(ref: Any, info: _NodeInfo) -> Callable[[Any, Any], None]:
     def post(grad_inputs: Any, grad_outputs: Any) -> None:
         rec = ref()
         if rec is not None:
-            rec._post(info, grad_inputs, grad_outputs)
+            info = rec._running_info()
+            if info is not None:
+                rec._post(info, grad_inputs, grad_outputs)
 
-    return post
+    return pre, post
 
 
 _SAVED_ATTRS: dict[type, list[str]] = {}
