@@ -293,11 +293,20 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
 
     def _remember_frame_roots(self, frame: Any) -> None:
         """Results the block left in local variables (``loss = ...``) are roots of the graph even
-        when no backward ran. Only weak references are kept."""
+        when no backward ran. Only weak references are kept.
+
+        NOTE [ f_locals keeps tensors alive ]: before Python 3.13, reading a function frame's
+        ``f_locals`` stores a snapshot dict of its locals on the frame, which keeps every value
+        the function later ``del``s (a loss and its whole graph, a batch) alive until it returns.
+        The snapshot is emptied after reading; anything that reads ``f_locals`` or ``locals()``
+        again (a debugger, a trace function) gets a fresh one, so the function is unaffected."""
         try:
-            values = list(frame.f_locals.values())
+            local_ns = frame.f_locals
+            values = list(local_ns.values())
         except Exception:
             return
+        if sys.version_info < (3, 13) and frame.f_code.co_flags & 0x1 and local_ns is not frame.f_globals:
+            local_ns.clear()  # CO_OPTIMIZED: a function's snapshot, not a real namespace
         for v in values:
             items = v.values() if isinstance(v, dict) else v if isinstance(v, list | tuple) else (v,)
             for t in list(items)[:1000]:
