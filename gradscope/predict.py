@@ -1,0 +1,710 @@
+"""``gs.predict``: how much memory one step needs, without running a kernel or owning a GPU.
+
+The step runs on copies of its modules and tensors on the ``meta`` device: every operator computes
+its output's shape, dtype and strides but no data, so the bytes of every tensor the step creates
+are exact while nothing is computed. The same online storage tracker that enforces budgets
+(:class:`gradscope.memory.TrackerSource`) counts those bytes; for ``device="cuda"`` a model of the
+CUDA caching allocator turns the stream of allocations and frees into allocated and reserved bytes.
+
+NOTE [ why meta and not FakeTensorMode ]: FakeTensorMode pretending to be "cuda" on a CPU-only
+build of PyTorch aborts the whole process at the first autograd op (not an exception that can be
+caught). The meta device gives the same bytes as FakeTensorMode(cpu) and real CPU runs for MLPs and
+encoders, and never touches a device.
+
+NOTE [ the allocator model ]: a deliberately small model of PyTorch's CUDA caching allocator:
+- every request is rounded up to a multiple of 512 bytes (at least 512);
+- requests of at most 1 MiB come from the small pool, whose segments are 2 MiB;
+- larger requests come from the large pool: a request under 10 MiB gets a 20 MiB segment, a larger
+  one a segment of its size rounded up to 2 MiB;
+- a request takes the smallest free block of its pool that fits (best fit), split when the rest is
+  at least 512 bytes (small pool) or more than 1 MiB (large pool); freed blocks merge with free
+  neighbours of the same segment; segments are never returned to the device, except that when a
+  new segment would not fit in the budget, fully free segments are released and the request is
+  tried again (what ``cudaMalloc`` failure handling does) before declaring an out-of-memory.
+What it cannot know: workspaces that kernels allocate through the allocator (cuBLAS/cuDNN
+workspaces, typically a few MiB to tens of MiB per stream), kernels whose saved tensors differ on a
+GPU (fused attention saves a log-sum-exp instead of the attention matrix), the CUDA context itself
+(hundreds of MiB outside the allocator), other streams, and fragmentation from earlier steps.
+
+Example:
+    >>> import torch, gradscope as gs
+    >>> model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    >>> def step(model, x):
+    ...     model(x).sum().backward()
+    >>> p = gs.predict(step, model, torch.randn(32, 64), device="cpu")
+    >>> p.peak_bytes
+    25100
+    >>> model[0].weight.device.type  # the user's model was never touched
+    'cpu'
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from gradscope.errors import GradscopeError
+from gradscope.memory import _storage_key, parse_size
+from gradscope.recording import Recording, Where, format_bytes
+
+__all__ = ["AllocatorEstimate", "BatchResult", "Prediction", "estimate_cuda_allocator", "predict"]
+
+_MB = 1024 * 1024
+_MIN_BLOCK = 512  # kMinBlockSize
+_SMALL_SIZE = 1 * _MB  # kSmallSize: largest request served by the small pool
+_SMALL_BUFFER = 2 * _MB  # kSmallBuffer: small pool segment
+_LARGE_BUFFER = 20 * _MB  # kLargeBuffer: segment for large requests under kMinLargeAlloc
+_MIN_LARGE_ALLOC = 10 * _MB  # kMinLargeAlloc
+_ROUND_LARGE = 2 * _MB  # kRoundLarge
+
+# Operators whose CPU kernels allocate internal buffers that are not operator outputs: the
+# tracker (and so the meta device) cannot see them, while the CPU allocator's events can.
+_HIDDEN_WORKSPACE_OPS = ("convolution", "conv1d", "conv2d", "conv3d", "conv_transpose", "mkldnn",
+                         "_slow_conv", "cudnn", "miopen", "col2im", "im2col")
+
+# Operators whose CPU kernels allocate temporaries that are not outputs (measured: layer norm,
+# batch norm and group norm backward; logsumexp's reductions are 8-byte scalars).
+_INTERNAL_TEMPORARY_OPS = ("aten::native_layer_norm_backward", "aten::native_batch_norm_backward",
+                           "aten::native_group_norm_backward", "aten::_fused_rms_norm_backward")
+
+_CUDA_CANNOT_KNOW = (
+    "CUDA estimate: a model of the caching allocator (512-byte rounding, 2 MiB small-pool segments, "
+    "20 MiB segments for requests under 10 MiB, larger ones rounded to 2 MiB, best-fit reuse); it cannot "
+    "know kernel workspaces (cuBLAS/cuDNN), kernels chosen only on a GPU (fused attention saves less "
+    "than the math path seen on meta), the CUDA context outside the allocator, or fragmentation left "
+    "by earlier steps."
+)
+
+
+# ----------------------------------------------------------------------------------------------
+# the allocator model
+# ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class AllocatorEstimate:
+    """What the caching-allocator model says about one stream of allocations.
+
+    Attributes:
+        allocated_peak: most bytes in blocks handed out at once (requests rounded to 512 B).
+        reserved_peak: most bytes in segments obtained from the device at once.
+        segments: segments obtained over the run (small and large pool together).
+        out_of_memory: True when a request could not be served within ``capacity`` even after
+            releasing every fully free segment.
+        oom_request: the rounded size of the request that failed, or None.
+        capacity: the device size the model ran against (None: unlimited).
+    """
+
+    allocated_peak: int
+    reserved_peak: int
+    segments: int
+    out_of_memory: bool = False
+    oom_request: int | None = None
+    capacity: int | None = None
+
+
+class _Block:
+    __slots__ = ("seg", "start", "size", "free")
+
+    def __init__(self, seg: _Segment, start: int, size: int, free: bool) -> None:
+        self.seg = seg
+        self.start = start
+        self.size = size
+        self.free = free
+
+
+class _Segment:
+    __slots__ = ("size", "small", "blocks")
+
+    def __init__(self, size: int, small: bool) -> None:
+        self.size = size
+        self.small = small
+        self.blocks: list[_Block] = [_Block(self, 0, size, True)]
+
+
+def _round_size(n: int) -> int:
+    return _MIN_BLOCK if n < _MIN_BLOCK else _MIN_BLOCK * -(-n // _MIN_BLOCK)
+
+
+def _segment_size(n: int) -> int:
+    if n <= _SMALL_SIZE:
+        return _SMALL_BUFFER
+    if n < _MIN_LARGE_ALLOC:
+        return _LARGE_BUFFER
+    return _ROUND_LARGE * -(-n // _ROUND_LARGE)
+
+
+def estimate_cuda_allocator(events: Iterable[tuple[int, int]], capacity: int | None = None) -> AllocatorEstimate:
+    """Replay allocations and frees through a model of the CUDA caching allocator.
+
+    See NOTE [ the allocator model ] in this module for the rules and what they leave out.
+
+    Args:
+        events: ``(key, size)`` pairs in time order; ``size > 0`` allocates a tensor storage
+            named ``key``, ``size < 0`` frees the storage ``key``.
+        capacity: device bytes available to the allocator; None for unlimited.
+
+    Returns:
+        The peaks of allocated and reserved bytes; ``out_of_memory`` when ``capacity`` was too small.
+
+    Example:
+        >>> e = estimate_cuda_allocator([(1, 100), (2, 3 * 1024 * 1024), (1, -100)])
+        >>> e.allocated_peak, e.reserved_peak
+        (3146240, 23068672)
+    """
+    segments: list[_Segment] = []
+    live: dict[int, _Block] = {}
+    allocated = reserved = 0
+    peak_alloc = peak_res = 0
+    n_segments = 0
+    for key, size in events:
+        if size > 0:
+            need = _round_size(size)
+            small = need <= _SMALL_SIZE
+            block = _best_fit(segments, need, small)
+            if block is None:
+                seg_size = _segment_size(need)
+                if capacity is not None and reserved + seg_size > capacity:
+                    # cudaMalloc failed: release cached (fully free) segments and try once more.
+                    keep = [s for s in segments if not (len(s.blocks) == 1 and s.blocks[0].free)]
+                    reserved -= sum(s.size for s in segments) - sum(s.size for s in keep)
+                    segments = keep
+                    if reserved + seg_size > capacity:
+                        return AllocatorEstimate(peak_alloc, peak_res, n_segments, True, need, capacity)
+                seg = _Segment(seg_size, small)
+                segments.append(seg)
+                n_segments += 1
+                reserved += seg_size
+                peak_res = max(peak_res, reserved)
+                block = seg.blocks[0]
+            block = _split(block, need)
+            live[key] = block
+            allocated += block.size
+            peak_alloc = max(peak_alloc, allocated)
+        elif size < 0:
+            block = live.pop(key, None)
+            if block is None:
+                continue
+            allocated -= block.size
+            _free(block)
+    return AllocatorEstimate(peak_alloc, peak_res, n_segments, False, None, capacity)
+
+
+def _best_fit(segments: list[_Segment], need: int, small: bool) -> _Block | None:
+    best: _Block | None = None
+    for seg in segments:
+        if seg.small != small:
+            continue
+        for b in seg.blocks:
+            if b.free and b.size >= need and (best is None or b.size < best.size):
+                best = b
+    return best
+
+
+def _split(block: _Block, need: int) -> _Block:
+    rest = block.size - need
+    min_rest = _MIN_BLOCK if block.seg.small else _SMALL_SIZE + 1
+    block.free = False
+    if rest >= min_rest:
+        blocks = block.seg.blocks
+        i = blocks.index(block)
+        block.size = need
+        blocks.insert(i + 1, _Block(block.seg, block.start + need, rest, True))
+    return block
+
+
+def _free(block: _Block) -> None:
+    block.free = True
+    blocks = block.seg.blocks
+    i = blocks.index(block)
+    if i + 1 < len(blocks) and blocks[i + 1].free:
+        block.size += blocks.pop(i + 1).size
+    if i > 0 and blocks[i - 1].free:
+        prev = blocks[i - 1]
+        prev.size += block.size
+        blocks.pop(i)
+
+
+# ----------------------------------------------------------------------------------------------
+# the result
+# ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BatchResult:
+    """One batch size tried by ``predict(..., batch_sizes=...)``.
+
+    ``peak_bytes`` is exact tensor bytes; ``allocated`` and ``reserved`` are the allocator model's
+    estimates (None for ``device="cpu"``); ``fits`` is None without a budget.
+    """
+
+    batch_size: int
+    peak_bytes: int
+    allocated: int | None
+    reserved: int | None
+    fits: bool | None
+
+
+@dataclass(frozen=True, repr=False)
+class Prediction(Recording):
+    """A :class:`~gradscope.Recording` of the step run on meta tensors, plus the estimate.
+
+    Everything a recording has (graph, saved tensors, timeline; ``peak_bytes`` is the exact
+    tensor bytes) plus the fields below, which read ``extra["prediction"]`` so that a saved
+    prediction loads back as a plain Recording that still holds them.
+    """
+
+    @property
+    def _p(self) -> Mapping[str, Any]:
+        return self.extra.get("prediction", {})
+
+    @property
+    def device(self) -> str:
+        """``"cuda"`` or ``"cpu"``: the device the step was predicted for."""
+        return str(self._p.get("device", "cpu"))
+
+    @property
+    def allocated_bytes(self) -> int | None:
+        """Estimated peak of ``torch.cuda.memory_allocated`` during the step, resident tensors
+        included (None for CPU)."""
+        return self._p.get("allocated_peak_bytes")
+
+    @property
+    def reserved_bytes(self) -> int | None:
+        """Estimated peak of ``torch.cuda.memory_reserved`` in the step (None for CPU)."""
+        return self._p.get("reserved_peak_bytes")
+
+    @property
+    def resident_bytes(self) -> int:
+        """Bytes of the step's arguments (parameters, gradients, inputs, optimizer state) that are
+        on the device before it starts; ``allocated_bytes``/``reserved_bytes`` include them,
+        ``peak_bytes`` (memory allocated inside the step) does not."""
+        return int(self._p.get("resident_bytes", 0))
+
+    @property
+    def budget(self) -> int | None:
+        """The device size compared against, or None."""
+        return self._p.get("budget")
+
+    @property
+    def fits(self) -> bool | None:
+        """Whether the step fits the budget (None without one)."""
+        return self._p.get("fits")
+
+    @property
+    def batches(self) -> tuple[BatchResult, ...]:
+        """One row per batch size tried, in the order given."""
+        return tuple(BatchResult(**b) for b in self._p.get("batches", ()))
+
+    @property
+    def largest_batch(self) -> int | None:
+        """The largest batch size tried that fits the budget, or None."""
+        return self._p.get("largest_batch")
+
+    def summary(self, top: int = 5) -> str:
+        """The prediction's verdict, then the recording's summary."""
+        lines = [f"gradscope prediction for {self.device}:"]
+        lines.append(f"  exact tensor bytes at the peak: {format_bytes(self.peak_bytes)} ({self.peak_bytes} bytes)")
+        if self.allocated_bytes is not None:
+            lines.append(f"  estimated CUDA allocated peak: {format_bytes(self.allocated_bytes)} "
+                         f"({self.allocated_bytes} bytes)")
+            lines.append(f"  estimated CUDA reserved peak: {format_bytes(self.reserved_bytes)} "
+                         f"({self.reserved_bytes} bytes)")
+        if self.budget is not None:
+            verdict = "fits" if self.fits else "does NOT fit"
+            lines.append(f"  {verdict} in the budget of {format_bytes(self.budget)} ({self.budget} bytes)")
+        for b in self.batches:
+            est = "" if b.reserved is None else f", reserved {format_bytes(b.reserved)}"
+            fit = "" if b.fits is None else ("  fits" if b.fits else "  too big")
+            lines.append(f"  batch {b.batch_size:>6}: tensors {format_bytes(b.peak_bytes)}{est}{fit}")
+        if self.batches and self.budget is not None:
+            lines.append(f"  largest batch that fits: {self.largest_batch}")
+        return "\n".join(lines) + "\n" + super().summary(top=top)
+
+    def __repr__(self) -> str:
+        fit = "" if self.fits is None else (", fits" if self.fits else ", does not fit")
+        est = "" if self.reserved_bytes is None else f", reserved~{self.reserved_bytes}"
+        return f"Prediction({self.device}: peak_bytes={self.peak_bytes}{est}{fit})"
+
+
+# ----------------------------------------------------------------------------------------------
+# predict
+# ----------------------------------------------------------------------------------------------
+def predict(
+    fn: Callable[..., Any],
+    *args: Any,
+    device: str = "cuda",
+    budget: int | str | None = None,
+    batch_sizes: Sequence[int] | None = None,
+    make_args: Callable[[int], Any] | None = None,
+    label: str = "",
+) -> Prediction:
+    """Predict the memory of one step ``fn(*args)`` by running it on the meta device.
+
+    Modules, tensors and optimizers among ``args`` (also inside lists, tuples and dicts) are
+    copied to the meta device first; the originals are never touched and no data is copied. The
+    copy runs under the same recorder as ``gs.record``, so the result is a full recording.
+
+    Args:
+        fn: one step, forward and backward (and optimizer step if you like).
+        *args: what ``fn`` takes.
+        device: ``"cuda"`` adds the caching-allocator estimate; ``"cpu"`` gives exact tensor bytes,
+            which equal ``gs.record(memory="cpu")``'s ``peak_bytes`` for the real CPU step except
+            where kernels allocate internal buffers (CPU convolution; a note says so).
+        budget: device size (``"8GiB"`` or bytes) to check against, for the step's resident
+            tensors (parameters, gradients, inputs, optimizer state) plus what it allocates: on
+            CUDA the allocator model is replayed against this capacity; on CPU the exact bytes are
+            compared. Default on CUDA: the current GPU's total memory when a GPU is present.
+        batch_sizes: batch sizes to try. Without ``make_args``, every tensor among ``args`` whose
+            first dimension equals the first tensor argument's first dimension is resized along
+            it (modules' parameters are never resized). The result also says the largest that fits.
+        make_args: ``make_args(batch_size) -> tuple of args`` (or one arg), called under
+            ``torch.device("meta")`` so that factory calls make no data; use instead of ``args``.
+            Without ``args``, the returned recording is the largest fitting batch (else the first).
+        label: a name for the recording.
+
+    Returns:
+        A :class:`Prediction` (a Recording): ``peak_bytes`` exact, ``allocated_bytes`` and
+        ``reserved_bytes`` estimated for CUDA, ``fits``, ``batches``, ``largest_batch``, and notes
+        on what the estimate cannot see.
+
+    Raises:
+        GradscopeError: a bad device or budget, or a step that cannot run on meta tensors (it reads
+            values: ``.item()``, ``.tolist()``, data-dependent shapes or control flow).
+
+    Example:
+        >>> import torch, gradscope as gs
+        >>> model = torch.nn.Linear(1024, 1024)
+        >>> def step(model, x):
+        ...     model(x).square().mean().backward()
+        >>> p = gs.predict(step, model, torch.randn(8, 1024), budget="64MiB", batch_sizes=[8, 1024, 4096])
+        >>> [b.fits for b in p.batches], p.largest_batch
+        ([True, True, False], 1024)
+    """
+    if device not in ("cuda", "cpu"):
+        raise GradscopeError(f"gradscope: predict(device={device!r}): use device='cuda' or device='cpu'.")
+    if not callable(fn):
+        raise GradscopeError(f"gradscope: predict's first argument must be the step function, got {type(fn).__name__}.")
+    cap = parse_size(budget)
+    if cap is None and device == "cuda" and torch.cuda.is_available():
+        cap = int(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
+    if make_args is not None and not callable(make_args):
+        raise GradscopeError("gradscope: make_args must be a function make_args(batch_size) -> args.")
+    if make_args is None and not args and batch_sizes:
+        raise GradscopeError("gradscope: batch_sizes needs args to resize or make_args(batch_size).")
+    if batch_sizes is not None:
+        if isinstance(batch_sizes, int) or not all(isinstance(b, int) and b > 0 for b in batch_sizes):
+            raise GradscopeError("gradscope: batch_sizes must be a list of positive ints, e.g. [8, 16, 32].")
+
+    rows: list[dict[str, Any]] = []
+    runs: list[tuple[int, Recording, dict[str, Any]]] = []
+    if batch_sizes:
+        dim = _batch_dim(args) if make_args is None else None
+        if make_args is None and dim is None:
+            raise GradscopeError(
+                "gradscope: batch_sizes: no tensor with a first dimension among args; pass "
+                "make_args=lambda b: (...) to say how a batch of size b is built."
+            )
+        for b in batch_sizes:
+            bargs = _make(make_args, b) if make_args is not None else _resize(args, dim, b)
+            rec, est = _run(fn, bargs, device, cap, label or f"batch {b}")
+            rows.append({"batch_size": b, "peak_bytes": rec.peak_bytes, "allocated": est.get("allocated_peak_bytes"),
+                         "reserved": est.get("reserved_peak_bytes"), "fits": est.get("fits")})
+            runs.append((b, rec, est))
+    fitting = [r["batch_size"] for r in rows if r["fits"]]
+    largest = max(fitting) if fitting else None
+    if args or not runs:
+        rec, est = _run(fn, args, device, cap, label)
+    else:
+        pick = largest if largest is not None else runs[0][0]
+        _, rec, est = next(r for r in runs if r[0] == pick)
+    est["batches"] = rows
+    est["largest_batch"] = largest
+    extra = dict(rec.extra)
+    extra["prediction"] = est
+    return Prediction(**{f.name: getattr(rec, f.name) for f in dataclasses.fields(Recording)} | {"extra": extra})
+
+
+def _run(fn: Callable[..., Any], args: Any, device: str, cap: int | None,
+         label: str) -> tuple[Recording, dict[str, Any]]:
+    from gradscope.record import record
+
+    meta_args = _to_meta(args)
+    resident = _resident_bytes(meta_args)
+    rec = record(memory="tracker", label=label)
+    rec._tracker_device = "meta"
+    try:
+        # Factory calls inside the step (torch.zeros, torch.arange) make meta tensors too.
+        with rec, torch.device("meta"), _cpu_attention_choice():
+            fn(*meta_args)
+    except GradscopeError:
+        raise
+    except Exception as e:
+        raise GradscopeError(
+            f"gradscope: the step could not run on meta tensors ({type(e).__name__}: {e}). Prediction "
+            "runs without data: code that reads values (.item(), .tolist(), printing tensors, "
+            "data-dependent shapes or if/while on tensor values) cannot be predicted; move it out of "
+            "the step, or measure a real run with gs.record()."
+        ) from e
+    finally:
+        del meta_args
+    r = rec.recording
+    assert r is not None
+    # The step's own tensors (parameters, gradients, inputs, optimizer state) are on the device
+    # before it starts: the allocator model takes them first, under keys of their own.
+    events = [(-1 - i, n) for i, n in enumerate(resident)]
+    events += [(e.key, e.size) for e in rec._source.events] if rec._source is not None else []
+    notes = list(r.notes)
+    ops = sorted({lbl for lbl in (e.label for e in rec._source.events) if lbl != "free"}) if rec._source else []
+    hidden = [o for o in ops if any(h in o for h in _HIDDEN_WORKSPACE_OPS)]
+    if hidden:
+        notes.append(
+            "convolution ops present (" + ", ".join(hidden[:4]) + "): their kernels allocate internal "
+            "workspaces that meta tensors cannot show; the real run will peak higher than this estimate."
+        )
+    temps = [o for o in ops if o in _INTERNAL_TEMPORARY_OPS]
+    if temps:
+        notes.append(
+            "ops whose CPU kernels allocate internal temporaries (" + ", ".join(temps[:4]) + "): "
+            "meta tensors cannot show them; if the peak falls inside one of them the real CPU run "
+            "peaks higher (by up to about one activation of that layer)."
+        )
+    if any("scaled_dot_product" in o for o in ops):
+        notes.append(
+            "attention: the meta run uses the kernel the CPU would choose (flash attention for CPU, "
+            "which saves a log-sum-exp); a GPU may pick another fused kernel with different saved "
+            "bytes."
+        )
+    est: dict[str, Any] = {"device": device, "exact_peak_bytes": r.peak_bytes, "budget": cap,
+                           "resident_bytes": sum(resident), "allocated_peak_bytes": None,
+                           "reserved_peak_bytes": None, "fits": None}
+    reserved = None
+    if device == "cuda":
+        free_run = estimate_cuda_allocator(events)
+        est["allocated_peak_bytes"] = free_run.allocated_peak
+        est["reserved_peak_bytes"] = reserved = free_run.reserved_peak
+        est["segments"] = free_run.segments
+        if cap is not None:
+            est["fits"] = not estimate_cuda_allocator(events, capacity=cap).out_of_memory
+        notes.append(_CUDA_CANNOT_KNOW)
+    elif cap is not None:
+        est["fits"] = sum(resident) + r.peak_bytes <= cap
+    notes.append("predicted on the meta device: tensor bytes are exact; nothing was computed.")
+    where = Where(device=f"{device} (predicted on meta)", memory_source="meta tracker"
+                  + (" + caching-allocator model" if device == "cuda" else ""),
+                  torch_version=r.where.torch_version, hostname=r.where.hostname)
+    r = dataclasses.replace(r, notes=tuple(notes), where=where, reserved_peak_bytes=reserved,
+                            device_total_bytes=cap if device == "cuda" else None)
+    return r, est
+
+
+@contextlib.contextmanager
+def _cpu_attention_choice() -> Iterator[None]:
+    """Attention on meta tensors takes the kernel the CPU would take.
+
+    ``scaled_dot_product_attention`` asks a per-device function which fused kernel to use; the
+    meta device has none, so it always takes the unfused math path, which saves the whole attention
+    matrix. While a prediction runs, ``torch.nn.functional.scaled_dot_product_attention`` (the
+    name ``nn.MultiheadAttention`` and user code call) asks the CPU's choice function instead, on
+    stand-ins of the same shapes and dtypes that hold one row of memory each, and when the CPU
+    would use its flash kernel calls that kernel's meta implementation, as the CPU dispatcher
+    would. Calls with tensors that are not on meta (another thread) go to the original unchanged.
+
+    NOTE [ patching the attention function ]: a TorchFunctionMode cannot do this: modes are off
+    while their handler runs, so attention called inside a Python-level function that the mode
+    handled (``multi_head_attention_forward``) would never reach it.
+    """
+    import torch.nn.functional as F  # noqa: N812
+
+    with _PATCH_LOCK:
+        global _PATCH_DEPTH
+        if _PATCH_DEPTH == 0:
+            original = F.scaled_dot_product_attention
+
+            def sdpa(*args: Any, **kwargs: Any) -> Any:
+                out = _flash_on_meta(*args, **kwargs)
+                return original(*args, **kwargs) if out is None else out
+
+            sdpa.__doc__ = original.__doc__
+            _ORIGINAL_SDPA.append(original)
+            F.scaled_dot_product_attention = sdpa
+        _PATCH_DEPTH += 1
+    try:
+        yield
+    finally:
+        with _PATCH_LOCK:
+            _PATCH_DEPTH -= 1
+            if _PATCH_DEPTH == 0:
+                F.scaled_dot_product_attention = _ORIGINAL_SDPA.pop()
+
+
+_PATCH_LOCK = threading.Lock()
+_PATCH_DEPTH = 0
+_ORIGINAL_SDPA: list[Any] = []
+
+
+def _flash_on_meta(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0,
+                   is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False) -> Any:
+    tensors = (query, key, value) + ((attn_mask,) if attn_mask is not None else ())
+    if enable_gqa or not all(isinstance(t, torch.Tensor) and t.device.type == "meta" for t in tensors):
+        return None
+    try:
+        choice = torch._fused_sdp_choice(*(_stand_in(t) for t in (query, key, value)),
+                                         _stand_in(attn_mask), dropout_p, is_causal, scale=scale)
+    except Exception:  # no answer: let the meta device decide
+        return None
+    if choice != 1:  # SDPBackend.FLASH_ATTENTION
+        return None
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        # What the CPU path does with a boolean mask: an additive float mask.
+        attn_mask = torch.zeros(attn_mask.shape, dtype=query.dtype, device="meta").masked_fill(
+            attn_mask.logical_not(), float("-inf"))
+    out, _ = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)
+    return out
+
+
+def _stand_in(t: Any) -> Any:
+    if not isinstance(t, torch.Tensor) or t.device.type != "meta":
+        return t
+    if t.dim() == 0:
+        return torch.empty((), dtype=t.dtype, device="cpu")
+    return torch.empty(t.shape[-1], dtype=t.dtype, device="cpu").expand(t.shape)
+
+
+# ----------------------------------------------------------------------------------------------
+# copying to meta
+# ----------------------------------------------------------------------------------------------
+def _meta_like(t: torch.Tensor) -> torch.Tensor:
+    m = torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device="meta")
+    if isinstance(t, nn.Parameter):
+        m = nn.Parameter(m, requires_grad=t.requires_grad)
+    elif t.requires_grad:
+        m.requires_grad_(True)
+    if t.is_leaf and t.grad is not None:
+        m.grad = torch.empty_strided(tuple(t.grad.shape), tuple(t.grad.stride()), dtype=t.grad.dtype,
+                                     device="meta")
+    return m
+
+
+def _collect_tensors(obj: Any, out: dict[int, torch.Tensor], seen: set[int]) -> None:
+    """Every tensor reachable through containers, modules and optimizers (iteratively)."""
+    stack = [obj]
+    while stack:
+        o = stack.pop()
+        if id(o) in seen:
+            continue
+        seen.add(id(o))
+        if isinstance(o, torch.Tensor):
+            out[id(o)] = o
+        elif isinstance(o, nn.Module):
+            for t in o.parameters():
+                out[id(t)] = t
+            for t in o.buffers():
+                out[id(t)] = t
+            for m in o.modules():
+                stack.extend(v for v in vars(m).values() if isinstance(v, torch.Tensor))
+        elif isinstance(o, torch.optim.Optimizer):
+            for g in o.param_groups:
+                stack.extend(g["params"])
+            for st in o.state.values():
+                stack.extend(st.values() if isinstance(st, Mapping) else ())
+        elif isinstance(o, Mapping):
+            stack.extend(o.values())
+        elif isinstance(o, list | tuple | set | frozenset):
+            stack.extend(o)
+
+
+def _to_meta(args: Any) -> Any:
+    """A deep copy of ``args`` in which every tensor is an empty meta tensor of the same shape,
+    dtype, strides and ``requires_grad`` (parameters stay parameters; gradients are mirrored).
+
+    NOTE [ no data is copied ]: ``copy.deepcopy`` is given a memo that already maps every tensor
+    to its meta twin, so modules and optimizers are rebuilt around meta tensors and the user's
+    objects (and their memory) are never duplicated or modified."""
+    tensors: dict[int, torch.Tensor] = {}
+    _collect_tensors(args, tensors, set())
+    memo: dict[int, Any] = {}
+    for i, t in tensors.items():
+        if t.device.type == "meta":
+            memo[i] = t
+        else:
+            memo[i] = _meta_like(t.detach() if not t.is_leaf else t)
+            if not t.is_leaf and t.requires_grad:
+                memo[i].requires_grad_(True)
+    try:
+        return copy.deepcopy(tuple(args), memo)
+    except Exception as e:
+        raise GradscopeError(
+            f"gradscope: could not copy the step's arguments to the meta device ({type(e).__name__}: {e}). "
+            "Pass modules, tensors and optimizers, or build them in make_args(batch_size)."
+        ) from e
+
+
+def _resident_bytes(meta_args: Any) -> list[int]:
+    """Bytes of each distinct storage among the (meta) arguments, parameters, gradients and
+    optimizer state: what is on the device before the step runs."""
+    tensors: dict[int, torch.Tensor] = {}
+    _collect_tensors(meta_args, tensors, set())
+    for t in list(tensors.values()):
+        if t.grad is not None:
+            tensors[id(t.grad)] = t.grad
+    seen: dict[int, int] = {}
+    for t in tensors.values():
+        key = _storage_key(t)
+        if key is not None:
+            seen[key] = int(t.untyped_storage().nbytes())
+    return list(seen.values())
+
+
+def _batch_dim(args: Sequence[Any]) -> int | None:
+    for a in _flat(args):
+        if isinstance(a, torch.Tensor) and a.dim() >= 1:
+            return int(a.shape[0])
+    return None
+
+
+def _flat(obj: Any) -> list[Any]:
+    out: list[Any] = []
+    stack = [obj]
+    while stack:
+        o = stack.pop()
+        if isinstance(o, Mapping):
+            stack.extend(reversed(list(o.values())))
+        elif isinstance(o, list | tuple):
+            stack.extend(reversed(o))
+        else:
+            out.append(o)
+    return out
+
+
+def _resize(args: Any, dim: int | None, b: int) -> Any:
+    """``args`` with every tensor whose first dimension is ``dim`` rebuilt as a meta tensor of
+    first dimension ``b`` (contiguous). Modules and other objects are kept as they are."""
+
+    def one(o: Any) -> Any:
+        if isinstance(o, torch.Tensor) and not isinstance(o, nn.Parameter) and o.dim() >= 1 and o.shape[0] == dim:
+            t = torch.empty((b, *o.shape[1:]), dtype=o.dtype, device="meta")
+            return t.requires_grad_(o.requires_grad)
+        if isinstance(o, Mapping):
+            return type(o)({k: one(v) for k, v in o.items()}) if isinstance(o, dict) else {k: one(v) for k, v in o.items()}
+        if isinstance(o, tuple) and hasattr(o, "_fields"):
+            return type(o)(*(one(v) for v in o))
+        if isinstance(o, list | tuple):
+            return type(o)(one(v) for v in o)
+        return o
+
+    return tuple(one(a) for a in args)
+
+
+def _make(make_args: Callable[[int], Any], b: int) -> tuple[Any, ...]:
+    try:
+        with torch.device("meta"):
+            out = make_args(b)
+    except Exception as e:
+        raise GradscopeError(f"gradscope: make_args({b}) raised {type(e).__name__}: {e}.") from e
+    return tuple(out) if isinstance(out, tuple) else (out,)

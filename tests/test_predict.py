@@ -1,0 +1,294 @@
+"""gs.predict: meta-device runs against real CPU runs, the allocator model, budgets and batch sizes."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F  # noqa: N812
+from torch import nn
+
+import gradscope as gs
+from gradscope.predict import Prediction, estimate_cuda_allocator
+
+MiB = 1024 * 1024
+
+
+def _sq(model, x):  # type: ignore[no-untyped-def]
+    model(x).square().mean().backward()
+
+
+def _ce(model, x):  # type: ignore[no-untyped-def]
+    F.cross_entropy(model(x), torch.arange(x.shape[0]) % 10).backward()
+
+
+def _lse(model, x):  # type: ignore[no-untyped-def]
+    model(x).logsumexp(-1).mean().backward()
+
+
+class _HandAttention(nn.Module):
+    """Attention written out: q k^T, softmax, @ v (no Python-scalar scaling: see test below)."""
+
+    def __init__(self, d: int = 64, heads: int = 4) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(d, 3 * d)
+        self.out = nn.Linear(d, d)
+        self.heads = heads
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        a = (q @ k.transpose(-1, -2)).softmax(-1)
+        return self.out((a @ v).transpose(1, 2).reshape(b, t, d))
+
+
+class _Block(nn.Module):
+    def __init__(self, d: int = 64) -> None:
+        super().__init__()
+        self.attn = _HandAttention(d)
+        self.norm = nn.LayerNorm(d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(x)
+        return x + self.mlp(self.norm(x))
+
+
+def _models() -> dict[str, tuple[nn.Module, torch.Tensor, object]]:
+    torch.manual_seed(0)
+    return {
+        "linear-relu": (nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10)), torch.randn(32, 64), _sq),
+        "cross-entropy": (nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10)), torch.randn(32, 64), _ce),
+        "logsumexp": (nn.Sequential(nn.Linear(64, 128), nn.Tanh(), nn.Linear(128, 10)), torch.randn(32, 64), _lse),
+        "layernorm": (nn.Sequential(nn.Linear(64, 512), nn.GELU(), nn.Linear(512, 128), nn.LayerNorm(128),
+                                    nn.Linear(128, 10)), torch.randn(64, 64), _sq),
+        "rmsnorm": (nn.Sequential(nn.Linear(64, 128), nn.RMSNorm(128), nn.Linear(128, 10)), torch.randn(32, 64), _sq),
+        "activations": (nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 128), nn.SiLU(),
+                                      nn.Linear(128, 128), nn.Tanh(), nn.Linear(128, 128), nn.Sigmoid(),
+                                      nn.Softplus(), nn.LeakyReLU(), nn.Linear(128, 10)), torch.randn(32, 64), _sq),
+        "attention": (_HandAttention(), torch.randn(4, 32, 64), _sq),
+        "attention-block": (nn.Sequential(_Block(), _Block()), torch.randn(4, 32, 64), _sq),
+    }
+
+
+def _real_peak(model: nn.Module, x: torch.Tensor, step) -> int:  # type: ignore[no-untyped-def]
+    model = copy.deepcopy(model)
+    with gs.record(memory="cpu") as rec:
+        step(model, x)
+    assert rec.recording is not None
+    return rec.recording.peak_bytes
+
+
+@pytest.mark.parametrize("name", list(_models()))
+def test_cpu_prediction_equals_real_cpu_run_byte_for_byte(name: str) -> None:
+    model, x, step = _models()[name]
+    real = _real_peak(model, x, step)
+    p = gs.predict(step, model, x, device="cpu")
+    assert isinstance(p, Prediction) and isinstance(p, gs.Recording)
+    assert p.peak_bytes == real
+    assert p.peak_bytes > 0
+
+
+def test_prediction_never_touches_the_originals() -> None:
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
+    x = torch.randn(4, 8, requires_grad=True)
+    before = [p.detach().clone() for p in model.parameters()]
+    p = gs.predict(_sq, model, x, device="cpu")
+    assert all(q.device.type == "cpu" and q.grad is None for q in model.parameters())
+    assert x.grad is None and x.device.type == "cpu"
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    # the recording is a full one: graph, saved tensors, parameter names
+    assert sorted(n.leaf for n in p.nodes if n.leaf) == ["0.bias", "0.weight", "2.bias", "2.weight", "input"]
+    assert p.saved_bytes > 0
+
+
+def test_existing_gradients_are_mirrored() -> None:
+    model = nn.Linear(16, 16)
+    x = torch.randn(8, 16)
+    _sq(model, x)  # grads now exist: the second step accumulates in place
+    real = _real_peak(model, x, _sq)
+    p = gs.predict(_sq, model, x, device="cpu")
+    assert p.peak_bytes == real
+
+
+def test_convolution_gets_a_note_and_is_not_claimed_exact() -> None:
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 14 * 14, 10))
+    x = torch.randn(4, 3, 16, 16)
+    real = _real_peak(model, x, _sq)
+    p = gs.predict(_sq, model, x, device="cpu")
+    assert any("convolution" in n and "workspaces" in n for n in p.notes)
+    assert p.peak_bytes <= real  # what meta cannot see only adds
+
+
+def test_norm_backward_temporaries_are_noted() -> None:
+    model = nn.Sequential(nn.Linear(64, 128), nn.BatchNorm1d(128), nn.Linear(128, 10))
+    p = gs.predict(_sq, model, torch.randn(32, 64), device="cpu")
+    assert any("aten::native_batch_norm_backward" in n for n in p.notes)
+
+
+def test_sdpa_uses_the_cpu_kernel_not_the_math_path() -> None:
+    class Sdpa(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.qkv = nn.Linear(64, 192)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            b, t, _ = x.shape
+            q, k, v = self.qkv(x).view(b, t, 3, 4, 16).permute(2, 0, 3, 1, 4)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    model, x = Sdpa(), torch.randn(4, 32, 64)
+    p = gs.predict(_sq, model, x, device="cpu")
+    names = {n.name for n in p.nodes}
+    assert "ScaledDotProductFlashAttentionForCpuBackward0" in names
+    assert not any(n.startswith("SoftmaxBackward") for n in names)
+    # the real run's operator outputs are the same bytes (its flash backward kernel also allocates
+    # internal buffers, which only the CPU allocator's events show)
+    twin = copy.deepcopy(model)
+    with gs.record(memory="tracker") as rec:
+        _sq(twin, x)
+    assert rec.recording is not None and p.peak_bytes == rec.recording.peak_bytes
+    assert p.saved_bytes == rec.recording.saved_bytes
+    # and the attention function is restored afterwards
+    assert F.scaled_dot_product_attention is torch._C._nn.scaled_dot_product_attention
+
+
+def test_factory_calls_inside_the_step_are_counted() -> None:
+    model = nn.Linear(32, 10)
+
+    def step(model, x):  # type: ignore[no-untyped-def]
+        target = torch.zeros(x.shape[0], 10)
+        ((model(x) - target) ** 2).mean().backward()
+
+    x = torch.randn(16, 32)
+    assert gs.predict(step, model, x, device="cpu").peak_bytes == _real_peak(model, x, step)
+
+
+def test_optimizer_step_state_is_predicted() -> None:
+    model = nn.Linear(256, 256)
+    opt = torch.optim.Adam(model.parameters())
+
+    def step(model, opt, x):  # type: ignore[no-untyped-def]
+        opt.zero_grad()
+        model(x).square().mean().backward()
+        opt.step()
+
+    x = torch.randn(8, 256)
+    p = gs.predict(step, model, opt, x, device="cpu")
+    params = sum(q.numel() * 4 for q in model.parameters())
+    assert p.peak_bytes >= 3 * params  # gradients + exp_avg + exp_avg_sq
+    assert not opt.state  # the user's optimizer was not stepped
+    m2, o2 = copy.deepcopy(model), None
+    o2 = torch.optim.Adam(m2.parameters())
+    with gs.record(memory="cpu") as rec:
+        step(m2, o2, x)
+    assert rec.recording is not None
+    # Adam's per-parameter step counters (0-dim tensors made by torch.tensor) and Python numbers
+    # wrapped as 0-dim tensors are not operator outputs: a few bytes the meta run does not count.
+    assert 0 <= rec.recording.peak_bytes - p.peak_bytes <= 64
+
+
+# ----- the allocator model --------------------------------------------------------------------
+def test_allocator_rounds_to_512_and_uses_pools() -> None:
+    e = estimate_cuda_allocator([(1, 1)])
+    assert (e.allocated_peak, e.reserved_peak, e.segments) == (512, 2 * MiB, 1)
+    e = estimate_cuda_allocator([(1, 1 * MiB + 1)])  # large pool, under 10 MiB: a 20 MiB segment
+    assert (e.allocated_peak, e.reserved_peak) == (1 * MiB + 512, 20 * MiB)
+    e = estimate_cuda_allocator([(1, 11 * MiB)])  # 10 MiB or more: rounded to 2 MiB
+    # the 1 MiB left over is not more than 1 MiB, so the block is not split: it counts whole
+    assert (e.allocated_peak, e.reserved_peak) == (12 * MiB, 12 * MiB)
+    e = estimate_cuda_allocator([(1, 15 * MiB)])  # 15 of 16 MiB: again unsplit
+    assert (e.allocated_peak, e.reserved_peak) == (16 * MiB, 16 * MiB)
+
+
+def test_allocator_reuses_free_blocks_and_merges_neighbours() -> None:
+    # two 1 MiB blocks fill one 2 MiB small segment; freed and merged, a third fits without a new one
+    ev = [(1, 1 * MiB), (2, 1 * MiB), (1, -1), (2, -1), (3, 1 * MiB), (4, 1 * MiB)]
+    e = estimate_cuda_allocator(ev)
+    assert (e.allocated_peak, e.reserved_peak, e.segments) == (2 * MiB, 2 * MiB, 1)
+    # thirteen 1.5 MiB tensors share one 20 MiB large segment; a fourteenth needs a second one
+    e = estimate_cuda_allocator([(i, 3 * MiB // 2) for i in range(13)])
+    assert (e.segments, e.reserved_peak) == (1, 20 * MiB)
+    e = estimate_cuda_allocator([(i, 3 * MiB // 2) for i in range(14)])
+    assert (e.segments, e.reserved_peak) == (2, 40 * MiB)
+
+
+def test_allocator_capacity_releases_cache_before_failing() -> None:
+    # a free 20 MiB segment is cached; a 30 MiB request with 40 MiB capacity releases it and fits
+    ev = [(1, 2 * MiB), (1, -1), (2, 30 * MiB)]
+    assert not estimate_cuda_allocator(ev, capacity=40 * MiB).out_of_memory
+    e = estimate_cuda_allocator([(1, 2 * MiB), (2, 30 * MiB)], capacity=40 * MiB)
+    assert e.out_of_memory and e.oom_request == 30 * MiB
+
+
+def test_cuda_prediction_budget_and_batches() -> None:
+    model = nn.Linear(1024, 1024)
+    x = torch.randn(8, 1024)
+    p = gs.predict(_sq, model, x, budget="64MiB", batch_sizes=[8, 1024, 4096])
+    assert p.device == "cuda"
+    assert p.resident_bytes == (1024 * 1024 + 1024 + 8 * 1024) * 4
+    assert p.allocated_bytes is not None and p.allocated_bytes >= p.resident_bytes + p.peak_bytes
+    assert p.reserved_bytes is not None and p.reserved_bytes >= p.allocated_bytes
+    assert p.reserved_bytes % (2 * MiB) == 0
+    assert [b.batch_size for b in p.batches] == [8, 1024, 4096]
+    assert [b.fits for b in p.batches] == [True, True, False]
+    assert p.largest_batch == 1024 and p.fits is True
+    assert p.batches[1].peak_bytes > p.batches[0].peak_bytes
+    assert any("cannot know kernel workspaces" in n for n in p.notes)
+    text = p.summary()
+    assert "largest batch that fits: 1024" in text and "estimated CUDA reserved peak" in text
+
+
+def test_batch_sizes_scale_only_the_batch_dimension() -> None:
+    model = nn.Linear(64, 8)
+    x = torch.randn(4, 64)
+    real = {}
+    for b in (4, 32):
+        real[b] = _real_peak(model, torch.randn(b, 64), _sq)
+    p = gs.predict(_sq, model, x, device="cpu", batch_sizes=[4, 32])
+    assert [b.peak_bytes for b in p.batches] == [real[4], real[32]]
+
+
+def test_make_args_builds_each_batch_on_meta() -> None:
+    model = nn.Sequential(nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 1))
+    calls = []
+
+    def make_args(b: int):  # type: ignore[no-untyped-def]
+        x = torch.randn(b, 128)
+        calls.append(x.device.type)
+        return model, x
+
+    budget = 2 * MiB
+    p = gs.predict(_sq, device="cpu", budget=budget, batch_sizes=[16, 256, 4096], make_args=make_args)
+    assert calls == ["meta", "meta", "meta"]
+    assert [b.fits for b in p.batches] == [True, True, False]
+    assert p.largest_batch == 256
+    assert p.peak_bytes == p.batches[1].peak_bytes  # the recording shown is the largest that fits
+    assert p.peak_bytes == _real_peak(model, torch.randn(256, 128), _sq)
+
+
+def test_prediction_round_trips_through_a_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    p = gs.predict(_sq, nn.Linear(8, 8), torch.randn(2, 8), budget="1GiB")
+    path = tmp_path / "p.gscope.json"
+    p.save(path)
+    back = gs.load(path)
+    assert back.extra["prediction"]["reserved_peak_bytes"] == p.reserved_bytes
+    assert back.peak_bytes == p.peak_bytes
+
+
+def test_mistakes_raise_gradscope_errors() -> None:
+    model, x = nn.Linear(2, 2), torch.randn(3, 2)
+    with pytest.raises(gs.GradscopeError, match="device='cuda' or device='cpu'"):
+        gs.predict(_sq, model, x, device="tpu")
+    with pytest.raises(gs.GradscopeError, match="cannot read the memory size"):
+        gs.predict(_sq, model, x, budget="lots")
+    with pytest.raises(gs.GradscopeError, match="batch_sizes must be a list"):
+        gs.predict(_sq, model, x, batch_sizes=[0])
+
+    def reads_values(model, x):  # type: ignore[no-untyped-def]
+        if model(x).sum().item() > 0:
+            pass
+
+    with pytest.raises(gs.GradscopeError, match=r"\.item\(\)"):
+        gs.predict(reads_values, model, x, device="cpu")
