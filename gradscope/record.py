@@ -133,7 +133,7 @@ def _func_guard(orig: Callable[..., Any]) -> Callable[..., Any]:
 
 class _NodeInfo:
     __slots__ = ("id", "name", "order", "module", "leaf", "leaf_shape", "executed", "seq",
-                 "walked", "saved_read", "custom", "leaf_ref")
+                 "walked", "saved_read", "custom", "leaf_ref", "creator")
 
     def __init__(self, id: int, name: str, order: int, seq: int | None) -> None:
         self.id = id
@@ -148,6 +148,7 @@ class _NodeInfo:
         self.saved_read = False
         self.custom = False
         self.leaf_ref: Any = None
+        self.creator: _NodeInfo | None = None  # for order >= 1: the node whose formula made it
 
 
 class _SavedRaw:
@@ -485,7 +486,8 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                 return ("obj", id(fn))
         return seq
 
-    def _info(self, fn: Any, order: int, module: str | None) -> _NodeInfo:
+    def _info(self, fn: Any, order: int, module: str | None,
+              creator: _NodeInfo | None = None) -> _NodeInfo:
         key = self._key(fn)
         info = self._by_key.get(key)
         if info is not None and info.leaf_ref is not None and info.leaf_ref() is None:
@@ -494,6 +496,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
             seq = None if isinstance(key, tuple) else key
             info = _NodeInfo(len(self._infos), _node_name(fn.name()), order, seq)
             info.module = module
+            info.creator = creator
             if isinstance(key, tuple) and key[0] == "acc":
                 var = fn.variable
                 info.leaf_ref = weakref.ref(var)
@@ -510,7 +513,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         return info
 
     def _discover(self, roots: Iterable[Any], order: int, module: str | None,
-                  hook_into: list[Any] | None = None) -> None:
+                  hook_into: list[Any] | None = None, creator: _NodeInfo | None = None) -> None:
         """Walk from ``roots`` through ``next_functions`` (iteratively). New nodes get ``order``
         and ``module``. Without ``hook_into`` the walk stops at nodes already walked; with it,
         every node reached gets step hooks for this backward pass."""
@@ -518,7 +521,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         visited: set[int] = set()
         while stack:
             fn = stack.pop()
-            info = self._info(fn, order, module)
+            info = self._info(fn, order, module, creator)
             if info.id in visited:
                 continue
             visited.add(info.id)
@@ -535,7 +538,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
             for nxt, _ in fn.next_functions:
                 if nxt is None:
                     continue
-                ninfo = self._info(nxt, order, module)
+                ninfo = self._info(nxt, order, module, creator)
                 self._edges[(ninfo.id, info.id)] = None
                 if ninfo.id not in visited:
                     stack.append(nxt)
@@ -754,7 +757,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                 made = [g.grad_fn for g in grad_inputs
                         if isinstance(g, torch.Tensor) and g.grad_fn is not None]
                 if made:
-                    self._discover(made, order=info.order + 1, module=info.module)
+                    self._discover(made, order=info.order + 1, module=None, creator=info)
             self._pending = st
             self._cur = None
         except Exception as e:
@@ -950,8 +953,12 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                 path = self._roots[call.root][1]
             for i in infos[lo:hi]:
                 i.module = path
-        # Nodes created by create_graph inherit the module of the node that created them
-        # (already set at discovery); leaves take their parameter's module.
+        # Nodes created by create_graph inherit the module of the node whose formula made them
+        # (lower orders first, so that order 2 inherits from an order 1 that already has one);
+        # leaves take their parameter's module.
+        for i in sorted(self._infos, key=lambda i: i.order):
+            if i.order >= 1 and i.module is None and i.creator is not None:
+                i.module = i.creator.module
         for i in self._infos:
             if i.leaf and i.leaf != "input" and i.module is None and "." in i.leaf:
                 i.module = i.leaf.rsplit(".", 1)[0]
