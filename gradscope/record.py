@@ -36,6 +36,7 @@ from torch import nn
 from torch.autograd.graph import saved_tensors_hooks
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from gradscope import _held
 from gradscope.errors import GradscopeError, MemoryBudgetExceeded
 from gradscope.memory import (
     MODULE_MARK,
@@ -265,6 +266,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
         _active.rec = None
+        self._exc = exc
         t1 = time.time_ns()
         internal: BaseException | None = None
         try:
@@ -349,6 +351,8 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         self._create_graph = False
         self._notes: list[str] = []
         self._foreign_saves = 0
+        self._bw_calls: list[dict[str, Any]] = []  # for gs.diagnose, see gradscope._held
+        self._exc: BaseException | None = None
         self._func_depth = 0  # inside a torch.func transform: see NOTE [ torch.func and our hooks ]
         self._func_regions = 0
         self._source: Any = None
@@ -460,6 +464,8 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         handles: list[Any] = []
         self._backward_idx += 1
         self._create_graph = create
+        self._bw_calls.append({"create_graph": create, "retain_graph": bool(args[1]) if len(args) > 1 else create,
+                               "api": "backward" if kwargs.get("accumulate_grad", True) else "autograd.grad"})
         try:
             try:
                 self._discover(roots, order=0, module=None, hook_into=handles)
@@ -885,6 +891,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                 "their internal graph and saved tensors are not recorded (memory still is)."
             )
         extra: dict[str, Any] = {"nodes_created": created, "nodes_created_seen": seen_created}
+        extra.update(_held.collect(self))  # what held memory at the peak, for gs.diagnose
         return Recording(
             nodes=nodes,
             edges=tuple(Edge(a, b) for a, b in self._edges),

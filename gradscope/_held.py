@@ -1,0 +1,113 @@
+"""What held memory at the peak: collected by the recorder when a block ends, read by ``gs.diagnose``.
+
+NOTE [ what is live at the failing moment ]: a memory source's events are allocations and frees in
+order. Replaying them up to the peak (or, when a budget stopped the block, up to the last event:
+the failing allocation itself was refused and never recorded) leaves the set of allocations made
+inside the block that were still alive then. Each is matched with what the recorder knows about
+it: a saved tensor (by storage key for the tracker, by address for the allocators), a gradient
+made by an ``AccumulateGrad`` step, something made during backward, or a forward result that no
+node saved (held by a variable, or a temporary). Only numbers and names go into the recording.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gradscope.errors import MemoryBudgetExceeded
+from gradscope.memory import TrackerSource
+
+__all__: list[str] = []
+
+_MAX_ROWS = 2000  # rows kept (largest first); the rest is summed
+
+
+def collect(rec: Any) -> dict[str, Any]:
+    """``Recording.extra`` entries for one finished ``gs.record`` (``rec`` is the recorder).
+
+    Returns ``backward_calls`` always, ``oom`` when a simulated budget stopped the block, and
+    ``held`` (see NOTE above) when the memory source produced events. Never raises.
+    """
+    out: dict[str, Any] = {"backward_calls": list(getattr(rec, "_bw_calls", []))}
+    exc = getattr(rec, "_exc", None)
+    if isinstance(exc, MemoryBudgetExceeded):
+        out["oom"] = {"requested": int(exc.requested), "live": int(exc.live), "budget": int(exc.budget),
+                      "where": str(exc.where)}
+    try:
+        held = _held(rec, failed=isinstance(exc, MemoryBudgetExceeded))
+    except Exception as e:  # observing never breaks the recording
+        held = {"error": repr(e)}
+    if held:
+        out["held"] = held
+    return out
+
+
+def _held(rec: Any, failed: bool) -> dict[str, Any] | None:
+    src = rec._source
+    events = list(getattr(src, "events", None) or [])
+    if not events:
+        return None
+    live = peak = 0
+    peak_i = -1
+    for i, e in enumerate(events):
+        live += e.size
+        if live > peak:
+            peak, peak_i = live, i
+    end = len(events) - 1 if failed else peak_i
+    alive: dict[int, Any] = {}
+    for e in events[: end + 1]:
+        if e.size > 0:
+            alive[e.key] = e
+        else:
+            alive.pop(e.key, None)
+    by_key = isinstance(src, TrackerSource)
+    saved: dict[int, Any] = {}
+    for s in rec._saved:
+        if s.node is not None:
+            saved.setdefault(s.skey if by_key else s.ptr, s)
+    steps = rec._steps
+    step_of_scope = rec._match_scopes(src.scopes) if getattr(src, "scopes", None) else {}
+    rows: list[dict[str, Any]] = []
+    for key, e in alive.items():
+        step = e.step
+        if step is None and e.eval_index is not None:
+            step = step_of_scope.get(e.eval_index)
+        node = steps[step].info if step is not None and step < len(steps) else None
+        s = saved.get(key)
+        row: dict[str, Any] = {"key": int(key), "bytes": int(e.size), "label": e.label}
+        if s is not None:
+            row.update(what="saved", node=s.node.id, node_name=s.node.name, order=s.node.order,
+                       module=s.node.module, shape=list(s.shape), dtype=s.dtype,
+                       saved_kind=rec._final_kind(s).value, attribute=s.attribute)
+        elif node is not None:
+            row.update(what="gradient" if node.name == "AccumulateGrad" else "backward",
+                       node=node.id, node_name=node.name, order=node.order, module=node.module)
+        elif e.eval_index is not None:
+            row.update(what="backward", module=None)
+        else:
+            row.update(what="forward", module=_forward_module(rec, e))
+        rows.append(row)
+    rows.sort(key=lambda r: (-r["bytes"], r["key"]))
+    kept, rest = rows[:_MAX_ROWS], rows[_MAX_ROWS:]
+    return {
+        "moment": "failure" if failed else "peak",
+        "live_bytes": sum(r["bytes"] for r in rows),
+        "key_kind": "storage" if by_key else "address",
+        "rows": kept,
+        "omitted": len(rest),
+        "omitted_bytes": sum(r["bytes"] for r in rest),
+    }
+
+
+def _forward_module(rec: Any, e: Any) -> str | None:
+    """The module call an allocation happened in (the recorder's own attribution, whichever
+    form this version of it keeps)."""
+    call = getattr(e, "module_call", None)
+    calls = getattr(rec, "_calls", [])
+    if call is not None and call < len(calls):
+        c = calls[call]
+        return rec._full_name(c.root, c.rel) or rec._roots[c.root][1]
+    if hasattr(rec, "_modules_at"):
+        return rec._modules_at([e.t_ns])[0]
+    if hasattr(rec, "_module_at"):
+        return rec._module_at(e.t_ns)
+    return None
