@@ -36,7 +36,10 @@ def graph(tensor: torch.Tensor | tuple[torch.Tensor, ...] | list[torch.Tensor], 
         >>> w = torch.ones(3, requires_grad=True)
         >>> g = gs.graph((w.exp() * 2).sum())
         >>> [n.name for n in g.nodes], g.saved_bytes
-        (['SumBackward0', 'MulBackward0', 'ExpBackward0', 'AccumulateGrad'], 12)
+        (['SumBackward0', 'MulBackward0', 'ExpBackward0', 'AccumulateGrad'], 20)
+
+        Here 12 bytes are ``exp``'s result and 8 bytes the Python number 2, which PyTorch keeps as
+        a 0-d int64 tensor; saved-tensor hooks never see such numbers, so ``gs.record`` counts 12.
     """
     tensors = list(tensor) if isinstance(tensor, list | tuple) else [tensor]
     roots = []
