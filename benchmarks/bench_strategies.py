@@ -9,7 +9,9 @@ the reference; a ratio is printed with its target and whether it is met. Times a
 
 from __future__ import annotations
 
+import statistics
 import sys
+import time
 from collections.abc import Callable
 
 import torch
@@ -51,7 +53,8 @@ def bench_mixed(width: int = 512, batch: int = 64, depths: tuple[int, int] = (2,
         z = torch.randn(batch, width)
         y = torch.randn(batch, width, requires_grad=True)
         cands: dict[str, Callable[[], object]] = {
-            m: (lambda m=m: mixed_grad(f, G, z, y, method=m)) for m in ("create_graph", "forward_ad", "split")
+            m: (lambda m=m, G=G, z=z, y=y: mixed_grad(f, G, z, y, method=m))
+            for m in ("create_graph", "forward_ad", "split")
         }
         cmp = gs.compare(cands, reference="create_graph", modules={"G": G})
         print(f"-- D = {depth}")
@@ -63,8 +66,12 @@ def bench_mixed(width: int = 512, batch: int = 64, depths: tuple[int, int] = (2,
         if cmp.row("split").status == "ok":
             _failures.append("split reported ok")
     d0, d1 = depths
-    _check(f"forward_ad peak D={d1} / D={d0}", peaks[("forward_ad", d1)] / peaks[("forward_ad", d0)], "<= 1.1",
-           peaks[("forward_ad", d1)] <= 1.1 * peaks[("forward_ad", d0)])
+    _check(
+        f"forward_ad peak D={d1} / D={d0}",
+        peaks[("forward_ad", d1)] / peaks[("forward_ad", d0)],
+        "<= 1.1",
+        peaks[("forward_ad", d1)] <= 1.1 * peaks[("forward_ad", d0)],
+    )
     ratio = peaks[("forward_ad", d1)] / peaks[("create_graph", d1)]
     _check(f"forward_ad / create_graph peak at D={d1}", ratio, "<= 0.15", ratio <= 0.15)
 
@@ -85,7 +92,10 @@ def bench_many_inputs(ns: tuple[int, int] = (4, 64), batch: int = 64, width: int
             return zs.softmax(-1).amax(0).log().mean()
 
         cmp = gs.compare(
-            {m: (lambda m=m: many_inputs_backward(f, inputs, g, method=m)) for m in ("stacked", "two_pass")},
+            {
+                m: (lambda m=m, f=f, inputs=inputs: many_inputs_backward(f, inputs, g, method=m))
+                for m in ("stacked", "two_pass")
+            },
             modules={"f": f},
         )
         print(f"-- N = {n}")
@@ -102,8 +112,10 @@ def bench_many_inputs(ns: tuple[int, int] = (4, 64), batch: int = 64, width: int
 # ----- seed 003 -----------------------------------------------------------------------------------
 def bench_penalty(steps: int = 6, batch: int = 32, width: int = 256) -> None:
     """Penalty branches with large intermediates off a 6-step trunk: joint vs early vs retain_graph."""
-    print(f"\n== penalty branches off a {steps}-step trunk (Linear {width} + Tanh, batch {batch}); "
-          f"branch intermediates {batch}x{width}x{width}")
+    print(
+        f"\n== penalty branches off a {steps}-step trunk (Linear {width} + Tanh, batch {batch}); "
+        f"branch intermediates {batch}x{width}x{width}"
+    )
     torch.manual_seed(0)
     trunk = nn.ModuleList([nn.Linear(width, width) for _ in range(steps)])
     x = torch.randn(batch, width)
@@ -122,7 +134,9 @@ def bench_penalty(steps: int = 6, batch: int = 32, width: int = 256) -> None:
             pb.add(1e-2 * penalty(h), at=h)
         return pb.backward(h.pow(2).mean())
 
-    cmp = gs.compare({m: (lambda m=m: step(m)) for m in ("joint", "early", "retain_graph")}, modules={"trunk": trunk})
+    cmp = gs.compare(
+        {m: (lambda m=m: step(m)) for m in ("joint", "early", "retain_graph")}, modules={"trunk": trunk}
+    )
     print(cmp.summary())
     _statuses(cmp)
     ratio = (cmp.row("early").peak_bytes or 0) / (cmp.row("joint").peak_bytes or 1)
@@ -148,6 +162,22 @@ def bench_jacobian(n: int = 1000, batch: int = 32) -> None:
     for r in cmp.rows:
         t = "-" if r.time_s is None else f"{r.time_s * 1e3:.0f} ms"
         print(f"  {r.name:8s} {t:>10s} {format_bytes(r.peak_bytes):>12s}   {r.status}")
+    # see NOTE [ batched grad_outputs are materialized ] in gradscope/strategies/jacobian.py
+    eye = torch.eye(n).unsqueeze(1).expand(n, batch, n)
+    times = {"expanded": [], "materialized": []}
+    xr = x.detach().requires_grad_(True)
+    for _ in range(3):
+        for kind, grad_outputs in (("expanded", eye), ("materialized", eye.contiguous())):
+            y = net(xr)
+            t0 = time.perf_counter()
+            torch.autograd.grad(y, xr, grad_outputs, is_grads_batched=True)
+            times[kind].append(time.perf_counter() - t0)
+            del y
+    e, m = statistics.median(times["expanded"]), statistics.median(times["materialized"])
+    print(
+        f"\n  batched grad_outputs, backward only: expanded identity {e * 1e3:.0f} ms, "
+        f"materialized {m * 1e3:.0f} ms ({e / m:.2f}x)"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
