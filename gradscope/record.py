@@ -163,8 +163,9 @@ class _SavedRaw:
 
 
 class _Packed:
-    """What the pack hook returns: the tensor (the node keeps it alive exactly as it would keep
-    the tensor itself) plus the id of its metadata row and a weak link to the recorder."""
+    """What the pack hook returns: the tensor's data (the node keeps its storage alive exactly as
+    it would keep the tensor itself; see NOTE [ pack a detached tensor ]) plus the id of its
+    metadata row and a weak link to the recorder."""
 
     __slots__ = ("t", "sid", "owner", "__weakref__")
 
@@ -645,7 +646,12 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
             self._ring.append(weakref.ref(t))
         self._saved.append(s)
         self._saved_by_seq.setdefault(s.seq, []).append(s)
-        return _Packed(t, s.sid, self._self_ref)
+        # NOTE [ pack a detached tensor ]: a node that saves its own output (exp, tanh, relu)
+        # would hold the output, whose grad_fn is that node: a cycle through C++ that Python's
+        # collector cannot break, so a graph never run backward (or run with retain_graph) lived
+        # forever. Unpack rebuilds autograd metadata from the saved variable, not from the tensor
+        # the hook returns, so keeping only the data (as PyTorch does without hooks) is exact.
+        return _Packed(t.detach(), s.sid, self._self_ref)
 
     def _mod_pre(self, module: nn.Module, args: Any) -> None:
         if threading.get_ident() != self._tid:
