@@ -13,7 +13,9 @@ it is seen (before its forward can change it). Leaves are the modules' parameter
 that requires grad and is passed to a torch function in that run, found by a
 ``TorchFunctionMode``; the first time a leaf is seen its ``.grad`` is remembered and cleared (a leaf is
 always used before backward can accumulate into it). Neither keeps a tensor alive: leaves are held by
-weak reference; module snapshots hold copies of the values.
+weak reference; module snapshots hold copies of the values. Other state is not restored: an optimizer
+created outside the candidates keeps its moments from one run to the next (create it inside the
+candidate), and so does Python's or NumPy's RNG.
 
 Example:
     >>> import torch, gradscope as gs
@@ -465,7 +467,7 @@ class _Seen:
 
 class _State:
     def __init__(self, modules: nn.Module | Iterable[nn.Module] | Mapping[str, nn.Module] | None) -> None:
-        self.cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        self.cuda = torch.cuda.is_available()
         self.rng_cpu = torch.get_rng_state()
         self.rng_cuda = torch.cuda.get_rng_state_all() if self.cuda else None
         self.covered: dict[
@@ -580,6 +582,7 @@ class _Watch:
         self.mode = _LeafMode(self)
         self.handle: Any = None
         self.busy = False  # our own snapshot copies must not count as the candidate's use
+        self.tid = threading.get_ident()
 
     def __enter__(self) -> _Watch:
         self.handle = nn.modules.module.register_module_forward_pre_hook(self._pre)
@@ -597,6 +600,8 @@ class _Watch:
             self.handle.remove()
 
     def _pre(self, module: nn.Module, args: Any) -> None:
+        if threading.get_ident() != self.tid:  # the hook is global; other threads' modules are not ours
+            return
         state = self.state
         if state.covered.get(id(module)) is not module:
             self.busy = True
@@ -624,10 +629,9 @@ class _LeafMode(TorchFunctionMode):
     def __init__(self, watch: _Watch) -> None:
         super().__init__()
         self.watch = watch
-        self.tid = threading.get_ident()
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if threading.get_ident() == self.tid and not self.watch.busy:
+        if threading.get_ident() == self.watch.tid and not self.watch.busy:
             for a in _tensors(args, kwargs):
                 try:
                     if a.requires_grad and a.is_leaf:

@@ -297,3 +297,22 @@ def test_row_is_frozen():
     row = Row("a", "ok", 1, 2, 0.1, 0.0, "", None)
     with pytest.raises(AttributeError):
         row.status = "wrong"  # type: ignore[misc]
+
+
+def test_recorded_run_carries_no_compare_copies():
+    # a 4 MB weight: if compare's snapshot of the module happened inside the recording, the reference's
+    # peak would be 4 MB higher than a plain recording of the same code
+    torch.manual_seed(0)
+    lin = nn.Linear(1000, 1000)
+    x = torch.randn(2, 1000)
+
+    def step():
+        lin(x).pow(2).sum().backward()
+
+    with gs.record(memory="cpu") as rec:
+        step()
+    lin.zero_grad(set_to_none=True)
+    cmp = gs.compare({"a": step, "b": step}, memory="cpu", repeat=1)
+    assert cmp.row("a").peak_bytes == cmp.row("b").peak_bytes == rec.recording.peak_bytes
+    assert cmp.row("a").saved_bytes == rec.recording.saved_bytes
+    assert rec.recording.peak_bytes < 4 * 1000 * 1000 + 64 * 1024  # the weight's gradient, plus little

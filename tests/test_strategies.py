@@ -441,3 +441,13 @@ def test_jacobian_runs_under_saved_tensor_hooks_and_puts_them_back(method):
         assert torch._C._autograd._top_saved_tensors_default_hooks(False) == top
     assert torch.allclose(got, want, rtol=1e-12, atol=1e-14)
     assert torch._C._autograd._top_saved_tensors_default_hooks(False) is None
+
+
+@pytest.mark.parametrize("method", ["stacked", "two_pass"])
+def test_many_inputs_outputs_of_different_shapes_name_the_input(method):
+    f = nn.Linear(2, 3)
+    xs = [torch.ones(4, 2), torch.ones(4, 2), torch.ones(5, 2)]
+    with pytest.raises(
+        GradscopeError, match=r"`f\(inputs\[2\]\)` has shape \(5, 3\) but `f\(inputs\[0\]\)` has \(4, 3\)"
+    ):
+        many_inputs_backward(f, xs, _g, method=method)

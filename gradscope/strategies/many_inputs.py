@@ -80,7 +80,7 @@ def many_inputs_backward(
         if not isinstance(x, torch.Tensor):
             raise _fail(_F, f"`inputs[{i}]` must be a torch.Tensor, got {type(x).__name__}.")
     if method == "stacked":
-        zs = torch.stack([_output(f, x, i) for i, x in enumerate(inputs)])
+        zs = _stack([_output(f, x, i) for i, x in enumerate(inputs)])
         L = _need_scalar(_F, "`g`", g(zs))
         L.backward()
         return L.detach()
@@ -94,6 +94,18 @@ def _output(f: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, i: int) 
     return z
 
 
+def _stack(zs: list[torch.Tensor]) -> torch.Tensor:
+    first = zs[0].shape
+    for i, z in enumerate(zs):
+        if z.shape != first:
+            raise _fail(
+                _F,
+                f"`f(inputs[{i}])` has shape {tuple(z.shape)} but `f(inputs[0])` has {tuple(first)}; "
+                "the outputs are stacked for `g`, so they must all have one shape.",
+            )
+    return torch.stack(zs)
+
+
 def _two_pass(
     f: Callable[[torch.Tensor], torch.Tensor], inputs: Sequence[torch.Tensor], g: Any
 ) -> torch.Tensor:
@@ -105,7 +117,7 @@ def _two_pass(
             states.append(_get_rng(devices))
             zs.append(_output(f, x, i))
     after = _get_rng(devices)
-    zs_leaf = torch.stack(zs).requires_grad_(True)
+    zs_leaf = _stack(zs).requires_grad_(True)
     del zs
     L = _need_scalar(_F, "`g`", g(zs_leaf))
     L.backward()  # also accumulates the gradients of any leaves g itself uses
