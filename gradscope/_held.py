@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from gradscope.errors import MemoryBudgetExceeded
 from gradscope.memory import TrackerSource
 
@@ -33,7 +35,8 @@ def collect(rec: Any) -> dict[str, Any]:
         out["oom"] = {"requested": int(exc.requested), "live": int(exc.live), "budget": int(exc.budget),
                       "where": str(exc.where)}
     try:
-        held = _held(rec, failed=isinstance(exc, MemoryBudgetExceeded))
+        # A real CUDA out-of-memory is a failure too: its refused allocation is not in the events.
+        held = _held(rec, failed=isinstance(exc, torch.OutOfMemoryError))
     except Exception as e:  # observing never breaks the recording
         held = {"error": repr(e)}
     if held:

@@ -1,0 +1,563 @@
+"""``gs.diagnose``: who held memory at the failing moment (or the peak), and what to change.
+
+The recording says what was live then (see NOTE [ what is live at the failing moment ] in
+``gradscope._held``): saved tensors with their node, module and order; gradients; what backward
+made; forward results nobody saved. The user's namespace (by default the caller's variables; the
+notebook passes its user namespace) adds what only the live objects know: which variable holds
+which graphs, which optimizer owns which state, which models still require grad outside an
+optimizer. Patterns found:
+
+- ``create_graph``: a backward with ``create_graph=True`` built nodes of order >= 1 that keep the
+  forward activations alive (mixed second derivatives through a frozen model: forward AD);
+- ``graphs_held``: a variable (a list of losses, of gradients) holds several graphs;
+- ``frozen_trainable``: a model whose parameters require grad but that no optimizer trains (or that
+  is in eval mode) ran with autograd on, so its activations were saved;
+- ``retain_graph``: backward calls with ``retain_graph=True`` kept their graphs;
+- ``deep_activations``: saved activations dominate: checkpoint the largest block.
+
+Example:
+    >>> import torch, gradscope as gs
+    >>> model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Tanh(), torch.nn.Linear(256, 1))
+    >>> losses = []
+    >>> try:
+    ...     with gs.record(budget="1MiB", modules={"model": model}) as rec:
+    ...         for _ in range(50):
+    ...             losses.append(model(torch.randn(128, 64)).square().mean())
+    ... except torch.OutOfMemoryError:
+    ...     pass
+    >>> d = gs.diagnose(rec.recording)
+    >>> d.findings[0].pattern, d.findings[0].variable
+    ('graphs_held', 'losses')
+"""
+
+from __future__ import annotations
+
+import html
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from gradscope.errors import GradscopeError
+from gradscope.recording import Recording, format_bytes
+
+__all__ = ["Diagnosis", "Finding", "GraphHolder", "HeldTensor", "diagnose"]
+
+_MAX_ITEMS = 10_000  # items looked at per container variable
+_MAX_NODES = 200_000  # graph nodes walked per variable
+
+_KIND_NAMES = {
+    "saved": "saved activations",
+    "saved_order1": "saved by create_graph graphs (order >= 1)",
+    "saved_input": "saved inputs",
+    "saved_parameter": "saved parameters",
+    "gradient": "gradients",
+    "optimizer": "optimizer state",
+    "backward": "backward temporaries",
+    "forward": "forward results not saved (variables, temporaries)",
+}
+
+
+@dataclass(frozen=True)
+class HeldTensor:
+    """One allocation alive at the diagnosed moment."""
+
+    bytes: int
+    kind: str
+    shape: tuple[int, ...] | None
+    dtype: str | None
+    module: str | None
+    node: str | None
+    order: int | None
+    variable: str | None
+
+
+@dataclass(frozen=True)
+class GraphHolder:
+    """A user variable that keeps autograd graphs alive.
+
+    ``graphs`` counts distinct ``grad_fn`` roots among its tensors; ``saved_bytes`` is what their
+    graphs' saved tensors hold (each storage once); ``live_bytes`` the part of it that was
+    allocated inside the recording and alive at the diagnosed moment.
+    """
+
+    variable: str
+    graphs: int
+    saved_bytes: int
+    live_bytes: int
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One pattern found, with its culprit and what to do."""
+
+    pattern: str
+    bytes: int
+    message: str
+    suggestion: str
+    code: str
+    variable: str | None = None
+    module: str | None = None
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """What held memory at a recording's failing moment (budget or OOM) or at its peak.
+
+    ``text()`` (also ``str()``) is deterministic: the same recording and namespace give the same
+    text. ``findings`` are sorted by the bytes they explain, largest first.
+    """
+
+    label: str
+    moment: str
+    live_bytes: int
+    resident_bytes: int
+    budget: int | None
+    requested: int | None
+    where: str | None
+    error: str | None
+    by_kind: tuple[tuple[str, int], ...]
+    by_module: tuple[tuple[str, int], ...]
+    largest: tuple[HeldTensor, ...]
+    holders: tuple[GraphHolder, ...]
+    findings: tuple[Finding, ...]
+    notes: tuple[str, ...] = ()
+
+    def text(self) -> str:
+        """The report as plain text."""
+        lines: list[str] = []
+        title = "gradscope diagnosis" + (f" of {self.label}" if self.label else "")
+        if self.moment == "failure" and self.budget is not None:
+            lines.append(
+                f"{title}: out of memory on a simulated {format_bytes(self.budget)} device"
+                + (f" in {self.where}" if self.where else "")
+                + f": tried to allocate {format_bytes(self.requested)} with {format_bytes(self.live_bytes)} live"
+            )
+        elif self.moment == "failure":
+            lines.append(f"{title}: the block failed ({self.error}); state at its last allocation")
+        elif self.moment == "peak":
+            lines.append(f"{title}: state at the peak")
+        else:
+            lines.append(f"{title}: no memory events were recorded (memory='off'?); graph analysis only")
+        lines.append(
+            f"held: {format_bytes(self.live_bytes)} ({self.live_bytes} bytes) allocated inside the block and "
+            f"alive then; {format_bytes(self.resident_bytes)} existed before it (parameters, inputs)"
+        )
+        if self.by_kind:
+            lines.append("by kind:")
+            for k, b in self.by_kind:
+                lines.append(f"  {format_bytes(b):>10}  {_KIND_NAMES.get(k, k)}")
+        if self.by_module:
+            lines.append("by module:")
+            for m, b in self.by_module:
+                lines.append(f"  {format_bytes(b):>10}  {m}")
+        if self.largest:
+            lines.append("largest tensors:")
+            for i, t in enumerate(self.largest, 1):
+                shape = "" if t.shape is None else " [" + ", ".join(str(d) for d in t.shape) + "]"
+                dtype = f" {t.dtype}" if t.dtype else ""
+                bits = [f"{_KIND_NAMES.get(t.kind, t.kind)}"]
+                if t.node:
+                    bits.append(f"by {t.node}" + (f" (order {t.order})" if t.order else ""))
+                if t.module:
+                    bits.append(f"in {t.module}")
+                if t.variable:
+                    bits.append(f"= {t.variable}")
+                lines.append(f"  {i}. {format_bytes(t.bytes):>10}{dtype}{shape}  " + " ".join(bits))
+        if self.holders:
+            lines.append("graphs kept alive by variables:")
+            for h in self.holders:
+                lines.append(
+                    f"  {h.variable}: {h.graphs} graph{'s' if h.graphs != 1 else ''}, "
+                    f"{format_bytes(h.saved_bytes)} of saved tensors ({format_bytes(h.live_bytes)} of it live then)"
+                )
+        if self.findings:
+            lines.append("findings:")
+            for i, f in enumerate(self.findings, 1):
+                lines.append(f"  {i}. [{f.pattern}] {f.message}")
+                lines.append(f"     suggestion: {f.suggestion}")
+                if f.code:
+                    lines.append(f"     code: {f.code}")
+        else:
+            lines.append("findings: no known pattern; the largest holders above are where to look.")
+        for n in self.notes:
+            lines.append("note: " + n)
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.text()
+
+    def _repr_html_(self) -> str:
+        return "<pre class='gradscope-diagnosis'>" + html.escape(self.text()) + "</pre>"
+
+
+# ----------------------------------------------------------------------------------------------
+def diagnose(recording: Recording | Any, namespace: Mapping[str, Any] | None = None, *,
+             top: int = 8) -> Diagnosis:
+    """Say what held memory when a recorded block failed (or at its peak) and what to change.
+
+    Args:
+        recording: a :class:`~gradscope.Recording` (or the ``gs.record`` object).
+        namespace: variables to look through for lists of losses, optimizers and models (names
+            are reported as written there). Default: the caller's globals and locals.
+        top: how many modules and tensors to list.
+
+    Returns:
+        A :class:`Diagnosis`; ``print(d)`` shows the report.
+
+    Raises:
+        GradscopeError: when given something that is not a recording.
+
+    Example:
+        >>> import torch, gradscope as gs
+        >>> w = torch.randn(512, 512, requires_grad=True)
+        >>> with gs.record(memory="tracker") as rec:
+        ...     (torch.randn(256, 512) @ w).tanh().sum().backward()
+        >>> gs.diagnose(rec.recording).moment
+        'peak'
+    """
+    rec = recording
+    if not isinstance(rec, Recording):
+        rec = getattr(recording, "recording", None)
+    if not isinstance(rec, Recording):
+        raise GradscopeError(
+            f"gradscope: diagnose() takes a Recording (rec.recording after a gs.record block), not "
+            f"a {type(recording).__name__}."
+        )
+    if namespace is None:
+        frame = sys._getframe(1)
+        namespace = {**frame.f_globals, **frame.f_locals}
+    return _Analysis(rec, namespace, top).run()
+
+
+class _Analysis:
+    def __init__(self, rec: Recording, namespace: Mapping[str, Any], top: int) -> None:
+        self.rec = rec
+        self.ns = {k: v for k, v in namespace.items() if isinstance(k, str) and not k.startswith("_")}
+        self.top = top
+        held = rec.extra.get("held") or {}
+        self.moment = held.get("moment", "none") if "rows" in held else "none"
+        self.rows: list[dict[str, Any]] = list(held.get("rows", ()))
+        self.by_storage = held.get("key_kind", "storage") == "storage"
+        self.live = int(held.get("live_bytes", 0))
+        self.omitted = int(held.get("omitted", 0))
+        self.calls: list[dict[str, Any]] = list(rec.extra.get("backward_calls", ()))
+        self.notes: list[str] = []
+        if "error" in held:
+            self.notes.append(f"the recorder could not list live tensors: {held['error']}")
+
+    # ----- namespace ---------------------------------------------------------------------------
+    def _key(self, t: torch.Tensor) -> int | None:
+        try:
+            st = t.untyped_storage()
+            if self.by_storage:
+                from torch.multiprocessing.reductions import StorageWeakRef
+
+                return int(StorageWeakRef(st).cdata)
+            return int(st.data_ptr())
+        except (RuntimeError, NotImplementedError, TypeError):
+            return None
+
+    def _namespace_objects(self) -> None:
+        self.modules: list[tuple[str, nn.Module]] = []
+        self.optimizers: list[tuple[str, torch.optim.Optimizer]] = []
+        self.names: dict[int, str] = {}  # storage key -> a variable-path name
+        self.kind_of_key: dict[int, str] = {}
+        for name in sorted(self.ns):
+            v = self.ns[name]
+            if isinstance(v, nn.Module):
+                self.modules.append((name, v))
+            elif isinstance(v, torch.optim.Optimizer):
+                self.optimizers.append((name, v))
+        for name, m in self.modules:
+            for pname, p in m.named_parameters():
+                if p.grad is not None:
+                    k = self._key(p.grad)
+                    if k is not None:
+                        self.kind_of_key.setdefault(k, "gradient")
+                        self.names.setdefault(k, f"{name}.{pname}.grad")
+        for name, opt in self.optimizers:
+            for i, st in enumerate(opt.state.values()):
+                if not isinstance(st, Mapping):
+                    continue
+                for sk, t in st.items():
+                    if isinstance(t, torch.Tensor):
+                        k = self._key(t)
+                        if k is not None:
+                            self.kind_of_key[k] = "optimizer"
+                            self.names.setdefault(k, f"{name}.state[{i}][{sk!r}]")
+
+    def _holders(self) -> list[GraphHolder]:
+        live_keys = {r["key"]: r["bytes"] for r in self.rows}
+        out: list[GraphHolder] = []
+        for name in sorted(self.ns):
+            roots = _graph_roots(self.ns[name])
+            if not roots:
+                continue
+            saved = _saved_storages(roots, self._key)
+            for k, (_nbytes, _) in saved.items():
+                self.names.setdefault(k, name)
+            live = sum(live_keys.get(k, 0) for k in saved)
+            out.append(GraphHolder(name, len(roots), sum(b for b, _ in saved.values()), live))
+        out.sort(key=lambda h: (-h.live_bytes, -h.saved_bytes, h.variable))
+        return out
+
+    # ----- analysis ----------------------------------------------------------------------------
+    def run(self) -> Diagnosis:
+        rec = self.rec
+        self._namespace_objects()
+        holders = [h for h in self._holders() if h.saved_bytes > 0 or h.graphs > 1]
+        kinds: dict[str, int] = {}
+        modules: dict[str, int] = {}
+        held: list[HeldTensor] = []
+        for r in self.rows:
+            kind = self._kind(r)
+            kinds[kind] = kinds.get(kind, 0) + r["bytes"]
+            mod = r.get("module") or "(no module)"
+            modules[mod] = modules.get(mod, 0) + r["bytes"]
+            shape = r.get("shape")
+            held.append(HeldTensor(bytes=r["bytes"], kind=kind, shape=None if shape is None else tuple(shape),
+                                   dtype=r.get("dtype"), module=r.get("module"), node=r.get("node_name"),
+                                   order=r.get("order"), variable=self.names.get(r["key"])))
+        if self.omitted:
+            self.notes.append(f"{self.omitted} smaller live tensors are not listed one by one.")
+        by_kind = tuple(sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0])))
+        by_module = tuple(sorted(modules.items(), key=lambda kv: (-kv[1], kv[0]))[: self.top])
+        findings = self._findings(kinds, holders)
+        oom = rec.extra.get("oom") or {}
+        return Diagnosis(
+            label=rec.label,
+            moment=self.moment,
+            live_bytes=self.live,
+            resident_bytes=rec.baseline_bytes,
+            budget=oom.get("budget"),
+            requested=oom.get("requested"),
+            where=oom.get("where"),
+            error=rec.error,
+            by_kind=by_kind,
+            by_module=by_module,
+            largest=tuple(held[: self.top]),
+            holders=tuple(holders[: self.top]),
+            findings=tuple(findings),
+            notes=tuple(self.notes),
+        )
+
+    def _kind(self, r: dict[str, Any]) -> str:
+        named = self.kind_of_key.get(r["key"])
+        if named is not None:
+            return named
+        what = r.get("what", "forward")
+        if what == "saved":
+            if (r.get("order") or 0) >= 1:
+                return "saved_order1"
+            sk = r.get("saved_kind", "activation")
+            return "saved" if sk == "activation" else f"saved_{sk}"
+        return str(what)
+
+    def _findings(self, kinds: dict[str, int], holders: list[GraphHolder]) -> list[Finding]:
+        out: list[Finding] = []
+        rec = self.rec
+        live = max(self.live, 1)
+        # create_graph: nodes of order >= 1 and the forward activations they keep.
+        created = [c for c in self.calls if c.get("create_graph")]
+        high = [n for n in rec.nodes if n.order >= 1]
+        if created or high:
+            top_mods = _top_modules(r.get("module") for r in self.rows if (r.get("order") or 0) >= 1)
+            if not top_mods:
+                top_mods = _top_modules(n.module for n in high)
+            mod = top_mods[0] if top_mods else None
+            in_mod = sum(r["bytes"] for r in self.rows if r.get("what") == "saved" and mod is not None
+                         and _top(r.get("module")) == mod)
+            order1 = kinds.get("saved_order1", 0)
+            held_bytes = max(in_mod, order1)
+            trainable = {_top(n.module) for n in rec.nodes if n.leaf and n.leaf != "input"}
+            frozen = mod is not None and mod not in trainable
+            holder = next((h for h in holders if h.live_bytes > 0), None)
+            where = f" through {mod}" if mod else ""
+            msg = (f"{len(created)} backward call{'s' if len(created) != 1 else ''} with create_graph=True built "
+                   f"{len(high)} nodes of order >= 1{where}; they keep {mod + chr(39) + 's' if mod else 'the'} "
+                   f"forward activations alive: {format_bytes(held_bytes)} of the {format_bytes(self.live)} live")
+            if holder is not None:
+                msg += f" (held by `{holder.variable}`: {holder.graphs} graphs)"
+            if frozen:
+                msg += f"; {mod}'s parameters do not require grad (a frozen model)"
+            g = mod or "G"
+            out.append(Finding(
+                pattern="create_graph", bytes=held_bytes, variable=holder.variable if holder else None, module=mod,
+                message=msg,
+                suggestion=(f"{g}'s activations are kept by create_graph=True: use the forward-AD strategy, which "
+                            f"pushes the direction through {g} as a tangent and keeps no graph of {g} "
+                            "(or drop create_graph=True if no second derivative is needed)"),
+                code=f"gradscope.strategies.mixed_grad(f, {g}, z, y, method=\"forward_ad\")",
+            ))
+        # variables holding several graphs (a list of losses)
+        for h in holders:
+            if h.graphs < 2 or h.live_bytes <= 0 or (out and out[0].variable == h.variable):
+                continue
+            out.append(Finding(
+                pattern="graphs_held", bytes=h.live_bytes, variable=h.variable,
+                message=(f"`{h.variable}` holds {h.graphs} graphs; their saved tensors are "
+                         f"{format_bytes(h.live_bytes)} of the {format_bytes(self.live)} live"),
+                suggestion=(f"keep numbers, not graphs, in `{h.variable}`: append loss.item() (or loss.detach()); "
+                            "if the graphs are for one backward at the end, call (loss / n).backward() on each "
+                            "micro-batch instead: gradients accumulate and each graph is freed at once"),
+                code=f"{h.variable}.append(loss.item())",
+            ))
+        # a model that requires grad but is not trained, run with autograd on
+        out.extend(self._frozen_trainable())
+        # retain_graph
+        retained = [c for c in self.calls if c.get("retain_graph") and not c.get("create_graph")]
+        if retained:
+            saved_live = sum(v for k, v in kinds.items() if k.startswith("saved"))
+            out.append(Finding(
+                pattern="retain_graph", bytes=saved_live,
+                message=(f"{len(retained)} backward call{'s' if len(retained) != 1 else ''} used retain_graph=True: "
+                         f"the graphs keep their saved tensors after backward ({format_bytes(saved_live)} saved live)"),
+                suggestion=("sum the losses and call backward once, or release each penalty branch right after its "
+                            "backward (gradscope.strategies.PenaltyBranches); retain only what a later backward "
+                            "really reuses"),
+                code="(loss_a + loss_b).backward()  # one pass, no retain_graph",
+            ))
+        # deep activations: saved activations dominate and nothing above explains them
+        acts = kinds.get("saved", 0)
+        if acts >= 0.5 * live and not out:
+            per: dict[str, int] = {}
+            for r in self.rows:
+                if r.get("what") == "saved":
+                    m = _block(r.get("module"))
+                    per[m] = per.get(m, 0) + r["bytes"]
+            block, b = min(per.items(), key=lambda kv: (-kv[1], kv[0]))
+            out.append(Finding(
+                pattern="deep_activations", bytes=acts, module=block,
+                message=(f"saved activations are {format_bytes(acts)} of the {format_bytes(self.live)} live; "
+                         f"{block} saves the most ({format_bytes(b)})"),
+                suggestion=("recompute instead of saving: wrap the deepest blocks in activation checkpointing "
+                            "(memory falls to about one block's activations; backward runs forward again)"),
+                code=f"torch.utils.checkpoint.checkpoint({block}, x, use_reentrant=False)",
+            ))
+        out.sort(key=lambda f: (-f.bytes, f.pattern))
+        return out
+
+    def _frozen_trainable(self) -> list[Finding]:
+        out: list[Finding] = []
+        trained: set[int] = set()
+        for _, opt in self.optimizers:
+            for g in opt.param_groups:
+                trained.update(id(p) for p in g["params"])
+        leaves = {n.leaf for n in self.rec.nodes if n.leaf and n.leaf != "input"}
+        mods_with_saves: dict[str, int] = {}
+        for r in self.rows:
+            if r.get("what") == "saved" and r.get("module"):
+                mods_with_saves[r["module"]] = mods_with_saves.get(r["module"], 0) + r["bytes"]
+        seen: set[int] = set()
+        for name, m in self.modules:
+            if id(m) in seen:
+                continue
+            seen.add(id(m))
+            params = [(n, p) for n, p in m.named_parameters() if p.requires_grad]
+            if not params:
+                continue
+            untrained = bool(self.optimizers) and not any(id(p) in trained for _, p in params)
+            eval_mode = not m.training
+            if not (untrained or eval_mode):
+                continue
+            prefix = _prefix_of(name, m, params, leaves)
+            if prefix is None:
+                continue  # it did not take part in this recording's graph
+            saved = sum(b for mod, b in mods_with_saves.items()
+                        if prefix == "" or mod == prefix or mod.startswith(prefix + "."))
+            grads = sum(p.numel() * p.element_size() for _, p in params)
+            why = "no optimizer trains its parameters" if untrained else "it is in eval() mode"
+            out.append(Finding(
+                pattern="frozen_trainable", bytes=saved, variable=name, module=prefix or name,
+                message=(f"`{name}` ({type(m).__name__}) looks frozen ({why}) but its {len(params)} parameters "
+                         f"require grad and it ran outside torch.no_grad(): autograd saved "
+                         f"{format_bytes(saved)} of its activations and backward makes "
+                         f"{format_bytes(grads)} of gradients for it"),
+                suggestion=(f"run `{name}` under torch.no_grad() (or turn its requires_grad off) so that nothing "
+                            "is saved for it"),
+                code=f"with torch.no_grad(): feats = {name}(x)   # or {name}.requires_grad_(False)",
+            ))
+        return out
+
+
+# ----- helpers ---------------------------------------------------------------------------------
+def _graph_roots(v: Any) -> list[Any]:
+    """Distinct grad_fn nodes of the tensors a variable holds (itself, or items of a list,
+    tuple or dict); the nodes are returned only for the walk and never stored."""
+    items: Iterable[Any]
+    if isinstance(v, torch.Tensor):
+        items = (v,)
+    elif isinstance(v, list | tuple):
+        items = v[:_MAX_ITEMS]
+    elif isinstance(v, dict):
+        items = list(v.values())[:_MAX_ITEMS]
+    else:
+        return []
+    roots: dict[int, Any] = {}
+    for t in items:
+        if isinstance(t, torch.Tensor) and t.grad_fn is not None:
+            roots.setdefault(id(t.grad_fn), t.grad_fn)
+    return list(roots.values())
+
+
+def _saved_storages(roots: list[Any], key_of: Any) -> dict[int, tuple[int, None]]:
+    """Storages saved by the nodes reachable from ``roots`` (iterative walk; each storage once)."""
+    out: dict[int, tuple[int, None]] = {}
+    seen: set[int] = set()
+    stack = list(roots)
+    while stack and len(seen) < _MAX_NODES:
+        fn = stack.pop()
+        if id(fn) in seen:
+            continue
+        seen.add(id(fn))
+        for attr in dir(fn):
+            if not attr.startswith("_saved_"):
+                continue
+            try:
+                v = getattr(fn, attr)
+            except (RuntimeError, AttributeError):  # freed by a backward without retain_graph
+                continue
+            for t in v if isinstance(v, tuple | list) else (v,):
+                if isinstance(t, torch.Tensor):
+                    k = key_of(t)
+                    if k is not None:
+                        out[k] = (int(t.untyped_storage().nbytes()), None)
+        for nxt, _ in fn.next_functions:
+            if nxt is not None and id(nxt) not in seen:
+                stack.append(nxt)
+    return out
+
+
+def _top(module: str | None) -> str | None:
+    return None if not module else module.split(".")[0]
+
+
+def _top_modules(mods: Iterable[str | None]) -> list[str]:
+    count: dict[str, int] = {}
+    for m in mods:
+        t = _top(m)
+        if t:
+            count[t] = count.get(t, 0) + 1
+    return [m for m, _ in sorted(count.items(), key=lambda kv: (-kv[1], kv[0]))]
+
+
+def _block(module: str | None) -> str:
+    """A checkpointable block: the module path without its last component (``layers.3``)."""
+    if not module:
+        return "(no module)"
+    parts = module.split(".")
+    return ".".join(parts[:-1]) if len(parts) > 1 else module
+
+
+def _prefix_of(name: str, m: nn.Module, params: list[tuple[str, Any]], leaves: set[str]) -> str | None:
+    """The prefix the recording gives this module's parameters (the variable name when the
+    recording was told it, else its class name, else none when it was the only root)."""
+    for prefix in (name, type(m).__name__, ""):
+        full = [f"{prefix}.{n}" if prefix else n for n, _ in params]
+        if any(f in leaves for f in full):
+            return prefix
+    return None

@@ -1,0 +1,407 @@
+"""The notebook extension: ``%load_ext gradscope``, ``%%gradscope`` and ``%gradscope oom``.
+
+``%%gradscope`` records a cell and shows the recording (the widget where the front end can show
+one, the text summary elsewhere). ``%gradscope oom on`` makes every following cell run under a
+light recording, so that a cell that raises ``torch.OutOfMemoryError`` shows a diagnosis
+(:func:`gradscope.diagnose`) before its traceback.
+
+NOTE [ where the OOM diagnosis gets its data ]: a diagnosis needs to know what was alive at the
+failing allocation, which nothing can tell after the fact on a CPU and which the CUDA allocator
+tells only when its history was on before the allocations happened. So with ``oom on`` each cell
+runs inside a ``gs.record``: on a GPU with the CUDA source and the allocator's history; on a CPU
+with the online tracker, which with ``--budget`` also turns the CPU into a simulated device of that
+size (the cell fails where a GPU of that size would). The recording is finished by the exception
+handler itself, while the failing frames (and the graphs they hold) are still alive, so the
+diagnosis also sees which variables hold graphs. Cells that record on their own (``%%gradscope``,
+``gs.record``) are left alone, since recordings cannot nest. The price is the recorder's overhead
+on every cell (about 1.1-1.4x on CPU); ``%gradscope oom off`` removes it.
+
+Unloading restores exactly what loading changed: the magics, the custom exception handler and the
+cell hooks.
+
+Example:
+    >>> from IPython.testing.globalipapp import get_ipython  # doctest: +SKIP
+    >>> ip = get_ipython()  # doctest: +SKIP
+    >>> ip.run_line_magic("load_ext", "gradscope")  # doctest: +SKIP
+    >>> ip.run_cell_magic("gradscope", "-o rec --memory tracker --no-widget", "x = 1")  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from gradscope.errors import GradscopeError
+from gradscope.memory import parse_size
+from gradscope.recording import Recording
+
+__all__ = ["GradscopeMagics", "last_diagnosis", "load_ipython_extension", "unload_ipython_extension"]
+
+_MEMORY_CHOICES = ("auto", "cpu", "cuda", "off", "tracker")
+_RECORDING_MARKERS = ("%%gradscope", "gs.record(", "gradscope.record(")
+
+
+@dataclass
+class _State:
+    """What loading changed on one shell, and the extension's live state."""
+
+    magics: Any = None
+    saved_line: Any = None  # magics of the same name that loading replaced
+    saved_cell: Any = None
+    saved_registry: Any = None
+    oom: bool = False
+    oom_budget: int | None = None
+    oom_memory: str = "auto"
+    saved_custom_exceptions: tuple[type[BaseException], ...] = ()
+    saved_custom_tb: Any = None
+    custom_tb_was_instance: bool = False
+    callbacks: list[tuple[str, Any]] = field(default_factory=list)
+    active: Any = None  # the gs.record of the cell running now, if any
+    finished: Any = None  # Recording finished by the exception handler, for the cell magic
+    last: Any = None  # the last Diagnosis shown
+
+
+_STATES: weakref.WeakKeyDictionary[Any, _State] = weakref.WeakKeyDictionary()
+
+
+def _state(shell: Any) -> _State:
+    st = _STATES.get(shell)
+    if st is None:
+        raise UsageError("gradscope: the extension is not loaded here; run %load_ext gradscope first.")
+    return st
+
+
+def last_diagnosis(shell: Any = None) -> Any:
+    """The last :class:`~gradscope.diagnose.Diagnosis` the extension showed in this shell, or None.
+
+    Example:
+        >>> from gradscope.ipython import last_diagnosis  # doctest: +SKIP
+        >>> print(last_diagnosis())  # doctest: +SKIP
+    """
+    if shell is None:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+    st = _STATES.get(shell)
+    return None if st is None else st.last
+
+
+# ----------------------------------------------------------------------------------------------
+@magics_class
+class GradscopeMagics(Magics):
+    """``%%gradscope`` (record a cell) and ``%gradscope oom on|off`` (diagnose OOMs)."""
+
+    @magic_arguments()
+    @argument("-o", "--output", metavar="NAME", default=None,
+              help="store the Recording in the user namespace under NAME")
+    @argument("--memory", default="auto", choices=_MEMORY_CHOICES,
+              help="memory source: auto (CUDA on a GPU, else the CPU allocator), cpu, cuda, tracker, off")
+    @argument("--budget", metavar="SIZE", default=None,
+              help="simulated device size, e.g. 8GiB: crossing it raises gs.MemoryBudgetExceeded")
+    @argument("--label", default="", help="a name for the recording")
+    @argument("--no-widget", action="store_true", help="print the text summary instead of the widget")
+    @argument("--history", action="store_true", help="on CUDA, keep the allocator's event history")
+    @cell_magic
+    def gradscope(self, line: str, cell: str) -> None:
+        """Record this cell with ``gs.record`` and show the recording (see ``%%gradscope?``)."""
+        args = parse_argstring(self.gradscope, line)
+        st = _state(self.shell)
+        budget = _parse_budget(args.budget)
+        if args.output is not None and not args.output.isidentifier():
+            raise UsageError(f"gradscope: -o takes a variable name, got {args.output!r}.")
+        from gradscope.record import record
+
+        try:
+            rec = record(memory=args.memory, budget=budget, label=args.label,
+                         modules=_namespace_modules(self.shell.user_ns) or None,
+                         history=args.history)
+        except GradscopeError as e:
+            raise UsageError(str(e)) from None
+        shown = st.last
+        recording = _run_recorded(self.shell, st, rec, cell)
+        if args.output:
+            self.shell.user_ns[args.output] = recording
+        _show(recording, widget=not args.no_widget)
+        if st.last is shown and recording.extra.get("oom") is not None:
+            # an OOM the handler did not diagnose (oom off): diagnose it after the traceback
+            from gradscope.diagnose import diagnose
+
+            st.last = diagnose(recording, namespace=self.shell.user_ns)
+            print(st.last.text())
+
+    @magic_arguments()
+    @argument("command", nargs="?", default="", help="oom")
+    @argument("state", nargs="?", default="", help="on | off")
+    @argument("--budget", metavar="SIZE", default=None,
+              help="with oom on: run cells on a simulated device of this size (CPU tracker)")
+    @argument("--memory", default="auto", choices=_MEMORY_CHOICES,
+              help="with oom on: memory source for the per-cell recording")
+    @line_magic("gradscope")
+    def gradscope_line(self, line: str) -> None:
+        """``%gradscope oom on [--budget SIZE] [--memory SOURCE]`` / ``%gradscope oom off`` /
+        ``%gradscope oom`` (status)."""
+        args = parse_argstring(self.gradscope_line, line)
+        st = _state(self.shell)
+        if args.command != "oom":
+            raise UsageError(
+                f"gradscope: unknown command {args.command!r}. Use '%gradscope oom on' (diagnose out-of-"
+                "memory errors, optionally --budget 8GiB) or '%gradscope oom off'; record a cell with "
+                "%%gradscope on its first line."
+            )
+        if args.state == "":
+            print(_oom_status(st))
+            return
+        if args.state not in ("on", "off"):
+            raise UsageError(f"gradscope: '%gradscope oom {args.state}': say 'on' or 'off'.")
+        if args.state == "off":
+            _oom_off(self.shell, st)
+            print("gradscope: OOM diagnosis is off.")
+            return
+        budget = _parse_budget(args.budget)
+        memory = args.memory
+        if memory == "auto":
+            memory = "cuda" if torch.cuda.is_available() else "tracker"
+        if memory == "cuda" and not torch.cuda.is_available():
+            raise UsageError("gradscope: --memory cuda but CUDA is not available; use --memory tracker "
+                             "with --budget SIZE to simulate a device.")
+        _oom_on(self.shell, st, budget, memory)
+        print(_oom_status(st))
+
+
+# ----------------------------------------------------------------------------------------------
+def _parse_budget(text: str | None) -> int | None:
+    if text is None:
+        return None
+    try:
+        return parse_size(text)
+    except GradscopeError as e:
+        raise UsageError(str(e)) from None
+
+
+def _namespace_modules(ns: dict[str, Any]) -> dict[str, torch.nn.Module]:
+    """Top-level nn.Modules of the user namespace, by variable name, so that module paths in the
+    recording start with the names the user wrote (``backbone.layer1``)."""
+    out: dict[str, torch.nn.Module] = {}
+    seen: set[int] = set()
+    for name in sorted(ns):
+        v = ns[name]
+        if name.startswith("_") or not isinstance(v, torch.nn.Module) or id(v) in seen:
+            continue
+        seen.add(id(v))
+        out[name] = v
+    return out
+
+
+def _run_recorded(shell: Any, st: _State, rec: Any, cell: str) -> Recording:
+    """Run ``cell`` through ``shell.run_cell`` inside ``rec``; the recording is finished with the
+    cell's exception (so a budget failure is diagnosed at the failing allocation)."""
+    if st.active is not None:
+        raise UsageError("gradscope: a recorded cell is already running; recordings cannot nest.")
+    try:
+        rec.__enter__()
+    except GradscopeError as e:
+        raise UsageError(str(e)) from None
+    st.active, st.finished = rec, None
+    try:
+        result = shell.run_cell(cell, store_history=False)
+    except BaseException as e:
+        _finish(st, rec, e, shell.user_ns)
+        raise
+    err = result.error_in_exec if result is not None else None
+    recording = _finish(st, rec, err, shell.user_ns)
+    return recording
+
+
+def _finish(st: _State, rec: Any, err: BaseException | None, ns: dict[str, Any] | None = None) -> Recording:
+    """Close ``rec`` once (the exception handler may have done it already). Results the cell
+    left in the user namespace (``loss``, a list of losses) are roots of its graph: the recorder
+    looks at its caller's variables, which here are ours, so they are named to it."""
+    if st.active is rec:
+        st.active = None
+        if ns is not None:
+            _add_namespace_roots(rec, ns)
+        try:
+            rec.__exit__(type(err) if err is not None else None, err,
+                         err.__traceback__ if err is not None else None)
+        except GradscopeError:
+            pass
+        st.finished = rec.recording
+    return rec.recording if rec.recording is not None else st.finished
+
+
+def _add_namespace_roots(rec: Any, ns: dict[str, Any]) -> None:
+    roots: list[torch.Tensor] = []
+    for name, v in list(ns.items()):
+        if name.startswith("_"):
+            continue
+        items = v.values() if isinstance(v, dict) else v if isinstance(v, list | tuple) else (v,)
+        try:
+            for t in list(items)[:1000]:
+                if isinstance(t, torch.Tensor) and t.grad_fn is not None:
+                    roots.append(t)
+        except Exception:  # a user object that is odd to iterate: not a root
+            continue
+    try:
+        rec.add_roots(*roots)
+    except Exception:
+        pass
+
+
+def _show(recording: Recording, widget: bool) -> None:
+    from IPython.display import display
+
+    if not widget:
+        print(recording.summary())
+        return
+    display(recording)
+
+
+# ----------------------------------------------------------------------------------------------
+# OOM diagnosis: per-cell recording and the custom exception handler
+# ----------------------------------------------------------------------------------------------
+def _oom_status(st: _State) -> str:
+    if not st.oom:
+        return "gradscope: OOM diagnosis is off. Turn it on with %gradscope oom on [--budget SIZE]."
+    dev = (f"a simulated {st.oom_budget}-byte device" if st.oom_budget is not None
+           else "the CUDA allocator" if st.oom_memory == "cuda" else f"memory source {st.oom_memory}")
+    return (f"gradscope: OOM diagnosis is on: each cell runs under a recording ({dev}); a cell that "
+            "raises torch.OutOfMemoryError shows a diagnosis before its traceback.")
+
+
+def _oom_on(shell: Any, st: _State, budget: int | None, memory: str) -> None:
+    st.oom_budget, st.oom_memory = budget, memory
+    if st.oom:
+        return
+    st.saved_custom_exceptions = shell.custom_exceptions
+    st.custom_tb_was_instance = "CustomTB" in shell.__dict__
+    st.saved_custom_tb = shell.__dict__.get("CustomTB")
+    shell.set_custom_exc((torch.OutOfMemoryError,), _oom_handler)
+    for event, cb in (("pre_run_cell", _make_pre(shell)), ("post_run_cell", _make_post(shell))):
+        shell.events.register(event, cb)
+        st.callbacks.append((event, cb))
+    st.oom = True
+
+
+def _oom_off(shell: Any, st: _State) -> None:
+    if not st.oom:
+        return
+    for event, cb in st.callbacks:
+        try:
+            shell.events.unregister(event, cb)
+        except ValueError:
+            pass
+    st.callbacks.clear()
+    shell.custom_exceptions = st.saved_custom_exceptions
+    if st.custom_tb_was_instance:
+        shell.CustomTB = st.saved_custom_tb
+    else:
+        shell.__dict__.pop("CustomTB", None)
+    if st.active is not None and getattr(st.active, "_oom_cell", False):
+        _finish(st, st.active, None)
+    st.oom = False
+
+
+def _make_pre(shell: Any) -> Any:
+    def pre_run_cell(info: Any) -> None:
+        st = _STATES.get(shell)
+        if st is None or not st.oom or st.active is not None:
+            return
+        raw = getattr(info, "raw_cell", "") or ""
+        if any(m in raw for m in _RECORDING_MARKERS) or raw.lstrip().startswith(("%gradscope", "%unload_ext")):
+            return  # it records on its own, or changes the extension itself
+        from gradscope.record import record
+
+        try:
+            rec = record(memory=st.oom_memory, budget=st.oom_budget, label="cell (oom watch)",
+                         modules=_namespace_modules(shell.user_ns) or None,
+                         history=st.oom_memory == "cuda")
+            rec.__enter__()
+        except GradscopeError as e:
+            print(f"gradscope: could not watch this cell for OOM ({e})", file=sys.stderr)
+            return
+        rec._oom_cell = True
+        st.active, st.finished = rec, None
+
+    return pre_run_cell
+
+
+def _make_post(shell: Any) -> Any:
+    def post_run_cell(result: Any) -> None:
+        st = _STATES.get(shell)
+        if st is None or st.active is None or not getattr(st.active, "_oom_cell", False):
+            return
+        _finish(st, st.active, getattr(result, "error_in_exec", None), shell.user_ns)
+
+    return post_run_cell
+
+
+def _oom_handler(shell: Any, etype: type[BaseException], value: BaseException, tb: Any,
+                 tb_offset: int | None = None) -> list[str]:
+    """Shows the diagnosis, then the usual traceback (IPython does not print what a custom
+    handler returns when it calls it from ``run_code``)."""
+    st = _STATES.get(shell)
+    text = None
+    if st is not None:
+        rec = st.active
+        if rec is not None:
+            recording = _finish(st, rec, value, shell.user_ns)
+        else:
+            recording = st.finished
+        if recording is not None:
+            from gradscope.diagnose import diagnose
+
+            try:
+                d = diagnose(recording, namespace=shell.user_ns)
+                st.last = d
+                text = d.text()
+            except Exception as e:  # a diagnosis must never hide the user's traceback
+                text = f"gradscope: could not diagnose this OOM ({type(e).__name__}: {e})"
+        else:
+            text = ("gradscope: this cell ran without a recording (it records on its own, or OOM "
+                    "diagnosis was turned on after it started); no diagnosis.")
+    if text is not None:
+        print(text)
+    shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
+    return []
+
+
+# ----------------------------------------------------------------------------------------------
+def load_ipython_extension(shell: Any) -> None:
+    """Register the magics on ``shell`` (``%load_ext gradscope``). Loading twice is harmless."""
+    if shell in _STATES:
+        return
+    st = _State()
+    mm = shell.magics_manager
+    st.saved_line = mm.magics["line"].get("gradscope")
+    st.saved_cell = mm.magics["cell"].get("gradscope")
+    st.saved_registry = mm.registry.get(GradscopeMagics.__name__)
+    st.magics = GradscopeMagics(shell)
+    shell.register_magics(st.magics)
+    _STATES[shell] = st
+
+
+def unload_ipython_extension(shell: Any) -> None:
+    """Undo :func:`load_ipython_extension` exactly: magics, exception handler, cell hooks."""
+    st = _STATES.pop(shell, None)
+    if st is None:
+        return
+    _oom_off(shell, st)
+    if st.active is not None:
+        _finish(st, st.active, None)
+    mm = shell.magics_manager
+    for kind, saved in (("line", st.saved_line), ("cell", st.saved_cell)):
+        if saved is None:
+            mm.magics[kind].pop("gradscope", None)
+        else:
+            mm.magics[kind]["gradscope"] = saved
+    if st.saved_registry is None:
+        mm.registry.pop(GradscopeMagics.__name__, None)
+    else:
+        mm.registry[GradscopeMagics.__name__] = st.saved_registry
