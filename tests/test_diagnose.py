@@ -1,0 +1,214 @@
+"""gs.diagnose on CPU with a simulated budget: each seed pattern is named with its culprit and fix."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import gradscope as gs
+from gradscope.diagnose import Diagnosis
+
+KiB = 1024
+
+
+def _frozen_generator() -> nn.Module:
+    torch.manual_seed(0)
+    G = nn.Sequential(nn.Linear(16, 256), nn.Tanh(), nn.Linear(256, 256), nn.Tanh(), nn.Linear(256, 64))  # noqa: N806
+    return G.requires_grad_(False)
+
+
+def test_gradient_penalty_through_frozen_generator_names_create_graph_and_forward_ad() -> None:
+    G = _frozen_generator()  # noqa: N806
+    y = torch.randn(64, requires_grad=True)
+    dfdz = []
+    with pytest.raises(gs.MemoryBudgetExceeded) as info:
+        with gs.record(budget="3MiB", modules={"G": G}) as rec:
+            for _ in range(100):
+                z = torch.randn(128, 16, requires_grad=True)
+                f = ((G(z) * y) ** 2).sum()
+                dfdz.append(torch.autograd.grad(f, z, create_graph=True)[0])
+    r = rec.recording
+    assert r is not None and not r.complete
+    assert r.extra["oom"]["budget"] == 3 * 1024 * KiB
+    assert r.extra["oom"]["live"] == info.value.live
+    assert all(c["create_graph"] and c["api"] == "autograd.grad" for c in r.extra["backward_calls"])
+    d = gs.diagnose(r)
+    assert isinstance(d, Diagnosis)
+    assert d.moment == "failure" and d.live_bytes == info.value.live
+    assert d.requested == info.value.requested and d.where == info.value.where
+    assert sum(b for _, b in d.by_kind) == d.live_bytes
+    first = d.findings[0]
+    assert first.pattern == "create_graph"
+    assert first.module == "G" and first.variable == "dfdz"
+    assert "create_graph=True" in first.message and "frozen" in first.message
+    assert "forward-AD" in first.suggestion
+    assert first.code == 'gradscope.strategies.mixed_grad(f, G, z, y, method="forward_ad")'
+    holder = next(h for h in d.holders if h.variable == "dfdz")
+    assert holder.graphs == len(dfdz) and holder.live_bytes > 0
+    kinds = dict(d.by_kind)
+    assert kinds["saved_order1"] > 0 and kinds["saved"] > 0
+    # the largest tensors carry shapes and the module they were saved in
+    assert d.largest[0].shape == (128, 256) and d.largest[0].module.startswith("G.")
+    text = d.text()
+    assert "out of memory on a simulated 3.0 MiB device" in text
+    assert "[create_graph]" in text and "dfdz" in text
+    assert text == str(d) == gs.diagnose(r).text()  # deterministic
+    assert "<pre" in d._repr_html_()
+
+
+def test_the_suggested_strategy_fits_where_create_graph_did_not() -> None:
+    from gradscope.strategies import mixed_grad
+
+    G = _frozen_generator()  # noqa: N806
+    y = torch.randn(64, requires_grad=True)
+    f = lambda y, g: ((g * y) ** 2).sum()  # noqa: E731
+    zs = [torch.randn(128, 16) for _ in range(20)]
+    with pytest.raises(gs.MemoryBudgetExceeded):
+        with gs.record(budget="3MiB", modules={"G": G}):
+            keep = [mixed_grad(f, G, z, y, method="create_graph") for z in zs[:1]]
+            keep += [torch.autograd.grad(f(y, G(z.requires_grad_())), z, create_graph=True)[0] for z in zs]
+    with gs.record(budget="3MiB", modules={"G": G}) as rec:
+        out = [mixed_grad(f, G, z, y, method="forward_ad") for z in zs]
+    assert rec.recording is not None and rec.recording.complete and len(out) == 20
+
+
+def test_training_loop_appending_losses_names_the_list() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 1))
+    losses = []
+    with pytest.raises(gs.MemoryBudgetExceeded):
+        with gs.record(budget="4MiB", modules={"model": model}) as rec:
+            for _ in range(100):
+                loss = model(torch.randn(128, 64)).square().mean()
+                losses.append(loss)
+            torch.stack(losses).mean().backward()
+    d = gs.diagnose(rec.recording)
+    first = d.findings[0]
+    assert first.pattern == "graphs_held" and first.variable == "losses"
+    assert f"`losses` holds {len(losses)} graphs" in first.message
+    assert "loss.item()" in first.suggestion and first.code == "losses.append(loss.item())"
+    holder = d.holders[0]
+    assert holder.variable == "losses" and holder.graphs == len(losses)
+    assert holder.live_bytes >= 0.8 * d.live_bytes
+    assert dict(d.by_kind)["saved"] >= 0.8 * d.live_bytes
+    assert {m for m, _ in d.by_module} >= {"model.1", "model.3"}
+
+
+def test_losses_kept_as_numbers_fit_the_same_budget() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 1))
+    losses: list[float] = []
+    with gs.record(budget="4MiB", modules={"model": model}) as rec:
+        for _ in range(100):
+            loss = model(torch.randn(128, 64)).square().mean() / 100
+            loss.backward()
+            losses.append(loss.item())
+    assert rec.recording is not None and rec.recording.complete and len(losses) == 100
+
+
+def test_pretrained_extractor_left_trainable_names_the_model_and_no_grad() -> None:
+    torch.manual_seed(0)
+    backbone = nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
+                             nn.Linear(512, 512)).eval()
+    head = nn.Linear(512, 10)
+    opt = torch.optim.Adam(head.parameters())
+    with pytest.raises(gs.MemoryBudgetExceeded):
+        with gs.record(budget="6MiB", modules={"backbone": backbone, "head": head}) as rec:
+            for _ in range(3):
+                feats = backbone(torch.randn(512, 64))
+                loss = head(feats).logsumexp(-1).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+    d = gs.diagnose(rec.recording)
+    f = next(f for f in d.findings if f.pattern == "frozen_trainable")
+    assert f is d.findings[0]
+    assert f.variable == "backbone" and f.module == "backbone"
+    assert "no optimizer trains its parameters" in f.message
+    assert "torch.no_grad()" in f.suggestion
+    assert f.code.startswith("with torch.no_grad(): feats = backbone(x)")
+    saved_in_backbone = sum(b for m, b in d.by_module if m.startswith("backbone"))
+    assert f.bytes == saved_in_backbone > 0
+    # the head is trained: not flagged
+    assert not any(x.variable == "head" for x in d.findings)
+
+
+def test_extractor_under_no_grad_fits_and_is_not_flagged() -> None:
+    torch.manual_seed(0)
+    backbone = nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
+                             nn.Linear(512, 512)).eval()
+    head = nn.Linear(512, 10)
+    opt = torch.optim.Adam(head.parameters())
+    with gs.record(budget="6MiB", modules={"backbone": backbone, "head": head}) as rec:
+        for _ in range(3):
+            with torch.no_grad():
+                feats = backbone(torch.randn(512, 64))
+            loss = head(feats).logsumexp(-1).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    d = gs.diagnose(rec.recording)
+    assert d.moment == "peak" and d.budget is None
+    assert not any(x.pattern == "frozen_trainable" for x in d.findings)
+
+
+def test_retain_graph_is_reported() -> None:
+    w = torch.randn(256, 256, requires_grad=True)
+    x = torch.randn(512, 256)
+    with gs.record(memory="tracker") as rec:
+        h = (x @ w).tanh()
+        h.sum().backward(retain_graph=True)
+        (h * 2).sum().backward(retain_graph=True)
+    calls = rec.recording.extra["backward_calls"]
+    assert [c["retain_graph"] for c in calls] == [True, True]
+    assert [c["api"] for c in calls] == ["backward", "backward"]
+    d = gs.diagnose(rec.recording, namespace={})
+    f = next(f for f in d.findings if f.pattern == "retain_graph")
+    assert "2 backward calls used retain_graph=True" in f.message
+
+
+def test_deep_activations_suggest_checkpointing_the_largest_block() -> None:
+    torch.manual_seed(0)
+    layers = nn.Sequential(*[nn.Sequential(nn.Linear(128, 128), nn.Tanh()) for _ in range(6)])
+    with gs.record(memory="tracker", modules={"layers": layers}) as rec:
+        out = layers(torch.randn(256, 128)).sum()
+    d = gs.diagnose(rec.recording, namespace={})
+    assert d.moment == "peak"
+    f = d.findings[0]
+    assert f.pattern == "deep_activations"
+    assert f.module is not None and f.module.startswith("layers.")
+    assert f.code.startswith("torch.utils.checkpoint.checkpoint(layers.")
+    del out
+
+
+def test_diagnosis_without_namespace_or_memory_still_reads() -> None:
+    w = torch.randn(8, 8, requires_grad=True)
+    with gs.record(memory="off") as rec:
+        (w * 2).sum().backward()
+    d = gs.diagnose(rec.recording, namespace={})
+    assert d.moment == "none" and d.live_bytes == 0
+    assert "no memory events were recorded" in d.text()
+
+
+def test_diagnose_rejects_other_objects() -> None:
+    with pytest.raises(gs.GradscopeError, match="takes a Recording"):
+        gs.diagnose(42)
+
+
+def test_a_loaded_recording_keeps_the_diagnosis_data(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    G = _frozen_generator()  # noqa: N806
+    y = torch.randn(64, requires_grad=True)
+    grads = []
+    with pytest.raises(gs.MemoryBudgetExceeded):
+        with gs.record(budget="2MiB", modules={"G": G}) as rec:
+            for _ in range(50):
+                z = torch.randn(128, 16, requires_grad=True)
+                grads.append(torch.autograd.grad(((G(z) * y) ** 2).sum(), z, create_graph=True)[0])
+    path = tmp_path / "oom.gscope.json"
+    rec.recording.save(path)
+    back = gs.load(path)
+    live = gs.diagnose(rec.recording, namespace={})
+    loaded = gs.diagnose(back, namespace={})
+    assert loaded.text() == live.text()
+    assert loaded.findings[0].pattern == "create_graph" and loaded.findings[0].module == "G"
