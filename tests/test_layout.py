@@ -110,3 +110,25 @@ def test_empty_graph_and_hostile_names():
     assert [(g.key, g.count) for g in h.groups] == [("<img src=x onerror=alert(1)>", 2)]
     pos, w, hgt = layout_dag(2, [(0, 1)], engine="sugiyama")
     assert pos[0][1] < pos[1][1] and w > 0 and hgt > 0
+
+
+def test_sink_layering_puts_leaves_next_to_their_consumer():
+    from gradscope.layout import _sink_layers
+
+    # chain 3 -> 2 -> 1 -> 0 (the loss), and a leaf 4 used only by node 1
+    assert _sink_layers(5, [(3, 2), (2, 1), (1, 0), (4, 1)]) == [3, 2, 1, 0, 1]
+    # a cycle between collapsed boxes still gets layers, without recursion or looping forever
+    layers = _sink_layers(3, [(0, 1), (1, 0), (1, 2)])
+    assert layers[2] == max(layers) and len(layers) == 3
+
+
+def test_twenty_thousand_nodes_fully_expanded_lays_out():
+    rec = layered_recording(267)
+    lay = layout_recording(rec, collapse=False)
+    assert len(lay.x) == 20026 and lay.visible_count == 20026
+    # each parameter leaf sits one layer above the node that uses it
+    rows = sorted(set(lay.y))
+    step = rows[1] - rows[0]
+    for e in rec.edges[:2000]:
+        if rec.nodes[e.src].leaf:
+            assert lay.y[e.dst] - lay.y[e.src] == pytest.approx(step)

@@ -37,3 +37,16 @@ export function orderStroke(order) {
   if (order === 1) return { color: COLORS.order1, width: 3, dash: [6, 3] };
   return { color: COLORS.border, width: 1, dash: [] };
 }
+
+/** Black or white, whichever reads better on the fill colour `rgb` ("rgb(r,g,b)" or "#rrggbb"). */
+export function textOn(fill) {
+  let r;
+  let g;
+  let b;
+  const m = /^rgb\((\d+),(\d+),(\d+)\)$/.exec(fill);
+  if (m) [r, g, b] = [Number(m[1]), Number(m[2]), Number(m[3])];
+  else if (/^#[0-9a-f]{6}$/i.test(fill)) [r, g, b] = [1, 3, 5].map((i) => parseInt(fill.slice(i, i + 2), 16));
+  else return COLORS.text;
+  const lum = (0.299 * r + 0.587 * g + 0.114 * b) / 255;
+  return lum < 0.55 ? "#ffffff" : COLORS.text;
+}

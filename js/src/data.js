@@ -101,6 +101,23 @@ export function modulesBySavedBytes(saved) {
     for (const b of m.values()) total += b;
     out.push([mod, total]);
   }
-  out.sort((a, b) => b[1] - a[1] || (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0));
+  out.sort((a, b) => b[1] - a[1] || naturalCompare(a[0], b[0]));
   return out;
+}
+
+/** Compare texts with digit runs as numbers: "layers.2" before "layers.10" (pure). */
+export function naturalCompare(a, b) {
+  const re = /(\d+)|(\D+)/g;
+  const pa = String(a).match(re) || [];
+  const pb = String(b).match(re) || [];
+  for (let i = 0; i < Math.min(pa.length, pb.length); i++) {
+    const x = pa[i];
+    const y = pb[i];
+    if (x === y) continue;
+    const nx = /^\d/.test(x);
+    const ny = /^\d/.test(y);
+    if (nx && ny && Number(x) !== Number(y)) return Number(x) - Number(y);
+    return x < y ? -1 : 1;
+  }
+  return pa.length - pb.length;
 }

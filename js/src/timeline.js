@@ -81,7 +81,7 @@ export function renderTimeline(div, series, opts = {}) {
   const layout = {
     height: opts.height || 240,
     margin: { l: 70, r: 20, t: 24, b: 40 },
-    xaxis: { title: { text: "time (ms)" }, zeroline: false },
+    xaxis: { title: { text: "time (ms)" }, zeroline: false, exponentformat: "none" },
     yaxis: { title: { text: "live bytes" }, tickformat: "~s", ticksuffix: "B", rangemode: "tozero" },
     shapes,
     annotations,

@@ -21,7 +21,7 @@ export function fitView(bounds, width, height, pad = 20, maxScale = 1.5) {
  * A readable first view: fit the whole drawing when that keeps boxes legible; otherwise fit the
  * width (up to `readable` scale) and show the top, so a long thin graph opens legible, not as a speck.
  */
-export function initialView(bounds, width, height, pad = 20, readable = 0.55) {
+export function initialView(bounds, width, height, pad = 20, readable = 0.9) {
   const fit = fitView(bounds, width, height, pad, 1.2);
   if (fit.scale >= readable) return fit;
   const bw = Math.max(1, bounds.maxX - bounds.minX);

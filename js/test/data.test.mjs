@@ -47,3 +47,16 @@ test("colours: zero bytes is the empty colour, more bytes is darker", () => {
   assert.equal(orderStroke(2).color, COLORS.order2);
   assert.equal(orderStroke(0).width, 1);
 });
+
+test("naturalCompare orders layer numbers as numbers", async () => {
+  const { naturalCompare } = await import("../src/data.js");
+  assert.deepEqual(["layers.10", "layers.2", "layers.1", "a"].sort(naturalCompare), ["a", "layers.1", "layers.2", "layers.10"]);
+  assert.equal(naturalCompare("x", "x"), 0);
+});
+
+test("textOn picks white on dark fills", async () => {
+  const { textOn } = await import("../src/color.js");
+  assert.equal(textOn("rgb(190,30,45)"), "#ffffff");
+  assert.equal(textOn("rgb(255,247,214)"), COLORS.text);
+  assert.equal(textOn("#dbeafe"), COLORS.text);
+});
