@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -23,7 +23,9 @@ from torch import nn
 __all__ = ["demo", "main"]
 
 
-def _problem(depth: int, width: int, batch: int):  # type: ignore[no-untyped-def]
+def _problem(
+    depth: int, width: int, batch: int
+) -> tuple[Callable[[torch.Tensor, torch.Tensor], torch.Tensor], nn.Module, torch.Tensor, torch.Tensor]:
     torch.manual_seed(0)
     layers: list[nn.Module] = []
     for _ in range(depth):
@@ -60,6 +62,7 @@ def demo(out: str = "demo.html", depth: int = 8, width: int = 256, batch: int = 
     print()
     with gs.record(label="seed 000: create_graph") as rec:
         mixed_grad(f, G, z, y, method="create_graph")
+    assert rec.recording is not None
     print(rec.recording.summary())
     print()
     candidates = {

@@ -511,9 +511,11 @@ class _State:
         out: dict[int, tuple[str, torch.Tensor | None]] = {}
         for key in seen.leaves | self._param_keys():
             leaf = self.leaves.get(key)
-            t = None if leaf is None else leaf.ref()
+            if leaf is None:
+                continue
+            t = leaf.ref()
             if t is not None:
-                out[key] = (leaf.name, t.grad)  # type: ignore[union-attr]
+                out[key] = (leaf.name, t.grad)
         return out
 
     def _param_keys(self) -> set[int]:

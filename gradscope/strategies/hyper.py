@@ -159,7 +159,7 @@ def hypergradient(
     """
     _need_method(_F, method, HYPERGRAD_METHODS)
     single = isinstance(hyper, torch.Tensor)
-    hypers = [hyper] if single else list(hyper)  # type: ignore[list-item]
+    hypers: list[torch.Tensor] = [hyper] if isinstance(hyper, torch.Tensor) else list(hyper)
     if not hypers:
         raise _fail(
             _F, "`hyper` is empty; pass the hyperparameter tensor(s) to differentiate with respect to."
@@ -175,20 +175,30 @@ def hypergradient(
     if method == "unrolled":
         params = unrolled_params(model, train_loss, steps, optimizer, lr, betas, eps)
         val = _need_scalar(_F, "`val_loss`", val_loss(params))
-        grads = torch.autograd.grad(val, hypers, allow_unused=True)
+        grads: list[torch.Tensor | None] = list(torch.autograd.grad(val, hypers, allow_unused=True))
     else:
         grads = _inplace(model, hypers, train_loss, val_loss, steps, optimizer, lr, betas, eps)
     return grads[0] if single else tuple(grads)
 
 
-def _inplace(model, hypers, train_loss, val_loss, steps, optimizer, lr, betas, eps):  # type: ignore[no-untyped-def]
+def _inplace(
+    model: nn.Module,
+    hypers: list[torch.Tensor],
+    train_loss: Callable[[Params], torch.Tensor],
+    val_loss: Callable[[Params], torch.Tensor],
+    steps: int,
+    optimizer: str,
+    lr: float | torch.Tensor,
+    betas: tuple[float, float],
+    eps: float,
+) -> list[torch.Tensor | None]:
     if not isinstance(model, nn.Module):
         raise _fail(_F, f"`model` must be an nn.Module, got {type(model).__name__}.")
     if not isinstance(steps, int) or steps < 1:
         raise _fail(_F, f"`steps` must be a positive int, got {steps!r}.")
     if optimizer not in OPTIMIZERS:
         raise _fail(_F, f"`optimizer` must be one of {OPTIMIZERS}, got {optimizer!r}.")
-    named = dict(model.named_parameters())
+    named: Params = dict(model.named_parameters())
     saved = {n: (p.detach().clone(), p.grad) for n, p in named.items()}
     lr_value = float(lr) if isinstance(lr, torch.Tensor) else lr
     opt: torch.optim.Optimizer

@@ -136,7 +136,7 @@ def _full(
     if method == "jacfwd":
         return jacfwd(fn)(x).detach()
     if method == "vmap":
-        _, vjp_fn = vjp(fn, x)
+        vjp_fn = vjp(fn, x)[1]
         eye = torch.eye(n_out, dtype=x.dtype, device=x.device).view(n_out, *out_shape)
         (rows,) = vmap(vjp_fn)(eye)
         return rows.reshape(shape).detach()

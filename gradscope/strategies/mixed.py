@@ -118,7 +118,11 @@ def mixed_grad(
     return _by_split(f, G, z, y, v)
 
 
-def _by_create_graph(f, G, z, y, v):  # type: ignore[no-untyped-def]
+_Fn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+_G = Callable[[torch.Tensor], torch.Tensor]
+
+
+def _by_create_graph(f: _Fn, G: _G, z: torch.Tensor, y: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     z = z.requires_grad_(True)
     out = _need_scalar(_F, "`f`", f(y, G(z)))
     (dfdz,) = torch.autograd.grad(out, z, create_graph=True)
@@ -128,7 +132,9 @@ def _by_create_graph(f, G, z, y, v):  # type: ignore[no-untyped-def]
     return torch.zeros_like(y) if res is None else res
 
 
-def _by_forward_ad(f, G, z, y, v, params):  # type: ignore[no-untyped-def]
+def _by_forward_ad(
+    f: _Fn, G: _G, z: torch.Tensor, y: torch.Tensor, v: torch.Tensor, params: list[torch.Tensor]
+) -> torch.Tensor:
     # d/dy <v, J_G^T df/dg> = d/dy <J_G v, df/dg>: J_G v is the tangent of G's output when z carries
     # tangent v. G runs with no autograd graph (parameters frozen, grad mode off), so nothing of G is
     # saved and memory does not depend on its depth.
@@ -151,7 +157,7 @@ def _by_forward_ad(f, G, z, y, v, params):  # type: ignore[no-untyped-def]
     return torch.zeros_like(y) if res is None else res
 
 
-def _by_split(f, G, z, y, v):  # type: ignore[no-untyped-def]
+def _by_split(f: _Fn, G: _G, z: torch.Tensor, y: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
     # The thread's attempt, step for step: df/dg with create_graph=True, then df/dz by the chain rule
     # with create_graph=False. The second step produces a tensor with no graph, so d/dy of it is lost:
     # autograd raises "One of the differentiated Tensors appears to not have been used in the graph",
