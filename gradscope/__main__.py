@@ -40,7 +40,7 @@ def _problem(
     return f, G, z, y
 
 
-def demo(out: str = "demo.html", depth: int = 8, width: int = 256, batch: int = 64) -> int:
+def demo(out: str = "demo.html", depth: int = 24, width: int = 512, batch: int = 64) -> int:
     """Record the seed-000 problem, print its summary and the strategy comparison, write ``out``.
 
     Args:
@@ -84,13 +84,13 @@ def demo(out: str = "demo.html", depth: int = 8, width: int = 256, batch: int = 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The command line: ``python -m gradscope demo [--out demo.html] [--depth 8] [--width 256] [--batch 64]``."""
+    """The command line: ``python -m gradscope demo [--out demo.html] [--depth 24] [--width 512] [--batch 64]``."""
     parser = argparse.ArgumentParser(prog="python -m gradscope", description="gradscope command line")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("demo", help="record the seed-000 problem and compare create_graph, forward_ad, split")
     p.add_argument("--out", default="demo.html", help="HTML file to write ('' for none)")
-    p.add_argument("--depth", type=int, default=8, help="Linear + Tanh layers in the frozen model")
-    p.add_argument("--width", type=int, default=256, help="layer width")
+    p.add_argument("--depth", type=int, default=24, help="Linear + Tanh layers in the frozen model")
+    p.add_argument("--width", type=int, default=512, help="layer width")
     p.add_argument("--batch", type=int, default=64, help="batch size")
     args = parser.parse_args(argv)
     if args.command == "demo":
