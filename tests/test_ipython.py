@@ -1,0 +1,204 @@
+"""The notebook extension, driven headless through IPython's own test shell."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from IPython.core.error import UsageError
+from IPython.testing import globalipapp
+
+import gradscope as gs
+from gradscope import ipython as gsi
+
+_MODEL = (
+    "import torch, gradscope as gs\n"
+    "torch.manual_seed(0)\n"
+    "model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))\n"
+)
+
+
+def get_ipython() -> Any:
+    """The test shell (started on first use; globalipapp replaces its own get_ipython then)."""
+    shell = globalipapp.get_ipython()
+    return shell if shell is not None else globalipapp.get_ipython()
+
+
+def _callbacks(ip: Any) -> dict[str, list[Any]]:
+    return {k: list(v) for k, v in ip.events.callbacks.items()}
+
+
+@pytest.fixture
+def ip() -> Iterator[Any]:
+    shell = get_ipython()
+    before = {
+        # IPython loads some of its own magics lazily (%time): compare names, not objects
+        "line": set(shell.magics_manager.magics["line"]),
+        "cell": set(shell.magics_manager.magics["cell"]),
+        "registry": set(shell.magics_manager.registry),
+        "custom_exceptions": shell.custom_exceptions,
+        "custom_tb": shell.__dict__.get("CustomTB", None),
+        "callbacks": _callbacks(shell),
+    }
+    shell.run_line_magic("load_ext", "gradscope")
+    shell.run_cell(_MODEL)
+    try:
+        yield shell
+    finally:
+        shell.run_line_magic("unload_ext", "gradscope")
+        for name in ("model", "r", "rec", "xs", "losses", "b", "a"):
+            shell.user_ns.pop(name, None)
+        # unloading restored exactly what loading changed
+        assert set(shell.magics_manager.magics["line"]) == before["line"]
+        assert set(shell.magics_manager.magics["cell"]) == before["cell"]
+        reg = shell.magics_manager.registry
+        assert {k for k in set(reg) ^ before["registry"] if not type(reg[k]).__module__.startswith("IPython.")} == set()
+        assert "gradscope" not in before["line"] | before["cell"]
+        assert shell.custom_exceptions == before["custom_exceptions"]
+        assert shell.__dict__.get("CustomTB", None) is before["custom_tb"]
+        assert _callbacks(shell) == before["callbacks"]
+
+
+def test_load_registers_the_magics_and_unload_removes_them() -> None:
+    shell = get_ipython()
+    shell.run_line_magic("load_ext", "gradscope")
+    try:
+        assert "gradscope" in shell.magics_manager.magics["cell"]
+        assert "gradscope" in shell.magics_manager.magics["line"]
+        assert isinstance(shell.magics_manager.registry["GradscopeMagics"], gsi.GradscopeMagics)
+        shell.run_line_magic("load_ext", "gradscope")  # twice: harmless
+    finally:
+        shell.run_line_magic("unload_ext", "gradscope")
+    assert "gradscope" not in shell.magics_manager.magics["cell"]
+    assert "gradscope" not in shell.magics_manager.magics["line"]
+    assert "GradscopeMagics" not in shell.magics_manager.registry
+    with pytest.raises(UsageError, match="Line magic function `%gradscope` not found"):
+        shell.run_line_magic("gradscope", "oom on")
+
+
+def test_cell_magic_records_through_run_cell(ip: Any, capsys: Any) -> None:
+    ip.run_cell_magic("gradscope", "-o r --memory tracker --no-widget",
+                      "a = 2\n%time b = a + 1\nmodel(torch.randn(4, 8)).sum().backward()\n")
+    out = capsys.readouterr().out
+    r = ip.user_ns["r"]
+    assert isinstance(r, gs.Recording) and r.complete
+    assert ip.user_ns["b"] == 3  # IPython syntax (%time) ran: the cell went through run_cell
+    assert "Wall time" in out
+    # variable names of the user's modules are the module paths' roots
+    assert sorted(n.leaf for n in r.nodes if n.leaf) == ["model.0.bias", "model.0.weight", "model.2.bias",
+                                                         "model.2.weight"]
+    assert r.where.memory_source == "storage tracker"
+    assert r.peak_bytes == 1036 and r.saved_bytes == 448
+    assert r.summary() in out
+
+
+def test_cell_magic_shows_the_recording(ip: Any, capsys: Any) -> None:
+    ip.run_cell_magic("gradscope", "-o r --memory off --label tiny", "model(torch.randn(2, 8)).sum()\n")
+    out = capsys.readouterr().out
+    r = ip.user_ns["r"]
+    assert r.label == "tiny" and r.where.memory_source == "off"
+    assert "gradscope recording tiny" in out  # the display's text form in a terminal shell
+
+
+def test_cell_magic_budget_failure_is_recorded_and_diagnosed(ip: Any, capsys: Any) -> None:
+    ip.run_cell_magic("gradscope", "--budget 2KiB -o r --no-widget",
+                      "xs = [model(torch.randn(64, 8)) for i in range(10)]\n")
+    out = capsys.readouterr().out
+    r = ip.user_ns["r"]
+    assert not r.complete and r.error.startswith("MemoryBudgetExceeded")
+    assert r.extra["oom"]["budget"] == 2048
+    assert "MemoryBudgetExceeded" in out
+    assert "gradscope diagnosis" in out and "simulated 2.0 KiB device" in out
+    assert gsi.last_diagnosis(ip).budget == 2048
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("--budget lots", "cannot read the memory size 'lots'"),
+        ("--memory gpu", "invalid choice"),
+        ("-o 1x", "-o takes a variable name"),
+        ("--frobnicate", "unrecognized arguments"),
+    ],
+)
+def test_cell_magic_mistakes_raise_usage_errors(ip: Any, line: str, message: str) -> None:
+    with pytest.raises(UsageError, match=message):
+        ip.run_cell_magic("gradscope", line, "x = 1\n")
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("oom maybe", "say 'on' or 'off'"),
+        ("frobnicate", "unknown command 'frobnicate'"),
+        ("oom on --budget -3", "cannot read the memory size"),
+    ],
+)
+def test_line_magic_mistakes_raise_usage_errors(ip: Any, line: str, message: str) -> None:
+    with pytest.raises(UsageError, match=message):
+        ip.run_line_magic("gradscope", line)
+    assert ip.custom_exceptions == ()  # nothing was half-installed
+
+
+def test_oom_on_diagnoses_before_the_traceback_and_off_restores(ip: Any, capsys: Any) -> None:
+    original_exc, original_tb = ip.custom_exceptions, ip.__dict__.get("CustomTB")
+    n_pre = len(ip.events.callbacks["pre_run_cell"])
+    ip.run_line_magic("gradscope", "oom on --budget 64KiB")
+    assert ip.custom_exceptions == (torch.OutOfMemoryError,)
+    assert len(ip.events.callbacks["pre_run_cell"]) == n_pre + 1
+    assert "OOM diagnosis is on" in capsys.readouterr().out
+    res = ip.run_cell("xs = []\nfor i in range(100):\n    xs.append(model(torch.randn(64, 8)).square().mean())\n")
+    out = capsys.readouterr().out
+    assert isinstance(res.error_in_exec, gs.MemoryBudgetExceeded)
+    assert out.index("gradscope diagnosis") < out.index("MemoryBudgetExceeded")
+    assert "`xs` holds" in out and "xs.append(loss.item())" in out
+    d = gsi.last_diagnosis(ip)
+    assert d.findings[0].pattern == "graphs_held" and d.findings[0].variable == "xs"
+    assert d.findings[0].module is None and d.budget == 64 * 1024
+    # a cell that fits runs as usual under the watch
+    res = ip.run_cell("del xs\ny_ok = model(torch.randn(4, 8)).sum().item()\n")
+    assert res.error_in_exec is None and isinstance(ip.user_ns.pop("y_ok"), float)
+    ip.run_line_magic("gradscope", "oom")
+    assert "is on" in capsys.readouterr().out
+    ip.run_line_magic("gradscope", "oom off")
+    assert ip.custom_exceptions == original_exc
+    assert ip.__dict__.get("CustomTB") is original_tb
+    assert len(ip.events.callbacks["pre_run_cell"]) == n_pre
+    # with oom off, the budget is gone: the same cell runs
+    res = ip.run_cell("xs = [model(torch.randn(64, 8)).square().mean() for i in range(100)]\n")
+    assert res.error_in_exec is None and len(ip.user_ns["xs"]) == 100
+
+
+def test_oom_watch_leaves_cells_that_record_on_their_own_alone(ip: Any, capsys: Any) -> None:
+    ip.run_line_magic("gradscope", "oom on --budget 1MiB")
+    res = ip.run_cell("with gs.record(memory='tracker') as rec:\n    model(torch.randn(4, 8)).sum().backward()\n")
+    assert res.error_in_exec is None
+    assert ip.user_ns["rec"].recording.complete
+    ip.run_cell_magic("gradscope", "-o r --memory tracker --no-widget", "model(torch.randn(4, 8)).sum()\n")
+    assert ip.user_ns["r"].complete
+    capsys.readouterr()
+
+
+def test_oom_inside_a_recorded_cell_with_oom_on_is_diagnosed_once(ip: Any, capsys: Any) -> None:
+    ip.run_line_magic("gradscope", "oom on")
+    ip.run_cell_magic("gradscope", "--budget 2KiB -o r --no-widget",
+                      "xs = [model(torch.randn(64, 8)) for i in range(10)]\n")
+    out = capsys.readouterr().out
+    assert out.count("gradscope diagnosis") == 1
+    assert out.index("gradscope diagnosis") < out.index("MemoryBudgetExceeded")
+    assert not ip.user_ns["r"].complete
+
+
+def test_unload_while_oom_is_on_restores_everything() -> None:
+    shell = get_ipython()
+    exc, tb, cbs = shell.custom_exceptions, shell.__dict__.get("CustomTB"), _callbacks(shell)
+    shell.run_line_magic("load_ext", "gradscope")
+    shell.run_line_magic("gradscope", "oom on --budget 1GiB")
+    assert shell.custom_exceptions == (torch.OutOfMemoryError,)
+    shell.run_line_magic("unload_ext", "gradscope")
+    assert shell.custom_exceptions == exc
+    assert shell.__dict__.get("CustomTB") is tb
+    assert _callbacks(shell) == cbs
+    assert "gradscope" not in shell.magics_manager.magics["line"]
