@@ -316,3 +316,43 @@ def test_recorded_run_carries_no_compare_copies():
     assert cmp.row("a").peak_bytes == cmp.row("b").peak_bytes == rec.recording.peak_bytes
     assert cmp.row("a").saved_bytes == rec.recording.saved_bytes
     assert rec.recording.peak_bytes < 4 * 1000 * 1000 + 64 * 1024  # the weight's gradient, plus little
+
+
+def test_strategy_memory_claims_hold_when_recorded():
+    from gradscope.strategies import PenaltyBranches, many_inputs_backward
+
+    # seed 001: the two-pass peak does not grow with the number of inputs; the stacked one does
+    torch.manual_seed(0)
+    f = nn.Sequential(nn.Linear(32, 256), nn.BatchNorm1d(256), nn.ReLU(), nn.Dropout(0.2), nn.Linear(256, 4))
+    peaks = {}
+    for n in (2, 16):
+        xs = [torch.randn(16, 32) for _ in range(n)]
+        cmp = gs.compare(
+            {
+                m: (lambda m=m, xs=xs: many_inputs_backward(f, xs, lambda zs: zs.pow(2).mean(), method=m))
+                for m in ("stacked", "two_pass")
+            },
+            modules=f,
+            memory="cpu",
+            repeat=1,
+        )
+        assert [r.status for r in cmp.rows] == ["ok", "ok"]
+        peaks[n] = (cmp.row("stacked").peak_bytes, cmp.row("two_pass").peak_bytes)
+    assert peaks[16][1] <= 1.2 * peaks[2][1]
+    assert peaks[16][0] > 4 * peaks[2][0]
+
+    # seed 003: releasing each branch early keeps one branch alive instead of all of them
+    trunk = nn.ModuleList([nn.Linear(32, 32) for _ in range(6)])
+    x = torch.randn(8, 32)
+
+    def step(method):
+        pb = PenaltyBranches(method)
+        h = x
+        for layer in trunk:
+            h = torch.tanh(layer(h))
+            pb.add((h.unsqueeze(2) * h.unsqueeze(1)).tanh().sigmoid().pow(2).mean(), at=h)
+        return pb.backward(h.sum())
+
+    cmp = gs.compare({m: (lambda m=m: step(m)) for m in ("joint", "early")}, memory="cpu", repeat=1)
+    assert cmp.row("early").status == "ok"
+    assert cmp.row("early").peak_bytes <= 0.5 * cmp.row("joint").peak_bytes

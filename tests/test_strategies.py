@@ -451,3 +451,68 @@ def test_many_inputs_outputs_of_different_shapes_name_the_input(method):
         GradscopeError, match=r"`f\(inputs\[2\]\)` has shape \(5, 3\) but `f\(inputs\[0\]\)` has \(4, 3\)"
     ):
         many_inputs_backward(f, xs, _g, method=method)
+
+
+def _saved_bytes_packed(fn) -> int:
+    """Bytes of every tensor saved for backward while ``fn`` runs (an independent pack-hook count)."""
+    total = 0
+
+    def pack(t):
+        nonlocal total
+        total += t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return total
+
+
+def test_forward_ad_saves_the_same_bytes_whatever_the_depth_of_G():
+    z = torch.randn(4, 6, dtype=torch.float64)
+    y = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
+    fwd = [
+        _saved_bytes_packed(lambda d=d: mixed_grad(_f, _frozen_G(d), z, y, method="forward_ad"))
+        for d in (2, 8)
+    ]
+    dbl = [
+        _saved_bytes_packed(lambda d=d: mixed_grad(_f, _frozen_G(d), z, y, method="create_graph"))
+        for d in (2, 8)
+    ]
+    assert fwd[0] == fwd[1] > 0
+    assert dbl[1] > dbl[0] + 6 * 4 * 6 * 8  # every extra layer saves at least one (4, 6) activation
+
+
+def test_two_pass_with_random_draws_in_g_leaves_the_rng_where_stacked_does():
+    f1 = _bn_dropout_net()
+    f2 = copy.deepcopy(f1)
+    xs = [torch.randn(7, 6, dtype=torch.float64) for _ in range(3)]
+
+    def g(zs):
+        return nn.functional.dropout(zs, 0.5).pow(2).sum()
+
+    torch.manual_seed(9)
+    L1 = many_inputs_backward(f1, xs, g, method="stacked")
+    rng1 = torch.get_rng_state()
+    torch.manual_seed(9)
+    L2 = many_inputs_backward(f2, xs, g, method="two_pass")
+    assert torch.equal(rng1, torch.get_rng_state())
+    assert torch.allclose(L1, L2, rtol=1e-12)
+    for a, b in zip(f1.parameters(), f2.parameters(), strict=True):
+        assert torch.allclose(a.grad, b.grad, rtol=1e-10, atol=1e-12)
+
+
+class _NoisyBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 2 + 0 * torch.rand(())  # draws from the RNG during backward
+
+
+def test_two_pass_refuses_a_backward_that_draws_random_numbers():
+    f = nn.Sequential(nn.Linear(3, 3), nn.Dropout(0.5))
+    xs = [torch.randn(4, 3) for _ in range(3)]
+    with pytest.raises(GradscopeError, match=r"before recomputing `f\(inputs\[1\]\)` differs"):
+        many_inputs_backward(lambda x: _NoisyBackward.apply(f(x)), xs, lambda zs: zs.sum(), method="two_pass")

@@ -6,9 +6,13 @@ The two-pass version keeps one: a no-grad pass computes every ``z_i = f(x_i)``, 
 
 NOTE [ two-pass keeps RNG and batch-norm state exact ]: the recompute must see the same ``z_i`` as the
 first pass and must leave the model exactly as the stacked run would. So:
-  * the RNG state is saved before each input's first pass and restored for its recompute, so dropout
-    draws the same masks; after the recompute the RNG is put back where the first pass left it, which is
-    where the stacked run leaves it;
+  * the RNG state is saved once before the first pass and restored once before the recompute. The
+    recompute then makes the same draws in the same order, so dropout draws the same masks, and the
+    state before input ``i`` is again the one the first pass saw. Keeping one state per input would
+    cost 5 KB per input on CPU (the Mersenne Twister state), which grows with ``n``; instead only a
+    hash of each input's starting state is kept, and a recompute that starts from another state (a
+    backward that draws random numbers) raises rather than give silently different gradients. At the
+    end the RNG is put where the stacked run leaves it (after ``f`` on every input, then ``g``);
   * the first pass runs the model as the stacked run does (same order, train mode), so batch-norm
     running statistics and ``num_batches_tracked`` are updated exactly once per input;
   * during the recompute every norm layer in train mode gets ``track_running_stats = False``: it then
@@ -110,24 +114,32 @@ def _two_pass(
     f: Callable[[torch.Tensor], torch.Tensor], inputs: Sequence[torch.Tensor], g: Any
 ) -> torch.Tensor:
     devices = _cuda_devices(inputs, f)
-    states = []
+    start = _get_rng(devices)
+    marks: list[int] = []
     zs = []
     with torch.no_grad():
         for i, x in enumerate(inputs):
-            states.append(_get_rng(devices))
+            marks.append(_rng_hash(devices))
             zs.append(_output(f, x, i))
-    after = _get_rng(devices)
     zs_leaf = _stack(zs).requires_grad_(True)
     del zs
     L = _need_scalar(_F, "`g`", g(zs_leaf))
     L.backward()  # also accumulates the gradients of any leaves g itself uses
+    after = _get_rng(devices)  # where the stacked run leaves the RNG: after f on every input, then g
     dL_dz = zs_leaf.grad
     assert dL_dz is not None
     del zs_leaf
     try:
+        _set_rng(start)
         with _batch_stats_only(f):
-            for i, (x, state) in enumerate(zip(inputs, states, strict=True)):
-                _set_rng(state)
+            for i, x in enumerate(inputs):
+                if _rng_hash(devices) != marks[i]:
+                    raise _fail(
+                        _F,
+                        f"the RNG state before recomputing `f(inputs[{i}])` differs from the first pass's: "
+                        "the backward of `f` draws random numbers, so the two-pass recompute cannot "
+                        "reproduce the first pass. Use method='stacked'.",
+                    )
                 z = _output(f, x, i)
                 z.backward(dL_dz[i])
                 del z
@@ -145,6 +157,11 @@ def _cuda_devices(inputs: Sequence[torch.Tensor], f: Any) -> list[int]:
 
 def _get_rng(cuda_devices: list[int]) -> tuple[torch.Tensor, list[tuple[int, torch.Tensor]]]:
     return torch.get_rng_state(), [(d, torch.cuda.get_rng_state(d)) for d in cuda_devices]
+
+
+def _rng_hash(cuda_devices: list[int]) -> int:
+    cpu, cuda = _get_rng(cuda_devices)
+    return hash((cpu.numpy().tobytes(), *(s.cpu().numpy().tobytes() for _, s in cuda)))
 
 
 def _set_rng(state: tuple[torch.Tensor, list[tuple[int, torch.Tensor]]]) -> None:
