@@ -243,6 +243,8 @@ class Comparison:
     def rerun(self, names: Iterable[str]) -> None:
         """Measure the named candidates again, in place, from the state captured by :func:`compare`.
 
+        Every run starts from the modules, RNG and gradients as they were when :func:`compare` first
+        saw them; afterwards the current state (the model may have been trained since) is given back.
         Safe to call from a background thread while the notebook is idle; calls are serialized.
         Re-running the reference refreshes the values the others were checked against.
         """
@@ -254,12 +256,14 @@ class Comparison:
                 f"candidates: {', '.join(map(repr, self.names))}."
             )
         with self._lock:
+            held = self._state.hold()
             try:
                 # the reference first, so that the others are checked against its fresh values
                 for name in sorted(names, key=lambda n: n != self.reference):
                     self._measure(name)
             finally:
-                self._state.restore_original()
+                self._state.restore_original()  # what this rerun saw first...
+                self._state.give_back(held)  # ...and what existed before it, as it was then
 
     def summary(self) -> str:
         """The comparison as a text table (deterministic apart from the times)."""
@@ -536,16 +540,41 @@ class _State:
                 t.grad = None
 
     def restore_original(self) -> None:
-        """After the comparison: everything as it was before it."""
+        """After the comparison: everything as it was before it (the state first seen)."""
         self.reset()
         for leaf in self.leaves.values():
             t = leaf.ref()
             if t is not None:
                 t.grad = leaf.original_grad
+            leaf.original_grad = None  # given back: holding it longer would keep it alive
         self.leaves = {k: v for k, v in self.leaves.items() if v.ref() is not None}
+
+    def hold(self) -> _Held:
+        """The current state of everything known, to give back after a rerun (the user may have
+        trained the model since the comparison: a rerun must not undo that)."""
+        return _Held(self)
+
+    def give_back(self, held: _Held) -> None:
+        torch.set_rng_state(held.rng_cpu)
+        if held.rng_cuda is not None:
+            torch.cuda.set_rng_state_all(held.rng_cuda)
+        for snap in held.modules:
+            snap.restore()
+        for ref, grad in held.grads:
+            t = ref()
+            if t is not None:
+                t.grad = grad
 
     def watch(self, seen: _Seen) -> _Watch:
         return _Watch(self, seen)
+
+
+class _Held:
+    def __init__(self, state: _State) -> None:
+        self.rng_cpu = torch.get_rng_state()
+        self.rng_cuda = torch.cuda.get_rng_state_all() if state.cuda else None
+        self.modules = [_ModuleSnapshot(s.module) for s in state.snapshots]
+        self.grads = [(leaf.ref, t.grad) for leaf in state.leaves.values() if (t := leaf.ref()) is not None]
 
 
 class _Leaf:
@@ -559,6 +588,7 @@ class _Leaf:
 
 class _ModuleSnapshot:
     def __init__(self, m: nn.Module) -> None:
+        self.module = m
         self.params = [p for p in m.parameters()]
         self.values = [(t, t.detach().clone()) for t in [*self.params, *m.buffers()]]
         self.flags = [(p, p.requires_grad) for p in self.params]

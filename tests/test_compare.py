@@ -356,3 +356,27 @@ def test_strategy_memory_claims_hold_when_recorded():
     cmp = gs.compare({m: (lambda m=m: step(m)) for m in ("joint", "early")}, memory="cpu", repeat=1)
     assert cmp.row("early").status == "ok"
     assert cmp.row("early").peak_bytes <= 0.5 * cmp.row("joint").peak_bytes
+
+
+def test_rerun_starts_from_the_compared_state_and_keeps_later_training():
+    torch.manual_seed(0)
+    net = nn.Linear(3, 2)
+    x = torch.randn(4, 3)
+
+    def run():
+        out = net(x)
+        out.sum().backward()
+        return out
+
+    cmp = gs.compare({"a": run, "b": run}, memory="off", repeat=1)
+    with torch.no_grad():  # the user trains on after the comparison
+        net.weight.add_(1.0)
+    trained = net.weight.detach().clone()
+    marker = torch.ones(2, 3)
+    net.weight.grad = marker
+    seed_state = torch.get_rng_state()
+    cmp.rerun(["b"])
+    assert cmp.row("b").status == "ok" and cmp.row("b").max_abs_error == 0.0  # same inputs as before
+    assert torch.equal(net.weight.detach(), trained)
+    assert net.weight.grad is marker and net.bias.grad is None
+    assert torch.equal(torch.get_rng_state(), seed_state)
