@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _recordings import HOSTILE, hostile_recording
+from _recordings import HOSTILE, hostile_recording, layered_recording
 
 import gradscope.widget as W
 from gradscope.recording import format_bytes
@@ -101,21 +101,26 @@ xs = torch.randn(4, 6)
 def stacked():
     CALLS["stacked"] += 1
     return model(xs).sum()
+SLOW = {"on": False}
 def loop():
     CALLS["loop"] += 1
+    if SLOW["on"]:
+        import time; time.sleep(3)  # a long run: the view must stay responsive meanwhile
     return sum(model(xs[i:i + 1]).sum() for i in range(4))
 cmp = gs.compare({"stacked": stacked, "loop": loop}, reference="stacked", repeat=1)
 CALLS0 = dict(CALLS)
 cw = gs.show(cmp)
 cw
 '''
-_HOSTILE = "from _recordings import hostile_recording\nhw = gs.show(hostile_recording())\nhw"
+# the bare value: a Recording displays itself as the widget (_repr_mimebundle_)
+_HOSTILE = "from _recordings import hostile_recording\nhostile_recording()"
 _STATE = (
     'print("STATE=" + json.dumps({"selected_node": w.selected_node, "step": w.step, '
     '"calls": {k: CALLS[k] - CALLS0[k] for k in CALLS}, "reruns": cw.rerun_count, '
     '"rerun_error": cw.rerun_error, "running": cw.running, "statuses": [r.status for r in cmp.rows]}))'
 )
-CELLS = [_SETUP, _WIDGET, _COMPARE, _HOSTILE, _STATE]
+_SLOW = 'SLOW["on"] = True\nprint("SLOW=" + json.dumps(SLOW))'
+CELLS = [_SETUP, _WIDGET, _COMPARE, _HOSTILE, _STATE, _SLOW]
 
 
 def _notebook() -> dict:
@@ -311,21 +316,50 @@ def test_widget_in_jupyterlab(lab, browser):
         expected = [i for i, f in enumerate(facts["freed"]) if f is not None and f <= 2]
         shown = [int(x) for x in greyed.evaluate_all("rs => rs.map(r => r.dataset.saved)")]
         assert set(shown) <= set(expected)
+        released = rw.locator(".gs-released tr[data-saved]").evaluate_all("rs => rs.map(r => Number(r.dataset.saved))")
+        assert released == [i for i, f in enumerate(facts["freed"]) if f == 2]
         _shot(page, "lab_03_step")
         assert _run_cell(page, 4, "STATE")["step"] == 2
+
+        # --- pan and zoom ------------------------------------------------------------------------
+        canvas = graph.locator("canvas")
+        graph.scroll_into_view_if_needed()
+        a0 = canvas.evaluate("c => c.gsNodeCenter(0)")
+        b0 = canvas.evaluate(f"c => c.gsNodeCenter({facts['click']})")
+        box = canvas.bounding_box()
+        page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+        page.mouse.wheel(0, -300)  # zoom in around the centre
+        a1 = canvas.evaluate("c => c.gsNodeCenter(0)")
+        b1 = canvas.evaluate(f"c => c.gsNodeCenter({facts['click']})")
+        assert abs(a1["y"] - b1["y"]) > abs(a0["y"] - b0["y"]) * 1.2
+        page.mouse.move(box["x"] + 50, box["y"] + box["height"] - 20)
+        page.mouse.down()
+        page.mouse.move(box["x"] + 150, box["y"] + box["height"] - 60, steps=5)
+        page.mouse.up()
+        a2 = canvas.evaluate("c => c.gsNodeCenter(0)")
+        assert a2["x"] - a1["x"] == pytest.approx(100, abs=2) and a2["y"] - a1["y"] == pytest.approx(-40, abs=2)
 
         # --- strategy toggles: re-run only "loop" ----------------------------------------------
         cw = page.locator(".jp-Notebook .jp-Cell").nth(2).locator(".gs-root")
         cw.scroll_into_view_if_needed()
         assert cw.locator(".gs-cmp-row").count() == 2
         assert cw.locator(".gs-cmp-name").all_inner_texts() == ["stacked", "loop"]
+        assert _run_cell(page, 5, "SLOW") == {"on": True}
         cw.locator('.gs-toggle[data-name="stacked"]').uncheck()
         cw.locator(".gs-rerun").click()
+        # while "loop" runs (3 s), the kernel answers and the page reacts
+        page.wait_for_selector('.gs-cmp-status[data-running="1"]', timeout=10_000)
+        during = _run_cell(page, 4, "STATE")
+        assert during["running"] == ["loop"] and during["reruns"] == 0
+        assert cw.locator('.gs-cmp-row[data-name="loop"] td').nth(2).inner_text() == "running…"
+        rw.locator(".gs-prev").click()
+        assert rw.locator(".gs-steplabel").get_attribute("data-step") == "1"
         page.wait_for_selector('.gs-cmp-status[data-rerun-count="1"]', timeout=30_000)
         assert cw.locator(".gs-cmp-status").inner_text() == "re-runs: 1"
         _shot(page, "lab_04_compare")
         state = _run_cell(page, 4, "STATE")
-        assert state["reruns"] == 1 and state["rerun_error"] == ""
+        assert state["reruns"] == 1 and state["rerun_error"] == "" and state["running"] == []
+        assert state["step"] == 1
         assert state["calls"]["stacked"] == 0 and state["calls"]["loop"] >= 1
         assert state["statuses"] == ["ok", "ok"]
 
@@ -367,6 +401,8 @@ def test_html_page_offline(tmp_path: Path, browser):
     rec.to_html(page_path)
     hostile_path = tmp_path / "hostile.html"
     hostile_recording().to_html(hostile_path)
+    layered_path = tmp_path / "layered.html"
+    layered_recording(48).to_html(layered_path)
 
     ctx = browser.new_context(viewport={"width": 1300, "height": 1000})
     page = ctx.new_page()
@@ -420,6 +456,23 @@ def test_html_page_offline(tmp_path: Path, browser):
         assert page.locator(".gs-saved tr[data-saved] td:first-child").all_inner_texts() == [
             s.attribute for s in by_node[click]
         ]
+
+        # a 48-layer model opens collapsed; a module expands on click and collapses again
+        page.goto(layered_path.as_uri())
+        page.wait_for_selector('.gs-root[data-ready="1"]', timeout=20_000)
+        g = page.locator(".gs-graph")
+        assert g.get_attribute("data-node-count") == "3601"
+        assert g.get_attribute("data-visible-count") == "49" and g.get_attribute("data-group-count") == "48"
+        pos = g.locator("canvas").evaluate("c => c.gsGroupCenter('layers.1')")
+        page.mouse.click(pos["x"], pos["y"])
+        assert g.get_attribute("data-visible-count") == str(49 - 1 + 75)
+        assert g.get_attribute("data-expanded-count") == "1"
+        _shot(page, "html_04_expanded_module")
+        pos = g.locator("canvas").evaluate("c => c.gsGroupCenter('layers.1')")  # the frame's header
+        page.mouse.click(pos["x"], pos["y"])
+        assert g.get_attribute("data-visible-count") == "49" and g.get_attribute("data-expanded-count") == "0"
+        page.locator(".gs-expand-all").click()
+        assert g.get_attribute("data-visible-count") == "3601"
 
         # hostile texts
         page.goto(hostile_path.as_uri())

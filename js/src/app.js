@@ -89,6 +89,7 @@ export class RecordingView {
 
   _zoom(f) {
     const g = this.graph;
+    g.touched = true;
     g.view = zoomAt(g.view, f, g.width / 2, g.height / 2);
     g.draw();
   }
@@ -198,7 +199,32 @@ export class RecordingView {
       }
       side.appendChild(tbl);
     }
+    if (this.step && this.step.node === id) this._releasedList(side);
     side.appendChild(h("button", { class: "gs-overview", text: "Back to modules", on: { click: () => this.showOverview() } }));
+  }
+
+  /** The saved tensors released at the current step (any node's), greyed out. */
+  _releasedList(side) {
+    const st = this.step;
+    side.appendChild(h("h4", { text: `Released at step ${st.index + 1}: ${formatBytes(st.freedBytes)}` }));
+    if (!st.freedNow.length) {
+      side.appendChild(h("div", { class: "gs-muted", text: "No saved tensor was released at this step." }));
+      return;
+    }
+    const tbl = h("table", { class: "gs-table gs-released" });
+    for (const j of st.freedNow) {
+      const t = this.rec.saved[j];
+      const owner = this.rec.nodes[t.node];
+      tbl.appendChild(
+        h("tr", { class: "gs-freed", dataset: { saved: j } }, [
+          h("td", { text: `${owner ? owner.name : "?"} #${t.node}` }),
+          h("td", { text: t.attribute }),
+          h("td", { text: `${t.shape} ${t.dtype}` }),
+          h("td", { class: "gs-num", text: formatBytes(t.bytes) }),
+        ]),
+      );
+    }
+    side.appendChild(tbl);
   }
 
   destroy() {

@@ -46,3 +46,10 @@ export function truncate(text, max) {
   if (max <= 1) return s.length > 0 ? "…" : "";
   return s.length > max ? `${s.slice(0, max - 1)}…` : s;
 }
+
+/** Shorten text to at most `max` characters keeping its end: "layers.0.self_attn.in_proj_weight" -> "…in_proj_weight". */
+export function truncateStart(text, max) {
+  const s = String(text);
+  if (max <= 1) return s.length > 0 ? "…" : "";
+  return s.length > max ? `…${s.slice(s.length - max + 1)}` : s;
+}

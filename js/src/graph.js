@@ -5,7 +5,7 @@
 import { COLORS, bytesColor, orderStroke, textOn } from "./color.js";
 import { boxCount, groupBytes, visibleLayout } from "./collapse.js";
 import { nodeLabel } from "./data.js";
-import { formatBytes, truncate } from "./format.js";
+import { formatBytes, truncate, truncateStart } from "./format.js";
 import { centerOn, fitView, hitTest, initialView, panBy, toScreen, toWorld, zoomAt } from "./viewport.js";
 import { h } from "./dom.js";
 
@@ -74,6 +74,7 @@ export class GraphView {
       drag.x = e.clientX;
       drag.y = e.clientY;
       if (drag.moved > 3) {
+        this.touched = true;
         this.view = panBy(this.view, dx, dy);
         this.draw();
       }
@@ -85,6 +86,7 @@ export class GraphView {
     };
     const onWheel = (e) => {
       e.preventDefault();
+      this.touched = true;
       const r = c.getBoundingClientRect();
       this.view = zoomAt(this.view, Math.exp(-e.deltaY * 0.0015), e.clientX - r.left, e.clientY - r.top);
       this.draw();
@@ -122,12 +124,17 @@ export class GraphView {
 
   /** Expand (open=true) or collapse a module group, keeping it where it is on screen. */
   toggleGroup(g, open) {
+    this.touched = true;
     const before = this.vis.items[this._itemOfGroup(g)];
     if (open) this.expanded.add(g);
     else this.expanded.delete(g);
     this._relayout();
     const after = this.vis.items[this._itemOfGroup(g)];
-    if (before && after) {
+    if (open && after) {
+      // show the opened module: all of it when it fits legibly, else its top at a legible scale
+      const b = { minX: after.x - after.w / 2, minY: after.y - after.h / 2, maxX: after.x + after.w / 2, maxY: after.y + after.h / 2 };
+      this.view = initialView(b, this.width, this.height);
+    } else if (before && after) {
       const topBefore = before.y - before.h / 2;
       const topAfter = after.y - after.h / 2;
       this.view = panBy(this.view, (before.x - after.x) * this.view.scale, (topBefore - topAfter) * this.view.scale);
@@ -174,6 +181,7 @@ export class GraphView {
     const s = toScreen(this.view, it.x, it.y);
     if (s.x < 0 || s.y < 0 || s.x > this.width || s.y > this.height) {
       this.view = centerOn(this.view, it.x, it.y, this.width, this.height);
+      this.touched = true;
     }
   }
 
@@ -223,7 +231,8 @@ export class GraphView {
     this.canvas.height = Math.round(hgt * dpr);
     this.canvas.style.width = `${w}px`;
     this.canvas.style.height = `${hgt}px`;
-    if (first) this.fit();
+    // until the user pans or zooms, keep the whole first view in sight as the panel settles
+    if (first || !this.touched) this.fit();
     else this.draw();
   }
 
@@ -319,7 +328,8 @@ export class GraphView {
       if (labels) {
         ctx.fillStyle = textOn(fill);
         ctx.font = node.leaf ? "italic 12px system-ui, sans-serif" : "12px system-ui, sans-serif";
-        ctx.fillText(truncate(nodeLabel(node), 20), it.x, it.y);
+        // parameter names keep their end (the module path is what the frame already says)
+        ctx.fillText(node.leaf ? truncateStart(node.leaf, 21) : truncate(nodeLabel(node), 21), it.x, it.y);
       }
       ctx.globalAlpha = 1;
       if (it.id === this.current || it.id === this.selected) {

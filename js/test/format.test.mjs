@@ -1,6 +1,6 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import { escapePlotly, formatBytes, formatError, formatSeconds, truncate } from "../src/format.js";
+import { escapePlotly, formatBytes, formatError, formatSeconds, truncate, truncateStart } from "../src/format.js";
 
 test("formatBytes matches gradscope.recording.format_bytes", () => {
   assert.equal(formatBytes(0), "0 B");
@@ -35,4 +35,9 @@ test("truncate adds an ellipsis only when needed", () => {
   assert.equal(truncate("abcdef", 4), "abc…");
   assert.equal(truncate("abc", 4), "abc");
   assert.equal(truncate("abc", 1), "…");
+});
+
+test("truncateStart keeps the end of a parameter name", () => {
+  assert.equal(truncateStart("layers.0.self_attn.in_proj_weight", 15), "…in_proj_weight");
+  assert.equal(truncateStart("w", 15), "w");
 });
