@@ -22,7 +22,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -389,67 +389,147 @@ def _op_label(func: Any) -> str:
 # --------------------------------------------------------------------------------------
 # CUDA: the caching allocator (behind one boundary; exercised only where a GPU exists)
 # --------------------------------------------------------------------------------------
+class CudaStats(Protocol):
+    """The boundary to the CUDA caching allocator: what :class:`CudaSource` reads, nothing more.
+
+    ``torch.cuda`` satisfies it (see :func:`_torch_cuda_stats`); tests on machines without a GPU
+    pass a fake with the same methods, so the logic above the boundary is tested everywhere.
+    """
+
+    def synchronize(self, device: Any) -> None: ...
+    def reset_peak_memory_stats(self, device: Any) -> None: ...
+    def memory_allocated(self, device: Any) -> int: ...
+    def max_memory_allocated(self, device: Any) -> int: ...
+    def memory_reserved(self, device: Any) -> int: ...
+    def max_memory_reserved(self, device: Any) -> int: ...
+    def total_memory(self, device: Any) -> int: ...
+    def start_history(self, max_entries: int) -> None: ...
+    def stop_history(self, device: Any) -> dict[str, Any]: ...
+
+
+class _TorchCudaStats:
+    """``torch.cuda``'s allocator statistics and history behind the :class:`CudaStats` boundary."""
+
+    def synchronize(self, device: Any) -> None:
+        torch.cuda.synchronize(device)
+
+    def reset_peak_memory_stats(self, device: Any) -> None:
+        torch.cuda.reset_peak_memory_stats(device)
+
+    def memory_allocated(self, device: Any) -> int:
+        return int(torch.cuda.memory_allocated(device))
+
+    def max_memory_allocated(self, device: Any) -> int:
+        return int(torch.cuda.max_memory_allocated(device))
+
+    def memory_reserved(self, device: Any) -> int:
+        return int(torch.cuda.memory_reserved(device))
+
+    def max_memory_reserved(self, device: Any) -> int:
+        return int(torch.cuda.max_memory_reserved(device))
+
+    def total_memory(self, device: Any) -> int:
+        return int(torch.cuda.get_device_properties(device).total_memory)
+
+    def start_history(self, max_entries: int) -> None:
+        torch.cuda.memory._record_memory_history(max_entries=max_entries)
+
+    def stop_history(self, device: Any) -> dict[str, Any]:
+        try:
+            return dict(torch.cuda.memory._snapshot(device))
+        finally:
+            torch.cuda.memory._record_memory_history(enabled=None)
+
+
 class CudaSource:
-    """CUDA memory from the caching allocator: allocated/reserved statistics, and with
-    ``history=True`` the allocator's event history turned into a timeline."""
+    """CUDA memory from the caching allocator.
+
+    ``peak_bytes`` is the allocator's own peak of allocated bytes during the block minus what was
+    allocated before it (exact). The timeline is sampled online: the allocated and reserved bytes
+    at every module entry and exit and around every backward step, each sample labelled with the
+    module or node running; with ``history=True`` it is instead rebuilt from the allocator's event
+    history (every allocation and free, labelled by the allocating frame).
+    """
 
     name = "cuda"
     online = True
 
     def __init__(self, device: torch.device | None = None, history: bool = False,
-                 max_entries: int = 100_000, step_of: Callable[[], int | None] | None = None) -> None:
-        self.device = device if device is not None else torch.device("cuda", torch.cuda.current_device())
+                 max_entries: int = 100_000, step_of: Callable[[], int | None] | None = None,
+                 call_of: Callable[[], int | None] | None = None, stats: CudaStats | None = None) -> None:
+        self.stats: CudaStats = stats if stats is not None else _TorchCudaStats()
+        if device is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        self.device = device
         self.history = history
         self.max_entries = max_entries
         self.step_of = step_of or (lambda: None)
+        self.call_of = call_of or (lambda: None)
         self.events: list[AllocEvent] = []
         self.scopes: list[EvalScope] = []
         self.baseline = 0
         self.peak = 0
         self.reserved_peak = 0
         self.total: int | None = None
+        self._last = 0
 
     def start(self) -> None:
-        torch.cuda.synchronize(self.device)
-        torch.cuda.reset_peak_memory_stats(self.device)
-        self.baseline = torch.cuda.memory_allocated(self.device)
+        st = self.stats
+        st.synchronize(self.device)
+        st.reset_peak_memory_stats(self.device)
+        self.baseline = st.memory_allocated(self.device)
+        self._last = 0
         if self.history:
-            torch.cuda.memory._record_memory_history(max_entries=self.max_entries)
+            st.start_history(self.max_entries)
         self._t0 = time.time_ns()
 
-    def stop(self) -> None:
-        torch.cuda.synchronize(self.device)
-        self.peak = torch.cuda.max_memory_allocated(self.device) - self.baseline
-        self.reserved_peak = torch.cuda.max_memory_reserved(self.device)
-        self.total = torch.cuda.get_device_properties(self.device).total_memory
+    def sample(self, label: str, step: int | None = None) -> None:
+        """Add a timeline point with the allocator's current figures (called from the hooks)."""
         if self.history:
-            try:
-                snap = torch.cuda.memory._snapshot(self.device)
-            finally:
-                torch.cuda.memory._record_memory_history(enabled=None)
-            self.events = _events_from_snapshot(snap, self.device.index or 0, self._t0)
+            return
+        live = self.stats.memory_allocated(self.device) - self.baseline
+        delta, self._last = live - self._last, live
+        self.events.append(AllocEvent(time.time_ns(), delta, 0, label,
+                                      step=step if step is not None else self.step_of(),
+                                      module_call=self.call_of(),
+                                      reserved=self.stats.memory_reserved(self.device)))
+
+    def stop(self) -> None:
+        st = self.stats
+        st.synchronize(self.device)
+        if not self.history:
+            self.sample("end of block", None)
+        self.peak = st.max_memory_allocated(self.device) - self.baseline
+        self.reserved_peak = st.max_memory_reserved(self.device)
+        self.total = st.total_memory(self.device)
+        if self.history:
+            snap = st.stop_history(self.device)
+            self.events = _events_from_snapshot(snap, self.device.index or 0, self._t0, time.time_ns())
 
     def live(self) -> int:
-        return torch.cuda.memory_allocated(self.device) - self.baseline
+        return self.stats.memory_allocated(self.device) - self.baseline
 
 
-def _events_from_snapshot(snap: dict[str, Any], index: int, t0_ns: int) -> list[AllocEvent]:
+def _events_from_snapshot(snap: dict[str, Any], index: int, t0_ns: int, t1_ns: int) -> list[AllocEvent]:
+    """Allocation and completed-free events of one device, in the allocator's order. Their times
+    are used when they fall inside the block; otherwise events are spread evenly over it."""
     traces = snap.get("device_traces", [])
     if index >= len(traces):
         return []
     out: list[AllocEvent] = []
     for e in traces[index]:
         action = e.get("action")
-        t_ns = int(e.get("time_us", 0)) * 1000
-        if t_ns and t_ns < t0_ns:
+        if action not in ("alloc", "free_completed"):
             continue
         frames = e.get("frames") or []
-        label = frames[0].get("name", "") if frames else ""
-        if action == "alloc":
-            out.append(AllocEvent(t_ns, int(e["size"]), int(e["addr"]), label))
-        elif action == "free_completed":
-            out.append(AllocEvent(t_ns, -int(e["size"]), int(e["addr"]), label))
-    return out
+        label = str(frames[0].get("name", "")) if frames else action
+        size = int(e["size"]) if action == "alloc" else -int(e["size"])
+        out.append(AllocEvent(int(e.get("time_us", 0)) * 1000, size, int(e["addr"]), label))
+    if not all(t0_ns <= ev.t_ns <= t1_ns for ev in out):
+        step = (t1_ns - t0_ns) / max(len(out), 1)
+        for k, ev in enumerate(out):
+            ev.t_ns = t0_ns + int(k * step)
+    return _inside_only(out)
 
 
 def nvml_device_totals(index: int = 0) -> dict[str, int] | None:

@@ -409,7 +409,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                     "gradscope: memory='cuda' but CUDA is not available here; use memory='cpu', or "
                     "gs.predict(..., device='cuda') to estimate CUDA memory without a GPU."
                 )
-            return CudaSource(history=self._history, step_of=self._step_index)
+            return CudaSource(history=self._history, step_of=self._step_index, call_of=self._call_index)
         return None
 
     def _step_index(self) -> int | None:
@@ -678,6 +678,8 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
             call.seq1, call.t1 = call.seq0, call.t0
             self._calls.append(call)
             self._stack.append((module, call))
+            if isinstance(self._source, CudaSource):
+                self._source.sample(type(module).__name__)
         except Exception as e:  # observing must never break the model
             self._internal(e)
 
@@ -694,6 +696,8 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                     break
             if isinstance(output, torch.Tensor) and output.grad_fn is not None:
                 self._ring.append(weakref.ref(output))
+            if isinstance(self._source, CudaSource):
+                self._source.sample(type(module).__name__ + " done")
         except Exception as e:
             self._internal(e)
 
@@ -756,6 +760,8 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
             info.executed += 1
             self._steps.append(st)
             self._cur = st
+            if isinstance(src, CudaSource):
+                src.sample(info.name, st.index)
         except Exception as e:
             self._internal(e)
 
@@ -786,6 +792,8 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
             if isinstance(src, TrackerSource):
                 src.sweep()
             st.live_after = src.live()
+            if isinstance(src, CudaSource):
+                src.sample(st.info.name + " done", st.index)
         freed_keys: set[int] = set()
         for s in self._saved_for(st.info):
             if s.freed_at_step is None and s.ref is not None and s.ref.expired():
