@@ -307,6 +307,9 @@ export class ComparisonView {
       text: running.size ? `running: ${[...running].join(", ")}…` : `re-runs: ${count}`,
     });
     bar.appendChild(this.status);
+    if (this.opts.standalone) {
+      bar.appendChild(h("span", { class: "gs-muted", text: "(a saved page: re-running needs the live widget in a notebook)" }));
+    }
     this.root.appendChild(bar);
     if (err) this.root.appendChild(h("div", { class: "gs-error", text: err }));
 

@@ -50,7 +50,8 @@ export function renderTimeline(div, series, opts = {}) {
       showlegend: false,
       name: "peak",
     });
-    if (k === 0) {
+    if (k === 0 && series.length === 1) {
+      // phases are shaded for a single timeline; overlaid ones have phases of their own
       for (const [phase, a, b] of phaseRuns(tl.t, tl.phase)) {
         shapes.push({
           type: "rect",

@@ -18,12 +18,13 @@ export function fitView(bounds, width, height, pad = 20, maxScale = 1.5) {
 }
 
 /**
- * A readable first view: fit the whole drawing when that keeps boxes legible; otherwise fit the
- * width (up to `readable` scale) and show the top, so a long thin graph opens legible, not as a speck.
+ * A readable first view: fit the whole drawing when that keeps labels legible (scale >= `legible`);
+ * otherwise fit the width (up to `readable` scale) and show the top, so a long thin graph opens
+ * legible, not as a speck.
  */
-export function initialView(bounds, width, height, pad = 20, readable = 0.9) {
+export function initialView(bounds, width, height, pad = 20, readable = 0.9, legible = 0.6) {
   const fit = fitView(bounds, width, height, pad, 1.2);
-  if (fit.scale >= readable) return fit;
+  if (fit.scale >= legible) return fit;
   const bw = Math.max(1, bounds.maxX - bounds.minX);
   const scale = clamp(Math.min(readable, (width - 2 * pad) / bw), MIN_SCALE, MAX_SCALE);
   if (scale <= fit.scale) return fit;

@@ -44,3 +44,11 @@ test("hitTest: nodes anywhere, frames on the header only, later items first", ()
   assert.equal(hitTest(items, 10, 150), -1);
   assert.equal(hitTest(items, 500, 500), -1);
 });
+
+test("initialView fits a modest graph whole when labels stay legible", () => {
+  const v = initialView({ minX: 0, minY: 0, maxX: 800, maxY: 560 }, 840, 440);
+  assert.ok(v.scale >= 0.6 && v.scale < 0.9);
+  const top = toScreen(v, 0, 0);
+  const bottom = toScreen(v, 800, 560);
+  assert.ok(top.x >= 0 && top.y >= 0 && bottom.x <= 840 && bottom.y <= 440);
+});
