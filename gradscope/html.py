@@ -48,16 +48,16 @@ def _inline_script(js: str) -> str:
 def page_html(payload: dict[str, Any], title: str) -> str:
     """A complete HTML document rendering ``payload`` (from recording_payload/comparison_payload)."""
     return (
-        "<!doctype html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-        f"<meta http-equiv=\"Content-Security-Policy\" content=\"{_CSP}\">\n"
-        "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
+        '<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        f'<meta http-equiv="Content-Security-Policy" content="{_CSP}">\n'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
         f"<title>{_html.escape(title)}</title>\n"
         "<style>body { margin: 12px; background: #f5f7fa; }</style>\n"
         "</head>\n<body>\n"
         "<noscript>This gradscope page needs JavaScript to draw the graph and timeline.</noscript>\n"
-        f"<script type=\"application/json\" id=\"gradscope-data\">{_inline_json(payload)}</script>\n"
-        "<div id=\"gradscope-page\"></div>\n"
-        f"<script type=\"module\">\n{_inline_script(bundle_text())}\n</script>\n"
+        f'<script type="application/json" id="gradscope-data">{_inline_json(payload)}</script>\n'
+        '<div id="gradscope-page"></div>\n'
+        f'<script type="module">\n{_inline_script(bundle_text())}\n</script>\n'
         "</body>\n</html>\n"
     )
 

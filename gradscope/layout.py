@@ -178,11 +178,13 @@ def _dot_available() -> bool:
     return shutil.which("dot") is not None
 
 
-def _layout_dot(n: int, edges: Sequence[tuple[int, int]], sizes: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+def _layout_dot(
+    n: int, edges: Sequence[tuple[int, int]], sizes: Sequence[tuple[float, float]]
+) -> list[tuple[float, float]]:
     lines = [
         "digraph G {",
         f"graph [nslimit=2, nodesep={20 / 72:.3f}, ranksep={40 / 72:.3f}];",
-        "node [shape=box, fixedsize=true, label=\"\"];",
+        'node [shape=box, fixedsize=true, label=""];',
     ]
     for i in range(n):
         w, h = sizes[i]
@@ -338,6 +340,7 @@ def layout_recording(
     eng = _pick_engine(engine, n)
     edges = [(e.src, e.dst) for e in rec.edges if 0 <= e.src < n and 0 <= e.dst < n]
 
+    keys: list[str]
     if depth is None:
         group, keys = [-1] * n, []
     else:

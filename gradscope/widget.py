@@ -14,6 +14,7 @@ In a notebook, ``gs.show(rec.recording)`` (or a recording as a cell's last value
 from __future__ import annotations
 
 import json
+import math
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -44,8 +45,8 @@ try:  # The widget stack is optional: payloads and the HTML page work without it
     import anywidget as _anywidget
     import traitlets as _traitlets
 except ImportError:  # pragma: no cover - exercised where the notebook extra is missing
-    _anywidget = None
-    _traitlets = None
+    _anywidget = None  # type: ignore[assignment]
+    _traitlets = None  # type: ignore[assignment]
 
 
 # ----- the bundled front end ----------------------------------------------------------------
@@ -117,8 +118,11 @@ def _decimate(live: Sequence[int], max_points: int) -> list[int]:
     return sorted(keep)
 
 
-def _round_t(v: float) -> float:
-    return round(float(v), 7)
+def _round_t(v: float | None) -> float | None:
+    if v is None:
+        return None
+    f = float(v)
+    return round(f, 7) if math.isfinite(f) else None
 
 
 def recording_payload(
@@ -242,9 +246,7 @@ def _finite(v: Any) -> Any:
 def comparison_payload(cmp: Any) -> dict[str, Any]:
     """The front end's data for a comparison: one row per candidate and its recording."""
     if not _is_comparison(cmp):
-        raise GradscopeError(
-            f"gradscope: expected a Comparison (from gs.compare), got {type(cmp).__name__}."
-        )
+        raise GradscopeError(f"gradscope: expected a Comparison (from gs.compare), got {type(cmp).__name__}.")
     rows = []
     recordings: list[dict[str, Any] | None] = []
     for r in cmp.rows:
@@ -272,10 +274,10 @@ def comparison_payload(cmp: Any) -> dict[str, Any]:
     }
 
 
-def payload_json(obj: Any) -> str:
+def payload_json(obj: Any, *, collapse: bool | int | str = "auto") -> str:
     """The payload of a Recording or Comparison as compact JSON text."""
     if isinstance(obj, Recording):
-        payload = recording_payload(obj)
+        payload = recording_payload(obj, collapse=collapse)
     elif _is_comparison(obj):
         payload = comparison_payload(obj)
     else:
@@ -291,9 +293,7 @@ def _summary_text(obj: Any) -> str:
         return str(obj.summary())
     except Exception:  # the text report is another module; a widget must still show
         if isinstance(obj, Recording):
-            return (
-                f"{obj!r}\npeak {format_bytes(obj.peak_bytes)}, saved {format_bytes(obj.saved_bytes)}"
-            )
+            return f"{obj!r}\npeak {format_bytes(obj.peak_bytes)}, saved {format_bytes(obj.saved_bytes)}"
         return repr(obj)
 
 
@@ -320,9 +320,11 @@ if _anywidget is not None:
         selected_node = _t.Int(-1).tag(sync=True)
         step = _t.Int(-1).tag(sync=True)
 
-        def __init__(self, recording: Recording, **kwargs: Any) -> None:
+        def __init__(
+            self, recording: Recording, *, collapse: bool | int | str = "auto", **kwargs: Any
+        ) -> None:
             self._esm = bundle_text()
-            super().__init__(data=payload_json(recording), **kwargs)
+            super().__init__(data=payload_json(recording, collapse=collapse), **kwargs)
             self.recording = recording
 
         @property
@@ -382,9 +384,7 @@ if _anywidget is not None:
                 )
             with self._lock:
                 if self._thread is not None and self._thread.is_alive():
-                    raise GradscopeError(
-                        "gradscope: a re-run is already in progress; wait for it to finish."
-                    )
+                    raise GradscopeError("gradscope: a re-run is already in progress; wait for it to finish.")
                 self.rerun_error = ""
                 self.running = list(names)
                 self._thread = threading.Thread(
@@ -431,8 +431,13 @@ else:  # pragma: no cover
             _need_widgets()
 
 
-def show(obj: Any) -> Any:
+def show(obj: Any, *, collapse: bool | int | str = "auto") -> Any:
     """The widget for a Recording (or a ``gs.record()`` recorder) or a Comparison.
+
+    Args:
+        obj: ``rec.recording``, the ``gs.record()`` object itself, or ``gs.compare(...)``'s result.
+        collapse: for a recording, how to fold modules: ``"auto"`` (big graphs open folded by
+            module), ``False`` (every node), ``True`` or a module depth (1 = top-level modules).
 
     Example:
         >>> import gradscope as gs  # doctest: +SKIP
@@ -443,7 +448,7 @@ def show(obj: Any) -> Any:
     if not isinstance(obj, Recording) and isinstance(rec, Recording) and not _is_comparison(obj):
         obj = rec
     if isinstance(obj, Recording):
-        return RecordingWidget(obj)
+        return RecordingWidget(obj, collapse=collapse)
     if _is_comparison(obj):
         return ComparisonWidget(obj)
     raise GradscopeError(

@@ -93,13 +93,42 @@ def layered_recording(layers: int, per_layer: int = 75, *, timeline_points: int 
             module = f"layers.{layer}.{sub}"
             if j % 5 == 4:
                 nodes.append(
-                    Node(nid, "AccumulateGrad", module=module, leaf=f"{module}.weight",
-                         leaf_shape=(256, 256), executed=1)
+                    Node(
+                        nid,
+                        "AccumulateGrad",
+                        module=module,
+                        leaf=f"{module}.weight",
+                        leaf_shape=(256, 256),
+                        executed=1,
+                    )
                 )
             else:
-                nodes.append(Node(nid, ("AddmmBackward0", "ViewBackward0", "GeluBackward0", "NativeLayerNormBackward0")[j % 4], module=module, executed=1))
+                nodes.append(
+                    Node(
+                        nid,
+                        ("AddmmBackward0", "ViewBackward0", "GeluBackward0", "NativeLayerNormBackward0")[
+                            j % 4
+                        ],
+                        module=module,
+                        executed=1,
+                    )
+                )
                 storage += 1
-                saved.append(SavedTensor(nid, "self", (32, 256), "float32", "cpu", 32768, storage, Kind.ACTIVATION, module, None, None))
+                saved.append(
+                    SavedTensor(
+                        nid,
+                        "self",
+                        (32, 256),
+                        "float32",
+                        "cpu",
+                        32768,
+                        storage,
+                        Kind.ACTIVATION,
+                        module,
+                        None,
+                        None,
+                    )
+                )
             if j > 0:
                 # leaves feed the node before them; the other nodes form a chain that skips leaves
                 target = nid - 1 if (j - 1) % 5 != 4 or j == 1 else nid - 2
@@ -109,7 +138,10 @@ def layered_recording(layers: int, per_layer: int = 75, *, timeline_points: int 
             edges.append(Edge(base + per_layer - 2, prev_out))  # residual
         prev_out = base + per_layer - 1
     n = len(nodes)
-    steps = tuple(Step(i, i, 0, 1.0 + i * 1e-4, 1e-4, 10_000_000 - i * 1000, 10_000_000 - (i + 1) * 1000, 1000) for i in range(n))
+    steps = tuple(
+        Step(i, i, 0, 1.0 + i * 1e-4, 1e-4, 10_000_000 - i * 1000, 10_000_000 - (i + 1) * 1000, 1000)
+        for i in range(n)
+    )
     timeline = tuple(
         MemoryPoint(
             t_s=i * 1e-4,
@@ -142,7 +174,11 @@ def hostile_recording() -> Recording:
         leaf = Node(i + 1, "AccumulateGrad", module=text, leaf=text, leaf_shape=(3,), executed=1)
         nodes.append(leaf)
         edges.append(Edge(i + 1, 0))
-        saved.append(SavedTensor(0, f"attr {text}", (3,), "float32", "cpu", 12 * (i + 1), i, Kind.PARAMETER, text, text, 0))
+        saved.append(
+            SavedTensor(
+                0, f"attr {text}", (3,), "float32", "cpu", 12 * (i + 1), i, Kind.PARAMETER, text, text, 0
+            )
+        )
     timeline = tuple(
         MemoryPoint(i * 0.001, 100 * (i + 1), Phase.FORWARD if i < 3 else Phase.BACKWARD, text, module=text)
         for i, text in enumerate(HOSTILE)

@@ -75,7 +75,7 @@ def browser() -> Iterator[object]:
 
 
 # ----- the notebook ---------------------------------------------------------------------------
-_SETUP = r'''
+_SETUP = r"""
 import json, torch, gradscope as gs
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
@@ -93,9 +93,9 @@ print("FACTS=" + json.dumps({
     "steps": [[s.node, s.live_after, s.freed_bytes] for s in rec.steps],
     "freed": [s.freed_at_step for s in rec.saved],
 }))
-'''
+"""
 _WIDGET = "w = gs.show(rec)\nw"
-_COMPARE = r'''
+_COMPARE = r"""
 CALLS = {"stacked": 0, "loop": 0}
 xs = torch.randn(4, 6)
 def stacked():
@@ -111,7 +111,7 @@ cmp = gs.compare({"stacked": stacked, "loop": loop}, reference="stacked", repeat
 CALLS0 = dict(CALLS)
 cw = gs.show(cmp)
 cw
-'''
+"""
 # the bare value: a Recording displays itself as the widget (_repr_mimebundle_)
 _HOSTILE = "from _recordings import hostile_recording\nhostile_recording()"
 _STATE = (
@@ -126,7 +126,14 @@ CELLS = [_SETUP, _WIDGET, _COMPARE, _HOSTILE, _STATE, _SLOW]
 def _notebook() -> dict:
     return {
         "cells": [
-            {"cell_type": "code", "execution_count": None, "id": f"c{i}", "metadata": {}, "outputs": [], "source": src}
+            {
+                "cell_type": "code",
+                "execution_count": None,
+                "id": f"c{i}",
+                "metadata": {},
+                "outputs": [],
+                "source": src,
+            }
             for i, src in enumerate(CELLS)
         ],
         "metadata": {
@@ -169,15 +176,24 @@ def lab(tmp_path: Path) -> Iterator[tuple[str, str, Path]]:
     log = open(tmp_path / "lab.log", "wb")
     proc = subprocess.Popen(
         [
-            sys.executable, "-m", "jupyterlab",
-            "--no-browser", "--allow-root", "--ip=127.0.0.1", f"--port={port}",
+            sys.executable,
+            "-m",
+            "jupyterlab",
+            "--no-browser",
+            "--allow-root",
+            "--ip=127.0.0.1",
+            f"--port={port}",
             f"--IdentityProvider.token={token}",
             "--ServerApp.open_browser=False",
             "--LabApp.expose_app_in_browser=True",
             f"--ServerApp.root_dir={root}",
             "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
         ],
-        cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        cwd=root,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     base = f"http://127.0.0.1:{port}"
     try:
@@ -280,7 +296,9 @@ def test_widget_in_jupyterlab(lab, browser):
                 await window.jupyterapp.commands.execute('notebook:run-all-cells');
             }"""
         )
-        page.wait_for_function("() => document.querySelectorAll('.gs-root[data-ready=\"1\"]').length >= 3", timeout=120_000)
+        page.wait_for_function(
+            "() => document.querySelectorAll('.gs-root[data-ready=\"1\"]').length >= 3", timeout=120_000
+        )
         facts = _facts(page, "FACTS", 0)
         state0 = _run_cell(page, 4, "STATE")
         assert state0["selected_node"] == -1 and state0["step"] == -1 and state0["reruns"] == 0
@@ -316,7 +334,9 @@ def test_widget_in_jupyterlab(lab, browser):
         expected = [i for i, f in enumerate(facts["freed"]) if f is not None and f <= 2]
         shown = [int(x) for x in greyed.evaluate_all("rs => rs.map(r => r.dataset.saved)")]
         assert set(shown) <= set(expected)
-        released = rw.locator(".gs-released tr[data-saved]").evaluate_all("rs => rs.map(r => Number(r.dataset.saved))")
+        released = rw.locator(".gs-released tr[data-saved]").evaluate_all(
+            "rs => rs.map(r => Number(r.dataset.saved))"
+        )
         assert released == [i for i, f in enumerate(facts["freed"]) if f == 2]
         _shot(page, "lab_03_step")
         assert _run_cell(page, 4, "STATE")["step"] == 2
@@ -337,7 +357,9 @@ def test_widget_in_jupyterlab(lab, browser):
         page.mouse.move(box["x"] + 150, box["y"] + box["height"] - 60, steps=5)
         page.mouse.up()
         a2 = canvas.evaluate("c => c.gsNodeCenter(0)")
-        assert a2["x"] - a1["x"] == pytest.approx(100, abs=2) and a2["y"] - a1["y"] == pytest.approx(-40, abs=2)
+        assert a2["x"] - a1["x"] == pytest.approx(100, abs=2) and a2["y"] - a1["y"] == pytest.approx(
+            -40, abs=2
+        )
 
         # --- strategy toggles: re-run only "loop" ----------------------------------------------
         cw = page.locator(".jp-Notebook .jp-Cell").nth(2).locator(".gs-root")
@@ -383,7 +405,9 @@ def test_widget_in_jupyterlab(lab, browser):
             print("no kernel state:", e)
         raise
     finally:
-        print(f"browser test (JupyterLab) took {time.monotonic() - t0:.1f} s; blocked requests: {len(blocked)}")
+        print(
+            f"browser test (JupyterLab) took {time.monotonic() - t0:.1f} s; blocked requests: {len(blocked)}"
+        )
         ctx.close()
 
 
@@ -486,6 +510,17 @@ def test_html_page_offline(tmp_path: Path, browser):
         attrs = page.locator(".gs-saved tr[data-saved] td:first-child").all_inner_texts()
         assert attrs[0] == f"attr {HOSTILE[0]}"
         assert attrs[3] == "attr new\nline"
+        # the graph's tooltip shows the hostile parameter name as text
+        pos = page.locator(".gs-canvas").evaluate("c => c.gsNodeCenter(1)")
+        page.mouse.move(pos["x"], pos["y"])
+        assert (
+            page.locator(".gs-tip").inner_text()
+            == f"AccumulateGrad #1\nparameter {HOSTILE[0]}\nmodule {HOSTILE[0]}\n0 saved, 0 B"
+        )
+        # arrow keys step through backward when the graph has the focus
+        page.locator(".gs-canvas").focus()
+        page.keyboard.press("ArrowRight")
+        assert page.locator(".gs-steplabel").get_attribute("data-step") == "0"
         assert page.locator('img[src="x"]').count() == 0
         _shot(page, "html_03_hostile")
         assert dialogs == [] and requests == [] and errors == []

@@ -13,7 +13,9 @@ from _recordings import HOSTILE, hostile_recording, tiny_recording
 from gradscope.html import _inline_json, _inline_script, comparison_html, recording_html
 from gradscope.widget import bundle_path
 
-pytestmark = pytest.mark.skipif(not bundle_path().exists(), reason="front end not built (cd js && npm run build)")
+pytestmark = pytest.mark.skipif(
+    not bundle_path().exists(), reason="front end not built (cd js && npm run build)"
+)
 
 
 def _data(page: str) -> dict:

@@ -24,7 +24,9 @@ from gradscope.widget import (
     show,
 )
 
-needs_bundle = pytest.mark.skipif(not W.bundle_path().exists(), reason="front end not built (cd js && npm run build)")
+needs_bundle = pytest.mark.skipif(
+    not W.bundle_path().exists(), reason="front end not built (cd js && npm run build)"
+)
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 
 
@@ -48,8 +50,16 @@ def test_recording_payload_columns():
     assert p["timeline"]["phase"] == [0, 0, 0, 1, 1, 1, 1]
     assert p["timeline"]["step"] == [None, None, None, 0, 1, 2, 3]
     assert p["summary"] == {
-        "nodes": 6, "edges": 5, "saved": 4, "saved_bytes": 832, "peak_bytes": 1600,
-        "baseline_bytes": 4096, "steps": 4, "device": "cpu", "complete": True, "error": None,
+        "nodes": 6,
+        "edges": 5,
+        "saved": 4,
+        "saved_bytes": 832,
+        "peak_bytes": 1600,
+        "baseline_bytes": 4096,
+        "steps": 4,
+        "device": "cpu",
+        "complete": True,
+        "error": None,
     }
     assert p["peak"]["node"] == 1 and p["peak"]["phase"] == "backward"
     assert json.loads(payload_json(rec)) == json.loads(json.dumps(p))
@@ -111,9 +121,13 @@ def test_recording_widget_state_from_the_front_end():
     assert w.step == 2
     import anywidget
 
-    ours = set(RecordingWidget.class_trait_names(sync=True)) - set(anywidget.AnyWidget.class_trait_names(sync=True))
+    ours = set(RecordingWidget.class_trait_names(sync=True)) - set(
+        anywidget.AnyWidget.class_trait_names(sync=True)
+    )
     assert ours == {"data", "selected_node", "step"}
-    ours_cmp = set(ComparisonWidget.class_trait_names(sync=True)) - set(anywidget.AnyWidget.class_trait_names(sync=True))
+    ours_cmp = set(ComparisonWidget.class_trait_names(sync=True)) - set(
+        anywidget.AnyWidget.class_trait_names(sync=True)
+    )
     assert ours_cmp == {"data", "selected", "selected_node", "step", "running", "rerun_count", "rerun_error"}
     # names that clash with DOMWidget and break rendering
     assert not (ours | ours_cmp) & {"layout", "style", "tooltip", "tabbable", "keys", "comm"}
@@ -207,11 +221,23 @@ def test_rerun_through_the_comm_message_path():
     cmp = _SlowComparison()
     cmp.release.set()
     w = ComparisonWidget(cmp)
-    w._handle_msg({"content": {"data": {"method": "custom", "content": {"type": "rerun", "names": ["a"]}}}, "buffers": []})
+    w._handle_msg(
+        {
+            "content": {"data": {"method": "custom", "content": {"type": "rerun", "names": ["a"]}}},
+            "buffers": [],
+        }
+    )
     w.wait(10)
     assert cmp.calls == [["a"]] and w.rerun_count == 1
     # state updates from the front end still work
-    w._handle_msg({"content": {"data": {"method": "update", "state": {"selected": "b", "step": 3}, "buffer_paths": []}}, "buffers": []})
+    w._handle_msg(
+        {
+            "content": {
+                "data": {"method": "update", "state": {"selected": "b", "step": 3}, "buffer_paths": []}
+            },
+            "buffers": [],
+        }
+    )
     assert w.selected == "b" and w.step == 3
 
 

@@ -111,8 +111,16 @@ export class RecordingView {
     wrap.appendChild(this.slider);
     wrap.appendChild(h("button", { class: "gs-next", text: "▶", title: "next step", on: { click: () => go(this.step ? this.step.index + 1 : 0) } }));
     wrap.appendChild(h("button", { class: "gs-last", text: "»", title: "last step", on: { click: () => go(n - 1) } }));
-    this.stepLabel = h("span", { class: "gs-steplabel gs-muted", text: `${n} steps; press ▶ to step through backward` });
+    this.stepLabel = h("span", { class: "gs-steplabel gs-muted", text: `${n} steps; press ▶ (or → on the graph) to step through backward` });
     wrap.appendChild(this.stepLabel);
+    // arrow keys step while the graph has the focus
+    this.graph.canvas.addEventListener("keydown", (e) => {
+      if (e.key === "ArrowRight" || e.key === "ArrowLeft") {
+        e.preventDefault();
+        const cur = this.step ? this.step.index : -1;
+        go(e.key === "ArrowRight" ? cur + 1 : Math.max(0, cur - 1));
+      }
+    });
   }
 
   /** Go to backward step i (clamped); `notify` tells the host (Python) about it. */

@@ -36,6 +36,9 @@ export class GraphView {
     this.wrap = h("div", { class: "gs-graph" });
     this.canvas = h("canvas", { class: "gs-canvas", tabindex: "0", "aria-label": "autograd graph" });
     this.wrap.appendChild(this.canvas);
+    this.tip = h("div", { class: "gs-tip", role: "tooltip" });
+    this.tip.style.display = "none";
+    this.wrap.appendChild(this.tip);
     parent.appendChild(this.wrap);
     this.ctx = this.canvas.getContext("2d");
     this.view = { scale: 1, tx: 0, ty: 0 };
@@ -67,7 +70,10 @@ export class GraphView {
       c.setPointerCapture?.(e.pointerId);
     };
     const onMove = (e) => {
-      if (!drag) return;
+      if (!drag) {
+        this._hover(e);
+        return;
+      }
       const dx = e.clientX - drag.x;
       const dy = e.clientY - drag.y;
       drag.moved += Math.abs(dx) + Math.abs(dy);
@@ -91,6 +97,10 @@ export class GraphView {
       this.view = zoomAt(this.view, Math.exp(-e.deltaY * 0.0015), e.clientX - r.left, e.clientY - r.top);
       this.draw();
     };
+    const onLeave = () => {
+      this.tip.style.display = "none";
+    };
+    c.addEventListener("pointerleave", onLeave);
     c.addEventListener("pointerdown", onDown);
     c.addEventListener("pointermove", onMove);
     c.addEventListener("pointerup", onUp);
@@ -98,12 +108,40 @@ export class GraphView {
     this._ro = typeof ResizeObserver !== "undefined" ? new ResizeObserver(() => this.resize()) : null;
     this._ro?.observe(this.wrap);
     this._unbind = () => {
+      c.removeEventListener("pointerleave", onLeave);
       c.removeEventListener("pointerdown", onDown);
       c.removeEventListener("pointermove", onMove);
       c.removeEventListener("pointerup", onUp);
       c.removeEventListener("wheel", onWheel);
       this._ro?.disconnect();
     };
+  }
+
+  /** A tooltip naming what is under the pointer (text only, see NOTE [ text is data ]). */
+  _hover(e) {
+    const r = this.canvas.getBoundingClientRect();
+    const sx = e.clientX - r.left;
+    const sy = e.clientY - r.top;
+    const w = toWorld(this.view, sx, sy);
+    const i = hitTest(this.vis.items, w.x, w.y);
+    const it = i >= 0 ? this.vis.items[i] : null;
+    if (!it) {
+      this.tip.style.display = "none";
+      return;
+    }
+    let text;
+    if (it.kind === "node") {
+      const n = this.rec.nodes[it.id];
+      text = `${n.name} #${n.id}${n.leaf ? `\nparameter ${n.leaf}` : ""}\nmodule ${n.module ?? "(none)"}\n${n.savedCount} saved, ${formatBytes(n.savedBytes)}`;
+    } else {
+      const G = this.rec.graph.groups;
+      const verb = it.kind === "group" ? "click to expand" : "click the header to collapse";
+      text = `module ${G.key[it.id]}\n${G.count[it.id]} nodes, ${formatBytes(this.groupBytes[it.id])} saved\n${verb}`;
+    }
+    this.tip.textContent = text;
+    this.tip.style.display = "block";
+    this.tip.style.left = `${Math.min(sx + 14, Math.max(0, this.width - 260))}px`;
+    this.tip.style.top = `${sy + 14}px`;
   }
 
   _click(e) {

@@ -14,6 +14,8 @@ export const CSS = `
 .gs-swatch { display: inline-block; width: 14px; height: 10px; margin-right: 3px; vertical-align: middle; border: 1px solid #52606d; }
 .gs-body { display: flex; gap: 10px; align-items: stretch; }
 .gs-graph { position: relative; flex: 1 1 auto; min-width: 0; height: 460px; border: 1px solid #d9e2ec; border-radius: 4px; background: #fbfcfd; overflow: hidden; }
+.gs-tip { position: absolute; pointer-events: none; background: #1f2933; color: #fff; font-size: 12px; padding: 4px 7px;
+  border-radius: 4px; max-width: 260px; white-space: pre-wrap; overflow-wrap: anywhere; z-index: 2; }
 .gs-canvas { display: block; cursor: grab; touch-action: none; outline: none; }
 .gs-side { flex: 0 0 380px; max-width: 45%; height: 460px; overflow: auto; border: 1px solid #d9e2ec; border-radius: 4px; padding: 6px 8px; }
 .gs-kv { display: grid; grid-template-columns: auto 1fr; gap: 1px 8px; }
