@@ -153,7 +153,7 @@ def bench_jacobian(n: int = 1000, batch: int = 32) -> None:
     cmp = gs.compare(
         {m: (lambda m=m: jacobian(net, x, method=m, batch_dim=0)) for m in JACOBIAN_METHODS},
         reference="jacrev",
-        repeat=2,
+        repeat=3,
         modules={"net": net},
     )
     print(cmp.summary())
