@@ -267,3 +267,13 @@ def test_rerun_with_a_real_comparison():
     rows = json.loads(w.data)["rows"]
     assert [r["name"] for r in rows] == before == ["sin", "double"]
     assert [r["status"] for r in rows] == ["ok", "wrong"]
+
+
+@needs_bundle
+def test_gs_show_is_the_widget_entry_point_and_collapse_passes_through():
+    assert gs.show is show
+    rec = layered_recording(4)
+    folded = json.loads(show(rec, collapse=2).data)["graph"]
+    assert len(folded["groups"]["key"]) == 4 and folded["depth"] == 2
+    flat = json.loads(show(rec, collapse=False).data)["graph"]
+    assert flat["groups"]["key"] == [] and set(flat["group"]) == {-1}
