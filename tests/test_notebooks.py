@@ -89,6 +89,7 @@ def test_01_mixed_second_derivatives():
     assert "RuntimeError: element 0 of tensors does not require grad" in text
     assert _statuses(text)[0] == {"create_graph": "ok", "forward_ad": "ok", "split": "wrong"}
     assert "forward AD equals double backward: True" in text
+    assert "dg/dy by forward AD equals the naive double backward: True" in text
     rows = re.findall(
         r"depth\s+(\d+): create_graph peak\s+([\d,]+) B\s+forward_ad peak\s+([\d,]+) B\s+status ok", text
     )

@@ -516,3 +516,23 @@ def test_two_pass_refuses_a_backward_that_draws_random_numbers():
     xs = [torch.randn(4, 3) for _ in range(3)]
     with pytest.raises(GradscopeError, match=r"before recomputing `f\(inputs\[1\]\)` differs"):
         many_inputs_backward(lambda x: _NoisyBackward.apply(f(x)), xs, lambda zs: zs.sum(), method="two_pass")
+
+
+def test_mixed_grad_gives_the_threads_full_dg_dy_through_v():
+    # the thread wants d/dy g(df/dz) for a general g: with v = dg/d(df/dz) held fixed, that is
+    # d/dy <v, df/dz>, which forward AD computes without G's graph
+    G = _frozen_G()
+    torch.manual_seed(10)
+    z = torch.randn(3, 6, dtype=torch.float64)
+    y = torch.randn(3, 6, dtype=torch.float64, requires_grad=True)
+
+    def g(dfdz):
+        return (dfdz.sin() ** 2).sum()
+
+    z_ = z.clone().requires_grad_(True)
+    (dfdz,) = torch.autograd.grad(_f(y, G(z_)), z_, create_graph=True)
+    (want,) = torch.autograd.grad(g(dfdz), y)  # naive: the whole double-backward graph
+    d = dfdz.detach().requires_grad_(True)
+    (v,) = torch.autograd.grad(g(d), d)
+    got = mixed_grad(_f, G, z, y, v=v, method="forward_ad")
+    assert torch.allclose(got, want, rtol=1e-10, atol=1e-12)

@@ -62,6 +62,9 @@ def mixed_grad(
 ) -> torch.Tensor | None:
     """``d/dy <v, d f(y, G(z)) / dz>``: a mixed second derivative through a frozen model ``G``.
 
+    For the gradient of any ``g(df/dz)`` with respect to ``y``, pass ``v = dg/d(df/dz)`` (computed once
+    from the value of ``df/dz``, with a plain backward): ``dg/dy = d/dy <v, df/dz>`` with ``v`` held fixed.
+
     Args:
         f: ``f(y, g) -> scalar``.
         G: the frozen model, a function or an ``nn.Module``; its parameters are not differentiated.
