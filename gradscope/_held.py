@@ -20,7 +20,7 @@ from gradscope.memory import TrackerSource
 
 __all__: list[str] = []
 
-_MAX_ROWS = 2000  # rows kept (largest first); the rest is summed
+_MAX_ROWS = 500  # rows kept (largest first); the rest is summed by kind and module
 
 
 def collect(rec: Any) -> dict[str, Any]:
@@ -91,6 +91,13 @@ def _held(rec: Any, failed: bool) -> dict[str, Any] | None:
         rows.append(row)
     rows.sort(key=lambda r: (-r["bytes"], r["key"]))
     kept, rest = rows[:_MAX_ROWS], rows[_MAX_ROWS:]
+    rest_what: dict[str, int] = {}
+    rest_module: dict[str, int] = {}
+    for r in rest:
+        kind = r["what"] if r["what"] != "saved" or (r.get("order") or 0) == 0 else "saved_order1"
+        rest_what[kind] = rest_what.get(kind, 0) + r["bytes"]
+        m = r.get("module") or "(no module)"
+        rest_module[m] = rest_module.get(m, 0) + r["bytes"]
     return {
         "moment": "failure" if failed else "peak",
         "live_bytes": sum(r["bytes"] for r in rows),
@@ -98,6 +105,8 @@ def _held(rec: Any, failed: bool) -> dict[str, Any] | None:
         "rows": kept,
         "omitted": len(rest),
         "omitted_bytes": sum(r["bytes"] for r in rest),
+        "omitted_by_kind": rest_what,
+        "omitted_by_module": rest_module,
     }
 
 

@@ -323,7 +323,13 @@ class _Analysis:
                                    dtype=r.get("dtype"), module=r.get("module"), node=r.get("node_name"),
                                    order=r.get("order"), variable=self.names.get(r["key"])))
         if self.omitted:
-            self.notes.append(f"{self.omitted} smaller live tensors are not listed one by one.")
+            held_extra = self.rec.extra.get("held") or {}
+            for k, b in (held_extra.get("omitted_by_kind") or {}).items():
+                kinds[k] = kinds.get(k, 0) + int(b)
+            for m, b in (held_extra.get("omitted_by_module") or {}).items():
+                modules[m] = modules.get(m, 0) + int(b)
+            self.notes.append(f"{self.omitted} smaller live tensors are counted by kind and module but "
+                              "not listed one by one.")
         by_kind = tuple(sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0])))
         by_module = tuple(sorted(modules.items(), key=lambda kv: (-kv[1], kv[0]))[: self.top])
         findings = self._findings(kinds, holders)

@@ -212,3 +212,22 @@ def test_a_loaded_recording_keeps_the_diagnosis_data(tmp_path) -> None:  # type:
     loaded = gs.diagnose(back, namespace={})
     assert loaded.text() == live.text()
     assert loaded.findings[0].pattern == "create_graph" and loaded.findings[0].module == "G"
+
+
+def test_smaller_live_tensors_are_summed_not_listed(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setattr(sys.modules["gradscope._held"], "_MAX_ROWS", 5)
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 1))
+    losses = []
+    with pytest.raises(gs.MemoryBudgetExceeded) as info:
+        with gs.record(budget="1MiB", modules={"model": model}) as rec:
+            for _ in range(50):
+                losses.append(model(torch.randn(128, 64)).square().mean())
+    held = rec.recording.extra["held"]
+    assert len(held["rows"]) == 5 and held["omitted"] > 0
+    d = gs.diagnose(rec.recording)
+    assert sum(b for _, b in d.by_kind) == d.live_bytes == info.value.live
+    assert sum(b for _, b in d.by_module) == d.live_bytes
+    assert any("not listed one by one" in n for n in d.notes)
+    assert d.findings[0].variable == "losses"
