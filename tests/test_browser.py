@@ -378,6 +378,9 @@ def test_widget_in_jupyterlab(lab, browser):
         assert rw.locator(".gs-steplabel").get_attribute("data-step") == "1"
         page.wait_for_selector('.gs-cmp-status[data-rerun-count="1"]', timeout=30_000)
         assert cw.locator(".gs-cmp-status").inner_text() == "re-runs: 1"
+        # the redrawn table keeps the user's toggles
+        assert not cw.locator('.gs-toggle[data-name="stacked"]').is_checked()
+        assert cw.locator('.gs-toggle[data-name="loop"]').is_checked()
         _shot(page, "lab_04_compare")
         state = _run_cell(page, 4, "STATE")
         assert state["reruns"] == 1 and state["rerun_error"] == "" and state["running"] == []

@@ -250,7 +250,21 @@ export class ComparisonView {
     this.root = h("div", { class: "gs-comparison" });
     parent.appendChild(this.root);
     this.current = null;
+    this.unchecked = new Set(); // candidates the user switched off survive redraws
+    this._pending = false;
     this.render();
+  }
+
+  /** Redraw once for a burst of state changes (data, running, count and error arrive together). */
+  scheduleRender() {
+    if (this._pending) return;
+    this._pending = true;
+    const run = () => {
+      this._pending = false;
+      this.render();
+    };
+    if (typeof requestAnimationFrame !== "undefined") requestAnimationFrame(run);
+    else setTimeout(run, 0);
   }
 
   payload() {
@@ -283,8 +297,12 @@ export class ComparisonView {
     this.boxes = [];
     p.rows.forEach((r) => {
       const box = h("input", { type: "checkbox", class: "gs-toggle", "aria-label": `run ${r.name}` });
-      box.checked = true;
+      box.checked = !this.unchecked.has(r.name);
       box.dataset.name = r.name;
+      box.addEventListener("change", () => {
+        if (box.checked) this.unchecked.delete(r.name);
+        else this.unchecked.add(r.name);
+      });
       this.boxes.push(box);
       tbl.appendChild(
         h("tr", { class: "gs-cmp-row", dataset: { name: r.name, status: r.status } }, [
@@ -399,7 +417,7 @@ export function mount(el, model, opts = {}) {
   };
   if (payload.kind === "comparison") {
     view = new ComparisonView(root, model, opts);
-    const rerender = () => view.render();
+    const rerender = () => view.scheduleRender();
     on("change:data", rerender);
     on("change:running", rerender);
     on("change:rerun_count", rerender);
