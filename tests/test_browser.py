@@ -498,6 +498,12 @@ def test_html_page_offline(tmp_path: Path, browser):
         pos = g.locator("canvas").evaluate("c => c.gsGroupCenter('layers.1')")  # the frame's header
         page.mouse.click(pos["x"], pos["y"])
         assert g.get_attribute("data-visible-count") == "49" and g.get_attribute("data-expanded-count") == "0"
+        # a module in the side list opens its box and shows its largest saver
+        item = page.locator(".gs-module").first
+        module = item.inner_text().split(":")[0]
+        item.click()
+        assert g.get_attribute("data-expanded-count") == "1"
+        assert page.locator(".gs-node-module").inner_text() == module
         page.locator(".gs-expand-all").click()
         assert g.get_attribute("data-visible-count") == "3601"
 

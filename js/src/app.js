@@ -150,9 +150,27 @@ export class RecordingView {
     const mods = modulesBySavedBytes(this.rec.saved).slice(0, 15);
     if (!mods.length) side.appendChild(h("div", { class: "gs-muted", text: "No saved tensors." }));
     const ol = h("ol", { class: "gs-modlist" });
-    for (const [m, b] of mods) ol.appendChild(h("li", { class: "gs-module", text: `${m}: ${formatBytes(b)}` }));
+    for (const [m, b] of mods) {
+      const li = h("li", { class: "gs-module", text: `${m}: ${formatBytes(b)}`, title: "show in the graph" });
+      li.addEventListener("click", () => this.showModule(m));
+      ol.appendChild(li);
+    }
     side.appendChild(ol);
     side.appendChild(h("div", { class: "gs-muted", text: "Click a node to see its saved tensors; click a module box to expand it." }));
+  }
+
+  /** Show a module's largest saver in the graph (expanding its folded box) and its details. */
+  showModule(m) {
+    let best = -1;
+    for (const n of this.rec.nodes) {
+      if (n.module === m && (best < 0 || n.savedBytes > this.rec.nodes[best].savedBytes)) best = n.id;
+    }
+    if (best < 0) return;
+    const g = this.rec.graph.group[best];
+    if (g >= 0 && !this.graph.expanded.has(g)) this.graph.toggleGroup(g, true);
+    this.graph.focusNode(best);
+    this.showNode(best);
+    this.hooks.onSelect?.(best);
   }
 
   /** The side panel for node `id`: what it is, its module, its saved tensors. */

@@ -223,6 +223,16 @@ export class GraphView {
     }
   }
 
+  /** Centre the view on a node at a legible scale. */
+  focusNode(id) {
+    const it = this.vis.items[this.vis.itemOfNode[id]];
+    if (!it) return;
+    const scale = Math.max(this.view.scale, 0.9);
+    this.view = centerOn({ scale, tx: 0, ty: 0 }, it.x, it.y, this.width, this.height);
+    this.touched = true;
+    this.draw();
+  }
+
   nodeClientCenter(id) {
     const it = this.vis.items[this.vis.itemOfNode[id]];
     if (!it) return null;

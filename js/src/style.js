@@ -38,6 +38,7 @@ export const CSS = `
 .gs-cmp-status { margin-left: 8px; color: #52606d; }
 .gs-section { margin-top: 10px; }
 .gs-error { color: #b91c1c; white-space: pre-wrap; overflow-wrap: anywhere; }
-.gs-modlist li { overflow-wrap: anywhere; white-space: pre-wrap; }
+.gs-modlist li { overflow-wrap: anywhere; white-space: pre-wrap; cursor: pointer; }
+.gs-modlist li:hover { text-decoration: underline; }
 .gs-modlist { padding-left: 18px; margin: 2px 0; }
 `;
