@@ -323,6 +323,16 @@ def layout_recording(
             (the module depth to collapse at, 1 = top-level modules).
         engine: ``"auto"``, ``"dot"`` or ``"sugiyama"``.
     """
+    if engine == "auto":
+        try:
+            return _layout_recording(rec, collapse, _pick_engine("auto", len(rec.nodes)))
+        except GradscopeError:
+            # dot failed or timed out: Sugiyama always works
+            return _layout_recording(rec, collapse, "sugiyama")
+    return _layout_recording(rec, collapse, _pick_engine(engine, len(rec.nodes)))
+
+
+def _layout_recording(rec: Recording, collapse: bool | int | str, eng: str) -> GraphLayout:
     n = len(rec.nodes)
     modules = [node.module for node in rec.nodes]
     if collapse == "auto":
@@ -337,7 +347,6 @@ def layout_recording(
         raise GradscopeError(
             f"gradscope: collapse={collapse!r} is not understood; use 'auto', True, False or a depth >= 1."
         )
-    eng = _pick_engine(engine, n)
     edges = [(e.src, e.dst) for e in rec.edges if 0 <= e.src < n and 0 <= e.dst < n]
 
     keys: list[str]

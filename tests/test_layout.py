@@ -132,3 +132,16 @@ def test_twenty_thousand_nodes_fully_expanded_lays_out():
     for e in rec.edges[:2000]:
         if rec.nodes[e.src].leaf:
             assert lay.y[e.dst] - lay.y[e.src] == pytest.approx(step)
+
+
+def test_auto_engine_falls_back_to_sugiyama_when_dot_fails(monkeypatch):
+    import gradscope.layout as L
+
+    def broken(*args, **kwargs):
+        raise GradscopeError("gradscope: Graphviz dot failed (TimeoutExpired); use engine='sugiyama'.")
+
+    monkeypatch.setattr(L, "_layout_dot", broken)
+    monkeypatch.setattr(L, "_dot_available", lambda: True)
+    assert layout_recording(tiny_recording()).engine == "sugiyama"
+    with pytest.raises(GradscopeError, match="dot failed"):
+        layout_recording(tiny_recording(), engine="dot")
