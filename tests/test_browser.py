@@ -535,3 +535,66 @@ def test_html_page_offline(tmp_path: Path, browser):
         assert dialogs == [] and requests == [] and errors == []
     finally:
         ctx.close()
+
+
+def test_comparison_page_offline(tmp_path: Path, browser):
+    import torch
+
+    import gradscope as gs
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    xs = torch.randn(8, 6)
+
+    def stacked():
+        model.zero_grad()
+        model(xs).sum().backward()
+        return [p.grad for p in model.parameters()]
+
+    def halves():
+        model.zero_grad()
+        for i in (0, 4):
+            model(xs[i : i + 4]).sum().backward()
+        return [p.grad for p in model.parameters()]
+
+    cmp = gs.compare({"stacked": stacked, "<i>halves</i>": halves}, reference="stacked", repeat=1)
+    path = tmp_path / "cmp.html"
+    cmp.to_html(path)
+    ctx = browser.new_context(viewport={"width": 1300, "height": 1200})
+    page = ctx.new_page()
+    requests: list[str] = []
+    page.route(
+        "**/*",
+        lambda rt: (
+            rt.continue_()
+            if rt.request.url.startswith("file:")
+            else (requests.append(rt.request.url), rt.abort())
+        ),
+    )
+    try:
+        page.goto(path.as_uri())
+        page.wait_for_selector('.gs-cmp-timeline[data-ready="1"]', timeout=20_000)
+        assert page.locator(".gs-cmp-name").all_inner_texts() == ["stacked", "<i>halves</i>"]
+        statuses = page.locator(".gs-cmp-row").evaluate_all("rs => rs.map(r => r.dataset.status)")
+        assert statuses == [r.status for r in cmp.rows]
+        peaks = page.locator(".gs-cmp-row td:nth-child(4)").all_inner_texts()
+        assert peaks == [format_bytes(r.peak_bytes) for r in cmp.rows]
+        # one line per candidate with a recording, overlaid, plus its peak marker
+        names = page.evaluate("() => document.querySelector('.gs-cmp-timeline').data.map(t => t.name)")
+        assert [n for n in names if n != "peak"] == ["stacked", "&lt;i&gt;halves&lt;/i&gt;"]
+        assert page.locator(".gs-cmp-timeline .legendtext").all_text_contents() == [
+            "stacked",
+            "<i>halves</i>",
+        ]
+        assert page.locator(".gs-rerun").is_disabled()
+        # the candidate's own graph, switchable
+        assert page.locator(".gs-candidate-view .gs-graph").get_attribute("data-node-count") == str(
+            len(cmp.rows[0].recording.nodes)
+        )
+        page.locator(".gs-candidate").select_option("<i>halves</i>")
+        assert page.locator(".gs-candidate-view .gs-title").inner_text() == "gradscope · <i>halves</i>"
+        assert page.locator("i").count() == 0
+        _shot(page, "html_05_comparison")
+        assert requests == []
+    finally:
+        ctx.close()
