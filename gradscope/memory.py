@@ -239,6 +239,15 @@ class _TrackerMode(TorchDispatchMode):
         super().__init__()
         self.source = source
 
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        """NOTE [ the tracker and torch.compile ]: a compiled function called while a dispatch mode
+        that does not ignore compile internals is active is skipped by Dynamo for good: it runs
+        eagerly from then on, also after the block (other numerics, other memory). Ignoring them,
+        compiled code stays compiled; allocations inside it are not seen by the tracker (the
+        recording says so; the profiler source sees them)."""
+        return True
+
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         src = self.source
         src._drain()
