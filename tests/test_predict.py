@@ -69,7 +69,24 @@ def _models() -> dict[str, tuple[nn.Module, torch.Tensor, object]]:
                                       nn.Softplus(), nn.LeakyReLU(), nn.Linear(128, 10)), torch.randn(32, 64), _sq),
         "attention": (_HandAttention(), torch.randn(4, 32, 64), _sq),
         "attention-block": (nn.Sequential(_Block(), _Block()), torch.randn(4, 32, 64), _sq),
+        "transformer-encoder": (nn.TransformerEncoder(nn.TransformerEncoderLayer(128, 4, 512, dropout=0.0,
+                                                                                 batch_first=True), 2,
+                                                      enable_nested_tensor=False), torch.randn(8, 64, 128), _sq),
+        "packed-projection": (_PackedProjection(), torch.randn(256, 64), _sq),
     }
+
+
+class _PackedProjection(nn.Module):
+    """nn.MultiheadAttention's packed in-projection: three selects of one tensor, whose gradients
+    the engine accumulates into one buffer (see NOTE [ observers change gradient accumulation ])."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(64, 192))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        proj = (x @ self.w).unflatten(-1, (3, 64)).unsqueeze(0).transpose(0, -2).squeeze(-2).contiguous()
+        return proj[0] * proj[1] * proj[2]
 
 
 def _real_peak(model: nn.Module, x: torch.Tensor, step) -> int:  # type: ignore[no-untyped-def]
@@ -125,6 +142,20 @@ def test_norm_backward_temporaries_are_noted() -> None:
     model = nn.Sequential(nn.Linear(64, 128), nn.BatchNorm1d(128), nn.Linear(128, 10))
     p = gs.predict(_sq, model, torch.randn(32, 64), device="cpu")
     assert any("aten::native_batch_norm_backward" in n for n in p.notes)
+
+
+def test_multihead_attention_is_exact_but_for_one_wrapped_scalar() -> None:
+    mha = nn.MultiheadAttention(64, 4, batch_first=True)
+    x = torch.randn(4, 16, 64)
+
+    def step(m, x):  # type: ignore[no-untyped-def]
+        m(x, x, x)[0].square().mean().backward()
+
+    real = _real_peak(mha, x, step)
+    p = gs.predict(step, mha, x, device="cpu")
+    # the 8 bytes: a Python float that becomes a 0-dim double tensor outside any operator, saved
+    # for backward by a multiplication; meta tensors never see it
+    assert real - p.peak_bytes == 8
 
 
 def test_sdpa_uses_the_cpu_kernel_not_the_math_path() -> None:
