@@ -855,6 +855,14 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                 "custom autograd.Function nodes are present: tensors they keep as ctx attributes "
                 "(ctx.x = t) bypass saved-tensor hooks and are not counted; save_for_backward is counted."
             )
+        compiled = sum(1 for i in self._infos if i.name == "CompiledFunctionBackward")
+        if compiled:
+            self._notes.append(
+                f"{compiled} torch.compile'd regions ran as single CompiledFunctionBackward nodes: the "
+                "operations inside them are not shown; the tensors they save for backward are counted"
+                + ("; allocations made inside compiled code are not seen by memory='tracker' (use "
+                   "memory='cpu')." if self._memory == "tracker" else ".")
+            )
         seq_end = torch._C._autograd._get_sequence_nr()
         created = seq_end - self._seq0
         seen_created = sum(1 for i in self._infos if i.seq is not None and i.seq >= self._seq0)
