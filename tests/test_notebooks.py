@@ -129,5 +129,5 @@ def test_04_penalty_branches():
 def test_05_jacobians():
     text, _ = _run("05_jacobians.ipynb")
     assert _statuses(text) == [{m: "ok" for m in ("loop", "batched", "jacrev", "jacfwd", "vmap")}]
-    assert "shape: (8, 64, 64) | sample 0 equals autograd.functional.jacobian: True" in text
+    assert "shape: (8, 32, 32) | sample 0 equals autograd.functional.jacobian: True" in text
     assert "{'loop': True, 'batched': True, 'jacrev': True, 'jacfwd': True, 'vmap': True}" in text
