@@ -236,6 +236,11 @@ def _facts(page, prefix: str, index: int) -> dict:
 
 
 def _run_cell(page, index: int, prefix: str) -> dict:
+    """Run one cell and return the JSON it printed after ``prefix=``; waits for this run's output
+    (the model's execution count must move past the one before), never a stale one."""
+    before = page.evaluate(
+        "(i) => window.jupyterapp.shell.currentWidget.content.widgets[i].model.executionCount || 0", index
+    )
     page.evaluate(
         """async (i) => {
             const nb = window.jupyterapp.shell.currentWidget.content;
@@ -245,10 +250,13 @@ def _run_cell(page, index: int, prefix: str) -> dict:
         index,
     )
     page.wait_for_function(
-        "([i, p]) => { const c = document.querySelectorAll('.jp-Notebook .jp-Cell')[i];"
-        " return c && c.querySelector('.jp-InputArea-prompt').textContent.match(/\\[\\d+\\]/) &&"
-        " c.querySelector('.jp-OutputArea-output') && c.querySelector('.jp-OutputArea-output').textContent.includes(p); }",
-        arg=[index, prefix + "="],
+        """([i, p, before]) => {
+            const cell = window.jupyterapp.shell.currentWidget.content.widgets[i];
+            const count = cell.model.executionCount || 0;
+            const out = cell.node.querySelector('.jp-OutputArea-output');
+            return count > before && out && out.textContent.includes(p);
+        }""",
+        arg=[index, prefix + "=", before],
         timeout=60_000,
     )
     return _facts(page, prefix, index)
