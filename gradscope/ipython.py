@@ -64,6 +64,7 @@ class _State:
     custom_tb_was_instance: bool = False
     callbacks: list[tuple[str, Any]] = field(default_factory=list)
     active: Any = None  # the gs.record of the cell running now, if any
+    watching: bool = False  # whether ``active`` is the OOM watch's own recording
     finished: Any = None  # Recording finished by the exception handler, for the cell magic
     last: Any = None  # the last Diagnosis shown
 
@@ -112,7 +113,9 @@ class GradscopeMagics(Magics):
     def gradscope(self, line: str, cell: str) -> None:
         """Record this cell with ``gs.record`` and show the recording (see ``%%gradscope?``)."""
         args = parse_argstring(self.gradscope, line)
-        st = _state(self.shell)
+        shell = self.shell
+        assert shell is not None
+        st = _state(shell)
         budget = _parse_budget(args.budget)
         if args.output is not None and not args.output.isidentifier():
             raise UsageError(f"gradscope: -o takes a variable name, got {args.output!r}.")
@@ -120,20 +123,20 @@ class GradscopeMagics(Magics):
 
         try:
             rec = record(memory=args.memory, budget=budget, label=args.label,
-                         modules=_namespace_modules(self.shell.user_ns) or None,
+                         modules=_namespace_modules(shell.user_ns) or None,
                          history=args.history)
         except GradscopeError as e:
             raise UsageError(str(e)) from None
         shown = st.last
-        recording = _run_recorded(self.shell, st, rec, cell)
+        recording = _run_recorded(shell, st, rec, cell)
         if args.output:
-            self.shell.user_ns[args.output] = recording
+            shell.user_ns[args.output] = recording
         _show(recording, widget=not args.no_widget)
         if st.last is shown and recording.extra.get("oom") is not None:
             # an OOM the handler did not diagnose (oom off): diagnose it after the traceback
             from gradscope.diagnose import diagnose
 
-            st.last = diagnose(recording, namespace=self.shell.user_ns)
+            st.last = diagnose(recording, namespace=shell.user_ns)
             print(st.last.text())
 
     @magic_arguments()
@@ -143,7 +146,7 @@ class GradscopeMagics(Magics):
               help="with oom on: run cells on a simulated device of this size (CPU tracker)")
     @argument("--memory", default="auto", choices=_MEMORY_CHOICES,
               help="with oom on: memory source for the per-cell recording")
-    @line_magic("gradscope")
+    @line_magic("gradscope")  # type: ignore[arg-type]
     def gradscope_line(self, line: str) -> None:
         """``%gradscope oom on [--budget SIZE] [--memory SOURCE]`` / ``%gradscope oom off`` /
         ``%gradscope oom`` (status)."""
@@ -224,7 +227,7 @@ def _finish(st: _State, rec: Any, err: BaseException | None, ns: dict[str, Any] 
     left in the user namespace (``loss``, a list of losses) are roots of its graph: the recorder
     looks at its caller's variables, which here are ours, so they are named to it."""
     if st.active is rec:
-        st.active = None
+        st.active, st.watching = None, False
         if ns is not None:
             _add_namespace_roots(rec, ns)
         try:
@@ -303,7 +306,7 @@ def _oom_off(shell: Any, st: _State) -> None:
         shell.CustomTB = st.saved_custom_tb
     else:
         shell.__dict__.pop("CustomTB", None)
-    if st.active is not None and getattr(st.active, "_oom_cell", False):
+    if st.active is not None and st.watching:
         _finish(st, st.active, None)
     st.oom = False
 
@@ -326,8 +329,7 @@ def _make_pre(shell: Any) -> Any:
         except GradscopeError as e:
             print(f"gradscope: could not watch this cell for OOM ({e})", file=sys.stderr)
             return
-        rec._oom_cell = True
-        st.active, st.finished = rec, None
+        st.active, st.finished, st.watching = rec, None, True
 
     return pre_run_cell
 
@@ -335,7 +337,7 @@ def _make_pre(shell: Any) -> Any:
 def _make_post(shell: Any) -> Any:
     def post_run_cell(result: Any) -> None:
         st = _STATES.get(shell)
-        if st is None or st.active is None or not getattr(st.active, "_oom_cell", False):
+        if st is None or st.active is None or not st.watching:
             return
         _finish(st, st.active, getattr(result, "error_in_exec", None), shell.user_ns)
 

@@ -593,8 +593,9 @@ def _flash_on_meta(query: Any, key: Any, value: Any, attn_mask: Any = None, drop
     if enable_gqa or not all(isinstance(t, torch.Tensor) and t.device.type == "meta" for t in tensors):
         return None
     try:
-        choice = torch._fused_sdp_choice(*(_stand_in(t) for t in (query, key, value)),
-                                         _stand_in(attn_mask), dropout_p, is_causal, scale=scale)
+        q, k, v = (_stand_in(t) for t in (query, key, value))
+        choice = torch._fused_sdp_choice(q, k, v, attn_mask=_stand_in(attn_mask), dropout_p=dropout_p,
+                                         is_causal=is_causal, scale=scale)
     except Exception:  # no answer: let the meta device decide
         return None
     if choice != 1:  # SDPBackend.FLASH_ATTENTION
@@ -620,7 +621,7 @@ def _stand_in(t: Any) -> Any:
 # copying to meta
 # ----------------------------------------------------------------------------------------------
 def _meta_like(t: torch.Tensor) -> torch.Tensor:
-    m = torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device="meta")
+    m: torch.Tensor = torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device="meta")
     if isinstance(t, nn.Parameter):
         m = nn.Parameter(m, requires_grad=t.requires_grad)
     elif t.requires_grad:
@@ -642,9 +643,7 @@ def _collect_tensors(obj: Any, out: dict[int, torch.Tensor], seen: set[int]) -> 
         if isinstance(o, torch.Tensor):
             out[id(o)] = o
         elif isinstance(o, nn.Module):
-            for t in o.parameters():
-                out[id(t)] = t
-            for t in o.buffers():
+            for t in (*o.parameters(), *o.buffers()):
                 out[id(t)] = t
             for m in o.modules():
                 stack.extend(v for v in vars(m).values() if isinstance(v, torch.Tensor))
