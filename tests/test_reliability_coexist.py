@@ -1,0 +1,305 @@
+"""Reliability: gs.record next to the rest of PyTorch. Checkpointing (reentrant and not), a
+user's own saved_tensors_hooks and save_on_cpu, custom autograd.Function, retain_graph with
+several passes, several roots, double backward, torch.func transforms and torch.compile: the
+results with a recording equal the results without one bit for bit (``torch.equal``), in every
+memory mode, and the recording says what it could not see."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from test_reliability import MEMORY, leftovers
+from torch import nn
+from torch.autograd.graph import save_on_cpu, saved_tensors_hooks
+from torch.func import functional_call, grad, jacrev, vmap
+from torch.utils.checkpoint import checkpoint
+
+import gradscope as gs
+
+
+def _model(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Dropout(0.25), nn.Linear(16, 16), nn.GELU(),
+                         nn.Linear(16, 4))
+
+
+def _input(requires_grad: bool = False) -> torch.Tensor:
+    torch.manual_seed(1)
+    return torch.randn(6, 8, requires_grad=requires_grad)
+
+
+def _grads(model: nn.Module, *tensors: torch.Tensor) -> list[torch.Tensor]:
+    return [p.grad.clone() for p in model.parameters()] + [t.grad.clone() for t in tensors]
+
+
+class _KeepsCtx(torch.autograd.Function):
+    """y = x * w; keeps x through save_for_backward and w as a ctx attribute (invisible to hooks)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        ctx.w = w
+        return x * w
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        (x,) = ctx.saved_tensors
+        return g * ctx.w, (g * x).sum(0)
+
+
+_USER_PACKS: list[int] = []
+
+
+def _user_hooks(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
+    def pack(t: torch.Tensor) -> tuple[str, torch.Tensor]:
+        _USER_PACKS.append(1)
+        return ("mine", t)
+
+    def unpack(box: tuple[str, torch.Tensor]) -> torch.Tensor:
+        assert box[0] == "mine"
+        return box[1]
+
+    with saved_tensors_hooks(pack, unpack):
+        y = model(x)
+    y.pow(2).mean().backward()
+    return _grads(model)
+
+
+def _save_on_cpu(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
+    with save_on_cpu(pin_memory=False):
+        y = model(x)
+    y.pow(2).mean().backward()
+    return _grads(model)
+
+
+def _ckpt(model: nn.Module, x: torch.Tensor, reentrant: bool) -> list[torch.Tensor]:
+    x = x.detach().requires_grad_(True)
+    h = checkpoint(model[:3], x, use_reentrant=reentrant)
+    checkpoint(model[3:], h, use_reentrant=reentrant).pow(2).mean().backward()
+    return _grads(model, x)
+
+
+def _custom(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
+    w = torch.linspace(0.5, 1.5, 4, requires_grad=True)
+    _KeepsCtx.apply(model(x), w).pow(2).mean().backward()
+    return _grads(model, w)
+
+
+def _retain(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
+    loss = model(x).pow(2).mean()
+    out = []
+    for k in range(3):
+        model.zero_grad(set_to_none=True)
+        (loss * (k + 1)).backward(retain_graph=True)
+        out += _grads(model)
+    return out
+
+
+def _several_roots(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
+    y = model(x)
+    a, b = y[:, :2].pow(2).sum(), y[:, 2:].abs().sum()
+    torch.autograd.backward([a, b], [torch.tensor(1.0), torch.tensor(0.5)], retain_graph=True)
+    ga, gb = torch.autograd.grad([a, b], [model[0].weight, model[5].bias])
+    return _grads(model) + [ga, gb]
+
+
+def _double_backward(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
+    x = x.detach().requires_grad_(True)
+    y = model(x).pow(2).sum()
+    (gx,) = torch.autograd.grad(y, x, create_graph=True)
+    (y + gx.pow(2).sum()).backward()
+    return _grads(model, x)
+
+
+def _func_grad(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    model.eval()  # torch.func.grad with dropout's randomness would need randomness="different"
+
+    def loss(p: dict[str, torch.Tensor]) -> torch.Tensor:
+        return functional_call(model, p, (x,)).pow(2).mean()
+
+    g = grad(loss)(params)
+    return [g[k] for k in sorted(g)]
+
+
+def _func_vmap(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
+    model.eval()
+    per_sample = vmap(lambda xi: model(xi.unsqueeze(0)).squeeze(0))(x)
+    return [per_sample]
+
+
+def _func_jacrev(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
+    model.eval()
+    j = jacrev(lambda xx: model(xx).sum(0))(x)
+    per = vmap(jacrev(lambda xi: model(xi.unsqueeze(0)).squeeze(0)))(x)
+    return [j, per]
+
+
+def _plain(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
+    model(x).pow(2).mean().backward()
+    return _grads(model)
+
+
+CASES: dict[str, Callable[[nn.Module, torch.Tensor], list[torch.Tensor]]] = {
+    "plain": _plain,
+    "checkpoint_reentrant": lambda m, x: _ckpt(m, x, True),
+    "checkpoint_non_reentrant": lambda m, x: _ckpt(m, x, False),
+    "user_saved_tensors_hooks": _user_hooks,
+    "save_on_cpu": _save_on_cpu,
+    "custom_function": _custom,
+    "retain_graph_three_passes": _retain,
+    "several_roots": _several_roots,
+    "double_backward": _double_backward,
+    "func_grad": _func_grad,
+    "func_vmap": _func_vmap,
+    "func_jacrev": _func_jacrev,
+}
+
+
+def _run(case: str, memory: str | None) -> tuple[list[torch.Tensor], gs.Recording | None]:
+    model, x = _model(), _input()
+    torch.manual_seed(2)  # dropout masks (and checkpoint's replay of them)
+    if memory is None:
+        return CASES[case](model, x), None
+    with gs.record(memory=memory) as rec:
+        out = CASES[case](model, x)
+    return out, rec.recording
+
+
+def _notes(r: gs.Recording) -> str:
+    return "\n".join(r.notes)
+
+
+@pytest.mark.parametrize("memory", MEMORY)
+@pytest.mark.parametrize("case", list(CASES))
+def test_results_bit_identical_with_and_without_recording(case: str, memory: str) -> None:
+    ref, _ = _run(case, None)
+    _USER_PACKS.clear()
+    got, r = _run(case, memory)
+    assert r is not None and r.complete
+    assert len(got) == len(ref)
+    for a, b in zip(got, ref, strict=True):
+        assert torch.equal(a, b)
+    assert leftovers() == []
+    notes = _notes(r)
+    assert "internal error" not in notes
+    if case in ("user_saved_tensors_hooks", "save_on_cpu", "checkpoint_non_reentrant"):
+        # only the innermost saved_tensors_hooks pair applies: these saves were hidden
+        m = re.search(r"(\d+) saved tensors were packed by other saved_tensors_hooks", notes)
+        assert m is not None, notes
+        if case == "user_saved_tensors_hooks":
+            assert int(m.group(1)) == len(_USER_PACKS) > 0
+    else:
+        assert "packed by other saved_tensors_hooks" not in notes
+    if case in ("custom_function", "checkpoint_reentrant"):
+        assert "custom autograd.Function nodes are present" in notes
+        assert "ctx attributes" in notes
+    if case.startswith("func_"):
+        if case != "func_vmap":  # vmap alone allows saved-tensor hooks
+            assert "torch.func transform" in notes
+    if case == "retain_graph_three_passes":
+        assert r.backward_passes == 3
+        # loss * (k + 1) makes one new node per pass; every node of the loss's graph runs 3 times
+        counts = sorted(n.executed for n in r.nodes)
+        assert counts == [1, 1, 1] + [3] * (len(r.nodes) - 3)
+        assert len(r.steps) == sum(counts)
+    if case == "several_roots":
+        assert r.backward_passes == 2
+        assert {r.nodes[s.node].name for s in r.steps} >= {"SumBackward0", "AbsBackward0", "PowBackward0"}
+    if case == "double_backward":
+        assert r.order_counts().get(1, 0) > 0  # nodes created by create_graph
+        assert r.backward_passes == 2
+
+
+def test_user_hooks_hide_exactly_their_saves_and_no_others() -> None:
+    """Saves made outside the user's hooks inside the same block are recorded; saves made under
+    them are counted in notes and not listed."""
+    model, x = _model(), _input()
+    model.eval()
+    with gs.record(memory="off") as rec:
+        with saved_tensors_hooks(lambda t: t, lambda t: t):
+            h = model[:2](x)  # Linear (saves x), Tanh (saves its result): 2 hidden saves
+        model[3:](h).pow(2).mean().backward()
+    r = rec.recording
+    assert "2 saved tensors were packed by other saved_tensors_hooks" in _notes(r)
+    names = {r.nodes[s.node].name for s in r.saved}
+    assert "TanhBackward0" not in names and "GeluBackward0" in names
+    with gs.record(memory="off") as rec2:
+        model(x).pow(2).mean().backward()
+    assert len(rec2.recording.saved) == len(r.saved) + 2
+
+
+def test_non_reentrant_checkpoint_is_not_recomputed_by_the_recorder() -> None:
+    """Reading saved attributes through the checkpoint's unpack hook would recompute the segment;
+    the recorder never unpacks saves it did not pack, so the forward runs twice, not more."""
+    calls = []
+    model = _model()
+    model[1].register_forward_hook(lambda *a: calls.append(1))
+    x = _input(requires_grad=True)
+    with gs.record(memory="off"):
+        checkpoint(model, x, use_reentrant=False).sum().backward()
+    assert len(calls) == 2  # the forward and the recomputation in backward
+
+
+# ------------------------------------------------------------------ torch.compile
+def _compile_available() -> bool:
+    try:
+        torch.compile(lambda t: t + 1, backend="aot_eager")(torch.ones(1))
+    except Exception:
+        return False
+    return True
+
+
+def test_compiled_module_same_results_stays_compiled_and_says_what_it_hid() -> None:
+    if not _compile_available():
+        # No compiler here: a compiled call fails the same way with and without recording, and
+        # leaves nothing behind.
+        with pytest.raises(Exception):  # noqa: B017 - whatever torch.compile raises there
+            with gs.record(memory="tracker"):
+                torch.compile(_model(), backend="aot_eager")(_input())
+        assert leftovers() == []
+        return
+    model = _model()
+    model.eval()
+    compiled = torch.compile(model, backend="aot_eager")
+    x = _input()
+    compiled(x).pow(2).mean().backward()  # compile once, outside any recording
+    ref = _grads(model)
+    for memory in MEMORY:
+        model.zero_grad(set_to_none=True)
+        with pytest.warns(UserWarning, match="global hooks on modules"):
+            with gs.record(memory=memory) as rec:
+                compiled(x).pow(2).mean().backward()
+        for a, b in zip(_grads(model), ref, strict=True):
+            assert torch.equal(a, b)
+        r = rec.recording
+        names = [n.name for n in r.nodes]
+        assert "CompiledFunctionBackward" in names and "AddmmBackward0" not in names
+        assert r.saved_bytes > 0  # what the compiled forward saved for backward is counted
+        assert "torch.compile'd regions" in _notes(r)
+        assert ("memory='tracker'" in _notes(r)) is (memory == "tracker")
+        assert leftovers() == []
+        # the module is still compiled after the block (a dispatch mode must not de-compile it)
+        assert type(compiled(x).grad_fn).__name__ == "CompiledFunctionBackward"
+
+
+def test_compiled_module_first_compiled_inside_a_recording() -> None:
+    if not _compile_available():
+        pytest.skip("torch.compile cannot run here; covered by the test above")
+    model = _model(3)
+    model.eval()
+    x = _input()
+    model(x).pow(2).mean().backward()
+    eager = _grads(model)
+    model.zero_grad(set_to_none=True)
+    with pytest.warns(UserWarning, match="global hooks on modules"):
+        with gs.record(memory="tracker") as rec:
+            torch.compile(model, backend="aot_eager")(x).pow(2).mean().backward()
+    for a, b in zip(_grads(model), eager, strict=True):  # aot_eager runs the eager kernels
+        assert torch.equal(a, b)
+    assert "CompiledFunctionBackward" in [n.name for n in rec.recording.nodes]
+    assert leftovers() == []
