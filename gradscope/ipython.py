@@ -212,12 +212,19 @@ def _run_recorded(shell: Any, st: _State, rec: Any, cell: str) -> Recording:
     except GradscopeError as e:
         raise UsageError(str(e)) from None
     st.active, st.finished = rec, None
+    outer = getattr(shell.displayhook, "exec_result", None)
     try:
         result = shell.run_cell(cell, store_history=False)
     except BaseException as e:
         _finish(st, rec, e, shell.user_ns)
         raise
+    finally:
+        shell.displayhook.exec_result = outer
     err = result.error_in_exec if result is not None else None
+    if err is not None and outer is not None and outer.error_in_exec is None:
+        # The traceback was shown by the inner run; the %%gradscope cell itself failed too, so
+        # that a kernel reports the cell as an error (and a notebook run stops there).
+        outer.error_in_exec = err
     recording = _finish(st, rec, err, shell.user_ns)
     return recording
 

@@ -79,8 +79,9 @@ def test_load_registers_the_magics_and_unload_removes_them() -> None:
 
 
 def test_cell_magic_records_through_run_cell(ip: Any, capsys: Any) -> None:
-    ip.run_cell_magic("gradscope", "-o r --memory tracker --no-widget",
+    res = ip.run_cell("%%gradscope -o r --memory tracker --no-widget\n"
                       "a = 2\n%time b = a + 1\nmodel(torch.randn(4, 8)).sum().backward()\n")
+    assert res.error_in_exec is None
     out = capsys.readouterr().out
     r = ip.user_ns["r"]
     assert isinstance(r, gs.Recording) and r.complete
@@ -103,8 +104,9 @@ def test_cell_magic_shows_the_recording(ip: Any, capsys: Any) -> None:
 
 
 def test_cell_magic_budget_failure_is_recorded_and_diagnosed(ip: Any, capsys: Any) -> None:
-    ip.run_cell_magic("gradscope", "--budget 2KiB -o r --no-widget",
+    res = ip.run_cell("%%gradscope --budget 2KiB -o r --no-widget\n"
                       "xs = [model(torch.randn(64, 8)) for i in range(10)]\n")
+    assert isinstance(res.error_in_exec, gs.MemoryBudgetExceeded)  # the cell counts as failed
     out = capsys.readouterr().out
     r = ip.user_ns["r"]
     assert not r.complete and r.error.startswith("MemoryBudgetExceeded")
