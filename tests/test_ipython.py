@@ -204,3 +204,34 @@ def test_unload_while_oom_is_on_restores_everything() -> None:
     assert shell.__dict__.get("CustomTB") is tb
     assert _callbacks(shell) == cbs
     assert "gradscope" not in shell.magics_manager.magics["line"]
+
+
+@pytest.mark.slow
+def test_in_a_real_kernel() -> None:
+    """The same magics in a real Jupyter kernel: outputs as a front end receives them."""
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    cells = [
+        "%load_ext gradscope\n" + _MODEL,
+        "%%gradscope -o r --memory tracker\nmodel(torch.randn(4, 8)).sum().backward()",
+        "print(type(r).__name__, r.peak_bytes, sorted(n.leaf for n in r.nodes if n.leaf)[0])",
+        "%gradscope oom on --budget 64KiB",
+        "xs = []\nfor i in range(100):\n    xs.append(model(torch.randn(64, 8)).square().mean())",
+        "%gradscope oom off\n%unload_ext gradscope\nprint(get_ipython().custom_exceptions)",
+    ]
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    nbclient.NotebookClient(nb, timeout=120, kernel_name="python3", allow_errors=True).execute()
+    outs = [c.outputs for c in nb.cells]
+
+    def text(i: int) -> str:
+        return "".join(o.get("text", "") + "".join(o.get("traceback", [])) for o in outs[i])
+
+    shown = outs[1][0]
+    assert shown.output_type == "display_data"
+    assert "gradscope recording" in shown.data["text/plain"]  # what a widget-less front end shows
+    assert text(2).strip() == "Recording 1036 model.0.bias"
+    errors = [o for o in outs[4] if o.output_type == "error"]
+    assert len(errors) == 1 and errors[0].ename == "MemoryBudgetExceeded"
+    streamed = "".join(o.get("text", "") for o in outs[4] if o.output_type == "stream")
+    assert "gradscope diagnosis" in streamed and "`xs` holds" in streamed
+    assert text(5).splitlines()[-1] == "()"  # the handler is gone after unloading
