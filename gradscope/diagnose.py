@@ -121,6 +121,7 @@ class Diagnosis:
     error: str | None
     by_kind: tuple[tuple[str, int], ...]
     by_module: tuple[tuple[str, int], ...]
+    resident: tuple[tuple[str, int], ...]
     largest: tuple[HeldTensor, ...]
     holders: tuple[GraphHolder, ...]
     findings: tuple[Finding, ...]
@@ -146,8 +147,11 @@ class Diagnosis:
             f"held: {format_bytes(self.live_bytes)} ({self.live_bytes} bytes) allocated inside the block and "
             f"alive then; {format_bytes(self.resident_bytes)} existed before it (parameters, inputs)"
         )
+        if self.resident:
+            lines.append("resident before the block, from your variables: " + ", ".join(
+                f"{k} {format_bytes(b)}" for k, b in self.resident))
         if self.by_kind:
-            lines.append("by kind:")
+            lines.append("by kind (allocated inside the block):")
             for k, b in self.by_kind:
                 lines.append(f"  {format_bytes(b):>10}  {_KIND_NAMES.get(k, k)}")
         if self.by_module:
@@ -272,13 +276,24 @@ class _Analysis:
                 self.modules.append((name, v))
             elif isinstance(v, torch.optim.Optimizer):
                 self.optimizers.append((name, v))
+        self.resident: dict[str, dict[int, int]] = {"parameters": {}, "gradients": {}, "optimizer state": {}}
+        leaves = {n.leaf for n in self.rec.nodes if n.leaf and n.leaf != "input"}
+        roots = {_top(n.module) for n in self.rec.nodes if n.module}
         for name, m in self.modules:
+            params = list(m.named_parameters())
+            if name not in roots and _prefix_of(name, m, params, leaves) is None:
+                continue  # a model that took no part in this recording
+            for t in (*m.parameters(), *m.buffers()):
+                k = self._key(t)
+                if k is not None:
+                    self.resident["parameters"][k] = int(t.untyped_storage().nbytes())
             for pname, p in m.named_parameters():
                 if p.grad is not None:
                     k = self._key(p.grad)
                     if k is not None:
                         self.kind_of_key.setdefault(k, "gradient")
                         self.names.setdefault(k, f"{name}.{pname}.grad")
+                        self.resident["gradients"][k] = int(p.grad.untyped_storage().nbytes())
         for name, opt in self.optimizers:
             for i, st in enumerate(opt.state.values()):
                 if not isinstance(st, Mapping):
@@ -289,6 +304,7 @@ class _Analysis:
                         if k is not None:
                             self.kind_of_key[k] = "optimizer"
                             self.names.setdefault(k, f"{name}.state[{i}][{sk!r}]")
+                            self.resident["optimizer state"][k] = int(t.untyped_storage().nbytes())
 
     def _holders(self) -> list[GraphHolder]:
         live_keys = {r["key"]: r["bytes"] for r in self.rows}
@@ -331,6 +347,10 @@ class _Analysis:
             self.notes.append(f"{self.omitted} smaller live tensors are counted by kind and module but "
                               "not listed one by one.")
         by_kind = tuple(sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0])))
+        inside = {r["key"] for r in self.rows}
+        resident = tuple((k, sum(b for key, b in v.items() if key not in inside))
+                         for k, v in self.resident.items())
+        resident = tuple((k, b) for k, b in resident if b > 0) if self.moment != "none" else ()
         by_module = tuple(sorted(modules.items(), key=lambda kv: (-kv[1], kv[0]))[: self.top])
         findings = self._findings(kinds, holders)
         oom = rec.extra.get("oom") or {}
@@ -345,6 +365,7 @@ class _Analysis:
             error=rec.error,
             by_kind=by_kind,
             by_module=by_module,
+            resident=resident,
             largest=tuple(held[: self.top]),
             holders=tuple(holders[: self.top]),
             findings=tuple(findings),

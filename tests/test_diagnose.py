@@ -132,6 +132,10 @@ def test_pretrained_extractor_left_trainable_names_the_model_and_no_grad() -> No
     assert f.bytes == saved_in_backbone > 0
     # the head is trained: not flagged
     assert not any(x.variable == "head" for x in d.findings)
+    # what existed before the block, from the variables: both models' parameters
+    params = sum(p.numel() * 4 for m in (backbone, head) for p in m.parameters())
+    assert dict(d.resident)["parameters"] == params
+    assert "resident before the block, from your variables: parameters 2.2 MiB" in d.text()
 
 
 def test_extractor_under_no_grad_fits_and_is_not_flagged() -> None:
