@@ -120,7 +120,9 @@ _STATE = (
     '"rerun_error": cw.rerun_error, "running": cw.running, "statuses": [r.status for r in cmp.rows]}))'
 )
 _SLOW = 'SLOW["on"] = True\nprint("SLOW=" + json.dumps(SLOW))'
-CELLS = [_SETUP, _WIDGET, _COMPARE, _HOSTILE, _STATE, _SLOW]
+# selecting from Python: the next node after the current selection
+_SELECT = 'w.selected_node = (w.selected_node + 1) % len(rec.nodes)\nprint("SELECT=" + json.dumps({"node": w.selected_node}))'
+CELLS = [_SETUP, _WIDGET, _COMPARE, _HOSTILE, _STATE, _SLOW, _SELECT]
 
 
 def _notebook() -> dict:
@@ -309,7 +311,8 @@ def test_widget_in_jupyterlab(lab, browser):
         )
         facts = _facts(page, "FACTS", 0)
         state0 = _run_cell(page, 4, "STATE")
-        assert state0["selected_node"] == -1 and state0["step"] == -1 and state0["reruns"] == 0
+        # run-all ran the SELECT cell once: node 0 chosen from Python, shown by the view
+        assert state0["selected_node"] == 0 and state0["step"] == -1 and state0["reruns"] == 0
 
         # --- the graph: every node drawn (a small MLP is not collapsed) ---------------------
         rw = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".gs-root")
@@ -317,6 +320,7 @@ def test_widget_in_jupyterlab(lab, browser):
         assert int(graph.get_attribute("data-node-count")) == facts["nodes"]
         assert int(graph.get_attribute("data-visible-count")) == facts["nodes"]
         graph.scroll_into_view_if_needed()
+        assert rw.locator(".gs-side").get_attribute("data-node") == "0"
         _shot(page, "lab_01_recording")
 
         # --- click a node: its saved tensors, and the kernel knows ---------------------------
@@ -348,6 +352,14 @@ def test_widget_in_jupyterlab(lab, browser):
         assert released == [i for i, f in enumerate(facts["freed"]) if f == 2]
         _shot(page, "lab_03_step")
         assert _run_cell(page, 4, "STATE")["step"] == 2
+
+        # --- selecting from Python shows the node in the view ---------------------------------
+        target = _run_cell(page, 6, "SELECT")["node"]
+        assert target == (facts["click"] + 1) % facts["nodes"]
+        page.wait_for_selector(
+            f'.jp-Notebook .jp-Cell >> nth=1 >> .gs-side[data-node="{target}"]', timeout=10_000
+        )
+        assert rw.locator(".gs-node-title").inner_text().endswith(f" #{target}")
 
         # --- pan and zoom ------------------------------------------------------------------------
         canvas = graph.locator("canvas")

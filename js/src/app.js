@@ -166,11 +166,17 @@ export class RecordingView {
       if (n.module === m && (best < 0 || n.savedBytes > this.rec.nodes[best].savedBytes)) best = n.id;
     }
     if (best < 0) return;
-    const g = this.rec.graph.group[best];
-    if (g >= 0 && !this.graph.expanded.has(g)) this.graph.toggleGroup(g, true);
-    this.graph.focusNode(best);
-    this.showNode(best);
+    this.revealNode(best);
     this.hooks.onSelect?.(best);
+  }
+
+  /** Open the node's module if it is folded, centre the node and show its details. */
+  revealNode(id) {
+    if (!this.rec.nodes[id]) return;
+    const g = this.rec.graph.group[id];
+    if (g >= 0 && !this.graph.expanded.has(g)) this.graph.toggleGroup(g, true);
+    this.graph.focusNode(id);
+    this.showNode(id);
   }
 
   /** The side panel for node `id`: what it is, its module, its saved tensors. */
@@ -450,10 +456,13 @@ export function mount(el, model, opts = {}) {
       root.dataset.kind = "recording";
     };
     build();
+    // state set from Python before this view existed (or kept from an earlier view)
+    if (model.get("step") >= 0) view.setStep(model.get("step"), false);
+    if (model.get("selected_node") >= 0) view.revealNode(model.get("selected_node"));
     on("change:data", build);
     on("change:selected_node", () => {
       const id = model.get("selected_node");
-      if (id >= 0 && id !== view.selected) view.showNode(id);
+      if (id >= 0 && id !== view.selected) view.revealNode(id);
     });
     on("change:step", () => {
       const k = model.get("step");
