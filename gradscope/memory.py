@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
@@ -118,6 +119,10 @@ def resolve_memory(memory: str, budget: int | None) -> str:
 # --------------------------------------------------------------------------------------
 # CPU: the profiler's allocation events
 # --------------------------------------------------------------------------------------
+_profiler_lock = threading.Lock()
+_profiler_busy = False  # see NOTE [ one profiler at a time ]
+
+
 class ProfilerSource:
     """NOTE [ CPU bytes come from the allocator ]: the profiler with ``profile_memory=True`` gets a
     report from the CPU allocator for every allocation and free, including buffers that kernels
@@ -135,18 +140,41 @@ class ProfilerSource:
         self.scopes: list[EvalScope] = []
 
     def start(self) -> None:
+        """NOTE [ one profiler at a time ]: PyTorch runs one profiler session per process. A
+        second one started in another thread crashes the process when both stop (segmentation
+        fault), and one started inside a user's ``torch.profiler`` session ends theirs (it records
+        nothing more). So a busy profiler is refused with a GradscopeError before anything starts."""
         from torch.profiler import ProfilerActivity, profile
 
-        self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-        with _quiet_stderr():
-            self._prof.__enter__()
+        global _profiler_busy
+        with _profiler_lock:
+            if _profiler_busy or torch.autograd.profiler._is_profiler_enabled:
+                raise GradscopeError(
+                    "gradscope: memory='cpu' reads PyTorch's profiler, and a profiler session is "
+                    "already running (your torch.profiler, or a recording in another thread); "
+                    "PyTorch runs one at a time. Use memory='tracker' (no profiler needed) or "
+                    "memory='off' here, or record after the other session ends."
+                )
+            _profiler_busy = True
+        try:
+            self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+            with _quiet_stderr():
+                self._prof.__enter__()
+        except BaseException:
+            self._prof = None
+            _profiler_busy = False
+            raise
 
     def stop(self) -> None:
+        global _profiler_busy
         prof, self._prof = self._prof, None
         if prof is None:
             return
-        with _quiet_stderr():
-            prof.__exit__(None, None, None)
+        try:
+            with _quiet_stderr():
+                prof.__exit__(None, None, None)
+        finally:
+            _profiler_busy = False
         self._parse(prof.profiler.kineto_results.experimental_event_tree())
 
     def live(self) -> int | None:
