@@ -13,6 +13,7 @@ optimizer. Patterns found:
 - ``frozen_trainable``: a model whose parameters require grad but that no optimizer trains (or that
   is in eval mode) ran with autograd on, so its activations were saved;
 - ``retain_graph``: backward calls with ``retain_graph=True`` kept their graphs;
+- ``optimizer_state``: gradients and optimizer state dominate;
 - ``deep_activations``: saved activations dominate: checkpoint the largest block.
 
 Example:
@@ -435,6 +436,20 @@ class _Analysis:
             ))
         # a model that requires grad but is not trained, run with autograd on
         out.extend(self._frozen_trainable())
+        # gradients and optimizer state dominate
+        opt_bytes, grad_bytes = kinds.get("optimizer", 0), kinds.get("gradient", 0)
+        if opt_bytes + grad_bytes >= 0.5 * live and opt_bytes > 0:
+            name = self.optimizers[0][0] if self.optimizers else "opt"
+            kind = type(self.optimizers[0][1]).__name__ if self.optimizers else "the optimizer"
+            out.append(Finding(
+                pattern="optimizer_state", bytes=opt_bytes + grad_bytes, variable=name,
+                message=(f"{kind}'s state ({format_bytes(opt_bytes)}) and the gradients ({format_bytes(grad_bytes)}) "
+                         f"are {format_bytes(opt_bytes + grad_bytes)} of the {format_bytes(self.live)} live"),
+                suggestion=("free gradients between steps (zero_grad(set_to_none=True), the default), step with "
+                            "foreach=False to avoid the step's temporary copies, or use an optimizer with less "
+                            "state per parameter (SGD with momentum keeps one copy, Adam two)"),
+                code=f"{name}.zero_grad(set_to_none=True)",
+            ))
         # retain_graph
         retained = [c for c in self.calls if c.get("retain_graph") and not c.get("create_graph")]
         if retained:

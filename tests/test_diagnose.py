@@ -235,3 +235,26 @@ def test_smaller_live_tensors_are_summed_not_listed(monkeypatch: pytest.MonkeyPa
     assert sum(b for _, b in d.by_module) == d.live_bytes
     assert any("not listed one by one" in n for n in d.notes)
     assert d.findings[0].variable == "losses"
+
+
+def test_gradients_and_optimizer_state_are_told_apart() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 256))
+    opt = torch.optim.Adam(model.parameters())
+    params = sum(p.numel() * 4 for p in model.parameters())
+    with pytest.raises(gs.MemoryBudgetExceeded):
+        with gs.record(budget=3 * params + 150 * KiB, modules={"model": model}) as rec:
+            for _ in range(5):
+                opt.zero_grad(set_to_none=False)
+                model(torch.randn(64, 256)).square().mean().backward()
+                opt.step()
+    d = gs.diagnose(rec.recording)
+    kinds = dict(d.by_kind)
+    assert kinds["gradient"] == params  # made in the block by AccumulateGrad, named from model
+    assert kinds["optimizer"] == 2 * params  # exp_avg and exp_avg_sq
+    f = d.findings[0]
+    assert f.pattern == "optimizer_state" and f.variable == "opt" and f.bytes == 3 * params
+    assert "Adam's state" in f.message and f.code == "opt.zero_grad(set_to_none=True)"
+    named = {t.variable for t in d.largest if t.variable}
+    assert any(n.startswith("opt.state[") for n in named)
+    assert any(n.startswith("model.") and n.endswith(".grad") for n in named)
