@@ -26,6 +26,7 @@ from gradscope.recording import Recording, format_bytes
 
 __all__ = [
     "MAX_TIMELINE_POINTS",
+    "PAYLOAD_VERSION",
     "ComparisonWidget",
     "RecordingWidget",
     "bundle_path",
@@ -125,6 +126,10 @@ def _round_t(v: float | None) -> float | None:
     return round(f, 7) if math.isfinite(f) else None
 
 
+# NOTE [ one payload, sent once ]: everything a view draws travels as one JSON string in the
+# ``data`` trait: columns instead of row objects, strings interned in one table, coordinates
+# rounded to pixels, the timeline thinned to MAX_TIMELINE_POINTS keeping its extremes. A
+# 48-layer encoder's graph is about 0.55 MB; state changes (a click, a step) are small traits.
 def recording_payload(
     rec: Recording,
     *,
@@ -375,7 +380,14 @@ if _anywidget is not None:
                 self.rerun_error = str(e)
 
         def rerun(self, names: Sequence[str]) -> threading.Thread:
-            """Re-measure the named candidates in a background thread; returns the thread."""
+            """Re-measure the named candidates in a background thread; returns the thread.
+
+            NOTE [ re-runs in a thread ]: the kernel handles the browser's messages only while it
+            is idle, and a re-run can take minutes. Running it in the comm handler would freeze
+            the widget and the notebook; in a thread the kernel stays idle, so the view keeps
+            answering (clicks, steps, other cells) and the result arrives as one state update.
+            One re-run at a time: ``Comparison.rerun`` serializes its runs anyway.
+            """
             known = [str(r.name) for r in self.comparison.rows]
             unknown = [n for n in names if n not in known]
             if unknown:
