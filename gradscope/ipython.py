@@ -281,8 +281,12 @@ def _oom_status(st: _State) -> str:
         return "gradscope: OOM diagnosis is off. Turn it on with %gradscope oom on [--budget SIZE]."
     dev = (f"a simulated {st.oom_budget}-byte device" if st.oom_budget is not None
            else "the CUDA allocator" if st.oom_memory == "cuda" else f"memory source {st.oom_memory}")
-    return (f"gradscope: OOM diagnosis is on: each cell runs under a recording ({dev}); a cell that "
+    text = (f"gradscope: OOM diagnosis is on: each cell runs under a recording ({dev}); a cell that "
             "raises torch.OutOfMemoryError shows a diagnosis before its traceback.")
+    if st.oom_budget is None and st.oom_memory != "cuda":
+        text += (" No GPU and no --budget: nothing here will run out of memory; add --budget SIZE "
+                 "(e.g. 8GiB) to run cells on a simulated device of that size.")
+    return text
 
 
 def _oom_on(shell: Any, st: _State, budget: int | None, memory: str) -> None:

@@ -173,6 +173,13 @@ def test_oom_on_diagnoses_before_the_traceback_and_off_restores(ip: Any, capsys:
     assert res.error_in_exec is None and len(ip.user_ns["xs"]) == 100
 
 
+def test_oom_on_without_budget_on_cpu_says_how_to_simulate(ip: Any, capsys: Any) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the CUDA allocator is watched")
+    ip.run_line_magic("gradscope", "oom on")
+    assert "add --budget SIZE" in capsys.readouterr().out
+
+
 def test_oom_watch_leaves_cells_that_record_on_their_own_alone(ip: Any, capsys: Any) -> None:
     ip.run_line_magic("gradscope", "oom on --budget 1MiB")
     res = ip.run_cell("with gs.record(memory='tracker') as rec:\n    model(torch.randn(4, 8)).sum().backward()\n")
