@@ -195,6 +195,12 @@ def recording_payload(
         "label": [S(tl[i].label) for i in keep],
         "module": [S(tl[i].module) for i in keep],
         "step": [tl[i].step for i in keep],
+        # CUDA's reserved bytes, when the recording has them (absent otherwise, to stay small)
+        **(
+            {"reserved": [tl[i].reserved for i in keep]}
+            if any(tl[i].reserved is not None for i in keep)
+            else {}
+        ),
         "dropped": rec.timeline_dropped + (len(tl) - len(keep)),
     }
     peak = None

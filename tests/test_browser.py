@@ -490,6 +490,17 @@ def test_html_page_offline(tmp_path: Path, browser):
         hover = page.locator(".gs-timeline .hoverlayer .hovertext").first.text_content()
         assert rec.timeline[peak_i].label in hover and format_bytes(rec.timeline[peak_i].live) in hover
         _shot(page, "html_01_page")
+        # clicking a point of backward jumps the step-through to its step
+        target = page.evaluate(
+            """() => { const gd = document.querySelector('.gs-timeline'); const tr = gd.data[0];
+                       const fl = gd._fullLayout; const r = gd.getBoundingClientRect();
+                       const ks = tr.customdata.map((s, i) => [s, i]).filter(([s]) => s !== null && s > 0);
+                       const [step, i] = ks[Math.floor(ks.length / 2)];
+                       return { step, x: r.left + fl._size.l + fl.xaxis.l2p(tr.x[i]),
+                                y: r.top + fl._size.t + fl.yaxis.l2p(tr.y[i]) }; }"""
+        )
+        page.mouse.click(target["x"], target["y"])
+        assert page.locator(".gs-steplabel").get_attribute("data-step") == str(target["step"])
         # step-through works without a kernel
         page.locator(".gs-last").click()
         n = len(rec.steps)

@@ -277,3 +277,14 @@ def test_gs_show_is_the_widget_entry_point_and_collapse_passes_through():
     assert len(folded["groups"]["key"]) == 4 and folded["depth"] == 2
     flat = json.loads(show(rec, collapse=False).data)["graph"]
     assert flat["groups"]["key"] == [] and set(flat["group"]) == {-1}
+
+
+def test_reserved_bytes_travel_only_when_recorded():
+    import dataclasses
+
+    rec = tiny_recording()
+    assert "reserved" not in recording_payload(rec)["timeline"]
+    cuda = dataclasses.replace(
+        rec, timeline=tuple(dataclasses.replace(p, reserved=2048 + i) for i, p in enumerate(rec.timeline))
+    )
+    assert recording_payload(cuda)["timeline"]["reserved"] == [2048 + i for i in range(7)]

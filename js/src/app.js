@@ -81,7 +81,9 @@ export class RecordingView {
     this.timelineDiv = h("div", { class: "gs-timeline" });
     this.root.appendChild(h("div", { class: "gs-section" }, [this.timelineDiv]));
     if (rec.timeline.t.length) {
-      this.timeline = renderTimeline(this.timelineDiv, [{ name: rec.label || "live bytes", rec }]);
+      this.timeline = renderTimeline(this.timelineDiv, [{ name: rec.label || "live bytes", rec }], {
+        onPickStep: (k) => this.setStep(k, true),
+      });
     } else {
       this.timelineDiv.appendChild(h("div", { class: "gs-muted", text: "No memory timeline (recorded with memory='off')." }));
     }

@@ -64,6 +64,7 @@ export function decodeRecording(p) {
     label: tl.label.map(str),
     module: tl.module.map(str),
     step: tl.step,
+    reserved: tl.reserved || null,
     dropped: tl.dropped || 0,
   };
   return {

@@ -18,6 +18,7 @@ function seriesTrace(name, tl, color, withHover) {
     y: tl.live,
     line: { color, width: 1.6, shape: "hv" },
     hovertext: withHover ? hoverTexts(tl) : undefined,
+    customdata: tl.step,
     hoverinfo: withHover ? "text" : "x+y+name",
   };
 }
@@ -35,6 +36,19 @@ export function renderTimeline(div, series, opts = {}) {
     if (!tl.t.length) return;
     const color = PALETTE[k % PALETTE.length];
     traces.push(seriesTrace(name, tl, color, true));
+    if (tl.reserved) {
+      const t0r = tl.t[0];
+      traces.push({
+        type: "scatter",
+        mode: "lines",
+        name: `${escapePlotly(name)} reserved`,
+        x: tl.t.map((v) => (v - t0r) * 1e3),
+        y: tl.reserved,
+        line: { color, width: 1, dash: "dot", shape: "hv" },
+        hoverinfo: "x+y+name",
+        showlegend: true,
+      });
+    }
     const i = argmax(tl.live);
     const t0 = tl.t[0];
     traces.push({
@@ -86,7 +100,7 @@ export function renderTimeline(div, series, opts = {}) {
     yaxis: { title: { text: "live bytes" }, tickformat: "~s", ticksuffix: "B", rangemode: "tozero" },
     shapes,
     annotations,
-    showlegend: series.length > 1,
+    showlegend: series.length > 1 || traces.some((t) => t.showlegend === true),
     legend: { orientation: "h", y: -0.25 },
     hovermode: "closest",
     paper_bgcolor: "#ffffff",
@@ -95,6 +109,13 @@ export function renderTimeline(div, series, opts = {}) {
   const config = { displaylogo: false, responsive: true, modeBarButtonsToRemove: ["toImage", "lasso2d", "select2d"] };
   Plotly.newPlot(div, traces, layout, config).then(() => {
     div.dataset.ready = "1";
+    // clicking a point of backward jumps the step-through to the step running then
+    if (opts.onPickStep) {
+      div.on("plotly_click", (ev) => {
+        const p = ev && ev.points && ev.points[0];
+        if (p && p.customdata !== null && p.customdata !== undefined) opts.onPickStep(p.customdata);
+      });
+    }
   });
   const baseShapes = shapes.slice();
   return {
