@@ -22,9 +22,12 @@ NOTE [ the allocator model ]: a deliberately small model of PyTorch's CUDA cachi
   new segment would not fit in the budget, fully free segments are released and the request is
   tried again (what ``cudaMalloc`` failure handling does) before declaring an out-of-memory.
 What it cannot know: workspaces that kernels allocate through the allocator (cuBLAS/cuDNN
-workspaces, typically a few MiB to tens of MiB per stream), kernels whose saved tensors differ on a
-GPU (fused attention saves a log-sum-exp instead of the attention matrix), the CUDA context itself
-(hundreds of MiB outside the allocator), other streams, and fragmentation from earlier steps.
+workspaces, typically a few MiB to tens of MiB per stream), the GPU's own kernel choices (attention
+and dropout take the usual fused kernels for their dtype, see :func:`_kernel_choices`, but a GPU
+also decides by its architecture), the CUDA context itself (hundreds of MiB outside the allocator),
+other streams, and fragmentation from earlier steps. On CPU, the meta run cannot see buffers that
+kernels allocate internally (convolution, norm and flash-attention backward), nor Python numbers
+turned into 8-byte tensors outside any operator; the result's notes say when such ops ran.
 
 Example:
     >>> import torch, gradscope as gs
@@ -80,9 +83,9 @@ _INTERNAL_TEMPORARY_OPS = ("aten::native_layer_norm_backward", "aten::native_bat
 _CUDA_CANNOT_KNOW = (
     "CUDA estimate: a model of the caching allocator (512-byte rounding, 2 MiB small-pool segments, "
     "20 MiB segments for requests under 10 MiB, larger ones rounded to 2 MiB, best-fit reuse); it cannot "
-    "know kernel workspaces (cuBLAS/cuDNN), kernels chosen only on a GPU (fused attention saves less "
-    "than the math path seen on meta), the CUDA context outside the allocator, or fragmentation left "
-    "by earlier steps."
+    "know kernel workspaces (cuBLAS/cuDNN), the GPU's own kernel choices (attention and dropout follow "
+    "the usual choice for their dtype, but a GPU also decides by its architecture), the CUDA context "
+    "outside the allocator, or fragmentation left by earlier steps."
 )
 
 
@@ -441,7 +444,7 @@ def _run(fn: Callable[..., Any], args: Any, device: str, cap: int | None,
     rec._tracker_device = "meta"
     try:
         # Factory calls inside the step (torch.zeros, torch.arange) make meta tensors too.
-        with rec, torch.device("meta"), _cpu_attention_choice(), _InPlaceAccumulation(rec):
+        with rec, torch.device("meta"), _kernel_choices(device), _InPlaceAccumulation(rec):
             fn(*meta_args)
     except GradscopeError:
         raise
@@ -477,9 +480,10 @@ def _run(fn: Callable[..., Any], args: Any, device: str, cap: int | None,
         )
     if any("scaled_dot_product" in o for o in ops):
         notes.append(
-            "attention: the meta run uses the kernel the CPU would choose (flash attention for CPU, "
-            "which saves a log-sum-exp); a GPU may pick another fused kernel with different saved "
-            "bytes."
+            "attention: the meta run used the fused kernel the " + device.upper() + " would choose "
+            + ("(asked from the CPU's own choice function)." if device == "cpu" else
+               "(flash for float16/bfloat16 without a mask, memory-efficient otherwise); the GPU's own "
+               "choice also depends on its architecture.")
         )
     est: dict[str, Any] = {"device": device, "exact_peak_bytes": r.peak_bytes, "budget": cap,
                            "resident_bytes": sum(resident), "allocated_peak_bytes": None,
@@ -505,16 +509,25 @@ def _run(fn: Callable[..., Any], args: Any, device: str, cap: int | None,
 
 
 @contextlib.contextmanager
-def _cpu_attention_choice() -> Iterator[None]:
-    """Attention on meta tensors takes the kernel the CPU would take.
+def _kernel_choices(device: str) -> Iterator[None]:
+    """On meta tensors, attention and dropout take the kernels the target device would take.
 
     ``scaled_dot_product_attention`` asks a per-device function which fused kernel to use; the
     meta device has none, so it always takes the unfused math path, which saves the whole attention
     matrix. While a prediction runs, ``torch.nn.functional.scaled_dot_product_attention`` (the
-    name ``nn.MultiheadAttention`` and user code call) asks the CPU's choice function instead, on
-    stand-ins of the same shapes and dtypes that hold one row of memory each, and when the CPU
-    would use its flash kernel calls that kernel's meta implementation, as the CPU dispatcher
-    would. Calls with tensors that are not on meta (another thread) go to the original unchanged.
+    name ``nn.MultiheadAttention`` and user code call) chooses as the target would and calls that
+    kernel's meta implementation:
+
+    - ``"cpu"``: the CPU's own choice function, run on stand-ins of the same shapes and dtypes that
+      hold one row of memory each; when it says flash, the CPU flash kernel (it saves the output
+      and a log-sum-exp);
+    - ``"cuda"``: flash attention for float16/bfloat16 without a mask (head size a multiple of 8,
+      at most 256), else memory-efficient attention (head size a multiple of 8), else the math
+      path; the GPU's own choice also depends on its architecture, which a prediction cannot see.
+
+    For ``"cuda"``, ``torch.nn.functional.dropout`` in training takes the fused kernel a GPU uses
+    (``native_dropout``, which saves a one-byte mask) instead of the CPU path (a float mask).
+    Calls from other threads, or with tensors that are not on meta, go to the originals unchanged.
 
     NOTE [ patching the attention function ]: a TorchFunctionMode cannot do this: modes are off
     while their handler runs, so attention called inside a Python-level function that the mode
@@ -522,26 +535,47 @@ def _cpu_attention_choice() -> Iterator[None]:
     """
     import torch.nn.functional as F  # noqa: N812
 
+    global _PATCH_DEPTH
     with _PATCH_LOCK:
-        global _PATCH_DEPTH
         if _PATCH_DEPTH == 0:
-            original = F.scaled_dot_product_attention
-
-            def sdpa(*args: Any, **kwargs: Any) -> Any:
-                out = _flash_on_meta(*args, **kwargs)
-                return original(*args, **kwargs) if out is None else out
-
-            sdpa.__doc__ = original.__doc__
-            _ORIGINAL_SDPA.append(original)
-            F.scaled_dot_product_attention = sdpa
+            originals = {"sdpa": F.scaled_dot_product_attention, "dropout": F.dropout}
+            _ORIGINALS.append(originals)
+            F.scaled_dot_product_attention = _patched_sdpa(originals["sdpa"])
+            F.dropout = _patched_dropout(originals["dropout"])
         _PATCH_DEPTH += 1
+    previous = getattr(_TARGET, "device", None)
+    _TARGET.device = device
     try:
         yield
     finally:
+        _TARGET.device = previous
         with _PATCH_LOCK:
             _PATCH_DEPTH -= 1
             if _PATCH_DEPTH == 0:
-                F.scaled_dot_product_attention = _ORIGINAL_SDPA.pop()
+                originals = _ORIGINALS.pop()
+                F.scaled_dot_product_attention = originals["sdpa"]
+                F.dropout = originals["dropout"]
+
+
+def _patched_sdpa(original: Any) -> Any:
+    def scaled_dot_product_attention(*args: Any, **kwargs: Any) -> Any:
+        device = getattr(_TARGET, "device", None)
+        out = None if device is None else _attention_on_meta(device, *args, **kwargs)
+        return original(*args, **kwargs) if out is None else out
+
+    scaled_dot_product_attention.__doc__ = original.__doc__
+    return scaled_dot_product_attention
+
+
+def _patched_dropout(original: Any) -> Any:
+    def dropout(input: Any, p: float = 0.5, training: bool = True, inplace: bool = False) -> Any:
+        if (getattr(_TARGET, "device", None) == "cuda" and isinstance(input, torch.Tensor)
+                and input.device.type == "meta" and training and 0 < p < 1 and not inplace):
+            return torch.native_dropout(input, p, True)[0]
+        return original(input, p, training, inplace)
+
+    dropout.__doc__ = original.__doc__
+    return dropout
 
 
 class _InPlaceAccumulation(TorchDispatchMode):
@@ -584,14 +618,28 @@ def _dense(t: torch.Tensor) -> bool:
 
 _PATCH_LOCK = threading.Lock()
 _PATCH_DEPTH = 0
-_ORIGINAL_SDPA: list[Any] = []
+_ORIGINALS: list[dict[str, Any]] = []
+_TARGET = threading.local()  # the device the current thread's prediction is for
 
 
-def _flash_on_meta(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0,
-                   is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False) -> Any:
+def _attention_on_meta(device: str, query: Any, key: Any, value: Any, attn_mask: Any = None,
+                       dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+                       enable_gqa: bool = False) -> Any:
     tensors = (query, key, value) + ((attn_mask,) if attn_mask is not None else ())
     if enable_gqa or not all(isinstance(t, torch.Tensor) and t.device.type == "meta" for t in tensors):
         return None
+    if query.dim() != 4:
+        return None
+    if device == "cuda":
+        head = query.shape[-1]
+        if head % 8 != 0:
+            return None
+        if query.dtype in (torch.float16, torch.bfloat16) and attn_mask is None and head <= 256:
+            return torch.ops.aten._scaled_dot_product_flash_attention(
+                query, key, value, dropout_p, is_causal, False, scale=scale)[0]
+        grad = any(t.requires_grad for t in (query, key, value)) and torch.is_grad_enabled()
+        return torch.ops.aten._scaled_dot_product_efficient_attention(
+            query, key, value, _float_mask(attn_mask, query.dtype), grad, dropout_p, is_causal, scale=scale)[0]
     try:
         q, k, v = (_stand_in(t) for t in (query, key, value))
         choice = torch._fused_sdp_choice(q, k, v, attn_mask=_stand_in(attn_mask), dropout_p=dropout_p,
@@ -600,13 +648,16 @@ def _flash_on_meta(query: Any, key: Any, value: Any, attn_mask: Any = None, drop
         return None
     if choice != 1:  # SDPBackend.FLASH_ATTENTION
         return None
-    if attn_mask is not None and attn_mask.dtype == torch.bool:
-        # What the CPU path does with a boolean mask: an additive float mask.
-        attn_mask = torch.zeros(attn_mask.shape, dtype=query.dtype, device="meta").masked_fill(
-            attn_mask.logical_not(), float("-inf"))
     out, _ = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)
+        query, key, value, dropout_p, is_causal, attn_mask=_float_mask(attn_mask, query.dtype), scale=scale)
     return out
+
+
+def _float_mask(mask: Any, dtype: torch.dtype) -> Any:
+    """What the fused paths do with a boolean mask: an additive float mask."""
+    if mask is None or mask.dtype != torch.bool:
+        return mask
+    return torch.zeros(mask.shape, dtype=dtype, device="meta").masked_fill(mask.logical_not(), float("-inf"))
 
 
 def _stand_in(t: Any) -> Any:

@@ -323,3 +323,34 @@ def test_mistakes_raise_gradscope_errors() -> None:
 
     with pytest.raises(gs.GradscopeError, match=r"\.item\(\)"):
         gs.predict(reads_values, model, x, device="cpu")
+
+
+def _encoder(dropout: float, dtype: torch.dtype = torch.float32) -> nn.Module:
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(128, 4, 512, dropout=dropout, batch_first=True)
+    return nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).to(dtype)
+
+
+def test_dropout_on_cpu_equals_the_real_run() -> None:
+    model, x = _encoder(0.1), torch.randn(8, 64, 128)
+    assert gs.predict(_sq, model, x, device="cpu").peak_bytes == _real_peak(model, x, _sq)
+
+
+def test_cuda_prediction_takes_the_gpu_kernels() -> None:
+    x = torch.randn(8, 64, 128)
+    p = gs.predict(_sq, _encoder(0.1), x, device="cuda")
+    names = {n.name for n in p.nodes}
+    # fp32 attention: memory-efficient kernel; dropout: the fused kernel with a one-byte mask
+    assert "ScaledDotProductEfficientAttentionBackward0" in names
+    assert "NativeDropoutBackward0" in names and "SoftmaxBackward0" not in names
+    masks = [s for s in p.saved if p.nodes[s.node].name == "NativeDropoutBackward0"]
+    assert masks and all(s.dtype == "bool" for s in masks)
+    cpu = gs.predict(_sq, _encoder(0.1), x, device="cpu")
+    assert p.peak_bytes < cpu.peak_bytes  # the GPU's kernels save less than the CPU's math path
+    half = gs.predict(_sq, _encoder(0.0, torch.bfloat16), x.to(torch.bfloat16), device="cuda")
+    assert "ScaledDotProductFlashAttentionBackward0" in {n.name for n in half.nodes}
+    # and everything patched for the prediction is back
+    import torch.nn.functional as F  # noqa: N812
+
+    assert F.scaled_dot_product_attention is torch._C._nn.scaled_dot_product_attention
+    assert F.dropout.__name__ == "dropout" and F.dropout.__module__ == "torch.nn.functional"
