@@ -538,7 +538,7 @@ def _kernel_choices(device: str) -> Iterator[None]:
     global _PATCH_DEPTH
     with _PATCH_LOCK:
         if _PATCH_DEPTH == 0:
-            originals = {"sdpa": F.scaled_dot_product_attention, "dropout": F.dropout}
+            originals: dict[str, Any] = {"sdpa": F.scaled_dot_product_attention, "dropout": F.dropout}
             _ORIGINALS.append(originals)
             F.scaled_dot_product_attention = _patched_sdpa(originals["sdpa"])
             F.dropout = _patched_dropout(originals["dropout"])
