@@ -436,6 +436,8 @@ class _Analysis:
             ))
         # a model that requires grad but is not trained, run with autograd on
         out.extend(self._frozen_trainable())
+        flagged = {f.module for f in out if f.pattern == "frozen_trainable"}
+        out.extend(f for f in self._params_without_grads() if f.module not in flagged)
         # gradients and optimizer state dominate
         opt_bytes, grad_bytes = kinds.get("optimizer", 0), kinds.get("gradient", 0)
         if opt_bytes + grad_bytes >= 0.5 * live and opt_bytes > 0:
@@ -481,6 +483,30 @@ class _Analysis:
                 code=f"torch.utils.checkpoint.checkpoint({block}, x, use_reentrant=False)",
             ))
         out.sort(key=lambda f: (-f.bytes, f.pattern))
+        return out
+
+    def _params_without_grads(self) -> list[Finding]:
+        """Parameters in the graph while every backward call was ``autograd.grad`` (which never
+        accumulates into ``.grad``) and that were not among its inputs: they required grad for
+        nothing, and the inputs of their layers were saved to compute weight gradients nobody asked
+        for. Known from the recording alone (no namespace needed)."""
+        if not self.calls or any(c.get("api") != "autograd.grad" for c in self.calls):
+            return []
+        per: dict[str, list[str]] = {}
+        for n in self.rec.nodes:
+            if n.name == "AccumulateGrad" and n.leaf and n.leaf != "input" and n.executed == 0:
+                per.setdefault(_top(n.module or n.leaf) or "(no module)", []).append(n.leaf)
+        out: list[Finding] = []
+        for mod, leaves in sorted(per.items()):
+            saved = sum(r["bytes"] for r in self.rows if r.get("what") == "saved" and _top(r.get("module")) == mod)
+            out.append(Finding(
+                pattern="frozen_trainable", bytes=saved, module=mod,
+                message=(f"{len(leaves)} parameters of {mod} require grad, but every backward here is "
+                         f"autograd.grad and none asked for them: {format_bytes(saved)} saved in {mod} "
+                         "serve weight gradients that are never computed"),
+                suggestion=f"turn {mod}'s requires_grad off while it is used as a fixed function",
+                code=f"{mod}.requires_grad_(False)",
+            ))
         return out
 
     def _frozen_trainable(self) -> list[Finding]:

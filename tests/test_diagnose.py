@@ -258,3 +258,20 @@ def test_gradients_and_optimizer_state_are_told_apart() -> None:
     named = {t.variable for t in d.largest if t.variable}
     assert any(n.startswith("opt.state[") for n in named)
     assert any(n.startswith("model.") and n.endswith(".grad") for n in named)
+
+
+def test_parameters_nobody_differentiates_are_found_from_the_recording_alone() -> None:
+    torch.manual_seed(0)
+    G = nn.Sequential(nn.Linear(16, 256), nn.Tanh(), nn.Linear(256, 64))  # noqa: N806 - not frozen
+    y = torch.randn(64, requires_grad=True)
+    grads = []
+    with pytest.raises(gs.MemoryBudgetExceeded):
+        with gs.record(budget="2MiB", modules={"G": G}) as rec:
+            for _ in range(50):
+                z = torch.randn(128, 16, requires_grad=True)
+                grads.append(torch.autograd.grad(((G(z) * y) ** 2).sum(), z, create_graph=True)[0])
+    d = gs.diagnose(rec.recording, namespace={})
+    f = next(f for f in d.findings if f.pattern == "frozen_trainable")
+    assert f.module == "G" and f.code == "G.requires_grad_(False)"
+    assert "4 parameters of G require grad" in f.message and f.bytes > 0
+    assert d.findings[0].pattern == "create_graph"
