@@ -64,7 +64,11 @@ _KIND_NAMES = {
 
 @dataclass(frozen=True)
 class HeldTensor:
-    """One allocation alive at the diagnosed moment."""
+    """One allocation alive at the diagnosed moment.
+
+    ``variable`` names a user variable that is this tensor (``model.0.weight.grad``,
+    ``opt.state[0]['exp_avg']``); ``via`` a variable whose graphs save it (``losses``).
+    """
 
     bytes: int
     kind: str
@@ -74,6 +78,7 @@ class HeldTensor:
     node: str | None
     order: int | None
     variable: str | None
+    via: str | None = None
 
 
 @dataclass(frozen=True)
@@ -171,6 +176,8 @@ class Diagnosis:
                     bits.append(f"in {t.module}")
                 if t.variable:
                     bits.append(f"= {t.variable}")
+                elif t.via:
+                    bits.append(f"(kept by `{t.via}`)")
                 lines.append(f"  {i}. {format_bytes(t.bytes):>10}{dtype}{shape}  " + " ".join(bits))
         if self.holders:
             lines.append("graphs kept alive by variables:")
@@ -269,7 +276,8 @@ class _Analysis:
     def _namespace_objects(self) -> None:
         self.modules: list[tuple[str, nn.Module]] = []
         self.optimizers: list[tuple[str, torch.optim.Optimizer]] = []
-        self.names: dict[int, str] = {}  # storage key -> a variable-path name
+        self.names: dict[int, str] = {}  # storage key -> the variable path that is this tensor
+        self.via: dict[int, str] = {}  # storage key -> the variable whose graphs save it
         self.kind_of_key: dict[int, str] = {}
         for name in sorted(self.ns):
             v = self.ns[name]
@@ -316,7 +324,7 @@ class _Analysis:
                 continue
             saved = _saved_storages(roots, self._key)
             for k, (_nbytes, _) in saved.items():
-                self.names.setdefault(k, name)
+                self.via.setdefault(k, name)
             live = sum(live_keys.get(k, 0) for k in saved)
             out.append(GraphHolder(name, len(roots), sum(b for b, _ in saved.values()), live))
         out.sort(key=lambda h: (-h.live_bytes, -h.saved_bytes, h.variable))
@@ -338,7 +346,8 @@ class _Analysis:
             shape = r.get("shape")
             held.append(HeldTensor(bytes=r["bytes"], kind=kind, shape=None if shape is None else tuple(shape),
                                    dtype=r.get("dtype"), module=r.get("module"), node=r.get("node_name"),
-                                   order=r.get("order"), variable=self.names.get(r["key"])))
+                                   order=r.get("order"), variable=self.names.get(r["key"]),
+                                   via=self.via.get(r["key"])))
         if self.omitted:
             held_extra = self.rec.extra.get("held") or {}
             for k, b in (held_extra.get("omitted_by_kind") or {}).items():
@@ -367,7 +376,7 @@ class _Analysis:
             by_kind=by_kind,
             by_module=by_module,
             resident=resident,
-            largest=tuple(held[: self.top]),
+            largest=tuple(sorted(held, key=_held_order)[: self.top]),
             holders=tuple(holders[: self.top]),
             findings=tuple(findings),
             notes=tuple(self.notes),
@@ -629,3 +638,9 @@ def _prefix_of(name: str, m: nn.Module, params: list[tuple[str, Any]], leaves: s
         if any(f in leaves for f in full):
             return prefix
     return None
+
+
+def _held_order(t: HeldTensor) -> tuple[Any, ...]:
+    """Largest first; ties in an order that does not depend on memory addresses."""
+    return (-t.bytes, t.kind, t.module or "", t.node or "", t.order or 0, t.shape or (), t.variable or "",
+            t.via or "")
