@@ -642,5 +642,8 @@ def _prefix_of(name: str, m: nn.Module, params: list[tuple[str, Any]], leaves: s
 
 def _held_order(t: HeldTensor) -> tuple[Any, ...]:
     """Largest first; ties in an order that does not depend on memory addresses."""
-    return (-t.bytes, t.kind, t.module or "", t.node or "", t.order or 0, t.shape or (), t.variable or "",
-            t.via or "")
+    return (-t.bytes, _KIND_RANK.get(t.kind, len(_KIND_RANK)), t.module or "", t.node or "", t.order or 0,
+            t.shape or (), t.variable or "", t.via or "")
+
+
+_KIND_RANK = {k: i for i, k in enumerate(_KIND_NAMES)}
