@@ -535,6 +535,12 @@ def test_html_page_offline(tmp_path: Path, browser):
         item.click()
         assert g.get_attribute("data-expanded-count") == "1"
         assert page.locator(".gs-node-module").inner_text() == module
+        # the find box opens the module holding the match
+        page.locator(".gs-find").fill("layers.5.linear1")
+        page.locator(".gs-find").press("Enter")
+        assert page.locator(".gs-node-module").inner_text() == "layers.5.linear1"
+        assert g.get_attribute("data-expanded-count") == "2"
+        assert page.locator(".gs-found").inner_text().startswith("1/")
         page.locator(".gs-expand-all").click()
         assert g.get_attribute("data-visible-count") == "3601"
 

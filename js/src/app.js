@@ -2,7 +2,7 @@
 // toggles, side-by-side figures, overlaid timelines). Shared by the widget and the HTML page.
 // See NOTE [ text is data ] in dom.js: no user text ever goes through innerHTML.
 
-import { decodeRecording, modulesBySavedBytes, nodeLabel } from "./data.js";
+import { decodeRecording, findNodes, modulesBySavedBytes, nodeLabel } from "./data.js";
 import { clear, h } from "./dom.js";
 import { formatBytes, formatError, formatSeconds } from "./format.js";
 import { GraphView } from "./graph.js";
@@ -73,6 +73,30 @@ export class RecordingView {
       tb.appendChild(btn("Expand all modules", () => this.graph.expandAll(), "gs-expand-all"));
       tb.appendChild(btn("Collapse all", () => this.graph.collapseAll(), "gs-collapse-all"));
     }
+    // find a node by class, parameter or module; Enter again goes to the next match
+    const find = h("input", { type: "search", class: "gs-find", placeholder: "find node or module…", "aria-label": "find node or module" });
+    const found = h("span", { class: "gs-found gs-muted" });
+    let matches = [];
+    let at = -1;
+    let last = "";
+    find.addEventListener("keydown", (e) => {
+      if (e.key !== "Enter") return;
+      if (find.value !== last) {
+        last = find.value;
+        matches = findNodes(this.rec.nodes, last);
+        at = -1;
+      }
+      if (!matches.length) {
+        found.textContent = "no match";
+        return;
+      }
+      at = (at + 1) % matches.length;
+      found.textContent = `${at + 1}/${matches.length}`;
+      this.revealNode(matches[at]);
+      this.hooks.onSelect?.(matches[at]);
+    });
+    tb.appendChild(find);
+    tb.appendChild(found);
     tb.appendChild(legend());
     this.selected = -1;
     this.step = null;

@@ -122,3 +122,19 @@ export function naturalCompare(a, b) {
   }
   return pa.length - pb.length;
 }
+
+/**
+ * Node ids whose class, parameter name or module contains `query` (case-insensitive), biggest
+ * savers first, then by id. Empty for an empty query (pure).
+ */
+export function findNodes(nodes, query) {
+  const q = String(query).trim().toLowerCase();
+  if (!q) return [];
+  const out = [];
+  for (const n of nodes) {
+    const hay = [n.name, n.leaf, n.module].filter((x) => x).join("\u0000").toLowerCase();
+    if (hay.includes(q)) out.push(n);
+  }
+  out.sort((a, b) => b.savedBytes - a.savedBytes || a.id - b.id);
+  return out.map((n) => n.id);
+}

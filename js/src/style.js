@@ -10,6 +10,7 @@ export const CSS = `
 .gs-root button { font: inherit; padding: 2px 9px; border: 1px solid #9aa5b1; border-radius: 4px; background: #f5f7fa; cursor: pointer; }
 .gs-root button:hover { background: #e4e7eb; }
 .gs-root button:disabled { opacity: 0.5; cursor: default; }
+.gs-find { font: inherit; padding: 2px 6px; border: 1px solid #9aa5b1; border-radius: 4px; width: 180px; }
 .gs-legend { display: flex; gap: 10px; color: #52606d; font-size: 12px; flex-wrap: wrap; }
 .gs-swatch { display: inline-block; width: 14px; height: 10px; margin-right: 3px; vertical-align: middle; border: 1px solid #52606d; }
 .gs-body { display: flex; gap: 10px; align-items: stretch; }

@@ -60,3 +60,13 @@ test("textOn picks white on dark fills", async () => {
   assert.equal(textOn("rgb(255,247,214)"), COLORS.text);
   assert.equal(textOn("#dbeafe"), COLORS.text);
 });
+
+test("findNodes matches class, parameter and module, biggest savers first", async () => {
+  const { findNodes } = await import("../src/data.js");
+  const rec = decodeRecording(tinyPayload());
+  assert.deepEqual(findNodes(rec.nodes, "mm"), [1, 3]);
+  assert.deepEqual(findNodes(rec.nodes, "A.WEIGHT"), [4]);
+  assert.deepEqual(findNodes(rec.nodes, "relu"), [2]);
+  assert.deepEqual(findNodes(rec.nodes, "backward").length, 4); // every class but AccumulateGrad
+  assert.deepEqual(findNodes(rec.nodes, "  "), []);
+});
