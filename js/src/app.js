@@ -105,9 +105,14 @@ export class RecordingView {
     this.timelineDiv = h("div", { class: "gs-timeline" });
     this.root.appendChild(h("div", { class: "gs-section" }, [this.timelineDiv]));
     if (rec.timeline.t.length) {
-      this.timeline = renderTimeline(this.timelineDiv, [{ name: rec.label || "live bytes", rec }], {
-        onPickStep: (k) => this.setStep(k, true),
-      });
+      // the graph paints first; the timeline follows in the next task
+      this._timelineTimer = setTimeout(() => {
+        this._timelineTimer = null;
+        this.timeline = renderTimeline(this.timelineDiv, [{ name: rec.label || "live bytes", rec }], {
+          onPickStep: (k) => this.setStep(k, true),
+        });
+        if (this.step) this.timeline.setStep(stepTime(rec, this.step.index));
+      }, 0);
     } else {
       this.timelineDiv.appendChild(h("div", { class: "gs-muted", text: "No memory timeline (recorded with memory='off')." }));
     }
@@ -286,6 +291,7 @@ export class RecordingView {
   }
 
   destroy() {
+    if (this._timelineTimer) clearTimeout(this._timelineTimer);
     this.timeline?.destroy();
     this.graph.destroy();
     this.root.remove();
