@@ -114,7 +114,8 @@ class Diagnosis:
     """What held memory at a recording's failing moment (budget or OOM) or at its peak.
 
     ``text()`` (also ``str()``) is deterministic: the same recording and namespace give the same
-    text. ``findings`` are sorted by the bytes they explain, largest first.
+    text. ``findings`` are sorted by the bytes they explain, largest first. ``budget_resident`` is
+    what a notebook's earlier cells held on the simulated device (``%gradscope oom on --budget``).
     """
 
     label: str
@@ -132,6 +133,7 @@ class Diagnosis:
     holders: tuple[GraphHolder, ...]
     findings: tuple[Finding, ...]
     notes: tuple[str, ...] = ()
+    budget_resident: int = 0
 
     def text(self) -> str:
         """The report as plain text."""
@@ -142,6 +144,8 @@ class Diagnosis:
                 f"{title}: out of memory on a simulated {format_bytes(self.budget)} device"
                 + (f" in {self.where}" if self.where else "")
                 + f": tried to allocate {format_bytes(self.requested)} with {format_bytes(self.live_bytes)} live"
+                + (f" and {format_bytes(self.budget_resident)} resident from earlier cells"
+                   if self.budget_resident else "")
             )
         elif self.moment == "failure":
             lines.append(f"{title}: the block failed ({self.error}); state at its last allocation")
@@ -252,6 +256,8 @@ class _Analysis:
         self.top = top
         held = rec.extra.get("held") or {}
         self.moment = held.get("moment", "none") if "rows" in held else "none"
+        if rec.extra.get("oom"):
+            self.moment = "failure"  # even when it failed before anything was allocated
         self.rows: list[dict[str, Any]] = list(held.get("rows", ()))
         self.by_storage = held.get("key_kind", "storage") == "storage"
         self.live = int(held.get("live_bytes", 0))
@@ -380,6 +386,7 @@ class _Analysis:
             holders=tuple(holders[: self.top]),
             findings=tuple(findings),
             notes=tuple(self.notes),
+            budget_resident=int(oom.get("resident", 0)),
         )
 
     def _kind(self, r: dict[str, Any]) -> str:

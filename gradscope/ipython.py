@@ -65,6 +65,7 @@ class _State:
     callbacks: list[tuple[str, Any]] = field(default_factory=list)
     active: Any = None  # the gs.record of the cell running now, if any
     watching: bool = False  # whether ``active`` is the OOM watch's own recording
+    cell_budget: tuple[int, int] | None = None  # (the budget asked for, bytes resident before the cell)
     finished: Any = None  # Recording finished by the exception handler, for the cell magic
     last: Any = None  # the last Diagnosis shown
 
@@ -121,12 +122,14 @@ class GradscopeMagics(Magics):
             raise UsageError(f"gradscope: -o takes a variable name, got {args.output!r}.")
         from gradscope.record import record
 
+        cell_budget, resident = _cell_budget(budget, args.memory, shell.user_ns)
         try:
-            rec = record(memory=args.memory, budget=budget, label=args.label,
+            rec = record(memory=args.memory, budget=cell_budget, label=args.label,
                          modules=_namespace_modules(shell.user_ns) or None,
                          history=args.history)
         except GradscopeError as e:
             raise UsageError(str(e)) from None
+        st.cell_budget = None if budget is None else (budget, resident)
         shown = st.last
         recording = _run_recorded(shell, st, rec, cell)
         if args.output:
@@ -242,8 +245,87 @@ def _finish(st: _State, rec: Any, err: BaseException | None, ns: dict[str, Any] 
                          err.__traceback__ if err is not None else None)
         except GradscopeError:
             pass
-        st.finished = rec.recording
-    return rec.recording if rec.recording is not None else st.finished
+        st.finished = _with_resident(rec.recording, st.cell_budget)
+        st.cell_budget = None
+    return st.finished
+
+
+def _cell_budget(budget: int | None, memory: str, ns: dict[str, Any]) -> tuple[int | None, int]:
+    """The part of a simulated device left for one cell: what the user's variables already hold
+    on the CPU (tensors, models with their gradients, optimizer state) is resident on that device
+    before the cell starts, as it would be on a GPU. Returns (budget for the cell, resident bytes).
+
+    NOTE [ budgets count what earlier cells left ]: the tracker counts only what is allocated
+    while it runs, so a budget given as a device size is reduced by the resident bytes first."""
+    from gradscope.memory import resolve_memory
+
+    if budget is None:
+        return None, 0
+    try:
+        if resolve_memory(memory, budget) != "tracker":
+            return budget, 0
+    except GradscopeError as e:
+        raise UsageError(str(e)) from None
+    resident = _resident_cpu_bytes(ns)
+    if resident >= budget:
+        raise UsageError(
+            f"gradscope: your variables already hold {resident} bytes of CPU tensors, more than the "
+            f"{budget}-byte budget; give a larger --budget or free some variables."
+        )
+    return budget - resident, resident
+
+
+def _resident_cpu_bytes(ns: dict[str, Any]) -> int:
+    """Bytes of distinct CPU storages reachable from the user's variables: tensors (also inside
+    lists, tuples and dicts), models' parameters, buffers and gradients, optimizers' state."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    seen: dict[int, int] = {}
+
+    def add(t: Any) -> None:
+        if isinstance(t, torch.Tensor) and t.device.type == "cpu":
+            try:
+                st = t.untyped_storage()
+                seen[int(StorageWeakRef(st).cdata)] = int(st.nbytes())
+            except (RuntimeError, NotImplementedError, TypeError):
+                pass
+
+    for name, v in list(ns.items()):
+        if name.startswith("_"):
+            continue
+        if isinstance(v, torch.nn.Module):
+            for t in (*v.parameters(), *v.buffers()):
+                add(t)
+                add(t.grad)
+        elif isinstance(v, torch.optim.Optimizer):
+            for state in v.state.values():
+                for t in state.values() if isinstance(state, dict) else ():
+                    add(t)
+        elif isinstance(v, torch.Tensor):
+            add(v)
+            add(v.grad)
+        elif isinstance(v, list | tuple | dict):
+            try:
+                for t in list(v.values() if isinstance(v, dict) else v)[:10_000]:
+                    add(t)
+            except Exception:
+                continue
+    return sum(seen.values())
+
+
+def _with_resident(recording: Any, cell_budget: tuple[int, int] | None) -> Any:
+    """The recording, its budget failure restated for the whole simulated device."""
+    if recording is None or cell_budget is None:
+        return recording
+    oom = recording.extra.get("oom")
+    if not oom:
+        return recording
+    budget, resident = cell_budget
+    extra = dict(recording.extra)
+    extra["oom"] = {**oom, "budget": budget, "cell_budget": oom.get("budget"), "resident": resident}
+    import dataclasses
+
+    return dataclasses.replace(recording, extra=extra)
 
 
 def _add_namespace_roots(rec: Any, ns: dict[str, Any]) -> None:
@@ -333,14 +415,16 @@ def _make_pre(shell: Any) -> Any:
         from gradscope.record import record
 
         try:
-            rec = record(memory=st.oom_memory, budget=st.oom_budget, label="cell (oom watch)",
+            cell_budget, resident = _cell_budget(st.oom_budget, st.oom_memory, shell.user_ns)
+            rec = record(memory=st.oom_memory, budget=cell_budget, label="cell (oom watch)",
                          modules=_namespace_modules(shell.user_ns) or None,
                          history=st.oom_memory == "cuda")
             rec.__enter__()
-        except GradscopeError as e:
+        except (GradscopeError, UsageError) as e:
             print(f"gradscope: could not watch this cell for OOM ({e})", file=sys.stderr)
             return
         st.active, st.finished, st.watching = rec, None, True
+        st.cell_budget = None if st.oom_budget is None else (st.oom_budget, resident)
 
     return pre_run_cell
 

@@ -104,6 +104,8 @@ def test_cell_magic_shows_the_recording(ip: Any, capsys: Any) -> None:
 
 
 def test_cell_magic_budget_failure_is_recorded_and_diagnosed(ip: Any, capsys: Any) -> None:
+    resident = gsi._resident_cpu_bytes(ip.user_ns)
+    assert resident >= 644  # the model's parameters, and whatever tensors other tests left
     res = ip.run_cell("%%gradscope --budget 2KiB -o r --no-widget\n"
                       "xs = [model(torch.randn(64, 8)) for i in range(10)]\n")
     assert isinstance(res.error_in_exec, gs.MemoryBudgetExceeded)  # the cell counts as failed
@@ -114,6 +116,15 @@ def test_cell_magic_budget_failure_is_recorded_and_diagnosed(ip: Any, capsys: An
     assert "MemoryBudgetExceeded" in out
     assert "gradscope diagnosis" in out and "simulated 2.0 KiB device" in out
     assert gsi.last_diagnosis(ip).budget == 2048
+    # the model from an earlier cell is resident on the simulated device
+    assert r.extra["oom"]["resident"] == resident and r.extra["oom"]["cell_budget"] == 2048 - resident
+    assert f"with 0 B live and {resident} B resident from earlier cells" in out
+
+
+def test_a_budget_smaller_than_the_variables_is_a_usage_error(ip: Any) -> None:
+    resident = gsi._resident_cpu_bytes(ip.user_ns)
+    with pytest.raises(UsageError, match=f"your variables already hold {resident} bytes"):
+        ip.run_cell_magic("gradscope", f"--budget {resident - 1}", "x = 1\n")
 
 
 @pytest.mark.parametrize(
@@ -242,3 +253,13 @@ def test_in_a_real_kernel() -> None:
     streamed = "".join(o.get("text", "") for o in outs[4] if o.output_type == "stream")
     assert "gradscope diagnosis" in streamed and "`xs` holds" in streamed
     assert text(5).splitlines()[-1] == "()"  # the handler is gone after unloading
+
+
+def test_resident_bytes_count_each_storage_once() -> None:
+    lin = torch.nn.Linear(4, 4)  # 64 + 16 bytes
+    lin(torch.ones(1, 4)).sum().backward()  # and as much again in gradients
+    t = torch.ones(16)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.1, momentum=0.9)
+    opt.step()  # one momentum buffer per parameter: 80 bytes
+    ns = {"lin": lin, "xs": [t, t.view(4, 4)], "d": {"a": t}, "opt": opt, "_hidden": torch.ones(1000)}
+    assert gsi._resident_cpu_bytes(ns) == 80 + 80 + 64 + 80
