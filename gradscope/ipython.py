@@ -10,9 +10,10 @@ failing allocation, which nothing can tell after the fact on a CPU and which the
 tells only when its history was on before the allocations happened. So with ``oom on`` each cell
 runs inside a ``gs.record``: on a GPU with the CUDA source and the allocator's history; on a CPU
 with the online tracker, which with ``--budget`` also turns the CPU into a simulated device of that
-size (the cell fails where a GPU of that size would). The recording is finished by the exception
-handler itself, while the failing frames (and the graphs they hold) are still alive, so the
-diagnosis also sees which variables hold graphs. Cells that record on their own (``%%gradscope``,
+size (the cell fails where a GPU of that size would; what the variables of earlier cells already
+hold counts against it, see NOTE [ budgets count what earlier cells left ]). The recording is
+finished by the exception handler itself, while the failing frames (and the graphs they hold) are
+still alive, so the diagnosis also sees which variables hold graphs. Cells that record on their own (``%%gradscope``,
 ``gs.record``) are left alone, since recordings cannot nest. The price is the recorder's overhead
 on every cell (about 1.1-1.4x on CPU); ``%gradscope oom off`` removes it.
 
