@@ -57,16 +57,26 @@ def _held(rec: Any, failed: bool) -> dict[str, Any] | None:
             peak, peak_i = live, i
     end = len(events) - 1 if failed else peak_i
     alive: dict[int, Any] = {}
+    last_free: dict[int, int] = {}
+    born_after: dict[int, int] = {}  # key -> when its previous holder was freed
     for e in events[: end + 1]:
         if e.size > 0:
             alive[e.key] = e
+            born_after[e.key] = last_free.get(e.key, -1)
         else:
             alive.pop(e.key, None)
+            last_free[e.key] = e.t_ns
+    # Keys allocated again after the moment now name other storages: the diagnosis must not
+    # match them with the user's live tensors.
+    reused = {e.key for e in events[end + 1:] if e.size > 0 and e.key in alive}
     by_key = isinstance(src, TrackerSource)
-    saved: dict[int, Any] = {}
-    for s in rec._saved:
-        if s.node is not None:
-            saved.setdefault(s.skey if by_key else s.ptr, s)
+    # Keys (storage objects' or blocks' addresses) are reused once freed: a save belongs to the
+    # allocation that held its key when it was packed, i.e. it came after the key's previous free
+    # (compared with the free, far from the save, rather than with the allocation next to it: the
+    # profiler's clock and time.time_ns() can differ by microseconds).
+    saved: dict[int, list[Any]] = {}
+    for s in sorted((s for s in rec._saved if s.node is not None), key=lambda s: s.t_ns):
+        saved.setdefault(s.skey if by_key else s.ptr, []).append(s)
     steps = rec._steps
     step_of_scope = rec._match_scopes(src.scopes) if getattr(src, "scopes", None) else {}
     rows: list[dict[str, Any]] = []
@@ -75,8 +85,10 @@ def _held(rec: Any, failed: bool) -> dict[str, Any] | None:
         if step is None and e.eval_index is not None:
             step = step_of_scope.get(e.eval_index)
         node = steps[step].info if step is not None and step < len(steps) else None
-        s = saved.get(key)
+        s = next((x for x in saved.get(key, ()) if x.t_ns > born_after[key]), None)
         row: dict[str, Any] = {"key": int(key), "bytes": int(e.size), "label": e.label}
+        if key in reused:
+            row["reused"] = True
         if s is not None:
             row.update(what="saved", node=s.node.id, node_name=s.node.name, order=s.node.order,
                        module=s.node.module, shape=list(s.shape), dtype=s.dtype,

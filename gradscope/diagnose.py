@@ -322,7 +322,7 @@ class _Analysis:
                             self.resident["optimizer state"][k] = int(t.untyped_storage().nbytes())
 
     def _holders(self) -> list[GraphHolder]:
-        live_keys = {r["key"]: r["bytes"] for r in self.rows}
+        live_keys = {r["key"]: r["bytes"] for r in self.rows if not r.get("reused")}
         out: list[GraphHolder] = []
         for name in sorted(self.ns):
             roots = _graph_roots(self.ns[name])
@@ -340,7 +340,7 @@ class _Analysis:
     def run(self) -> Diagnosis:
         rec = self.rec
         self._namespace_objects()
-        holders = [h for h in self._holders() if h.saved_bytes > 0 or h.graphs > 1]
+        holders = [h for h in self._holders() if h.saved_bytes > 0]
         kinds: dict[str, int] = {}
         modules: dict[str, int] = {}
         held: list[HeldTensor] = []
@@ -352,8 +352,9 @@ class _Analysis:
             shape = r.get("shape")
             held.append(HeldTensor(bytes=r["bytes"], kind=kind, shape=None if shape is None else tuple(shape),
                                    dtype=r.get("dtype"), module=r.get("module"), node=r.get("node_name"),
-                                   order=r.get("order"), variable=self.names.get(r["key"]),
-                                   via=self.via.get(r["key"])))
+                                   order=r.get("order"),
+                                   variable=None if r.get("reused") else self.names.get(r["key"]),
+                                   via=None if r.get("reused") else self.via.get(r["key"])))
         if self.omitted:
             held_extra = self.rec.extra.get("held") or {}
             for k, b in (held_extra.get("omitted_by_kind") or {}).items():
@@ -363,10 +364,12 @@ class _Analysis:
             self.notes.append(f"{self.omitted} smaller live tensors are counted by kind and module but "
                               "not listed one by one.")
         by_kind = tuple(sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0])))
-        inside = {r["key"] for r in self.rows}
+        inside = {r["key"] for r in self.rows if not r.get("reused")}
         resident = tuple((k, sum(b for key, b in v.items() if key not in inside))
                          for k, v in self.resident.items())
-        resident = tuple((k, b) for k, b in resident if b > 0) if self.moment != "none" else ()
+        # Only at a failure is everything the variables hold now either older than the block or
+        # alive at that moment (nothing ran after it); after a peak, later allocations exist too.
+        resident = tuple((k, b) for k, b in resident if b > 0) if self.moment == "failure" else ()
         by_module = tuple(sorted(modules.items(), key=lambda kv: (-kv[1], kv[0]))[: self.top])
         findings = self._findings(kinds, holders)
         oom = rec.extra.get("oom") or {}
@@ -390,7 +393,7 @@ class _Analysis:
         )
 
     def _kind(self, r: dict[str, Any]) -> str:
-        named = self.kind_of_key.get(r["key"])
+        named = None if r.get("reused") else self.kind_of_key.get(r["key"])
         if named is not None:
             return named
         what = r.get("what", "forward")

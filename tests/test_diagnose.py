@@ -275,3 +275,24 @@ def test_parameters_nobody_differentiates_are_found_from_the_recording_alone() -
     assert f.module == "G" and f.code == "G.requires_grad_(False)"
     assert "4 parameters of G require grad" in f.message and f.bytes > 0
     assert d.findings[0].pattern == "create_graph"
+
+
+@pytest.mark.parametrize("memory", ["cpu", "tracker"])
+def test_addresses_reused_after_the_peak_are_not_matched_with_live_variables(memory: str) -> None:
+    # gradients and optimizer state are made after the peak, often at addresses that tensors alive
+    # at the peak had; they must not be taken for those tensors
+    for _ in range(3):
+        model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 1))
+        opt = torch.optim.Adam(model.parameters())
+        losses = []
+        with gs.record(memory=memory, modules={"model": model}) as rec:
+            for _ in range(3):
+                losses.append(model(torch.randn(128, 64)).square().mean())
+            torch.stack(losses).sum().backward()
+            opt.step()
+        rows = rec.recording.extra["held"]["rows"]
+        d = gs.diagnose(rec.recording)
+        kinds = dict(d.by_kind)
+        assert kinds.get("saved", 0) == sum(r["bytes"] for r in rows if r["what"] == "saved")
+        assert "optimizer" not in kinds
+        assert d.resident == ()  # at a peak, what the variables hold now is not "before the block"
