@@ -359,7 +359,10 @@ def predict(
         *args: what ``fn`` takes.
         device: ``"cuda"`` adds the caching-allocator estimate; ``"cpu"`` gives exact tensor bytes,
             which equal ``gs.record(memory="cpu")``'s ``peak_bytes`` for the real CPU step except
-            where kernels allocate internal buffers (CPU convolution; a note says so).
+            where kernels allocate internal buffers (convolution, norm and flash-attention
+            backward; a note says so). Either way attention and dropout take the device's kernels
+            and gradients accumulate in place as the engine does (see :func:`_kernel_choices` and
+            NOTE [ observers change gradient accumulation ]).
         budget: device size (``"8GiB"`` or bytes) to check against, for the step's resident
             tensors (parameters, gradients, inputs, optimizer state) plus what it allocates: on
             CUDA the allocator model is replayed against this capacity; on CPU the exact bytes are
