@@ -331,7 +331,7 @@ class _Analysis:
             saved = _saved_storages(roots, self._key)
             for k, (_nbytes, _) in saved.items():
                 self.via.setdefault(k, name)
-            live = sum(live_keys.get(k, 0) for k in saved)
+            live = sum(b for k, (b, _) in saved.items() if live_keys.get(k) == b)
             out.append(GraphHolder(name, len(roots), sum(b for b, _ in saved.values()), live))
         out.sort(key=lambda h: (-h.live_bytes, -h.saved_bytes, h.variable))
         return out
@@ -353,7 +353,7 @@ class _Analysis:
             held.append(HeldTensor(bytes=r["bytes"], kind=kind, shape=None if shape is None else tuple(shape),
                                    dtype=r.get("dtype"), module=r.get("module"), node=r.get("node_name"),
                                    order=r.get("order"),
-                                   variable=None if r.get("reused") else self.names.get(r["key"]),
+                                   variable=self.names.get(r["key"]) if self._matchable(r) else None,
                                    via=None if r.get("reused") else self.via.get(r["key"])))
         if self.omitted:
             held_extra = self.rec.extra.get("held") or {}
@@ -392,8 +392,15 @@ class _Analysis:
             budget_resident=int(oom.get("resident", 0)),
         )
 
+    def _matchable(self, r: dict[str, Any]) -> bool:
+        """Whether a row's key may be matched with the user's live tensors: only at a failure
+        (nothing ran after it) and only if the key was not allocated again after the moment.
+        After a peak, storages made outside any operator (``torch.tensor``) may reuse a key
+        without any event saying so."""
+        return self.moment == "failure" and not r.get("reused")
+
     def _kind(self, r: dict[str, Any]) -> str:
-        named = None if r.get("reused") else self.kind_of_key.get(r["key"])
+        named = self.kind_of_key.get(r["key"]) if self._matchable(r) else None
         if named is not None:
             return named
         what = r.get("what", "forward")
@@ -431,7 +438,7 @@ class _Analysis:
                 msg += f" (held by `{holder.variable}`: {holder.graphs} graphs)"
             if frozen:
                 msg += f"; {mod}'s parameters do not require grad (a frozen model)"
-            g = mod or "G"
+            g = _code_path(mod) if mod else "G"
             out.append(Finding(
                 pattern="create_graph", bytes=held_bytes, variable=holder.variable if holder else None, module=mod,
                 message=msg,
@@ -499,7 +506,7 @@ class _Analysis:
                          f"{block} saves the most ({format_bytes(b)})"),
                 suggestion=("recompute instead of saving: wrap the deepest blocks in activation checkpointing "
                             "(memory falls to about one block's activations; backward runs forward again)"),
-                code=f"torch.utils.checkpoint.checkpoint({block}, x, use_reentrant=False)",
+                code=f"torch.utils.checkpoint.checkpoint({_code_path(block)}, x, use_reentrant=False)",
             ))
         out.sort(key=lambda f: (-f.bytes, f.pattern))
         return out
@@ -524,7 +531,7 @@ class _Analysis:
                          f"autograd.grad and none asked for them: {format_bytes(saved)} saved in {mod} "
                          "serve weight gradients that are never computed"),
                 suggestion=f"turn {mod}'s requires_grad off while it is used as a fixed function",
-                code=f"{mod}.requires_grad_(False)",
+                code=f"{_code_path(mod)}.requires_grad_(False)",
             ))
         return out
 
@@ -657,3 +664,13 @@ def _held_order(t: HeldTensor) -> tuple[Any, ...]:
 
 
 _KIND_RANK = {k: i for i, k in enumerate(_KIND_NAMES)}
+
+
+def _code_path(module: str) -> str:
+    """A module path as Python that reaches it: ``layers.3`` -> ``layers[3]``; a path relative to
+    an unnamed root (``1.conv``) starts from ``model``."""
+    parts = module.split(".")
+    out = parts[0] if parts[0].isidentifier() else f"model[{parts[0]}]" if parts[0].isdigit() else "model"
+    for p in parts[1:]:
+        out += f"[{p}]" if p.isdigit() else f".{p}" if p.isidentifier() else ""
+    return out

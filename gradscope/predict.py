@@ -46,6 +46,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -408,6 +409,7 @@ def predict(
         if isinstance(batch_sizes, int) or not all(isinstance(b, int) and b > 0 for b in batch_sizes):
             raise GradscopeError("gradscope: batch_sizes must be a list of positive ints, e.g. [8, 16, 32].")
 
+    names = _module_names(args, sys._getframe(1))
     rows: list[dict[str, Any]] = []
     runs: list[tuple[int, Recording, dict[str, Any]]] = []
     if batch_sizes:
@@ -419,14 +421,14 @@ def predict(
             )
         for b in batch_sizes:
             bargs = _make(make_args, b) if make_args is not None else _resize(args, dim, b)
-            rec, est = _run(fn, bargs, device, cap, label or f"batch {b}")
+            rec, est = _run(fn, bargs, device, cap, label or f"batch {b}", names)
             rows.append({"batch_size": b, "peak_bytes": rec.peak_bytes, "allocated": est.get("allocated_peak_bytes"),
                          "reserved": est.get("reserved_peak_bytes"), "fits": est.get("fits")})
             runs.append((b, rec, est))
     fitting = [r["batch_size"] for r in rows if r["fits"]]
     largest = max(fitting) if fitting else None
     if args or not runs:
-        rec, est = _run(fn, args, device, cap, label)
+        rec, est = _run(fn, args, device, cap, label, names)
     else:
         pick = largest if largest is not None else runs[0][0]
         _, rec, est = next(r for r in runs if r[0] == pick)
@@ -437,13 +439,16 @@ def predict(
     return Prediction(**{f.name: getattr(rec, f.name) for f in dataclasses.fields(Recording)} | {"extra": extra})
 
 
-def _run(fn: Callable[..., Any], args: Any, device: str, cap: int | None,
-         label: str) -> tuple[Recording, dict[str, Any]]:
+def _run(fn: Callable[..., Any], args: Any, device: str, cap: int | None, label: str,
+         names: dict[int, str] | None = None) -> tuple[Recording, dict[str, Any]]:
     from gradscope.record import record
 
-    meta_args = _to_meta(args)
+    meta_args, memo = _to_meta(args)
+    # module paths start with the caller's names for the models it passed (``G.1``)
+    modules = {n: memo[i] for i, n in (names or {}).items() if isinstance(memo.get(i), nn.Module)}
+    del memo
     resident = _resident_bytes(meta_args)
-    rec = record(memory="tracker", label=label)
+    rec = record(memory="tracker", label=label, modules=modules or None)
     rec._tracker_device = "meta"
     try:
         # Factory calls inside the step (torch.zeros, torch.arange) make meta tensors too.
@@ -712,7 +717,7 @@ def _collect_tensors(obj: Any, out: dict[int, torch.Tensor], seen: set[int]) -> 
             stack.extend(o)
 
 
-def _to_meta(args: Any) -> Any:
+def _to_meta(args: Any) -> tuple[Any, dict[int, Any]]:
     """A deep copy of ``args`` in which every tensor is an empty meta tensor of the same shape,
     dtype, strides and ``requires_grad`` (parameters stay parameters; gradients are mirrored).
 
@@ -730,12 +735,37 @@ def _to_meta(args: Any) -> Any:
             if not t.is_leaf and t.requires_grad:
                 memo[i].requires_grad_(True)
     try:
-        return copy.deepcopy(tuple(args), memo)
+        return copy.deepcopy(tuple(args), memo), memo
     except Exception as e:
         raise GradscopeError(
             f"gradscope: could not copy the step's arguments to the meta device ({type(e).__name__}: {e}). "
             "Pass modules, tensors and optimizers, or build them in make_args(batch_size)."
         ) from e
+
+
+def _module_names(args: Sequence[Any], frame: Any) -> dict[int, str]:
+    """``id(module) -> name`` for the modules among ``args``: the caller's variable that holds
+    it (locals first, then globals), else its class name."""
+    out: dict[int, str] = {}
+    mods = [a for a in _flat(args) if isinstance(a, nn.Module)]
+    if not mods:
+        return out
+    try:
+        local_ns = frame.f_locals
+        scopes = [dict(local_ns), frame.f_globals]
+        if sys.version_info < (3, 13) and frame.f_code.co_flags & 0x1 and local_ns is not frame.f_globals:
+            # see NOTE [ f_locals keeps tensors alive ] in gradscope.record: drop the snapshot
+            local_ns.clear()
+    except Exception:
+        scopes = []
+    for m in mods:
+        if id(m) in out:
+            continue
+        name = next((k for sc in scopes for k, v in list(sc.items())
+                     if v is m and isinstance(k, str) and k.isidentifier() and not k.startswith("_")), None)
+        out[id(m)] = name or type(m).__name__
+    del scopes
+    return out
 
 
 def _resident_bytes(meta_args: Any) -> list[int]:

@@ -182,7 +182,7 @@ def test_deep_activations_suggest_checkpointing_the_largest_block() -> None:
     f = d.findings[0]
     assert f.pattern == "deep_activations"
     assert f.module is not None and f.module.startswith("layers.")
-    assert f.code.startswith("torch.utils.checkpoint.checkpoint(layers.")
+    assert f.code.startswith("torch.utils.checkpoint.checkpoint(layers[")
     del out
 
 

@@ -115,9 +115,29 @@ def test_prediction_never_touches_the_originals() -> None:
     assert all(q.device.type == "cpu" and q.grad is None for q in model.parameters())
     assert x.grad is None and x.device.type == "cpu"
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
-    # the recording is a full one: graph, saved tensors, parameter names
-    assert sorted(n.leaf for n in p.nodes if n.leaf) == ["0.bias", "0.weight", "2.bias", "2.weight", "input"]
+    # the recording is a full one: graph, saved tensors, parameter names (prefixed with the
+    # caller's name for the model)
+    assert sorted(n.leaf for n in p.nodes if n.leaf) == ["input", "model.0.bias", "model.0.weight",
+                                                         "model.2.bias", "model.2.weight"]
     assert p.saved_bytes > 0
+
+
+def test_a_prediction_can_be_diagnosed_with_the_callers_names() -> None:
+    G = nn.Sequential(nn.Linear(16, 256), nn.Tanh(), nn.Linear(256, 64)).requires_grad_(False)  # noqa: N806
+
+    def step(G, y, zs):  # type: ignore[no-untyped-def]  # noqa: N803
+        out = [torch.autograd.grad(((G(z.requires_grad_()) * y) ** 2).sum(), z, create_graph=True)[0]
+               for z in zs]
+        torch.stack(out).sum().backward()
+
+    y = torch.randn(64, requires_grad=True)
+    p = gs.predict(step, G, y, [torch.randn(128, 16) for _ in range(8)], device="cuda", budget="2MiB")
+    assert p.fits is False
+    d = gs.diagnose(p, namespace={})
+    assert d.moment == "peak" and d.live_bytes == p.peak_bytes
+    f = d.findings[0]
+    assert f.pattern == "create_graph" and f.module == "G"
+    assert f.code == 'gradscope.strategies.mixed_grad(f, G, z, y, method="forward_ad")'
 
 
 def test_existing_gradients_are_mirrored() -> None:
