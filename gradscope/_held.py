@@ -32,8 +32,12 @@ def collect(rec: Any) -> dict[str, Any]:
     out: dict[str, Any] = {"backward_calls": list(getattr(rec, "_bw_calls", []))}
     exc = getattr(rec, "_exc", None)
     if isinstance(exc, MemoryBudgetExceeded):
-        out["oom"] = {"requested": int(exc.requested), "live": int(exc.live), "budget": int(exc.budget),
-                      "where": str(exc.where)}
+        out["oom"] = {
+            "requested": int(exc.requested),
+            "live": int(exc.live),
+            "budget": int(exc.budget),
+            "where": str(exc.where),
+        }
     try:
         # A real CUDA out-of-memory is a failure too: its refused allocation is not in the events.
         held = _held(rec, failed=isinstance(exc, torch.OutOfMemoryError))
@@ -68,7 +72,7 @@ def _held(rec: Any, failed: bool) -> dict[str, Any] | None:
             last_free[e.key] = e.t_ns
     # Keys allocated again after the moment now name other storages: the diagnosis must not
     # match them with the user's live tensors.
-    reused = {e.key for e in events[end + 1:] if e.size > 0 and e.key in alive}
+    reused = {e.key for e in events[end + 1 :] if e.size > 0 and e.key in alive}
     by_key = isinstance(src, TrackerSource)
     # Keys (storage objects' or blocks' addresses) are reused once freed: a save belongs to the
     # allocation that held its key when it was packed, i.e. it came after the key's previous free
@@ -90,12 +94,25 @@ def _held(rec: Any, failed: bool) -> dict[str, Any] | None:
         if key in reused:
             row["reused"] = True
         if s is not None:
-            row.update(what="saved", node=s.node.id, node_name=s.node.name, order=s.node.order,
-                       module=s.node.module, shape=list(s.shape), dtype=s.dtype,
-                       saved_kind=rec._final_kind(s).value, attribute=s.attribute)
+            row.update(
+                what="saved",
+                node=s.node.id,
+                node_name=s.node.name,
+                order=s.node.order,
+                module=s.node.module,
+                shape=list(s.shape),
+                dtype=s.dtype,
+                saved_kind=rec._final_kind(s).value,
+                attribute=s.attribute,
+            )
         elif node is not None:
-            row.update(what="gradient" if node.name == "AccumulateGrad" else "backward",
-                       node=node.id, node_name=node.name, order=node.order, module=node.module)
+            row.update(
+                what="gradient" if node.name == "AccumulateGrad" else "backward",
+                node=node.id,
+                node_name=node.name,
+                order=node.order,
+                module=node.module,
+            )
         elif e.eval_index is not None:
             row.update(what="backward", module=None)
         else:

@@ -144,8 +144,11 @@ class Diagnosis:
                 f"{title}: out of memory on a simulated {format_bytes(self.budget)} device"
                 + (f" in {self.where}" if self.where else "")
                 + f": tried to allocate {format_bytes(self.requested)} with {format_bytes(self.live_bytes)} live"
-                + (f" and {format_bytes(self.budget_resident)} resident from earlier cells"
-                   if self.budget_resident else "")
+                + (
+                    f" and {format_bytes(self.budget_resident)} resident from earlier cells"
+                    if self.budget_resident
+                    else ""
+                )
             )
         elif self.moment == "failure":
             lines.append(f"{title}: the block failed ({self.error}); state at its last allocation")
@@ -158,8 +161,10 @@ class Diagnosis:
             f"alive then; {format_bytes(self.resident_bytes)} existed before it (parameters, inputs)"
         )
         if self.resident:
-            lines.append("resident before the block, from your variables: " + ", ".join(
-                f"{k} {format_bytes(b)}" for k, b in self.resident))
+            lines.append(
+                "resident before the block, from your variables: "
+                + ", ".join(f"{k} {format_bytes(b)}" for k, b in self.resident)
+            )
         if self.by_kind:
             lines.append("by kind (allocated inside the block):")
             for k, b in self.by_kind:
@@ -211,8 +216,9 @@ class Diagnosis:
 
 
 # ----------------------------------------------------------------------------------------------
-def diagnose(recording: Recording | Any, namespace: Mapping[str, Any] | None = None, *,
-             top: int = 8) -> Diagnosis:
+def diagnose(
+    recording: Recording | Any, namespace: Mapping[str, Any] | None = None, *, top: int = 8
+) -> Diagnosis:
     """Say what held memory when a recorded block failed (or at its peak) and what to change.
 
     Args:
@@ -350,23 +356,34 @@ class _Analysis:
             mod = r.get("module") or "(no module)"
             modules[mod] = modules.get(mod, 0) + r["bytes"]
             shape = r.get("shape")
-            held.append(HeldTensor(bytes=r["bytes"], kind=kind, shape=None if shape is None else tuple(shape),
-                                   dtype=r.get("dtype"), module=r.get("module"), node=r.get("node_name"),
-                                   order=r.get("order"),
-                                   variable=self.names.get(r["key"]) if self._matchable(r) else None,
-                                   via=None if r.get("reused") else self.via.get(r["key"])))
+            held.append(
+                HeldTensor(
+                    bytes=r["bytes"],
+                    kind=kind,
+                    shape=None if shape is None else tuple(shape),
+                    dtype=r.get("dtype"),
+                    module=r.get("module"),
+                    node=r.get("node_name"),
+                    order=r.get("order"),
+                    variable=self.names.get(r["key"]) if self._matchable(r) else None,
+                    via=None if r.get("reused") else self.via.get(r["key"]),
+                )
+            )
         if self.omitted:
             held_extra = self.rec.extra.get("held") or {}
             for k, b in (held_extra.get("omitted_by_kind") or {}).items():
                 kinds[k] = kinds.get(k, 0) + int(b)
             for m, b in (held_extra.get("omitted_by_module") or {}).items():
                 modules[m] = modules.get(m, 0) + int(b)
-            self.notes.append(f"{self.omitted} smaller live tensors are counted by kind and module but "
-                              "not listed one by one.")
+            self.notes.append(
+                f"{self.omitted} smaller live tensors are counted by kind and module but "
+                "not listed one by one."
+            )
         by_kind = tuple(sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0])))
         inside = {r["key"] for r in self.rows if not r.get("reused")}
-        resident = tuple((k, sum(b for key, b in v.items() if key not in inside))
-                         for k, v in self.resident.items())
+        resident = tuple(
+            (k, sum(b for key, b in v.items() if key not in inside)) for k, v in self.resident.items()
+        )
         # Only at a failure is everything the variables hold now either older than the block or
         # alive at that moment (nothing ran after it); after a peak, later allocations exist too.
         resident = tuple((k, b) for k, b in resident if b > 0) if self.moment == "failure" else ()
@@ -423,43 +440,63 @@ class _Analysis:
             if not top_mods:
                 top_mods = _top_modules(n.module for n in high)
             mod = top_mods[0] if top_mods else None
-            in_mod = sum(r["bytes"] for r in self.rows if r.get("what") == "saved" and mod is not None
-                         and _top(r.get("module")) == mod)
+            in_mod = sum(
+                r["bytes"]
+                for r in self.rows
+                if r.get("what") == "saved" and mod is not None and _top(r.get("module")) == mod
+            )
             order1 = kinds.get("saved_order1", 0)
             held_bytes = max(in_mod, order1)
             trainable = {_top(n.module) for n in rec.nodes if n.leaf and n.leaf != "input"}
             frozen = mod is not None and mod not in trainable
             holder = next((h for h in holders if h.live_bytes > 0), None)
             where = f" through {mod}" if mod else ""
-            msg = (f"{len(created)} backward call{'s' if len(created) != 1 else ''} with create_graph=True built "
-                   f"{len(high)} nodes of order >= 1{where}; they keep {mod + chr(39) + 's' if mod else 'the'} "
-                   f"forward activations alive: {format_bytes(held_bytes)} of the {format_bytes(self.live)} live")
+            msg = (
+                f"{len(created)} backward call{'s' if len(created) != 1 else ''} with create_graph=True built "
+                f"{len(high)} nodes of order >= 1{where}; they keep {mod + chr(39) + 's' if mod else 'the'} "
+                f"forward activations alive: {format_bytes(held_bytes)} of the {format_bytes(self.live)} live"
+            )
             if holder is not None:
                 msg += f" (held by `{holder.variable}`: {holder.graphs} graphs)"
             if frozen:
                 msg += f"; {mod}'s parameters do not require grad (a frozen model)"
             g = _code_path(mod) if mod else "G"
-            out.append(Finding(
-                pattern="create_graph", bytes=held_bytes, variable=holder.variable if holder else None, module=mod,
-                message=msg,
-                suggestion=(f"{g}'s activations are kept by create_graph=True: use the forward-AD strategy, which "
-                            f"pushes the direction through {g} as a tangent and keeps no graph of {g} "
-                            "(or drop create_graph=True if no second derivative is needed)"),
-                code=f"gradscope.strategies.mixed_grad(f, {g}, z, y, method=\"forward_ad\")",
-            ))
+            out.append(
+                Finding(
+                    pattern="create_graph",
+                    bytes=held_bytes,
+                    variable=holder.variable if holder else None,
+                    module=mod,
+                    message=msg,
+                    suggestion=(
+                        f"{g}'s activations are kept by create_graph=True: use the forward-AD strategy, which "
+                        f"pushes the direction through {g} as a tangent and keeps no graph of {g} "
+                        "(or drop create_graph=True if no second derivative is needed)"
+                    ),
+                    code=f'gradscope.strategies.mixed_grad(f, {g}, z, y, method="forward_ad")',
+                )
+            )
         # variables holding several graphs (a list of losses)
         for h in holders:
             if h.graphs < 2 or h.live_bytes <= 0 or (out and out[0].variable == h.variable):
                 continue
-            out.append(Finding(
-                pattern="graphs_held", bytes=h.live_bytes, variable=h.variable,
-                message=(f"`{h.variable}` holds {h.graphs} graphs; their saved tensors are "
-                         f"{format_bytes(h.live_bytes)} of the {format_bytes(self.live)} live"),
-                suggestion=(f"keep numbers, not graphs, in `{h.variable}`: append loss.item() (or loss.detach()); "
-                            "if the graphs are for one backward at the end, call (loss / n).backward() on each "
-                            "micro-batch instead: gradients accumulate and each graph is freed at once"),
-                code=f"{h.variable}.append(loss.item())",
-            ))
+            out.append(
+                Finding(
+                    pattern="graphs_held",
+                    bytes=h.live_bytes,
+                    variable=h.variable,
+                    message=(
+                        f"`{h.variable}` holds {h.graphs} graphs; their saved tensors are "
+                        f"{format_bytes(h.live_bytes)} of the {format_bytes(self.live)} live"
+                    ),
+                    suggestion=(
+                        f"keep numbers, not graphs, in `{h.variable}`: append loss.item() (or loss.detach()); "
+                        "if the graphs are for one backward at the end, call (loss / n).backward() on each "
+                        "micro-batch instead: gradients accumulate and each graph is freed at once"
+                    ),
+                    code=f"{h.variable}.append(loss.item())",
+                )
+            )
         # a model that requires grad but is not trained, run with autograd on
         out.extend(self._frozen_trainable())
         flagged = {f.module for f in out if f.pattern == "frozen_trainable"}
@@ -469,28 +506,43 @@ class _Analysis:
         if opt_bytes + grad_bytes >= 0.5 * live and opt_bytes > 0:
             name = self.optimizers[0][0] if self.optimizers else "opt"
             kind = type(self.optimizers[0][1]).__name__ if self.optimizers else "the optimizer"
-            out.append(Finding(
-                pattern="optimizer_state", bytes=opt_bytes + grad_bytes, variable=name,
-                message=(f"{kind}'s state ({format_bytes(opt_bytes)}) and the gradients ({format_bytes(grad_bytes)}) "
-                         f"are {format_bytes(opt_bytes + grad_bytes)} of the {format_bytes(self.live)} live"),
-                suggestion=("free gradients between steps (zero_grad(set_to_none=True), the default), step with "
-                            "foreach=False to avoid the step's temporary copies, or use an optimizer with less "
-                            "state per parameter (SGD with momentum keeps one copy, Adam two)"),
-                code=f"{name}.zero_grad(set_to_none=True)",
-            ))
+            out.append(
+                Finding(
+                    pattern="optimizer_state",
+                    bytes=opt_bytes + grad_bytes,
+                    variable=name,
+                    message=(
+                        f"{kind}'s state ({format_bytes(opt_bytes)}) and the gradients ({format_bytes(grad_bytes)}) "
+                        f"are {format_bytes(opt_bytes + grad_bytes)} of the {format_bytes(self.live)} live"
+                    ),
+                    suggestion=(
+                        "free gradients between steps (zero_grad(set_to_none=True), the default), step with "
+                        "foreach=False to avoid the step's temporary copies, or use an optimizer with less "
+                        "state per parameter (SGD with momentum keeps one copy, Adam two)"
+                    ),
+                    code=f"{name}.zero_grad(set_to_none=True)",
+                )
+            )
         # retain_graph
         retained = [c for c in self.calls if c.get("retain_graph") and not c.get("create_graph")]
         if retained:
             saved_live = sum(v for k, v in kinds.items() if k.startswith("saved"))
-            out.append(Finding(
-                pattern="retain_graph", bytes=saved_live,
-                message=(f"{len(retained)} backward call{'s' if len(retained) != 1 else ''} used retain_graph=True: "
-                         f"the graphs keep their saved tensors after backward ({format_bytes(saved_live)} saved live)"),
-                suggestion=("sum the losses and call backward once, or release each penalty branch right after its "
-                            "backward (gradscope.strategies.PenaltyBranches); retain only what a later backward "
-                            "really reuses"),
-                code="(loss_a + loss_b).backward()  # one pass, no retain_graph",
-            ))
+            out.append(
+                Finding(
+                    pattern="retain_graph",
+                    bytes=saved_live,
+                    message=(
+                        f"{len(retained)} backward call{'s' if len(retained) != 1 else ''} used retain_graph=True: "
+                        f"the graphs keep their saved tensors after backward ({format_bytes(saved_live)} saved live)"
+                    ),
+                    suggestion=(
+                        "sum the losses and call backward once, or release each penalty branch right after its "
+                        "backward (gradscope.strategies.PenaltyBranches); retain only what a later backward "
+                        "really reuses"
+                    ),
+                    code="(loss_a + loss_b).backward()  # one pass, no retain_graph",
+                )
+            )
         # deep activations: saved activations dominate and nothing above explains them
         acts = kinds.get("saved", 0)
         if acts >= 0.5 * live and not out:
@@ -500,14 +552,22 @@ class _Analysis:
                     m = _block(r.get("module"))
                     per[m] = per.get(m, 0) + r["bytes"]
             block, b = min(per.items(), key=lambda kv: (-kv[1], kv[0]))
-            out.append(Finding(
-                pattern="deep_activations", bytes=acts, module=block,
-                message=(f"saved activations are {format_bytes(acts)} of the {format_bytes(self.live)} live; "
-                         f"{block} saves the most ({format_bytes(b)})"),
-                suggestion=("recompute instead of saving: wrap the deepest blocks in activation checkpointing "
-                            "(memory falls to about one block's activations; backward runs forward again)"),
-                code=f"torch.utils.checkpoint.checkpoint({_code_path(block)}, x, use_reentrant=False)",
-            ))
+            out.append(
+                Finding(
+                    pattern="deep_activations",
+                    bytes=acts,
+                    module=block,
+                    message=(
+                        f"saved activations are {format_bytes(acts)} of the {format_bytes(self.live)} live; "
+                        f"{block} saves the most ({format_bytes(b)})"
+                    ),
+                    suggestion=(
+                        "recompute instead of saving: wrap the deepest blocks in activation checkpointing "
+                        "(memory falls to about one block's activations; backward runs forward again)"
+                    ),
+                    code=f"torch.utils.checkpoint.checkpoint({_code_path(block)}, x, use_reentrant=False)",
+                )
+            )
         out.sort(key=lambda f: (-f.bytes, f.pattern))
         return out
 
@@ -524,15 +584,23 @@ class _Analysis:
                 per.setdefault(_top(n.module or n.leaf) or "(no module)", []).append(n.leaf)
         out: list[Finding] = []
         for mod, leaves in sorted(per.items()):
-            saved = sum(r["bytes"] for r in self.rows if r.get("what") == "saved" and _top(r.get("module")) == mod)
-            out.append(Finding(
-                pattern="frozen_trainable", bytes=saved, module=mod,
-                message=(f"{len(leaves)} parameters of {mod} require grad, but every backward here is "
-                         f"autograd.grad and none asked for them: {format_bytes(saved)} saved in {mod} "
-                         "serve weight gradients that are never computed"),
-                suggestion=f"turn {mod}'s requires_grad off while it is used as a fixed function",
-                code=f"{_code_path(mod)}.requires_grad_(False)",
-            ))
+            saved = sum(
+                r["bytes"] for r in self.rows if r.get("what") == "saved" and _top(r.get("module")) == mod
+            )
+            out.append(
+                Finding(
+                    pattern="frozen_trainable",
+                    bytes=saved,
+                    module=mod,
+                    message=(
+                        f"{len(leaves)} parameters of {mod} require grad, but every backward here is "
+                        f"autograd.grad and none asked for them: {format_bytes(saved)} saved in {mod} "
+                        "serve weight gradients that are never computed"
+                    ),
+                    suggestion=f"turn {mod}'s requires_grad off while it is used as a fixed function",
+                    code=f"{_code_path(mod)}.requires_grad_(False)",
+                )
+            )
         return out
 
     def _frozen_trainable(self) -> list[Finding]:
@@ -561,20 +629,32 @@ class _Analysis:
             prefix = _prefix_of(name, m, params, leaves)
             if prefix is None:
                 continue  # it did not take part in this recording's graph
-            saved = sum(b for mod, b in mods_with_saves.items()
-                        if prefix == "" or mod == prefix or mod.startswith(prefix + "."))
+            saved = sum(
+                b
+                for mod, b in mods_with_saves.items()
+                if prefix == "" or mod == prefix or mod.startswith(prefix + ".")
+            )
             grads = sum(p.numel() * p.element_size() for _, p in params)
             why = "no optimizer trains its parameters" if untrained else "it is in eval() mode"
-            out.append(Finding(
-                pattern="frozen_trainable", bytes=saved, variable=name, module=prefix or name,
-                message=(f"`{name}` ({type(m).__name__}) looks frozen ({why}) but its {len(params)} parameters "
-                         f"require grad and it ran outside torch.no_grad(): autograd saved "
-                         f"{format_bytes(saved)} of its activations and backward makes "
-                         f"{format_bytes(grads)} of gradients for it"),
-                suggestion=(f"run `{name}` under torch.no_grad() (or turn its requires_grad off) so that nothing "
-                            "is saved for it"),
-                code=f"with torch.no_grad(): feats = {name}(x)   # or {name}.requires_grad_(False)",
-            ))
+            out.append(
+                Finding(
+                    pattern="frozen_trainable",
+                    bytes=saved,
+                    variable=name,
+                    module=prefix or name,
+                    message=(
+                        f"`{name}` ({type(m).__name__}) looks frozen ({why}) but its {len(params)} parameters "
+                        f"require grad and it ran outside torch.no_grad(): autograd saved "
+                        f"{format_bytes(saved)} of its activations and backward makes "
+                        f"{format_bytes(grads)} of gradients for it"
+                    ),
+                    suggestion=(
+                        f"run `{name}` under torch.no_grad() (or turn its requires_grad off) so that nothing "
+                        "is saved for it"
+                    ),
+                    code=f"with torch.no_grad(): feats = {name}(x)   # or {name}.requires_grad_(False)",
+                )
+            )
         return out
 
 
@@ -659,8 +739,16 @@ def _prefix_of(name: str, m: nn.Module, params: list[tuple[str, Any]], leaves: s
 
 def _held_order(t: HeldTensor) -> tuple[Any, ...]:
     """Largest first; ties in an order that does not depend on memory addresses."""
-    return (-t.bytes, _KIND_RANK.get(t.kind, len(_KIND_RANK)), t.module or "", t.node or "", t.order or 0,
-            t.shape or (), t.variable or "", t.via or "")
+    return (
+        -t.bytes,
+        _KIND_RANK.get(t.kind, len(_KIND_RANK)),
+        t.module or "",
+        t.node or "",
+        t.order or 0,
+        t.shape or (),
+        t.variable or "",
+        t.via or "",
+    )
 
 
 _KIND_RANK = {k: i for i, k in enumerate(_KIND_NAMES)}

@@ -102,12 +102,25 @@ class GradscopeMagics(Magics):
     """``%%gradscope`` (record a cell) and ``%gradscope oom on|off`` (diagnose OOMs)."""
 
     @magic_arguments()
-    @argument("-o", "--output", metavar="NAME", default=None,
-              help="store the Recording in the user namespace under NAME")
-    @argument("--memory", default="auto", choices=_MEMORY_CHOICES,
-              help="memory source: auto (CUDA on a GPU, else the CPU allocator), cpu, cuda, tracker, off")
-    @argument("--budget", metavar="SIZE", default=None,
-              help="simulated device size, e.g. 8GiB: crossing it raises gs.MemoryBudgetExceeded")
+    @argument(
+        "-o",
+        "--output",
+        metavar="NAME",
+        default=None,
+        help="store the Recording in the user namespace under NAME",
+    )
+    @argument(
+        "--memory",
+        default="auto",
+        choices=_MEMORY_CHOICES,
+        help="memory source: auto (CUDA on a GPU, else the CPU allocator), cpu, cuda, tracker, off",
+    )
+    @argument(
+        "--budget",
+        metavar="SIZE",
+        default=None,
+        help="simulated device size, e.g. 8GiB: crossing it raises gs.MemoryBudgetExceeded",
+    )
     @argument("--label", default="", help="a name for the recording")
     @argument("--no-widget", action="store_true", help="print the text summary instead of the widget")
     @argument("--history", action="store_true", help="on CUDA, keep the allocator's event history")
@@ -125,9 +138,13 @@ class GradscopeMagics(Magics):
 
         cell_budget, resident = _cell_budget(budget, args.memory, shell.user_ns)
         try:
-            rec = record(memory=args.memory, budget=cell_budget, label=args.label,
-                         modules=_namespace_modules(shell.user_ns) or None,
-                         history=args.history)
+            rec = record(
+                memory=args.memory,
+                budget=cell_budget,
+                label=args.label,
+                modules=_namespace_modules(shell.user_ns) or None,
+                history=args.history,
+            )
         except GradscopeError as e:
             raise UsageError(str(e)) from None
         st.cell_budget = None if budget is None else (budget, resident)
@@ -146,10 +163,18 @@ class GradscopeMagics(Magics):
     @magic_arguments()
     @argument("command", nargs="?", default="", help="oom")
     @argument("state", nargs="?", default="", help="on | off")
-    @argument("--budget", metavar="SIZE", default=None,
-              help="with oom on: run cells on a simulated device of this size (CPU tracker)")
-    @argument("--memory", default="auto", choices=_MEMORY_CHOICES,
-              help="with oom on: memory source for the per-cell recording")
+    @argument(
+        "--budget",
+        metavar="SIZE",
+        default=None,
+        help="with oom on: run cells on a simulated device of this size (CPU tracker)",
+    )
+    @argument(
+        "--memory",
+        default="auto",
+        choices=_MEMORY_CHOICES,
+        help="with oom on: memory source for the per-cell recording",
+    )
     @line_magic("gradscope")  # type: ignore[arg-type]
     def gradscope_line(self, line: str) -> None:
         """``%gradscope oom on [--budget SIZE] [--memory SOURCE]`` / ``%gradscope oom off`` /
@@ -176,8 +201,10 @@ class GradscopeMagics(Magics):
         if memory == "auto":
             memory = "cuda" if torch.cuda.is_available() else "tracker"
         if memory == "cuda" and not torch.cuda.is_available():
-            raise UsageError("gradscope: --memory cuda but CUDA is not available; use --memory tracker "
-                             "with --budget SIZE to simulate a device.")
+            raise UsageError(
+                "gradscope: --memory cuda but CUDA is not available; use --memory tracker "
+                "with --budget SIZE to simulate a device."
+            )
         _oom_on(self.shell, st, budget, memory)
         print(_oom_status(st))
 
@@ -242,8 +269,9 @@ def _finish(st: _State, rec: Any, err: BaseException | None, ns: dict[str, Any] 
         if ns is not None:
             _add_namespace_roots(rec, ns)
         try:
-            rec.__exit__(type(err) if err is not None else None, err,
-                         err.__traceback__ if err is not None else None)
+            rec.__exit__(
+                type(err) if err is not None else None, err, err.__traceback__ if err is not None else None
+            )
         except GradscopeError:
             pass
         st.finished = _with_resident(rec.recording, st.cell_budget)
@@ -362,13 +390,22 @@ def _show(recording: Recording, widget: bool) -> None:
 def _oom_status(st: _State) -> str:
     if not st.oom:
         return "gradscope: OOM diagnosis is off. Turn it on with %gradscope oom on [--budget SIZE]."
-    dev = (f"a simulated {st.oom_budget}-byte device" if st.oom_budget is not None
-           else "the CUDA allocator" if st.oom_memory == "cuda" else f"memory source {st.oom_memory}")
-    text = (f"gradscope: OOM diagnosis is on: each cell runs under a recording ({dev}); a cell that "
-            "raises torch.OutOfMemoryError shows a diagnosis before its traceback.")
+    dev = (
+        f"a simulated {st.oom_budget}-byte device"
+        if st.oom_budget is not None
+        else "the CUDA allocator"
+        if st.oom_memory == "cuda"
+        else f"memory source {st.oom_memory}"
+    )
+    text = (
+        f"gradscope: OOM diagnosis is on: each cell runs under a recording ({dev}); a cell that "
+        "raises torch.OutOfMemoryError shows a diagnosis before its traceback."
+    )
     if st.oom_budget is None and st.oom_memory != "cuda":
-        text += (" No GPU and no --budget: nothing here will run out of memory; add --budget SIZE "
-                 "(e.g. 8GiB) to run cells on a simulated device of that size.")
+        text += (
+            " No GPU and no --budget: nothing here will run out of memory; add --budget SIZE "
+            "(e.g. 8GiB) to run cells on a simulated device of that size."
+        )
     return text
 
 
@@ -411,15 +448,21 @@ def _make_pre(shell: Any) -> Any:
         if st is None or not st.oom or st.active is not None:
             return
         raw = getattr(info, "raw_cell", "") or ""
-        if any(m in raw for m in _RECORDING_MARKERS) or raw.lstrip().startswith(("%gradscope", "%unload_ext")):
+        if any(m in raw for m in _RECORDING_MARKERS) or raw.lstrip().startswith(
+            ("%gradscope", "%unload_ext")
+        ):
             return  # it records on its own, or changes the extension itself
         from gradscope.record import record
 
         try:
             cell_budget, resident = _cell_budget(st.oom_budget, st.oom_memory, shell.user_ns)
-            rec = record(memory=st.oom_memory, budget=cell_budget, label="cell (oom watch)",
-                         modules=_namespace_modules(shell.user_ns) or None,
-                         history=st.oom_memory == "cuda")
+            rec = record(
+                memory=st.oom_memory,
+                budget=cell_budget,
+                label="cell (oom watch)",
+                modules=_namespace_modules(shell.user_ns) or None,
+                history=st.oom_memory == "cuda",
+            )
             rec.__enter__()
         except (GradscopeError, UsageError) as e:
             print(f"gradscope: could not watch this cell for OOM ({e})", file=sys.stderr)
@@ -440,8 +483,9 @@ def _make_post(shell: Any) -> Any:
     return post_run_cell
 
 
-def _oom_handler(shell: Any, etype: type[BaseException], value: BaseException, tb: Any,
-                 tb_offset: int | None = None) -> list[str]:
+def _oom_handler(
+    shell: Any, etype: type[BaseException], value: BaseException, tb: Any, tb_offset: int | None = None
+) -> list[str]:
     """Shows the diagnosis, then the usual traceback (IPython does not print what a custom
     handler returns when it calls it from ``run_code``)."""
     st = _STATES.get(shell)
@@ -462,8 +506,10 @@ def _oom_handler(shell: Any, etype: type[BaseException], value: BaseException, t
             except Exception as e:  # a diagnosis must never hide the user's traceback
                 text = f"gradscope: could not diagnose this OOM ({type(e).__name__}: {e})"
         else:
-            text = ("gradscope: this cell ran without a recording (it records on its own, or OOM "
-                    "diagnosis was turned on after it started); no diagnosis.")
+            text = (
+                "gradscope: this cell ran without a recording (it records on its own, or OOM "
+                "diagnosis was turned on after it started); no diagnosis."
+            )
     if text is not None:
         print(text)
     shell.showtraceback((etype, value, tb), tb_offset=tb_offset)

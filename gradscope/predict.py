@@ -72,14 +72,29 @@ _ROUND_LARGE = 2 * _MB  # kRoundLarge
 
 # Operators whose CPU kernels allocate internal buffers that are not operator outputs: the
 # tracker (and so the meta device) cannot see them, while the CPU allocator's events can.
-_HIDDEN_WORKSPACE_OPS = ("convolution", "conv1d", "conv2d", "conv3d", "conv_transpose", "mkldnn",
-                         "_slow_conv", "cudnn", "miopen", "col2im", "im2col")
+_HIDDEN_WORKSPACE_OPS = (
+    "convolution",
+    "conv1d",
+    "conv2d",
+    "conv3d",
+    "conv_transpose",
+    "mkldnn",
+    "_slow_conv",
+    "cudnn",
+    "miopen",
+    "col2im",
+    "im2col",
+)
 
 # Operators whose CPU kernels allocate temporaries that are not outputs (measured: layer norm,
 # batch norm and group norm backward, CPU flash attention backward).
-_INTERNAL_TEMPORARY_OPS = ("aten::native_layer_norm_backward", "aten::native_batch_norm_backward",
-                           "aten::native_group_norm_backward", "aten::_fused_rms_norm_backward",
-                           "aten::_scaled_dot_product_flash_attention_for_cpu_backward")
+_INTERNAL_TEMPORARY_OPS = (
+    "aten::native_layer_norm_backward",
+    "aten::native_batch_norm_backward",
+    "aten::native_group_norm_backward",
+    "aten::_fused_rms_norm_backward",
+    "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+)
 
 _CUDA_CANNOT_KNOW = (
     "CUDA estimate: a model of the caching allocator (512-byte rounding, 2 MiB small-pool segments, "
@@ -146,7 +161,9 @@ def _segment_size(n: int) -> int:
     return _ROUND_LARGE * -(-n // _ROUND_LARGE)
 
 
-def estimate_cuda_allocator(events: Iterable[tuple[int, int]], capacity: int | None = None) -> AllocatorEstimate:
+def estimate_cuda_allocator(
+    events: Iterable[tuple[int, int]], capacity: int | None = None
+) -> AllocatorEstimate:
     """Replay allocations and frees through a model of the CUDA caching allocator.
 
     See NOTE [ the allocator model ] in this module for the rules and what they leave out.
@@ -314,12 +331,18 @@ class Prediction(Recording):
     def summary(self, top: int = 5) -> str:
         """The prediction's verdict, then the recording's summary."""
         lines = [f"gradscope prediction for {self.device}:"]
-        lines.append(f"  exact tensor bytes at the peak: {format_bytes(self.peak_bytes)} ({self.peak_bytes} bytes)")
+        lines.append(
+            f"  exact tensor bytes at the peak: {format_bytes(self.peak_bytes)} ({self.peak_bytes} bytes)"
+        )
         if self.allocated_bytes is not None:
-            lines.append(f"  estimated CUDA allocated peak: {format_bytes(self.allocated_bytes)} "
-                         f"({self.allocated_bytes} bytes)")
-            lines.append(f"  estimated CUDA reserved peak: {format_bytes(self.reserved_bytes)} "
-                         f"({self.reserved_bytes} bytes)")
+            lines.append(
+                f"  estimated CUDA allocated peak: {format_bytes(self.allocated_bytes)} "
+                f"({self.allocated_bytes} bytes)"
+            )
+            lines.append(
+                f"  estimated CUDA reserved peak: {format_bytes(self.reserved_bytes)} "
+                f"({self.reserved_bytes} bytes)"
+            )
         if self.budget is not None:
             verdict = "fits" if self.fits else "does NOT fit"
             lines.append(f"  {verdict} in the budget of {format_bytes(self.budget)} ({self.budget} bytes)")
@@ -397,7 +420,9 @@ def predict(
     if device not in ("cuda", "cpu"):
         raise GradscopeError(f"gradscope: predict(device={device!r}): use device='cuda' or device='cpu'.")
     if not callable(fn):
-        raise GradscopeError(f"gradscope: predict's first argument must be the step function, got {type(fn).__name__}.")
+        raise GradscopeError(
+            f"gradscope: predict's first argument must be the step function, got {type(fn).__name__}."
+        )
     cap = parse_size(budget)
     if cap is None and device == "cuda" and torch.cuda.is_available():
         cap = int(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
@@ -422,8 +447,15 @@ def predict(
         for b in batch_sizes:
             bargs = _make(make_args, b) if make_args is not None else _resize(args, dim, b)
             rec, est = _run(fn, bargs, device, cap, label or f"batch {b}", names)
-            rows.append({"batch_size": b, "peak_bytes": rec.peak_bytes, "allocated": est.get("allocated_peak_bytes"),
-                         "reserved": est.get("reserved_peak_bytes"), "fits": est.get("fits")})
+            rows.append(
+                {
+                    "batch_size": b,
+                    "peak_bytes": rec.peak_bytes,
+                    "allocated": est.get("allocated_peak_bytes"),
+                    "reserved": est.get("reserved_peak_bytes"),
+                    "fits": est.get("fits"),
+                }
+            )
             runs.append((b, rec, est))
     fitting = [r["batch_size"] for r in rows if r["fits"]]
     largest = max(fitting) if fitting else None
@@ -436,11 +468,19 @@ def predict(
     est["largest_batch"] = largest
     extra = dict(rec.extra)
     extra["prediction"] = est
-    return Prediction(**{f.name: getattr(rec, f.name) for f in dataclasses.fields(Recording)} | {"extra": extra})
+    return Prediction(
+        **{f.name: getattr(rec, f.name) for f in dataclasses.fields(Recording)} | {"extra": extra}
+    )
 
 
-def _run(fn: Callable[..., Any], args: Any, device: str, cap: int | None, label: str,
-         names: dict[int, str] | None = None) -> tuple[Recording, dict[str, Any]]:
+def _run(
+    fn: Callable[..., Any],
+    args: Any,
+    device: str,
+    cap: int | None,
+    label: str,
+    names: dict[int, str] | None = None,
+) -> tuple[Recording, dict[str, Any]]:
     from gradscope.record import record
 
     meta_args, memo = _to_meta(args)
@@ -472,7 +512,9 @@ def _run(fn: Callable[..., Any], args: Any, device: str, cap: int | None, label:
     events = [(-1 - i, n) for i, n in enumerate(resident)]
     events += [(e.key, e.size) for e in rec._source.events] if rec._source is not None else []
     notes = list(r.notes)
-    ops = sorted({lbl for lbl in (e.label for e in rec._source.events) if lbl != "free"}) if rec._source else []
+    ops = (
+        sorted({lbl for lbl in (e.label for e in rec._source.events) if lbl != "free"}) if rec._source else []
+    )
     hidden = [o for o in ops if any(h in o for h in _HIDDEN_WORKSPACE_OPS)]
     if hidden:
         notes.append(
@@ -488,14 +530,25 @@ def _run(fn: Callable[..., Any], args: Any, device: str, cap: int | None, label:
         )
     if any("scaled_dot_product" in o for o in ops):
         notes.append(
-            "attention: the meta run used the fused kernel the " + device.upper() + " would choose "
-            + ("(asked from the CPU's own choice function)." if device == "cpu" else
-               "(flash for float16/bfloat16 without a mask, memory-efficient otherwise); the GPU's own "
-               "choice also depends on its architecture.")
+            "attention: the meta run used the fused kernel the "
+            + device.upper()
+            + " would choose "
+            + (
+                "(asked from the CPU's own choice function)."
+                if device == "cpu"
+                else "(flash for float16/bfloat16 without a mask, memory-efficient otherwise); the GPU's own "
+                "choice also depends on its architecture."
+            )
         )
-    est: dict[str, Any] = {"device": device, "exact_peak_bytes": r.peak_bytes, "budget": cap,
-                           "resident_bytes": sum(resident), "allocated_peak_bytes": None,
-                           "reserved_peak_bytes": None, "fits": None}
+    est: dict[str, Any] = {
+        "device": device,
+        "exact_peak_bytes": r.peak_bytes,
+        "budget": cap,
+        "resident_bytes": sum(resident),
+        "allocated_peak_bytes": None,
+        "reserved_peak_bytes": None,
+        "fits": None,
+    }
     reserved = None
     if device == "cuda":
         free_run = estimate_cuda_allocator(events)
@@ -508,11 +561,19 @@ def _run(fn: Callable[..., Any], args: Any, device: str, cap: int | None, label:
     elif cap is not None:
         est["fits"] = sum(resident) + r.peak_bytes <= cap
     notes.append("predicted on the meta device: tensor bytes are exact; nothing was computed.")
-    where = Where(device=f"{device} (predicted on meta)", memory_source="meta tracker"
-                  + (" + caching-allocator model" if device == "cuda" else ""),
-                  torch_version=r.where.torch_version, hostname=r.where.hostname)
-    r = dataclasses.replace(r, notes=tuple(notes), where=where, reserved_peak_bytes=reserved,
-                            device_total_bytes=cap if device == "cuda" else None)
+    where = Where(
+        device=f"{device} (predicted on meta)",
+        memory_source="meta tracker" + (" + caching-allocator model" if device == "cuda" else ""),
+        torch_version=r.where.torch_version,
+        hostname=r.where.hostname,
+    )
+    r = dataclasses.replace(
+        r,
+        notes=tuple(notes),
+        where=where,
+        reserved_peak_bytes=reserved,
+        device_total_bytes=cap if device == "cuda" else None,
+    )
     return r, est
 
 
@@ -577,8 +638,14 @@ def _patched_sdpa(original: Any) -> Any:
 
 def _patched_dropout(original: Any) -> Any:
     def dropout(input: Any, p: float = 0.5, training: bool = True, inplace: bool = False) -> Any:
-        if (getattr(_TARGET, "device", None) == "cuda" and isinstance(input, torch.Tensor)
-                and input.device.type == "meta" and training and 0 < p < 1 and not inplace):
+        if (
+            getattr(_TARGET, "device", None) == "cuda"
+            and isinstance(input, torch.Tensor)
+            and input.device.type == "meta"
+            and training
+            and 0 < p < 1
+            and not inplace
+        ):
             return torch.native_dropout(input, p, True)[0]
         return original(input, p, training, inplace)
 
@@ -605,12 +672,18 @@ class _InPlaceAccumulation(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        if (func is torch.ops.aten.add.Tensor and not kwargs and len(args) == 2
-                and self._rec._cur is None and self._rec._pending is not None
-                and not torch.is_grad_enabled()
-                and all(isinstance(a, torch.Tensor) for a in args)
-                and args[0].shape == args[1].shape and args[0].dtype == args[1].dtype
-                and _dense(args[0])):
+        if (
+            func is torch.ops.aten.add.Tensor
+            and not kwargs
+            and len(args) == 2
+            and self._rec._cur is None
+            and self._rec._pending is not None
+            and not torch.is_grad_enabled()
+            and all(isinstance(a, torch.Tensor) for a in args)
+            and args[0].shape == args[1].shape
+            and args[0].dtype == args[1].dtype
+            and _dense(args[0])
+        ):
             return torch.ops.aten.add_.Tensor(args[0], args[1])
         return func(*args, **kwargs)
 
@@ -630,9 +703,17 @@ _ORIGINALS: list[dict[str, Any]] = []
 _TARGET = threading.local()  # the device the current thread's prediction is for
 
 
-def _attention_on_meta(device: str, query: Any, key: Any, value: Any, attn_mask: Any = None,
-                       dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
-                       enable_gqa: bool = False) -> Any:
+def _attention_on_meta(
+    device: str,
+    query: Any,
+    key: Any,
+    value: Any,
+    attn_mask: Any = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> Any:
     tensors = (query, key, value) + ((attn_mask,) if attn_mask is not None else ())
     if enable_gqa or not all(isinstance(t, torch.Tensor) and t.device.type == "meta" for t in tensors):
         return None
@@ -644,20 +725,24 @@ def _attention_on_meta(device: str, query: Any, key: Any, value: Any, attn_mask:
             return None
         if query.dtype in (torch.float16, torch.bfloat16) and attn_mask is None and head <= 256:
             return torch.ops.aten._scaled_dot_product_flash_attention(
-                query, key, value, dropout_p, is_causal, False, scale=scale)[0]
+                query, key, value, dropout_p, is_causal, False, scale=scale
+            )[0]
         grad = any(t.requires_grad for t in (query, key, value)) and torch.is_grad_enabled()
         return torch.ops.aten._scaled_dot_product_efficient_attention(
-            query, key, value, _float_mask(attn_mask, query.dtype), grad, dropout_p, is_causal, scale=scale)[0]
+            query, key, value, _float_mask(attn_mask, query.dtype), grad, dropout_p, is_causal, scale=scale
+        )[0]
     try:
         q, k, v = (_stand_in(t) for t in (query, key, value))
-        choice = torch._fused_sdp_choice(q, k, v, attn_mask=_stand_in(attn_mask), dropout_p=dropout_p,
-                                         is_causal=is_causal, scale=scale)
+        choice = torch._fused_sdp_choice(
+            q, k, v, attn_mask=_stand_in(attn_mask), dropout_p=dropout_p, is_causal=is_causal, scale=scale
+        )
     except Exception:  # no answer: let the meta device decide
         return None
     if choice != 1:  # SDPBackend.FLASH_ATTENTION
         return None
     out, _ = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        query, key, value, dropout_p, is_causal, attn_mask=_float_mask(attn_mask, query.dtype), scale=scale)
+        query, key, value, dropout_p, is_causal, attn_mask=_float_mask(attn_mask, query.dtype), scale=scale
+    )
     return out
 
 
@@ -686,8 +771,9 @@ def _meta_like(t: torch.Tensor) -> torch.Tensor:
     elif t.requires_grad:
         m.requires_grad_(True)
     if t.is_leaf and t.grad is not None:
-        m.grad = torch.empty_strided(tuple(t.grad.shape), tuple(t.grad.stride()), dtype=t.grad.dtype,
-                                     device="meta")
+        m.grad = torch.empty_strided(
+            tuple(t.grad.shape), tuple(t.grad.stride()), dtype=t.grad.dtype, device="meta"
+        )
     return m
 
 
@@ -761,8 +847,15 @@ def _module_names(args: Sequence[Any], frame: Any) -> dict[int, str]:
     for m in mods:
         if id(m) in out:
             continue
-        name = next((k for sc in scopes for k, v in list(sc.items())
-                     if v is m and isinstance(k, str) and k.isidentifier() and not k.startswith("_")), None)
+        name = next(
+            (
+                k
+                for sc in scopes
+                for k, v in list(sc.items())
+                if v is m and isinstance(k, str) and k.isidentifier() and not k.startswith("_")
+            ),
+            None,
+        )
         out[id(m)] = name or type(m).__name__
     del scopes
     return out
@@ -810,11 +903,20 @@ def _resize(args: Any, dim: int | None, b: int) -> Any:
     first dimension ``b`` (contiguous). Modules and other objects are kept as they are."""
 
     def one(o: Any) -> Any:
-        if isinstance(o, torch.Tensor) and not isinstance(o, nn.Parameter) and o.dim() >= 1 and o.shape[0] == dim:
+        if (
+            isinstance(o, torch.Tensor)
+            and not isinstance(o, nn.Parameter)
+            and o.dim() >= 1
+            and o.shape[0] == dim
+        ):
             t = torch.empty((b, *o.shape[1:]), dtype=o.dtype, device="meta")
             return t.requires_grad_(o.requires_grad)
         if isinstance(o, Mapping):
-            return type(o)({k: one(v) for k, v in o.items()}) if isinstance(o, dict) else {k: one(v) for k, v in o.items()}
+            return (
+                type(o)({k: one(v) for k, v in o.items()})
+                if isinstance(o, dict)
+                else {k: one(v) for k, v in o.items()}
+            )
         if isinstance(o, tuple) and hasattr(o, "_fields"):
             return type(o)(*(one(v) for v in o))
         if isinstance(o, list | tuple):

@@ -22,8 +22,9 @@ cuda = [pytest.mark.cuda, pytest.mark.skipif(not has_cuda, reason="needs a CUDA 
 
 def _mlp(device: str) -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(1024, 2048), nn.GELU(), nn.Linear(2048, 2048), nn.GELU(),
-                         nn.Linear(2048, 10)).to(device)
+    return nn.Sequential(
+        nn.Linear(1024, 2048), nn.GELU(), nn.Linear(2048, 2048), nn.GELU(), nn.Linear(2048, 10)
+    ).to(device)
 
 
 def _step(model: nn.Module, x: torch.Tensor) -> None:

@@ -109,8 +109,9 @@ def test_losses_kept_as_numbers_fit_the_same_budget() -> None:
 
 def test_pretrained_extractor_left_trainable_names_the_model_and_no_grad() -> None:
     torch.manual_seed(0)
-    backbone = nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
-                             nn.Linear(512, 512)).eval()
+    backbone = nn.Sequential(
+        nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 512)
+    ).eval()
     head = nn.Linear(512, 10)
     opt = torch.optim.Adam(head.parameters())
     with pytest.raises(gs.MemoryBudgetExceeded):
@@ -140,8 +141,9 @@ def test_pretrained_extractor_left_trainable_names_the_model_and_no_grad() -> No
 
 def test_extractor_under_no_grad_fits_and_is_not_flagged() -> None:
     torch.manual_seed(0)
-    backbone = nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
-                             nn.Linear(512, 512)).eval()
+    backbone = nn.Sequential(
+        nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 512)
+    ).eval()
     head = nn.Linear(512, 10)
     opt = torch.optim.Adam(head.parameters())
     with gs.record(budget="6MiB", modules={"backbone": backbone, "head": head}) as rec:

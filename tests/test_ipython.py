@@ -54,7 +54,9 @@ def ip() -> Iterator[Any]:
         assert set(shell.magics_manager.magics["line"]) == before["line"]
         assert set(shell.magics_manager.magics["cell"]) == before["cell"]
         reg = shell.magics_manager.registry
-        assert {k for k in set(reg) ^ before["registry"] if not type(reg[k]).__module__.startswith("IPython.")} == set()
+        assert {
+            k for k in set(reg) ^ before["registry"] if not type(reg[k]).__module__.startswith("IPython.")
+        } == set()
         assert "gradscope" not in before["line"] | before["cell"]
         assert shell.custom_exceptions == before["custom_exceptions"]
         assert shell.__dict__.get("CustomTB", None) is before["custom_tb"]
@@ -79,8 +81,10 @@ def test_load_registers_the_magics_and_unload_removes_them() -> None:
 
 
 def test_cell_magic_records_through_run_cell(ip: Any, capsys: Any) -> None:
-    res = ip.run_cell("%%gradscope -o r --memory tracker --no-widget\n"
-                      "a = 2\n%time b = a + 1\nmodel(torch.randn(4, 8)).sum().backward()\n")
+    res = ip.run_cell(
+        "%%gradscope -o r --memory tracker --no-widget\n"
+        "a = 2\n%time b = a + 1\nmodel(torch.randn(4, 8)).sum().backward()\n"
+    )
     assert res.error_in_exec is None
     out = capsys.readouterr().out
     r = ip.user_ns["r"]
@@ -88,8 +92,12 @@ def test_cell_magic_records_through_run_cell(ip: Any, capsys: Any) -> None:
     assert ip.user_ns["b"] == 3  # IPython syntax (%time) ran: the cell went through run_cell
     assert "Wall time" in out
     # variable names of the user's modules are the module paths' roots
-    assert sorted(n.leaf for n in r.nodes if n.leaf) == ["model.0.bias", "model.0.weight", "model.2.bias",
-                                                         "model.2.weight"]
+    assert sorted(n.leaf for n in r.nodes if n.leaf) == [
+        "model.0.bias",
+        "model.0.weight",
+        "model.2.bias",
+        "model.2.weight",
+    ]
     assert r.where.memory_source == "storage tracker"
     assert r.peak_bytes == 1036 and r.saved_bytes == 448
     assert r.summary() in out
@@ -106,8 +114,9 @@ def test_cell_magic_shows_the_recording(ip: Any, capsys: Any) -> None:
 def test_cell_magic_budget_failure_is_recorded_and_diagnosed(ip: Any, capsys: Any) -> None:
     resident = gsi._resident_cpu_bytes(ip.user_ns)
     assert resident >= 644  # the model's parameters, and whatever tensors other tests left
-    res = ip.run_cell("%%gradscope --budget 2KiB -o r --no-widget\n"
-                      "xs = [model(torch.randn(64, 8)) for i in range(10)]\n")
+    res = ip.run_cell(
+        "%%gradscope --budget 2KiB -o r --no-widget\nxs = [model(torch.randn(64, 8)) for i in range(10)]\n"
+    )
     assert isinstance(res.error_in_exec, gs.MemoryBudgetExceeded)  # the cell counts as failed
     out = capsys.readouterr().out
     r = ip.user_ns["r"]
@@ -162,7 +171,9 @@ def test_oom_on_diagnoses_before_the_traceback_and_off_restores(ip: Any, capsys:
     assert ip.custom_exceptions == (torch.OutOfMemoryError,)
     assert len(ip.events.callbacks["pre_run_cell"]) == n_pre + 1
     assert "OOM diagnosis is on" in capsys.readouterr().out
-    res = ip.run_cell("xs = []\nfor i in range(100):\n    xs.append(model(torch.randn(64, 8)).square().mean())\n")
+    res = ip.run_cell(
+        "xs = []\nfor i in range(100):\n    xs.append(model(torch.randn(64, 8)).square().mean())\n"
+    )
     out = capsys.readouterr().out
     assert isinstance(res.error_in_exec, gs.MemoryBudgetExceeded)
     assert out.index("gradscope diagnosis") < out.index("MemoryBudgetExceeded")
@@ -193,7 +204,9 @@ def test_oom_on_without_budget_on_cpu_says_how_to_simulate(ip: Any, capsys: Any)
 
 def test_oom_watch_leaves_cells_that_record_on_their_own_alone(ip: Any, capsys: Any) -> None:
     ip.run_line_magic("gradscope", "oom on --budget 1MiB")
-    res = ip.run_cell("with gs.record(memory='tracker') as rec:\n    model(torch.randn(4, 8)).sum().backward()\n")
+    res = ip.run_cell(
+        "with gs.record(memory='tracker') as rec:\n    model(torch.randn(4, 8)).sum().backward()\n"
+    )
     assert res.error_in_exec is None
     assert ip.user_ns["rec"].recording.complete
     ip.run_cell_magic("gradscope", "-o r --memory tracker --no-widget", "model(torch.randn(4, 8)).sum()\n")
@@ -203,8 +216,9 @@ def test_oom_watch_leaves_cells_that_record_on_their_own_alone(ip: Any, capsys: 
 
 def test_oom_inside_a_recorded_cell_with_oom_on_is_diagnosed_once(ip: Any, capsys: Any) -> None:
     ip.run_line_magic("gradscope", "oom on")
-    ip.run_cell_magic("gradscope", "--budget 2KiB -o r --no-widget",
-                      "xs = [model(torch.randn(64, 8)) for i in range(10)]\n")
+    ip.run_cell_magic(
+        "gradscope", "--budget 2KiB -o r --no-widget", "xs = [model(torch.randn(64, 8)) for i in range(10)]\n"
+    )
     out = capsys.readouterr().out
     assert out.count("gradscope diagnosis") == 1
     assert out.index("gradscope diagnosis") < out.index("MemoryBudgetExceeded")

@@ -58,20 +58,61 @@ class _Block(nn.Module):
 def _models() -> dict[str, tuple[nn.Module, torch.Tensor, object]]:
     torch.manual_seed(0)
     return {
-        "linear-relu": (nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10)), torch.randn(32, 64), _sq),
-        "cross-entropy": (nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10)), torch.randn(32, 64), _ce),
-        "logsumexp": (nn.Sequential(nn.Linear(64, 128), nn.Tanh(), nn.Linear(128, 10)), torch.randn(32, 64), _lse),
-        "layernorm": (nn.Sequential(nn.Linear(64, 512), nn.GELU(), nn.Linear(512, 128), nn.LayerNorm(128),
-                                    nn.Linear(128, 10)), torch.randn(64, 64), _sq),
-        "rmsnorm": (nn.Sequential(nn.Linear(64, 128), nn.RMSNorm(128), nn.Linear(128, 10)), torch.randn(32, 64), _sq),
-        "activations": (nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 128), nn.SiLU(),
-                                      nn.Linear(128, 128), nn.Tanh(), nn.Linear(128, 128), nn.Sigmoid(),
-                                      nn.Softplus(), nn.LeakyReLU(), nn.Linear(128, 10)), torch.randn(32, 64), _sq),
+        "linear-relu": (
+            nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10)),
+            torch.randn(32, 64),
+            _sq,
+        ),
+        "cross-entropy": (
+            nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10)),
+            torch.randn(32, 64),
+            _ce,
+        ),
+        "logsumexp": (
+            nn.Sequential(nn.Linear(64, 128), nn.Tanh(), nn.Linear(128, 10)),
+            torch.randn(32, 64),
+            _lse,
+        ),
+        "layernorm": (
+            nn.Sequential(
+                nn.Linear(64, 512), nn.GELU(), nn.Linear(512, 128), nn.LayerNorm(128), nn.Linear(128, 10)
+            ),
+            torch.randn(64, 64),
+            _sq,
+        ),
+        "rmsnorm": (
+            nn.Sequential(nn.Linear(64, 128), nn.RMSNorm(128), nn.Linear(128, 10)),
+            torch.randn(32, 64),
+            _sq,
+        ),
+        "activations": (
+            nn.Sequential(
+                nn.Linear(64, 128),
+                nn.GELU(),
+                nn.Linear(128, 128),
+                nn.SiLU(),
+                nn.Linear(128, 128),
+                nn.Tanh(),
+                nn.Linear(128, 128),
+                nn.Sigmoid(),
+                nn.Softplus(),
+                nn.LeakyReLU(),
+                nn.Linear(128, 10),
+            ),
+            torch.randn(32, 64),
+            _sq,
+        ),
         "attention": (_HandAttention(), torch.randn(4, 32, 64), _sq),
         "attention-block": (nn.Sequential(_Block(), _Block()), torch.randn(4, 32, 64), _sq),
-        "transformer-encoder": (nn.TransformerEncoder(nn.TransformerEncoderLayer(128, 4, 512, dropout=0.0,
-                                                                                 batch_first=True), 2,
-                                                      enable_nested_tensor=False), torch.randn(8, 64, 128), _sq),
+        "transformer-encoder": (
+            nn.TransformerEncoder(
+                nn.TransformerEncoderLayer(128, 4, 512, dropout=0.0, batch_first=True),
+                2,
+                enable_nested_tensor=False,
+            ),
+            torch.randn(8, 64, 128),
+            _sq,
+        ),
         "packed-projection": (_PackedProjection(), torch.randn(256, 64), _sq),
     }
 
@@ -117,8 +158,13 @@ def test_prediction_never_touches_the_originals() -> None:
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     # the recording is a full one: graph, saved tensors, parameter names (prefixed with the
     # caller's name for the model)
-    assert sorted(n.leaf for n in p.nodes if n.leaf) == ["input", "model.0.bias", "model.0.weight",
-                                                         "model.2.bias", "model.2.weight"]
+    assert sorted(n.leaf for n in p.nodes if n.leaf) == [
+        "input",
+        "model.0.bias",
+        "model.0.weight",
+        "model.2.bias",
+        "model.2.weight",
+    ]
     assert p.saved_bytes > 0
 
 
@@ -126,8 +172,9 @@ def test_a_prediction_can_be_diagnosed_with_the_callers_names() -> None:
     G = nn.Sequential(nn.Linear(16, 256), nn.Tanh(), nn.Linear(256, 64)).requires_grad_(False)  # noqa: N806
 
     def step(G, y, zs):  # type: ignore[no-untyped-def]  # noqa: N803
-        out = [torch.autograd.grad(((G(z.requires_grad_()) * y) ** 2).sum(), z, create_graph=True)[0]
-               for z in zs]
+        out = [
+            torch.autograd.grad(((G(z.requires_grad_()) * y) ** 2).sum(), z, create_graph=True)[0] for z in zs
+        ]
         torch.stack(out).sum().backward()
 
     y = torch.randn(64, requires_grad=True)
