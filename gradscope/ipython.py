@@ -447,6 +447,7 @@ def _make_pre(shell: Any) -> Any:
         st = _STATES.get(shell)
         if st is None or not st.oom or st.active is not None:
             return
+        st.finished = None  # a recording of an earlier cell never explains this one
         raw = getattr(info, "raw_cell", "") or ""
         if any(m in raw for m in _RECORDING_MARKERS) or raw.lstrip().startswith(
             ("%gradscope", "%unload_ext")
@@ -473,6 +474,21 @@ def _make_pre(shell: Any) -> Any:
     return pre_run_cell
 
 
+def _users_recording(value: BaseException, ns: dict[str, Any]) -> Any:
+    """For a cell that recorded on its own (``with gs.record(budget=...) as rec``): the
+    recording in the user's variables that ended with this very exception."""
+    from gradscope.record import record
+
+    error = f"{type(value).__name__}: {value}"
+    for name, v in list(ns.items()):
+        if name.startswith("_"):
+            continue
+        r = v.recording if isinstance(v, record) else v if isinstance(v, Recording) else None
+        if isinstance(r, Recording) and r.error == error:
+            return r
+    return None
+
+
 def _make_post(shell: Any) -> Any:
     def post_run_cell(result: Any) -> None:
         st = _STATES.get(shell)
@@ -495,7 +511,7 @@ def _oom_handler(
         if rec is not None:
             recording = _finish(st, rec, value, shell.user_ns)
         else:
-            recording = st.finished
+            recording = st.finished or _users_recording(value, shell.user_ns)
         if recording is not None:
             from gradscope.diagnose import diagnose
 

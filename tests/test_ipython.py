@@ -214,6 +214,25 @@ def test_oom_watch_leaves_cells_that_record_on_their_own_alone(ip: Any, capsys: 
     capsys.readouterr()
 
 
+def test_a_cell_recording_on_its_own_gets_its_own_diagnosis(ip: Any, capsys: Any) -> None:
+    ip.run_line_magic("gradscope", "oom on --budget 1MiB")
+    ip.run_cell("y_fine = model(torch.randn(4, 8)).sum()\n")  # watched, fine: its recording is done
+    res = ip.run_cell(
+        "losses = []\n"
+        "with gs.record(budget='16KiB', modules={'model': model}) as rec:\n"
+        "    for i in range(100):\n"
+        "        losses.append(model(torch.randn(32, 8)).square().mean())\n"
+    )
+    out = capsys.readouterr().out
+    assert isinstance(res.error_in_exec, gs.MemoryBudgetExceeded)
+    d = gsi.last_diagnosis(ip)
+    assert (
+        d.budget == 16 * 1024 and d.findings[0].variable == "losses"
+    )  # the user's recording, not the watch's
+    assert out.index("gradscope diagnosis") < out.index("MemoryBudgetExceeded")
+    ip.user_ns.pop("y_fine", None)
+
+
 def test_oom_inside_a_recorded_cell_with_oom_on_is_diagnosed_once(ip: Any, capsys: Any) -> None:
     ip.run_line_magic("gradscope", "oom on")
     ip.run_cell_magic(
