@@ -343,6 +343,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         self._edges: dict[tuple[int, int], None] = {}
         self._saved: list[_SavedRaw] = []
         self._saved_by_seq: dict[int, list[_SavedRaw]] = {}
+        self._saved_by_skey: dict[int, list[_SavedRaw]] = {}
         self._saved_by_node: dict[int, list[_SavedRaw]] = {}
         self._reading: tuple[_NodeInfo, str] | None = None
         self._ring: deque[Any] = deque(maxlen=_ROOT_RING)
@@ -655,6 +656,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
             self._ring.append(weakref.ref(t))
         self._saved.append(s)
         self._saved_by_seq.setdefault(s.seq, []).append(s)
+        self._saved_by_skey.setdefault(s.skey, []).append(s)
         # NOTE [ pack a detached tensor ]: a node that saves its own output (exp, tanh, relu)
         # would hold the output, whose grad_fn is that node: a cycle through C++ that Python's
         # collector cannot break, so a graph never run backward (or run with retain_graph) lived
@@ -812,9 +814,11 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                     st.freed += s.bytes
         if freed_keys:
             # Other saves of the same storages (by nodes that already ran) are gone too.
-            for s in self._saved:
-                if s.skey in freed_keys and s.freed_at_step is None:
-                    s.freed_at_step = st.index
+            # (Looked up by storage: a scan of every save here made backward quadratic.)
+            for k in freed_keys:
+                for s in self._saved_by_skey.get(k, ()):
+                    if s.freed_at_step is None:
+                        s.freed_at_step = st.index
 
     def _saved_for(self, info: _NodeInfo) -> list[_SavedRaw]:
         out = list(self._saved_by_node.get(info.id, ()))
