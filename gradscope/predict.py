@@ -676,8 +676,8 @@ class _InPlaceAccumulation(TorchDispatchMode):
             func is torch.ops.aten.add.Tensor
             and not kwargs
             and len(args) == 2
-            and self._rec._cur is None
-            and self._rec._pending is not None
+            and getattr(self._rec, "_cur", False) is None  # between a node's post hook and
+            and getattr(self._rec, "_pending", None) is not None  # the next node's pre hook
             and not torch.is_grad_enabled()
             and all(isinstance(a, torch.Tensor) for a in args)
             and args[0].shape == args[1].shape
