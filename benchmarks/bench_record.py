@@ -60,16 +60,21 @@ def _measure(model: nn.Module, x: torch.Tensor, repeats: int, clock: object) -> 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=9)
-    ap.add_argument("--clock", choices=["cpu", "wall"], default="cpu",
-                    help="cpu: this thread's CPU time (robust when other processes load the machine); "
-                         "wall: perf_counter")
+    ap.add_argument(
+        "--clock",
+        choices=["cpu", "wall"],
+        default="cpu",
+        help="cpu: this thread's CPU time (robust when other processes load the machine); wall: perf_counter",
+    )
     args = ap.parse_args()
     clock = time.thread_time if args.clock == "cpu" else time.perf_counter
     torch.set_num_threads(1)
     torch.manual_seed(0)
     targets = {"encoder": (1.3, 1.1), "mlp": (1.5, 1.1)}
     ok = True
-    print(f"torch {torch.__version__}, 1 thread, median of {args.repeats} interleaved runs, {args.clock} time")
+    print(
+        f"torch {torch.__version__}, 1 thread, median of {args.repeats} interleaved runs, {args.clock} time"
+    )
     for name, make in (("mlp", _mlp), ("encoder", _encoder)):
         model, x = make()
         med = _measure(model, x, args.repeats, clock)
