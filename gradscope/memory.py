@@ -316,6 +316,11 @@ class TrackerSource:
         self._live = 0
         self._known: dict[int, tuple[int, Any]] = {}
         self._pending: list[int] = []
+        # NOTE [ orphaned storages ]: how many watched tensors (with a finalizer) hold each storage;
+        # a storage whose watched tensors all died but which is still alive is held only by tensors
+        # made outside dispatch (autograd's unpacked saves): only those are checked by sweep().
+        self._holders: dict[int, int] = {}
+        self._orphans: set[int] = set()
         self._mode: _TrackerMode | None = None
         self.stopped = False
 
@@ -347,7 +352,8 @@ class TrackerSource:
             # A view or alias (``_unsafe_view``) of a tracked storage keeps it alive after the
             # tensor that brought it dies: without its own finalizer the free would only be seen
             # at the next sweep (late). In-place and out= results are tensors already watched.
-            weakref.finalize(t, self._maybe_free, key)
+            self._holders[key] = self._holders.get(key, 0) + 1
+            weakref.finalize(t, self._holder_died, key)
             return
         if key is None or key in in_keys or key in self._known:
             return
@@ -370,7 +376,16 @@ class TrackerSource:
         # The finalizer is attached to the tensor object (tensors keep their Python object while
         # C++ holds them); the storage check below decides when its bytes are really gone.
         self._known[key] = (nbytes, ref)
-        weakref.finalize(t, self._maybe_free, key)
+        self._holders[key] = 1
+        weakref.finalize(t, self._holder_died, key)
+
+    def _holder_died(self, key: int) -> None:
+        n = self._holders.get(key, 0) - 1
+        if n > 0:
+            self._holders[key] = n
+        else:
+            self._holders.pop(key, None)
+        self._maybe_free(key)
 
     def _maybe_free(self, key: int, deferred: bool = False) -> None:
         entry = self._known.get(key)
@@ -384,8 +399,12 @@ class TrackerSource:
             # finalizer of its own that checks again when it dies.
             if not deferred:
                 self._pending.append(key)
+            elif key not in self._holders:
+                self._orphans.add(key)  # see NOTE [ orphaned storages ]
             return
         del self._known[key]
+        self._holders.pop(key, None)
+        self._orphans.discard(key)
         self._live -= nbytes
         if not self.stopped:
             self.events.append(AllocEvent(time.time_ns(), -nbytes, key, "free", step=self.step_of()))
@@ -398,10 +417,17 @@ class TrackerSource:
                 self._maybe_free(key, deferred=True)
 
     def sweep(self) -> None:
-        """Account frees of storages whose last holder was a view that died without a finalizer."""
+        """Account frees of storages whose last holder was a view that died without a finalizer.
+
+        Only orphaned storages are checked (see NOTE [ orphaned storages ]): checking every live
+        storage at each backward step made backward quadratic in the number of live tensors."""
         self._drain()
-        for key in [k for k, (_, r) in self._known.items() if r.expired()]:
-            self._maybe_free(key)
+        for key in list(self._orphans):
+            entry = self._known.get(key)
+            if entry is None:
+                self._orphans.discard(key)
+            elif entry[1].expired():
+                self._maybe_free(key)
 
 
 def _mutates(func: Any) -> bool:
