@@ -217,6 +217,33 @@ class Recording:
             seen[s.storage] = s.bytes
         return sum(seen.values())
 
+    def held_at_peak(self) -> dict[str, int]:
+        """What the memory allocated inside the block was at the peak (or at the failing
+        allocation): bytes by what held it (``saved``, ``saved_order1``, ``gradient``,
+        ``backward``, ``forward``). Empty when memory was not measured."""
+        held = self.extra.get("held") if isinstance(self.extra, Mapping) else None
+        if not isinstance(held, Mapping):
+            return {}
+        out: dict[str, int] = {}
+        for r in held.get("rows", ()):
+            what = r.get("what", "forward")
+            if what == "saved" and (r.get("order") or 0) >= 1:
+                what = "saved_order1"
+            out[what] = out.get(what, 0) + int(r.get("bytes", 0))
+        for what, b in (held.get("omitted_by_kind") or {}).items():
+            out[what] = out.get(what, 0) + int(b)
+        return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
+
+    @property
+    def saved_bytes_at_peak(self) -> int | None:
+        """Bytes of saved tensors made inside the block and still alive at the peak (None when
+        memory was not measured). Unlike :attr:`saved_bytes`, which counts every save over the
+        whole block, this is what the saved tensors cost at the worst moment."""
+        held = self.held_at_peak()
+        if not held:
+            return None
+        return held.get("saved", 0) + held.get("saved_order1", 0)
+
     def node(self, node_id: int) -> Node:
         """The node with this id."""
         if not 0 <= node_id < len(self.nodes) or self.nodes[node_id].id != node_id:

@@ -6,6 +6,14 @@ from gradscope.recording import Recording, format_bytes
 
 __all__ = ["summary_text"]
 
+_HELD_NAMES = {
+    "saved": "saved tensors",
+    "saved_order1": "saved by create_graph nodes",
+    "gradient": "gradients",
+    "backward": "backward temporaries",
+    "forward": "forward results and temporaries",
+}
+
 
 def _one_line(text: str, limit: int = 120) -> str:
     """User-supplied names are data: no newlines or control characters reach the terminal."""
@@ -37,7 +45,8 @@ def summary_text(rec: Recording, top: int = 5) -> str:
             f"  saved tensors: {len(rec.saved)} in {n_storages} storages, {format_bytes(rec.saved_bytes)} "
             f"({rec.saved_bytes} bytes)" + (f": {kinds}" if kinds else "")
         )
-        lines.append(f"  backward: {rec.backward_passes} passes, {len(rec.steps)} node steps")
+        passes = "pass" if rec.backward_passes == 1 else "passes"
+        lines.append(f"  backward: {rec.backward_passes} {passes}, {len(rec.steps)} node steps")
     if rec.where.memory_source == "off":
         lines.append("  memory: not measured (memory='off')")
     else:
@@ -55,6 +64,11 @@ def summary_text(rec: Recording, top: int = 5) -> str:
             if p.module:
                 at += f", module {_one_line(p.module, 80)}"
             lines.append(at)
+        held = rec.held_at_peak()
+        if held:
+            moment = "at the failure" if rec.extra.get("held", {}).get("moment") == "failure" else "at the peak"
+            parts = ", ".join(f"{_HELD_NAMES.get(k, k)} {format_bytes(v)}" for k, v in held.items())
+            lines.append(f"  {moment}: {parts}")
         if rec.reserved_peak_bytes is not None:
             lines.append(f"  CUDA reserved peak: {format_bytes(rec.reserved_peak_bytes)}")
     if rec.saved:

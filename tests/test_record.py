@@ -283,3 +283,31 @@ def test_nvml_absent_is_not_an_error() -> None:
         assert totals is None or totals["total"] >= torch.cuda.get_device_properties(0).total_memory
     else:
         assert nvml_device_totals(0) is None  # no driver here: None, never an exception
+
+
+def test_saved_bytes_at_peak_counts_only_live_saves() -> None:
+    model, x = mlp()
+    with gs.record(memory="cpu") as rec:
+        model(x).pow(2).mean().backward()
+    r = rec.recording
+    # the peak is in backward, after the activations saved by the last layers were released
+    assert r.peak is not None and r.peak.phase is Phase.BACKWARD
+    held = r.held_at_peak()
+    assert sum(held.values()) == r.peak_bytes
+    alive_saved = sum(
+        {s.storage: s.bytes for s in r.saved if s.kind is Kind.ACTIVATION
+         and (s.freed_at_step is None or s.freed_at_step >= r.peak.step)}.values()
+    )
+    assert r.saved_bytes_at_peak == alive_saved < r.saved_bytes
+    with gs.record(memory="off") as rec:
+        model(x).sum().backward()
+    assert rec.recording.saved_bytes_at_peak is None and rec.recording.held_at_peak() == {}
+    # a budget that stops the forward pass: every activation saved so far is still alive
+    with pytest.raises(gs.MemoryBudgetExceeded):
+        with gs.record(budget=40_000) as rec:
+            model(x).pow(2).mean().backward()
+    r = rec.recording
+    assert r.extra["held"]["moment"] == "failure" and r.steps == ()
+    saved_so_far = {s.storage: s.bytes for s in r.saved if s.kind is Kind.ACTIVATION}
+    assert r.saved_bytes_at_peak == sum(saved_so_far.values()) > 0
+    assert "at the failure: " in r.summary()
