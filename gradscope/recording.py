@@ -11,6 +11,7 @@ import enum
 import json
 import math
 import os
+import stat
 import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -358,7 +359,7 @@ class Recording:
                 f"'{_FORMAT}' field). Load files written by Recording.save()."
             )
         schema = d.get("schema")
-        if schema != SCHEMA_VERSION:
+        if schema != SCHEMA_VERSION or isinstance(schema, bool):
             raise GradscopeError(
                 f"gradscope: recording schema version {schema!r} is not supported by this gradscope "
                 f"(it reads version {SCHEMA_VERSION}). Re-record with this version, or load it with "
@@ -366,7 +367,7 @@ class Recording:
             )
         try:
             peak = d.get("peak")
-            return cls(
+            rec = cls(
                 nodes=tuple(_rows(d["nodes"], Node)),
                 edges=tuple(_rows(d["edges"], Edge)),
                 saved=tuple(_rows(d["saved"], SavedTensor)),
@@ -387,6 +388,8 @@ class Recording:
                 timeline_dropped=_int(d.get("timeline_dropped", 0)),
                 extra=dict(d.get("extra") or {}),
             )
+            _check_links(rec)
+            return rec
         except GradscopeError:
             raise
         except (KeyError, TypeError, ValueError, AttributeError) as e:
@@ -408,16 +411,22 @@ def load(path: str | os.PathLike[str]) -> Recording:
     """
     p = os.fspath(path)
     try:
-        size = os.path.getsize(p)
+        st = os.stat(p)
     except OSError as e:
         raise GradscopeError(f"gradscope: cannot read {p!r}: {e.strerror}.") from None
+    if not stat.S_ISREG(st.st_mode):  # a directory, or a pipe that would block the read forever
+        raise GradscopeError(f"gradscope: cannot read {p!r}: it is not a regular file.")
+    size = st.st_size
     if size > _MAX_FILE_BYTES:
         raise GradscopeError(
             f"gradscope: {p!r} is {size} bytes, more than the {_MAX_FILE_BYTES}-byte limit for a "
             "recording; it is probably not a gradscope file."
         )
-    with open(p, "rb") as f:
-        raw = f.read()
+    try:
+        with open(p, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise GradscopeError(f"gradscope: cannot read {p!r}: {e.strerror}.") from None
     try:
         text = raw.decode("utf-8")
         data = json.loads(text)
@@ -493,16 +502,76 @@ _CONVERT: dict[str, Any] = {
 }
 
 
+# NOTE [ files are data ]: a recording file may come from anyone. Every field read from one must
+# have its declared type (views index, sort and add with them), and every index into another
+# table must point inside it; otherwise loading fails with a GradscopeError.
+_TYPE_CHECKS: dict[str, Any] = {
+    "int": lambda v: type(v) is int,
+    "float": lambda v: v is None or type(v) in (int, float),  # non-finite floats are written as null
+    "str": lambda v: type(v) is str,
+    "bool": lambda v: type(v) is bool,
+    "None": lambda v: v is None,
+    "Kind": lambda v: isinstance(v, Kind),
+    "Phase": lambda v: isinstance(v, Phase),
+    "tuple[int, ...]": lambda v: type(v) is tuple and all(type(x) is int for x in v),
+}
+_PLANS: dict[type, list[tuple[str, Any, Any]]] = {}
+
+
+def _plan(cls: type) -> list[tuple[str, Any, Any]]:
+    """(field name, conversion, type check or None) for each field of ``cls``."""
+    plan = _PLANS.get(cls)
+    if plan is None:
+        plan = []
+        for f in dataclasses.fields(cls):
+            parts = [p.strip() for p in str(f.type).split("|")]
+            checks = [_TYPE_CHECKS.get(p) for p in parts]
+            check = None if None in checks else (lambda v, cs=tuple(checks): any(c(v) for c in cs))
+            plan.append((f.name, _CONVERT.get(f.name), check))
+        _PLANS[cls] = plan
+    return plan
+
+
 def _build(cls: type, d: Mapping[str, Any]) -> Any:
     if not isinstance(d, Mapping):
         raise TypeError(f"expected an object for {cls.__name__}")
     kwargs = {}
-    for f in dataclasses.fields(cls):
-        if f.name in d:
-            v = d[f.name]
-            conv = _CONVERT.get(f.name)
-            kwargs[f.name] = conv(v) if conv is not None else v
+    for name, conv, check in _plan(cls):
+        if name in d:
+            v = d[name]
+            if conv is not None:
+                v = conv(v)
+            if check is not None and not check(v):
+                raise TypeError(f"{cls.__name__}.{name} cannot be {type(v).__name__} {str(v)[:40]!r}")
+            kwargs[name] = v
     return cls(**kwargs)
+
+
+def _check_links(r: Recording) -> None:
+    """See NOTE [ files are data ]: ids and indices between the tables point inside them."""
+    n, m = len(r.nodes), len(r.steps)
+    if any(node.id != i for i, node in enumerate(r.nodes)):
+        raise ValueError("node ids are not 0..n-1 in order")
+    if not math.isfinite(r.wall_time_s):
+        raise ValueError("wall_time_s is not a finite number")
+
+    def inside(v: int | None, size: int, what: str) -> None:
+        if v is not None and not 0 <= v < size:
+            raise ValueError(f"{what} {v} points outside its table of {size}")
+
+    for e in r.edges:
+        inside(e.src, n, "edge source")
+        inside(e.dst, n, "edge target")
+    for s in r.saved:
+        inside(s.node, n, "saved tensor node")
+        inside(s.freed_at_step, m, "saved tensor freed_at_step")
+    for st in r.steps:
+        inside(st.node, n, "step node")
+    for p in r.timeline:
+        inside(p.step, m, "timeline step")
+    if r.peak is not None:
+        inside(r.peak.node, n, "peak node")
+        inside(r.peak.step, m, "peak step")
 
 
 def _rows(cols: Mapping[str, list[Any]], cls: type) -> list[Any]:
