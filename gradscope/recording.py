@@ -226,14 +226,17 @@ class Recording:
         if not isinstance(held, Mapping):
             return {}
         out: dict[str, int] = {}
-        for r in held.get("rows", ()):
-            what = r.get("what", "forward")
-            if what == "saved" and (r.get("order") or 0) >= 1:
-                what = "saved_order1"
-            out[what] = out.get(what, 0) + int(r.get("bytes", 0))
-        for what, b in (held.get("omitted_by_kind") or {}).items():
-            out[what] = out.get(what, 0) + int(b)
-        return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
+        try:
+            for r in held.get("rows", ()):
+                what = r.get("what", "forward")
+                if what == "saved" and (r.get("order") or 0) >= 1:
+                    what = "saved_order1"
+                out[what] = out.get(what, 0) + int(r.get("bytes", 0))
+            for what, b in (held.get("omitted_by_kind") or {}).items():
+                out[what] = out.get(what, 0) + int(b)
+            return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
+        except (AttributeError, TypeError, ValueError):  # damaged extra data in a loaded file
+            return {}
 
     @property
     def saved_bytes_at_peak(self) -> int | None:
