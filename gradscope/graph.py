@@ -97,8 +97,9 @@ def graph(tensor: torch.Tensor | tuple[torch.Tensor, ...] | list[torch.Tensor], 
                 edges[(j, i)] = None
                 if j not in walked:
                     stack.append(nxt)
+    foreign = [0]
     for i, info in enumerate(infos):
-        for attr, t in _saved_tensors(info["fn"]):
+        for attr, t in _saved_tensors(info["fn"], foreign):
             try:
                 storage = t.untyped_storage()
                 key = int(StorageWeakRef(storage).cdata)
@@ -120,7 +121,9 @@ def graph(tensor: torch.Tensor | tuple[torch.Tensor, ...] | list[torch.Tensor], 
     return Recording(nodes=nodes, edges=tuple(Edge(a, b) for a, b in edges), saved=tuple(saved),
                      where=Where(device=str(tensors[0].device), memory_source="off",
                                  torch_version=torch.__version__),
-                     label=label, notes=("from gs.graph: no backward ran; module paths need gs.record",))
+                     label=label, notes=("from gs.graph: no backward ran; module paths need gs.record",)
+                     + ((f"{foreign[0]} saved tensors of non-reentrant checkpoint segments were not unpacked "
+                         "(that would recompute the segment once per tensor), so they are not listed.",) if foreign[0] else ()))
 
 
 def _leaf_module(leaf: str | None) -> str | None:
@@ -155,12 +158,23 @@ def _param_names(modules: nn.Module | Mapping[str, nn.Module] | None) -> dict[An
     return out
 
 
-def _saved_tensors(fn: Any) -> list[tuple[str, torch.Tensor]]:
-    from gradscope.record import _saved_attrs
+def _saved_tensors(fn: Any, foreign: list[int] | None = None) -> list[tuple[str, torch.Tensor]]:
+    """A node's saved tensors, read through whatever saved_tensors_hooks packed them, except
+    those of non-reentrant checkpoint: unpacking one outside backward recomputes the whole segment
+    (once per tensor read), so they are counted in ``foreign`` and skipped."""
+    from gradscope.record import _saved_attrs, _unpack
 
     attrs = ["saved_tensors"] if isinstance(fn, torch.autograd.function.BackwardCFunction) else _saved_attrs(fn)
     out: list[tuple[str, torch.Tensor]] = []
     for attr in attrs:
+        raw = getattr(fn, "_raw" + attr if attr.startswith("_saved_") else "_raw_saved_tensors", None)
+        hooks = [getattr(r, "unpack_hook", None) for r in (raw if isinstance(raw, list | tuple) else (raw,))]
+        hidden = sum(1 for h in hooks if h is not None and h is not _unpack
+                     and getattr(h, "__module__", "") == "torch.utils.checkpoint")
+        if hidden:
+            if foreign is not None:
+                foreign[0] += hidden
+            continue
         try:
             v = getattr(fn, attr)
         except (RuntimeError, AttributeError) as e:
