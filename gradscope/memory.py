@@ -287,9 +287,15 @@ class _TrackerMode(TorchDispatchMode):
                 if k is not None:
                     in_keys.add(k)
         out = func(*args, **kwargs)
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor):
-                src._observe(t, in_keys, func)
+        try:
+            for t in tree_leaves(out):
+                if isinstance(t, torch.Tensor):
+                    src._observe(t, in_keys, func)
+        except MemoryBudgetExceeded:
+            raise
+        except Exception as e:  # observing must never break the user's operation
+            if len(src.failures) < 10:
+                src.failures.append(f"{_op_label(func)}: {e!r}")
         return out
 
 
@@ -321,6 +327,7 @@ class TrackerSource:
         # made outside dispatch (autograd's unpacked saves): only those are checked by sweep().
         self._holders: dict[int, int] = {}
         self._orphans: set[int] = set()
+        self.failures: list[str] = []  # errors while observing (the first 10), for the notes
         self._mode: _TrackerMode | None = None
         self.stopped = False
 
