@@ -919,6 +919,8 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                 "innermost pair applies): gradscope cannot see or size them, so saved bytes are "
                 "undercounted."
             )
+        for failure in getattr(self._source, "failures", ()):
+            notes.append(f"gradscope internal error while tracking memory (bytes may be missing): {failure}")
         if self._func_regions:
             notes.append(
                 f"{self._func_regions} torch.func transform calls (grad, vjp, jacrev, ...) ran inside "
