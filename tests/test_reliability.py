@@ -461,3 +461,27 @@ def test_many_recordings_do_not_grow_memory(memory: str, n: int, backward: bool)
 def _rss() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.parametrize("where", ["forward", "backward"])
+def test_budget_exceeded_leaves_nothing(where: str) -> None:
+    """A simulated out-of-memory (a budget crossed) reaches the user as MemoryBudgetExceeded,
+    whatever gradscope code was running, and leaves nothing installed."""
+    model, x = tiny_model()
+    with gs.record(memory="tracker") as probe:
+        model(x).pow(2).mean().backward()
+    timeline = probe.recording.timeline
+    fwd_peak = max(p.live for p in timeline if p.phase.value == "forward")
+    budget = fwd_peak - 1 if where == "forward" else probe.recording.peak_bytes - 1
+    if where == "backward":
+        assert probe.recording.peak.phase.value == "backward"
+    model.zero_grad(set_to_none=True)
+    with pytest.raises(gs.MemoryBudgetExceeded) as info:
+        with gs.record(budget=budget) as rec:
+            model(x).pow(2).mean().backward()
+    assert info.value.budget == budget
+    assert leftovers() == []
+    r = rec.recording
+    assert r is not None and not r.complete and r.error.startswith("MemoryBudgetExceeded")
+    if where == "backward":
+        assert r.backward_passes == 1
