@@ -74,6 +74,7 @@ from gradscope.recording import (
 __all__ = ["record"]
 
 _ACC = 18446744073709551615  # AccumulateGrad's sequence number (UINT64_MAX)
+_DEEP_GRAPH = 40_000  # nodes above which freeing may crash PyTorch: see NOTE [ freeing deep graphs ]
 _ROOT_RING = 4096  # how many recent results are remembered (weakly) as candidate graph roots
 _active = threading.local()
 # NOTE [ shared patches ]: the engine's entry point and torch.func's hooks guard are process-wide,
@@ -918,6 +919,16 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                 "user's own pair, save_on_cpu or non-reentrant checkpoint inside the block; only the "
                 "innermost pair applies): gradscope cannot see or size them, so saved bytes are "
                 "undercounted."
+            )
+        if len(self._infos) > _DEEP_GRAPH:
+            # NOTE [ freeing deep graphs ]: measured on torch 2.13: once Python has walked a graph
+            # through next_functions (any walk: ours, torchviz's), PyTorch frees a chain deeper
+            # than ~50,000 nodes recursively and overflows the C stack (segmentation fault).
+            notes.append(
+                f"{len(self._infos)} nodes: if this graph is a long chain, PyTorch may crash freeing "
+                "it once Python has walked it (a stack overflow; any graph walk, gradscope's or "
+                "torchviz's, triggers it). Keep every ~10,000th intermediate result and drop them "
+                "last-first, so that the chain is freed in pieces."
             )
         for failure in getattr(self._source, "failures", ()):
             notes.append(f"gradscope internal error while tracking memory (bytes may be missing): {failure}")
