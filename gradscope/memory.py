@@ -341,6 +341,10 @@ class TrackerSource:
             mode.__exit__(None, None, None)
         self._drain()
         self.stopped = True
+        # The finalizers on tensors made in the block (gradients, optimizer state) keep this source
+        # alive as long as they live; without the recorder's callbacks they no longer keep the
+        # whole recorder (its graph bookkeeping) alive with it.
+        self.step_of = self.call_of = _no_index
 
     def live(self) -> int:
         self._drain()
@@ -440,6 +444,10 @@ class TrackerSource:
 def _mutates(func: Any) -> bool:
     schema = getattr(func, "_schema", None)
     return bool(getattr(schema, "is_mutable", True))
+
+
+def _no_index() -> int | None:
+    return None
 
 
 def _storage_key(t: torch.Tensor) -> int | None:
