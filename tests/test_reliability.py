@@ -485,3 +485,21 @@ def test_budget_exceeded_leaves_nothing(where: str) -> None:
     assert r is not None and not r.complete and r.error.startswith("MemoryBudgetExceeded")
     if where == "backward":
         assert r.backward_passes == 1
+
+
+@pytest.mark.parametrize("memory", MEMORY)
+def test_recorder_not_kept_alive_by_tensors_made_in_the_block(memory: str) -> None:
+    """Gradients, optimizer state and outputs made inside a block outlive it; they must not keep
+    the recorder (and its bookkeeping of the graph) alive once the user drops it."""
+    model, x = tiny_model()
+    opt = torch.optim.Adam(model.parameters())
+    with gs.record(memory=memory) as rec:
+        out = model(x)
+        out.pow(2).mean().backward()
+        opt.step()  # creates Adam's state tensors inside the block
+    recording = rec.recording
+    ref = weakref.ref(rec)
+    del rec
+    gc.collect()
+    assert ref() is None
+    assert out.grad_fn is not None and opt.state and recording.backward_passes == 1
