@@ -177,17 +177,32 @@ class _Packed:
     it would keep the tensor itself; see NOTE [ pack a detached tensor ]) plus the id of its
     metadata row and a weak link to the recorder."""
 
-    __slots__ = ("t", "sid", "owner", "__weakref__")
+    __slots__ = ("t", "sid", "owner", "version", "__weakref__")
 
     def __init__(self, t: torch.Tensor, sid: int, owner: Any) -> None:
         self.t = t
         self.sid = sid
         self.owner = owner
+        try:
+            self.version: int | None = t._version  # shared with the saved tensor (detach shares it)
+        except (RuntimeError, AttributeError):
+            self.version = None
 
 
 def _unpack(p: Any) -> torch.Tensor:
     if not isinstance(p, _Packed):  # saved before the hooks were ours
         return p
+    # NOTE [ in-place checks ]: while saved-tensor hooks are active PyTorch does not check that a
+    # saved tensor was left unmodified (measured: no error, silently different gradients), so a
+    # program that fails without gradscope would run with wrong gradients under it. The check is
+    # made here, with PyTorch's words.
+    if p.version is not None and p.t._version != p.version:
+        raise RuntimeError(
+            "one of the variables needed for gradient computation has been modified by an inplace "
+            f"operation: [{p.t.type()} {list(p.t.shape)}] is at version {p.t._version}; expected "
+            f"version {p.version} instead. (Checked by gradscope, as PyTorch does without "
+            "saved-tensor hooks.) Hint: remove the in-place operation, or clone the tensor first."
+        )
     rec = p.owner() if p.owner is not None else None
     if rec is not None and rec._reading is not None:
         rec._note_read(p.sid)
