@@ -370,3 +370,69 @@ def test_inductor_compiled_module_bit_identical_in_every_memory_mode() -> None:
             assert torch.equal(a, b)
         assert "CompiledFunctionBackward" in [n.name for n in rec.recording.nodes]
         assert leftovers() == []
+
+
+def _ip_output_then_modified(x: torch.Tensor) -> torch.Tensor:
+    y = x.exp()
+    z = y * 2
+    y.add_(1)  # exp saved y: backward must refuse
+    return z.sum()
+
+
+def _ip_before_save(x: torch.Tensor) -> torch.Tensor:
+    y = x * 2
+    y.add_(1)  # nothing saved y yet: fine
+    return (y * y).sum()
+
+
+def _ip_relu_inplace(x: torch.Tensor) -> torch.Tensor:
+    return nn.functional.relu(x * 1, inplace=True).pow(2).sum()
+
+
+def _ip_view_modified(x: torch.Tensor) -> torch.Tensor:
+    y = x.tanh()
+    z = y[:2].exp()
+    y[2:].zero_()  # tanh saved y, modified through a view
+    return z.sum() + y.sum()
+
+
+def _ip_input_modified(x: torch.Tensor) -> torch.Tensor:
+    y = x * 1
+    z = torch.sin(y)  # sin saved its input y
+    y.mul_(2)
+    return (z + y).sum()
+
+
+def _ip_sigmoid_relu_(x: torch.Tensor) -> torch.Tensor:
+    return (x.sigmoid().relu_() * 3).sum()
+
+
+IN_PLACE = {f.__name__: f for f in (_ip_output_then_modified, _ip_before_save, _ip_relu_inplace,
+                                    _ip_view_modified, _ip_input_modified, _ip_sigmoid_relu_)}
+
+
+@pytest.mark.parametrize("memory", ["off", "tracker"])
+@pytest.mark.parametrize("case", list(IN_PLACE))
+def test_in_place_changes_behave_as_without_gradscope(case: str, memory: str) -> None:
+    """PyTorch skips its in-place check while saved-tensor hooks are active; gradscope makes it,
+    so a program that fails without a recording fails with one, and one that works gives the
+    same gradients."""
+
+    def run(recorded: bool) -> tuple[str, Any]:
+        x = torch.linspace(-1, 1, 3, requires_grad=True)
+        try:
+            if recorded:
+                with gs.record(memory=memory):
+                    IN_PLACE[case](x).backward()
+            else:
+                IN_PLACE[case](x).backward()
+        except RuntimeError as e:
+            assert "modified by an inplace operation" in str(e)
+            return "raised", None
+        return "ok", x.grad
+
+    plain, recorded = run(False), run(True)
+    assert plain[0] == recorded[0]
+    if plain[0] == "ok":
+        assert torch.equal(plain[1], recorded[1])
+    assert leftovers() == []
