@@ -99,8 +99,9 @@ def _join_patches(rec: Any, patches: list[tuple[Any, str, Callable[[Any], Any]]]
 
 def _leave_patches(rec: Any) -> None:
     with _patch_lock:
-        if _patch_users.get(rec._tid) is rec:
-            del _patch_users[rec._tid]
+        tid = rec._tid
+        if _patch_users.get(tid) is rec:
+            del _patch_users[tid]
         if not _patch_users:
             for (obj, attr), orig in _patch_saved.items():
                 setattr(obj, attr, orig)
@@ -129,15 +130,16 @@ def _func_guard(orig: Callable[..., Any]) -> Callable[..., Any]:
             with orig(error_message):
                 yield
             return
+        owner: Any = rec
         torch._C._autograd._pop_saved_tensors_default_hooks()
-        rec._func_depth += 1
-        rec._func_regions += 1
+        owner._func_depth += 1
+        owner._func_regions += 1
         try:
             with orig(error_message):
                 yield
         finally:
-            rec._func_depth -= 1
-            torch._C._autograd._push_saved_tensors_default_hooks(rec._pack, _unpack)
+            owner._func_depth -= 1
+            torch._C._autograd._push_saved_tensors_default_hooks(owner._pack, _unpack)
 
     return guard
 
