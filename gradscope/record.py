@@ -119,6 +119,13 @@ def _engine_dispatch(orig: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
+# NOTE [ torch.func and our hooks ]: torch.func's grad, vjp, jacrev and hessian refuse to run
+# while any saved_tensors_hooks pair is active (they enter
+# ``torch.autograd.graph.disable_saved_tensors_hooks``, which raises then). While a block runs,
+# the guard below takes our pair off this thread's stack for the transform's duration and puts it
+# back after, whatever happens; backward passes inside it run unobserved. The transform's internal
+# graph and saves are not recorded, and the recording says so. It is installed with the engine's
+# patch (see NOTE [ shared patches ]).
 def _func_guard(orig: Callable[..., Any]) -> Callable[..., Any]:
     """See NOTE [ torch.func and our hooks ]."""
 
@@ -469,15 +476,6 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
 
             ag.backward, ag.grad = backward, grad
             self._undo.append(lambda: (setattr(ag, "backward", orig_b), setattr(ag, "grad", orig_g)))
-
-    def _patch_func_guard(self) -> None:
-        """NOTE [ torch.func and our hooks ]: torch.func's grad, vjp, jacrev and hessian refuse to
-        run while any saved_tensors_hooks pair is active (they enter
-        ``torch.autograd.graph.disable_saved_tensors_hooks``, which raises then). While a block
-        runs, that guard takes our pair off this thread's stack for the transform's duration and
-        puts it back after, whatever happens; backward passes inside it run unobserved. The
-        transform's internal graph and saves are not recorded, and the recording says so.
-        Installed with the engine's patch (see NOTE [ shared patches ]): :func:`_func_guard`."""
 
     def _run_backward(self, orig: Callable[..., Any], t_outputs: Any, create: bool,
                       args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
