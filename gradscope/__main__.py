@@ -60,7 +60,7 @@ def demo(out: str = "demo.html", depth: int = 24, width: int = 512, batch: int =
         f"seed 000: d/dy <1, d f(y, G(z))/dz> through a frozen G of {depth} x (Linear {width} + Tanh), batch {batch}"
     )
     print()
-    with gs.record(label="seed 000: create_graph") as rec:
+    with gs.record(label="seed 000: create_graph", modules={"G": G}) as rec:
         mixed_grad(f, G, z, y, method="create_graph")
     assert rec.recording is not None
     print(rec.recording.summary())

@@ -216,6 +216,8 @@ class Comparison:
         self._atol = atol
         self._lock = threading.RLock()
         self._state = _State(modules)
+        # Modules passed by name also name the recordings' module paths ("G.0.weight").
+        self._names = {k: m for k, m in _modules_arg(modules) if k} or None
         self._ref_outputs: list[tuple[str, torch.Tensor | None]] | None = None
         self._ref_grads: dict[int, tuple[str, torch.Tensor | None]] = {}
         self._rows: dict[str, Row] = {}
@@ -317,7 +319,7 @@ class Comparison:
         except Exception:  # the recorded run below raises too, and reports it
             pass
         state.reset(known=seen)
-        rec = record(memory=self.memory, label=name)
+        rec = record(memory=self.memory, label=name, modules=self._names)
         error: BaseException | None = None
         outputs: Any = None
         times: list[float] = []

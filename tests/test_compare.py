@@ -380,3 +380,15 @@ def test_rerun_starts_from_the_compared_state_and_keeps_later_training():
     assert torch.equal(net.weight.detach(), trained)
     assert net.weight.grad is marker and net.bias.grad is None
     assert torch.equal(torch.get_rng_state(), seed_state)
+
+
+def test_named_modules_name_the_recordings() -> None:
+    torch.manual_seed(0)
+    G = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh())
+    x = torch.randn(2, 4)
+    cmp = gs.compare({"a": lambda: G(x).sum().backward(), "b": lambda: G(x).pow(2).sum().backward()},
+                     reference="a", modules={"G": G})
+    for row in cmp.rows:
+        leaves = {n.leaf for n in row.recording.nodes if n.leaf}
+        assert leaves == {"G.0.weight", "G.0.bias"}
+        assert {n.module for n in row.recording.nodes if n.name == "AddmmBackward0"} == {"G.0"}
