@@ -38,7 +38,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -174,6 +174,19 @@ class _NodeInfo:
 class _SavedRaw:
     __slots__ = ("sid", "seq", "node", "attribute", "shape", "dtype", "device", "bytes", "skey",
                  "ptr", "kind", "name", "t_ns", "ref", "freed_at_step", "leafish")
+    sid: int
+    seq: int
+    shape: tuple[int, ...]
+    dtype: str
+    device: str
+    bytes: int
+    skey: int
+    ptr: int
+    kind: Kind
+    name: str | None
+    t_ns: int
+    ref: StorageWeakRef | None
+    leafish: bool
 
     def __init__(self) -> None:
         self.node: _NodeInfo | None = None
@@ -220,10 +233,26 @@ def _unpack(p: Any) -> torch.Tensor:
 
 class _Call:
     __slots__ = ("idx", "root", "rel", "seq0", "seq1", "t0", "t1", "handle")
+    idx: int
+    root: int
+    rel: str
+    seq0: int
+    seq1: int
+    t0: int
+    t1: int
+    handle: Any
 
 
 class _Step:
     __slots__ = ("index", "info", "backward", "t0", "t1", "live_before", "live_after", "freed")
+    index: int
+    info: _NodeInfo
+    backward: int
+    t0: int
+    t1: int
+    live_before: int | None
+    live_after: int | None
+    freed: int
 
 
 class record:  # noqa: N801 - reads like a function, as torch.no_grad does
@@ -276,6 +305,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                 self._given_roots[id(m)] = str(k)
         self.recording: Recording | None = None
         self._entered = False
+        self._exc: BaseException | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def __enter__(self) -> record:
@@ -299,7 +329,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         _active.rec = self
         return self
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> Literal[False]:
         _active.rec = None
         self._exc = exc
         t1 = time.time_ns()
@@ -374,7 +404,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         self._ring: deque[Any] = deque(maxlen=_ROOT_RING)
         self._calls: list[_Call] = []
         self._stack: list[tuple[nn.Module, _Call]] = []
-        self._roots: list[tuple[Any, str, str]] = []  # (weakref to module, class name, given name)
+        self._roots: list[tuple[Any, str, str | None]] = []  # (weakref to module, class name, given name)
         self._root_index: dict[int, int] = {}
         self._module_paths: list[dict[int, str]] = []
         self._param_by_id: dict[int, tuple[Any, int, str]] = {}
@@ -388,7 +418,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         self._notes: list[str] = []
         self._foreign_saves = 0
         self._bw_calls: list[dict[str, Any]] = []  # for gs.diagnose, see gradscope._held
-        self._exc: BaseException | None = None
+        self._exc = None
         self._func_depth = 0  # inside a torch.func transform: see NOTE [ torch.func and our hooks ]
         self._func_regions = 0
         self._source: Any = None
@@ -475,7 +505,11 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                                           outputs, bool(kwargs.get("create_graph", False)), (), {})
 
             ag.backward, ag.grad = backward, grad
-            self._undo.append(lambda: (setattr(ag, "backward", orig_b), setattr(ag, "grad", orig_g)))
+
+            def restore() -> None:
+                ag.backward, ag.grad = orig_b, orig_g
+
+            self._undo.append(restore)
 
     def _run_backward(self, orig: Callable[..., Any], t_outputs: Any, create: bool,
                       args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -906,11 +940,11 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
             for i in self._infos
         )
         saved = tuple(
-            SavedTensor(node=s.node.id, attribute=s.attribute or f"saved[{k}]", shape=s.shape,
+            SavedTensor(node=n.id, attribute=s.attribute or f"saved[{k}]", shape=s.shape,
                         dtype=s.dtype, device=s.device, bytes=s.bytes, storage=self._storage_id(s.skey),
-                        kind=self._final_kind(s), module=s.node.module, name=s.name,
+                        kind=self._final_kind(s), module=n.module, name=s.name,
                         freed_at_step=s.freed_at_step)
-            for k, s in enumerate(x for x in self._saved if x.node is not None)
+            for k, (s, n) in enumerate((x, x.node) for x in self._saved if x.node is not None)
         )
         steps = tuple(
             Step(index=st.index, node=st.info.id, backward=st.backward, start_s=(st.t0 - self._t0) / 1e9,
@@ -990,7 +1024,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         src = self._source
         if src is None or not s.ptr:
             return False
-        keys = self.__dict__.get("_alloc_keys")
+        keys: dict[int, list[int]] | None = self.__dict__.get("_alloc_keys")
         if keys is None:
             keys = {}
             for e in src.events:
@@ -999,7 +1033,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
             self._alloc_keys = keys
         k = s.skey if isinstance(src, TrackerSource) else s.ptr
         times = keys.get(k)
-        return bool(times) and times[0] <= s.t_ns
+        return times is not None and len(times) > 0 and times[0] <= s.t_ns
 
     def _baseline(self, saved: tuple[SavedTensor, ...]) -> int:
         storages = dict(self._baseline_storages)
@@ -1010,9 +1044,10 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
 
     def _assign_modules(self) -> None:
         """Order-0 nodes get the innermost module call whose sequence range holds their number."""
-        infos = sorted((i for i in self._infos if i.seq is not None and i.order == 0 and i.module is None),
-                       key=lambda i: i.seq)
-        seqs = [i.seq for i in infos]
+        keyed = sorted((i.seq, i.id) for i in self._infos
+                       if i.seq is not None and i.order == 0 and i.module is None)
+        infos = [self._infos[k] for _, k in keyed]
+        seqs = [q for q, _ in keyed]
         # Calls are appended at their start, so outer calls come before the calls nested in them:
         # writing each call's range in that order leaves every node with its innermost module.
         for call in self._calls:
