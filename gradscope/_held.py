@@ -140,15 +140,8 @@ def _held(rec: Any, failed: bool) -> dict[str, Any] | None:
 
 
 def _forward_module(rec: Any, e: Any) -> str | None:
-    """The module call an allocation happened in (the recorder's own attribution, whichever
-    form this version of it keeps)."""
-    call = getattr(e, "module_call", None)
-    calls = getattr(rec, "_calls", [])
-    if call is not None and call < len(calls):
-        c = calls[call]
-        return rec._full_name(c.root, c.rel) or rec._roots[c.root][1]
-    if hasattr(rec, "_modules_at"):
-        return rec._modules_at([e.t_ns])[0]
-    if hasattr(rec, "_module_at"):
-        return rec._module_at(e.t_ns)
-    return None
+    """The module call an allocation happened in (the recorder's own attribution)."""
+    call = e.module_call
+    if call is not None and call < len(rec._calls):
+        return rec._call_path(rec._calls[call])
+    return rec._modules_at([e.t_ns])[0]

@@ -790,6 +790,10 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
             return rel
         return prefix if not rel else f"{prefix}.{rel}"
 
+    def _call_path(self, call: _Call) -> str:
+        """The module path of one call; an unnamed single root is called by its class name."""
+        return self._full_name(call.root, call.rel) or self._roots[call.root][1]
+
     def _root_prefix(self, root: int) -> str:
         _, cls, given = self._roots[root]
         if given is not None:
@@ -1053,9 +1057,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         for call in self._calls:
             lo = bisect.bisect_left(seqs, call.seq0)
             hi = bisect.bisect_left(seqs, call.seq1)
-            path = self._full_name(call.root, call.rel) or "(root)"
-            if call.rel == "" and self._root_prefix(call.root) == "":
-                path = self._roots[call.root][1]
+            path = self._call_path(call)
             for i in infos[lo:hi]:
                 i.module = path
         # Nodes created by create_graph inherit the module of the node whose formula made them
@@ -1088,7 +1090,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                 out.append(None)
             else:
                 c = open_calls[j]
-                out.append(self._full_name(c.root, c.rel) or self._roots[c.root][1])
+                out.append(self._call_path(c))
         return out
 
     def _timeline(self, t1: int) -> tuple[list[MemoryPoint], int, Peak | None, int]:
@@ -1115,7 +1117,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                 module = steps[step].info.module
             elif e.module_call is not None and e.module_call < len(self._calls):
                 c = self._calls[e.module_call]
-                module = self._full_name(c.root, c.rel) or self._roots[c.root][1]
+                module = self._call_path(c)
             elif phase is Phase.FORWARD:
                 module = fwd_modules[k]
             points.append(MemoryPoint(t_s=(e.t_ns - self._t0) / 1e9, live=live, phase=phase,
