@@ -21,6 +21,7 @@ from gradscope.errors import GradscopeError
 
 __all__ = [
     "SCHEMA_VERSION",
+    "Category",
     "Edge",
     "Kind",
     "MemoryPoint",
@@ -56,6 +57,23 @@ class Phase(str, enum.Enum):
 
     FORWARD = "forward"
     BACKWARD = "backward"
+    OPTIMIZER = "optimizer"
+    OTHER = "other"
+
+
+class Category(str, enum.Enum):
+    """What an allocation made inside the block is, for memory by category over time.
+
+    What existed before the block (parameters, buffers, inputs) is not an allocation of the
+    block: it is :attr:`Recording.baseline_bytes`, drawn as its own band.
+    """
+
+    ACTIVATION = "activation"  # saved for backward by a forward (order 0) node
+    CREATE_GRAPH = "create_graph"  # saved by a node that a create_graph=True backward made
+    GRADIENT = "gradient"  # a gradient: accumulated into .grad, or returned by autograd.grad
+    OPTIMIZER = "optimizer"  # made by an optimizer step (its state and temporaries)
+    BACKWARD_TEMP = "backward_temp"  # made during backward, neither a gradient nor saved
+    OTHER = "other"  # forward results nobody saved, temporaries, anything else
 
 
 @dataclass(frozen=True)
@@ -135,6 +153,7 @@ class MemoryPoint:
 
     ``label`` names the op or node running then; ``step`` is the backward step it happened in
     (None in forward). ``reserved`` is the CUDA caching allocator's reserved bytes when known.
+    ``category`` is what the allocation (or freed allocation) of this point is.
     """
 
     t_s: float
@@ -144,6 +163,7 @@ class MemoryPoint:
     step: int | None = None
     module: str | None = None
     reserved: int | None = None
+    category: Category = Category.OTHER
 
 
 @dataclass(frozen=True)
@@ -500,6 +520,7 @@ def _columns(rows: Iterable[Any], cls: type) -> dict[str, list[Any]]:
 _CONVERT: dict[str, Any] = {
     "phase": Phase,
     "kind": Kind,
+    "category": Category,
     "shape": lambda v: tuple(int(x) for x in v),
     "leaf_shape": lambda v: None if v is None else tuple(int(x) for x in v),
 }
@@ -516,6 +537,7 @@ _TYPE_CHECKS: dict[str, Any] = {
     "None": lambda v: v is None,
     "Kind": lambda v: isinstance(v, Kind),
     "Phase": lambda v: isinstance(v, Phase),
+    "Category": lambda v: isinstance(v, Category),
     "tuple[int, ...]": lambda v: type(v) is tuple and all(type(x) is int for x in v),
 }
 _PLANS: dict[type, list[tuple[str, Any, Any]]] = {}
