@@ -3,7 +3,8 @@
 =========================================  ==================================================
 pattern                                    functions
 =========================================  ==================================================
-mixed second derivative, frozen model      :func:`mixed_grad` (``create_graph`` / ``forward_ad`` / ``split``)
+mixed second derivative, frozen model      :func:`mixed_grad` (``create_graph`` / ``forward_ad`` / ``split``),
+                                           :func:`grad_of_input_grads` (the same, over many ``z_i``)
 loss over many outputs of one model        :func:`many_inputs_backward` (``stacked`` / ``two_pass``)
 hypergradient through optimizer steps      :func:`hypergradient`, :func:`unrolled_params`
 early release of penalty branches          :class:`PenaltyBranches` (``early`` / ``retain_graph`` / ``joint``)
@@ -23,11 +24,18 @@ from __future__ import annotations
 from gradscope.strategies.hyper import HYPERGRAD_METHODS, OPTIMIZERS, hypergradient, unrolled_params
 from gradscope.strategies.jacobian import JACOBIAN_METHODS, jacobian
 from gradscope.strategies.many_inputs import MANY_INPUTS_METHODS, many_inputs_backward
-from gradscope.strategies.mixed import MIXED_GRAD_METHODS, frozen, mixed_grad
+from gradscope.strategies.mixed import (
+    INPUT_GRADS_METHODS,
+    MIXED_GRAD_METHODS,
+    frozen,
+    grad_of_input_grads,
+    mixed_grad,
+)
 from gradscope.strategies.penalties import PENALTY_METHODS, PenaltyBranches
 
 __all__ = [
     "HYPERGRAD_METHODS",
+    "INPUT_GRADS_METHODS",
     "JACOBIAN_METHODS",
     "MANY_INPUTS_METHODS",
     "MIXED_GRAD_METHODS",
@@ -35,6 +43,7 @@ __all__ = [
     "PENALTY_METHODS",
     "PenaltyBranches",
     "frozen",
+    "grad_of_input_grads",
     "hypergradient",
     "jacobian",
     "many_inputs_backward",

@@ -1,0 +1,377 @@
+"""The seed threads as their authors wrote them (scaled down): every strategy against an independent
+computation (finite differences, double backward, ``torch.autograd.functional``, ``torch.optim``), and
+every case that used to be silently wrong now either right or refused."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+from torch.autograd import forward_ad
+from torch.profiler import ProfilerActivity, profile
+
+from gradscope.errors import GradscopeError
+from gradscope.strategies import grad_of_input_grads, many_inputs_backward, mixed_grad
+from gradscope.strategies._tangents import frozen_operand_tangents
+
+
+def _cpu_peak(fn) -> int:
+    """Peak of bytes allocated while ``fn`` runs, from the profiler's own allocation events."""
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events: list[tuple[int, int]] = []
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        e = stack.pop()
+        size = getattr(e.extra_fields, "alloc_size", None)
+        if size is not None:
+            events.append((e.start_time_ns, size))
+        stack.extend(e.children)
+    live = peak = 0
+    for _, size in sorted(events):
+        live += size
+        peak = max(peak, live)
+    return peak
+
+
+# ----- seed 000: forward AD through frozen weights ------------------------------------------------
+_W = torch.randn(24, 16, dtype=torch.float64)
+_TANGENT_CASES = {
+    "linear": (lambda: nn.Linear(16, 24).double(), (3, 16)),
+    "linear_3d": (lambda: nn.Linear(16, 24).double(), (2, 3, 16)),
+    "matmul": (lambda: lambda x: x @ _W.T, (3, 16)),
+    "rmatmul": (lambda: lambda x: _W @ x, (16, 3)),
+    "torch.mm": (lambda: lambda x: torch.mm(x, _W.T), (3, 16)),
+    "bmm": (lambda: lambda x: torch.bmm(x, _W.T.expand(2, 16, 24)), (2, 3, 16)),
+    "einsum": (lambda: lambda x: torch.einsum("bi,oi->bo", x, _W), (3, 16)),
+    "conv1d": (lambda: nn.Conv1d(4, 6, 3).double(), (2, 4, 9)),
+    "conv2d_reflect": (lambda: nn.Conv2d(4, 6, 3, padding=1, padding_mode="reflect").double(), (2, 4, 5, 5)),
+    "conv_transpose2d": (lambda: nn.ConvTranspose2d(4, 6, 3, stride=2).double(), (2, 4, 5, 5)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_TANGENT_CASES))
+def test_frozen_operand_tangents_equal_pytorchs_own_bit_for_bit(case):
+    make, shape = _TANGENT_CASES[case]
+    torch.manual_seed(0)
+    fn = make()
+    if isinstance(fn, nn.Module):
+        fn.requires_grad_(False)
+    x, v = torch.randn(shape, dtype=torch.float64), torch.randn(shape, dtype=torch.float64)
+    out = {}
+    for ours in (False, True):
+        with torch.no_grad(), forward_ad.dual_level():
+            if ours:
+                with frozen_operand_tangents():
+                    dual = fn(forward_ad.make_dual(x, v))
+            else:
+                dual = fn(forward_ad.make_dual(x, v))
+            p, t = forward_ad.unpack_dual(dual)
+            out[ours] = (p.clone(), t.clone())
+    assert torch.equal(out[True][0], out[False][0])
+    assert torch.equal(out[True][1], out[False][1])
+
+
+def test_frozen_operand_tangents_leave_two_dual_operands_to_pytorch():
+    a, b = torch.randn(3, 4, dtype=torch.float64), torch.randn(4, 5, dtype=torch.float64)
+    ta, tb = torch.randn_like(a), torch.randn_like(b)
+    with forward_ad.dual_level(), frozen_operand_tangents():
+        t = forward_ad.unpack_dual(forward_ad.make_dual(a, ta) @ forward_ad.make_dual(b, tb)).tangent
+    assert torch.allclose(t, ta @ b + a @ tb, rtol=1e-12)
+
+
+def test_forward_ad_through_linear_has_no_weight_sized_temporary():
+    torch.manual_seed(0)
+    G = nn.Sequential(nn.Linear(512, 1024), nn.Tanh())
+    weight_bytes = 1024 * 512 * 4
+    z = torch.randn(1, 512)
+    y = torch.randn(1, 1024, requires_grad=True)
+
+    def f(y, g):
+        return ((y - g) ** 2).sum()
+
+    def threads_answer():  # the forum answer's code, as written: PyTorch's own forward AD
+        G.requires_grad_(False)
+        with torch.no_grad(), forward_ad.dual_level():
+            g_out, g_t = forward_ad.unpack_dual(G(forward_ad.make_dual(z, torch.ones_like(z))))
+        G.requires_grad_(True)
+        g_out.requires_grad_(True)
+        (dfdg,) = torch.autograd.grad(f(y, g_out), g_out, create_graph=True)
+        return torch.autograd.grad(dfdg, y, grad_outputs=g_t)[0]
+
+    theirs = _cpu_peak(threads_answer)
+    ours = _cpu_peak(lambda: mixed_grad(f, G, z, y, method="forward_ad"))
+    assert theirs >= weight_bytes  # the zero tangent, materialized
+    assert ours < weight_bytes // 8
+    assert torch.allclose(threads_answer(), mixed_grad(f, G, z, y, method="forward_ad"), rtol=1e-6)
+
+
+# ----- seed 000: the user's loop over many z_i and g(dfdz, x) ------------------------------------
+def _seed000_setup(n_z: int = 3, dtype=torch.float64):
+    torch.manual_seed(11)
+    G = nn.Sequential(nn.Linear(3, 10), nn.Tanh(), nn.Linear(10, 12), nn.Tanh()).to(dtype)
+    y = torch.randn(1, 12, dtype=dtype, requires_grad=True)
+    x = torch.randn(3, dtype=dtype, requires_grad=True)  # g's own variable, trainable as in the thread
+    zs = [torch.randn(1, 3, dtype=dtype) for _ in range(n_z)]
+
+    def f(y, g):
+        return ((y - g) ** 2).sum() + (y * g).sin().sum()
+
+    def g(dfdz):
+        return sum(((d * x).sum()) ** 2 for d in dfdz) + sum(d.pow(3).sum() for d in dfdz)
+
+    return G, y, x, zs, f, g
+
+
+def _dgdy_finite_differences(G, y, zs, f, g, eps=1e-6):
+    """dg/dy by central differences (``y`` moved in place, so closures over it see the move); each
+    df/dz_i by a plain backward (no create_graph anywhere)."""
+
+    def value():
+        dfdz = []
+        for z in zs:
+            z_ = z.clone().requires_grad_(True)
+            dfdz.append(torch.autograd.grad(f(y.detach(), G(z_)), z_)[0])
+        return g(dfdz).item()
+
+    out = torch.zeros_like(y)
+    base = y.detach().clone()
+    for i in range(y.numel()):
+        vals = []
+        for sign in (1, -1):
+            with torch.no_grad():
+                y.copy_(base)
+                y.view(-1)[i] += sign * eps
+            vals.append(value())
+        out.view(-1)[i] = (vals[0] - vals[1]) / (2 * eps)
+    with torch.no_grad():
+        y.copy_(base)
+    return out
+
+
+@pytest.mark.parametrize("method", ["create_graph", "forward_ad"])
+def test_grad_of_input_grads_matches_finite_differences(method):
+    G, y, _, zs, f, g = _seed000_setup()
+    got = grad_of_input_grads(f, G, zs, y, g, method=method)
+    want = _dgdy_finite_differences(G, y, zs, f, g)
+    assert torch.allclose(got, want, rtol=1e-6, atol=1e-7)
+    assert want.abs().max() > 1e-2
+    assert all(p.grad is None for p in G.parameters()) and y.grad is None
+
+
+def test_grad_of_input_grads_includes_gs_direct_use_of_y():
+    G, y, _, zs, f, _ = _seed000_setup()
+
+    def g(dfdz):
+        return sum(d.pow(2).sum() for d in dfdz) * y.sum()
+
+    want = _dgdy_finite_differences(G, y, zs, f, g)
+    for method in ("create_graph", "forward_ad"):
+        assert torch.allclose(grad_of_input_grads(f, G, zs, y, g, method=method), want, rtol=1e-6, atol=1e-7)
+
+
+def test_the_threads_split_attempt_fails_with_the_users_own_error():
+    G, y, x, zs, f, g = _seed000_setup()
+    dfdz = []
+    for z in zs:  # the thread's two steps: df/dg and df/dy with create_graph, then the chain rule without
+        z = z.clone().requires_grad_(True)
+        g_out = G(z)
+        g_leaf = g_out.detach().requires_grad_(True)
+        dfdg, dfdy = torch.autograd.grad(f(y, g_leaf), (g_leaf, y), create_graph=True)
+        dfdz.append(torch.autograd.grad(g_out, z, grad_outputs=dfdg)[0])
+    t = g(dfdz)
+    # the thread quotes "One of the differentiated Tensors appears to not have been used in the graph";
+    # newer PyTorch words the same error "The differentiated Tensor at index 0 appears to not ..."
+    with pytest.raises(
+        RuntimeError, match="appears to not have been used in the graph. Set allow_unused=True"
+    ):
+        torch.autograd.grad(t, y)
+    assert torch.autograd.grad(g(dfdz), y, allow_unused=True) == (None,)
+    assert grad_of_input_grads(f, G, zs, y, g, method="split") is None
+
+
+def test_grad_of_input_grads_forward_ad_is_flat_in_the_number_of_z():
+    torch.manual_seed(0)
+    G = nn.Sequential(nn.Linear(8, 256), nn.Tanh(), nn.Linear(256, 512), nn.Tanh())
+    y = torch.randn(1, 512, requires_grad=True)
+    x = torch.randn(8, requires_grad=True)
+
+    def f(y, g):
+        return ((y - g) ** 2).sum()
+
+    def g(dfdz):
+        return sum(((d * x).sum()) ** 2 for d in dfdz)
+
+    peaks = {}
+    for n in (2, 16):
+        zs = [torch.randn(1, 8) for _ in range(n)]
+        for method in ("create_graph", "forward_ad"):
+            peaks[method, n] = _cpu_peak(
+                lambda m=method, zs=zs: grad_of_input_grads(f, G, zs, y, g, method=m)
+            )
+    assert peaks["forward_ad", 16] <= peaks["forward_ad", 2] + 16 * 2 * 8 * 4 + 1024  # the values and v_i
+    assert peaks["create_graph", 16] > 4 * peaks["create_graph", 2]
+    assert peaks["forward_ad", 16] < peaks["create_graph", 16] / 4
+
+
+def test_grad_of_input_grads_bad_arguments():
+    G, y, _, zs, f, g = _seed000_setup()
+    with pytest.raises(GradscopeError, match="`zs` is empty"):
+        grad_of_input_grads(f, G, [], y, g)
+    with pytest.raises(GradscopeError, match=r"`zs\[1\]` must be a floating-point tensor"):
+        grad_of_input_grads(f, G, [zs[0], torch.ones(1, 3, dtype=torch.long)], y, g)
+    with pytest.raises(GradscopeError, match="`g` must be callable"):
+        grad_of_input_grads(f, G, zs, y, None)
+    with pytest.raises(GradscopeError, match="`g` must return a scalar"):
+        grad_of_input_grads(f, G, zs, y, lambda d: torch.stack(d), method="forward_ad")
+    with pytest.raises(GradscopeError, match="`y` must require grad"):
+        grad_of_input_grads(f, G, zs, y.detach(), g)
+
+
+# ----- seed 001: state that changes during the recompute -----------------------------------------
+def _sn_net(kind: str) -> nn.Module:
+    torch.manual_seed(12)
+    lin = nn.Linear(6, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        if kind == "spectral_norm":
+            lin = nn.utils.spectral_norm(lin)
+        elif kind == "parametrizations.spectral_norm":
+            lin = nn.utils.parametrizations.spectral_norm(lin)
+        elif kind == "weight_norm":
+            lin = nn.utils.weight_norm(lin)
+        elif kind == "parametrizations.weight_norm":
+            lin = nn.utils.parametrizations.weight_norm(lin)
+    return nn.Sequential(lin, nn.Tanh(), nn.Linear(8, 3)).double()
+
+
+def _sn_inputs():
+    torch.manual_seed(13)
+    return [torch.randn(5, 6, dtype=torch.float64) for _ in range(4)]
+
+
+def _g1(zs):
+    return (zs.tanh().sum(0) ** 2).mean()
+
+
+def _naive_two_pass(f, inputs, g):  # the thread's code, as written
+    zs = []
+    with torch.no_grad():
+        for x in inputs:
+            zs.append(f(x))
+    zs = torch.stack(zs).requires_grad_()
+    L = g(zs)
+    L.backward()
+    zs_grad = torch.empty_like(zs).copy_(zs.grad)
+    for x, dL_dz in zip(inputs, zs_grad, strict=True):
+        z = f(x)
+        z.backward(gradient=dL_dz)
+
+
+@pytest.mark.parametrize("kind", ["spectral_norm", "parametrizations.spectral_norm"])
+def test_two_pass_refuses_spectral_norm_and_names_its_state(kind):
+    xs = _sn_inputs()
+    stacked, naive, ours = _sn_net(kind), _sn_net(kind), _sn_net(kind)
+    many_inputs_backward(stacked, xs, _g1, method="stacked")
+    _naive_two_pass(naive, xs, _g1)
+    # the thread's code is silently wrong here, so the refusal below guards a real error
+    errs = [
+        (a.grad - b.grad).abs().max().item()
+        for a, b in zip(stacked.parameters(), naive.parameters(), strict=True)
+    ]
+    assert max(errs) > 1e-6
+    hooks_before = len(nn.modules.module._global_forward_pre_hooks)
+    u = "0.weight_u" if kind == "spectral_norm" else "0.parametrizations.weight.0._u"
+    with pytest.raises(GradscopeError, match=rf"f\.{u} \(buffer\) changed in place") as info:
+        many_inputs_backward(ours, xs, _g1, method="two_pass")
+    assert "method='stacked'" in str(info.value)
+    assert len(nn.modules.module._global_forward_pre_hooks) == hooks_before
+    # the state is put back where the first pass (and the stacked run) left it
+    for (n, a), (_, b) in zip(stacked.named_buffers(), ours.named_buffers(), strict=True):
+        assert torch.equal(a, b), n
+
+
+@pytest.mark.parametrize("kind", ["weight_norm", "parametrizations.weight_norm", "spectral_norm eval"])
+def test_two_pass_accepts_state_that_does_not_change(kind):
+    xs = _sn_inputs()
+    name = kind.split()[0]
+    stacked, ours = _sn_net(name), _sn_net(name)
+    if kind.endswith("eval"):
+        stacked.eval()
+        ours.eval()
+    many_inputs_backward(stacked, xs, _g1, method="stacked")
+    many_inputs_backward(ours, xs, _g1, method="two_pass")
+    for (n, a), (_, b) in zip(stacked.named_parameters(), ours.named_parameters(), strict=True):
+        assert torch.allclose(a.grad, b.grad, rtol=1e-10, atol=1e-12), n
+
+
+class _Counting(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(6, 3).double()
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        return self.lin(x) * (1 + 0.01 * self.calls)
+
+
+def test_two_pass_refuses_a_module_attribute_that_changes():
+    f = _Counting()
+    with pytest.raises(GradscopeError, match=r"f\.calls \(attribute\) 4 -> 5"):
+        many_inputs_backward(f, _sn_inputs(), _g1, method="two_pass")
+    assert f.calls == 4  # put back: the first pass's four calls, as the stacked run leaves it
+
+
+def test_two_pass_refuses_state_outside_the_modules():
+    lin = nn.Linear(6, 3).double()
+    scale = [1.0]
+
+    def f(x):  # a plain function whose output depends on a counter the modules do not hold
+        scale[0] += 0.5
+        return lin(x) * scale[0]
+
+    with pytest.raises(GradscopeError, match=r"gave a different output than the first pass \(max abs"):
+        many_inputs_backward(f, _sn_inputs(), _g1, method="two_pass")
+
+
+def test_two_pass_state_check_finds_modules_a_plain_function_runs():
+    net = _sn_net("spectral_norm")
+    with pytest.raises(GradscopeError, match=r"Sequential\.0\.weight_u \(buffer\)"):
+        many_inputs_backward(lambda x: net(x) * 2, _sn_inputs(), _g1, method="two_pass")
+
+
+def test_state_snapshot_ignores_equal_values_and_sees_data_writes():
+    from gradscope.strategies._modules import StateSnapshot, with_submodules
+
+    bn = nn.BatchNorm1d(3)
+    snap = StateSnapshot(with_submodules([("bn", bn)]))
+    assert snap.changes() == []
+    bn.running_mean.data.add_(1.0)  # bypasses the version counter; the buffer's copy still sees it
+    assert [str(c) for c in snap.changes()] == ["bn.running_mean (buffer) changed in place"]
+    snap.restore()
+    assert torch.equal(bn.running_mean, torch.zeros(3)) and snap.changes() == []
+    bn.momentum = 0.5
+    assert [str(c) for c in snap.changes()] == ["bn.momentum (attribute) 0.1 -> 0.5"]
+
+
+def test_conv_two_pass_still_matches_stacked_with_dropout_and_batch_norm():
+    torch.manual_seed(14)
+    make = lambda: nn.Sequential(  # noqa: E731
+        nn.Conv1d(2, 4, 3), nn.BatchNorm1d(4), nn.ReLU(), nn.Dropout(0.3), nn.Flatten(), nn.Linear(4 * 6, 3)
+    ).double()
+    torch.manual_seed(15)
+    a = make()
+    torch.manual_seed(15)
+    b = make()
+    xs = [torch.randn(5, 2, 8, dtype=torch.float64) for _ in range(3)]
+    torch.manual_seed(16)
+    many_inputs_backward(a, xs, _g1, method="stacked")
+    torch.manual_seed(16)
+    many_inputs_backward(b, xs, _g1, method="two_pass")
+    for (n, p), (_, q) in zip(a.named_parameters(), b.named_parameters(), strict=True):
+        assert torch.allclose(p.grad, q.grad, rtol=1e-10, atol=1e-12), n
+    for (n, p), (_, q) in zip(a.named_buffers(), b.named_buffers(), strict=True):
+        assert torch.equal(p, q), n
