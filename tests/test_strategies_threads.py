@@ -375,3 +375,211 @@ def test_conv_two_pass_still_matches_stacked_with_dropout_and_batch_norm():
         assert torch.allclose(p.grad, q.grad, rtol=1e-10, atol=1e-12), n
     for (n, p), (_, q) in zip(a.named_buffers(), b.named_buffers(), strict=True):
         assert torch.equal(p, q), n
+
+
+# ----- seed 003: penalties that meet the trunk away from `at`; per-sample rescaling; issue 12 -----
+_PENALTY_KINDS = (
+    "trunk_weight",
+    "pre_activation",
+    "earlier_h",
+    "first_layer_weight",
+    "shared_weight",
+    "input",
+)
+
+
+def _penalty_trunk():
+    torch.manual_seed(17)
+    trunk = nn.ModuleList([nn.Linear(6, 6) for _ in range(3)]).double()
+    heads = nn.ModuleList([nn.Linear(6, 5) for _ in range(3)]).double()
+    shared = nn.Linear(6, 6).double()
+    x = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
+    return trunk, heads, shared, x
+
+
+def _penalty_run(kind, trunk, heads, shared, x, pb=None):
+    """The thread's loop: computation -> computation -> ..., a penalty off each; ``pb=None`` is the
+    joint backward written out by hand (the independent computation)."""
+    h, total = x, 0
+    for i in range(len(trunk)):
+        layer = shared if kind == "shared_weight" else trunk[i]
+        pre = layer(h)
+        new = torch.tanh(pre)
+        if kind in ("trunk_weight", "shared_weight"):
+            pen = layer.weight.pow(2).sum() * new.pow(2).mean()
+        elif kind == "pre_activation":
+            pen = pre.pow(2).mean() + new.abs().mean()
+        elif kind == "earlier_h":
+            pen = (new * h).mean() + heads[i](h).pow(2).mean()
+        elif kind == "first_layer_weight":
+            pen = trunk[0].weight.sin().sum() * new.mean()
+        else:
+            pen = (new.sum(1) * x.sum(1)).mean()
+        h = new
+        if pb is None:
+            total = total + pen
+        else:
+            pb.add(pen, at=h)
+    if pb is None:
+        (total + h.pow(2).sum()).backward()
+        return None
+    return pb.backward(h.pow(2).sum())
+
+
+@pytest.mark.parametrize("kind", _PENALTY_KINDS)
+def test_early_release_when_a_penalty_meets_the_trunk_away_from_at(kind):
+    from gradscope.strategies import PenaltyBranches
+
+    trunk, heads, shared, x = _penalty_trunk()
+    leaves = [*trunk.parameters(), *heads.parameters(), *shared.parameters(), x]
+    _penalty_run(kind, trunk, heads, shared, x)
+    want = [None if p.grad is None else p.grad.clone() for p in leaves]
+    for p in leaves:
+        p.grad = None
+    _penalty_run(kind, trunk, heads, shared, x, PenaltyBranches("early"))
+    for i, (p, w) in enumerate(zip(leaves, want, strict=True)):
+        assert (p.grad is None) == (w is None), i
+        if w is not None:
+            assert torch.allclose(p.grad, w, rtol=1e-12, atol=1e-14), i
+
+
+def test_early_release_frees_the_branch_when_it_meets_the_trunk_at_one_node():
+    from gradscope.strategies import PenaltyBranches
+
+    trunk, heads, _, x = _penalty_trunk()
+    pb = PenaltyBranches("early")
+    pre = trunk[0](x)
+    h = torch.tanh(pre)
+    branch = heads[0](pre).exp()  # reads the pre-activation only, not `at`
+    node = branch.grad_fn
+    pb.add(branch.mean(), at=h)
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        _ = node._saved_result  # released by the early gradient although `branch` is still referenced
+    assert h.grad_fn._saved_result.shape == (4, 6)  # the trunk is intact
+    pb.backward(h.sum())
+    assert heads[0].weight.grad is not None and trunk[0].weight.grad is not None
+
+
+def test_a_penalty_reading_a_later_trunk_tensor_gets_a_clear_error():
+    from gradscope.strategies import PenaltyBranches
+
+    trunk, _, _, x = _penalty_trunk()
+    pb = PenaltyBranches("early")
+    h1 = torch.tanh(trunk[0](x.detach()))
+    h2 = torch.tanh(trunk[1](h1))
+    pb.add((h1 * h2).sum(), at=h1)  # h2 comes after `at`: indistinguishable from the branch
+    with pytest.raises(GradscopeError, match="read a trunk tensor made after its `at`"):
+        pb.backward(h2.sum())
+
+
+def _scaled_reference(trunk, x, s):
+    """The per-sample rescaled objective, written out: sum_b s_b * penalty_b, s held fixed."""
+    h, total = x, 0
+    for layer in trunk:
+        h = torch.tanh(layer(h))
+        per_sample = (h.unsqueeze(2) * h.unsqueeze(1)).sin().pow(2).mean((1, 2)) / h.shape[0]
+        total = total + (s * per_sample).sum()
+    (total + h.pow(2).sum()).backward()
+
+
+def test_per_sample_scale_matches_the_rescaled_objective():
+    from gradscope.strategies import PenaltyBranches
+
+    trunk, _, _, x = _penalty_trunk()
+    leaves = [*trunk.parameters(), x]
+    pb = PenaltyBranches("early")
+    h = x
+    for layer in trunk:
+        h = torch.tanh(layer(h))
+        pb.add((h.unsqueeze(2) * h.unsqueeze(1)).sin().pow(2).mean(), at=h)
+    out = h.pow(2).sum()
+    s = torch.softmax(h.detach().sum(1), 0) * 4  # known only at the end of the network
+    pb.backward(out, scale=s)
+    got = [p.grad.clone() for p in leaves]
+    for p in leaves:
+        p.grad = None
+    _scaled_reference(trunk, x, s)
+    for a, p in zip(got, leaves, strict=True):
+        assert torch.allclose(a, p.grad, rtol=1e-12, atol=1e-14)
+    assert not torch.allclose(s, torch.ones(4, dtype=s.dtype))  # a real rescale
+
+
+def test_per_sample_scale_refuses_gradients_already_summed_over_samples():
+    from gradscope.strategies import PenaltyBranches
+
+    trunk, heads, _, x = _penalty_trunk()
+    pb = PenaltyBranches("early")
+    h = torch.tanh(trunk[0](x))
+    pb.add(heads[0](h).pow(2).mean(), at=h)  # the head's own weights sum over the samples
+    with pytest.raises(GradscopeError, match=r"penalty #0 sends gradient into a leaf of shape \(5, 6\)"):
+        pb.backward(h.sum(), scale=torch.ones(4, dtype=torch.float64))
+    assert all(p.grad is None for p in [*trunk.parameters(), *heads.parameters(), x])  # nothing done
+    with pytest.raises(GradscopeError, match="`scale` needs method='early'"):
+        PenaltyBranches("joint").backward(h.sum(), scale=torch.ones(4))
+    pb = PenaltyBranches("early")
+    h = torch.tanh(trunk[0](x))
+    pb.add(h.pow(2).mean(), at=h)
+    with pytest.raises(GradscopeError, match=r"`scale` for penalty #0 must have shape \(4,\)"):
+        pb.backward(h.sum(), scale=torch.ones(3, dtype=torch.float64))
+
+
+class _FakeGraph:
+    """Graph nodes whose Python objects live only while referenced, as on PyTorch versions where
+    ``next_functions`` hands out fresh objects (issue 12): an unreferenced node's id gets reused."""
+
+    def __init__(self, edges: dict[str, list[str]], leaves: dict[str, torch.Tensor]) -> None:
+        import weakref
+
+        self.edges, self.leaves = edges, leaves
+        self.cache: weakref.WeakValueDictionary[str, _FakeNode] = weakref.WeakValueDictionary()
+
+    def node(self, key: str) -> _FakeNode:
+        n = self.cache.get(key)
+        if n is None:
+            n = (_FakeLeaf if key in self.leaves else _FakeNode)(self, key)
+            self.cache[key] = n
+        return n
+
+
+class _FakeNode:
+    def __init__(self, graph: _FakeGraph, key: str) -> None:
+        self.graph, self.key = graph, key
+
+    @property
+    def next_functions(self):
+        return tuple((self.graph.node(k), 0) for k in self.graph.edges.get(self.key, ()))
+
+
+class _FakeLeaf(_FakeNode):
+    @property
+    def variable(self):
+        return self.graph.leaves[self.key]
+
+
+def test_branch_walk_holds_nodes_so_reused_ids_cannot_hide_leaves():
+    from gradscope.strategies.penalties import _walk_branch
+
+    edges: dict[str, list[str]] = {"penalty": [f"a{i}" for i in range(40)]}
+    leaves: dict[str, torch.Tensor] = {}
+    for i in range(40):
+        edges[f"a{i}"] = [f"b{i}", f"w{i}"]
+        edges[f"b{i}"] = [f"v{i}"]
+        leaves[f"w{i}"] = leaves[f"v{i}"] = torch.zeros(1)
+    graph = _FakeGraph(edges, leaves)
+
+    def walk_by_id(start):  # the walk issue 12 reported: nodes identified by id() alone
+        found, seen, stack = [], set(), [start]
+        while stack:
+            node = stack.pop()
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            if hasattr(node, "variable"):
+                found.append(node.key)
+                continue
+            stack.extend(n for n, _ in node.next_functions)
+        return found
+
+    assert len(walk_by_id(graph.node("penalty"))) < 80  # the fake reproduces the failure
+    _, meets, own = _walk_branch(graph.node("penalty"), 0, {})
+    assert sorted(n.key for n in own) == sorted(leaves) and meets == {}
