@@ -228,8 +228,7 @@ class PenaltyBranches:
                 "gradient there early needs PyTorch 2.7 or later. Pass that tensor as `at`, or use "
                 "method='retain_graph'.",
             )
-        inputs: list[torch.Tensor | GradientEdge] = [GradientEdge(n, nr) for n, nr in edges]
-        inputs += leaves
+        inputs = [GradientEdge(n, nr) for n, nr in edges] + [get_gradient_edge(leaf) for leaf in leaves]
         if not inputs:
             return
         # see NOTE [ where a branch meets the trunk ]: the region must survive for the final backward
@@ -402,7 +401,9 @@ def _edge_roots() -> bool:
     a = torch.zeros(1, requires_grad=True)
     b = a * 2
     try:
-        torch.autograd.backward([GradientEdge(b.grad_fn, 0)], [torch.ones(1)])  # type: ignore[list-item]
+        node = b.grad_fn
+        assert node is not None
+        torch.autograd.backward([GradientEdge(node, 0)], [torch.ones(1)])
     except (TypeError, RuntimeError, AttributeError):
         return False
     return a.grad is not None and float(a.grad) == 2.0
