@@ -583,3 +583,108 @@ def test_branch_walk_holds_nodes_so_reused_ids_cannot_hide_leaves():
     assert len(walk_by_id(graph.node("penalty"))) < 80  # the fake reproduces the failure
     _, meets, own = _walk_branch(graph.node("penalty"), 0, {})
     assert sorted(n.key for n in own) == sorted(leaves) and meets == {}
+
+
+# ----- seed 004: the thread's own methods, create_graph, samples that mix --------------------------
+def _jac_net():
+    torch.manual_seed(18)
+    return nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3)).double()
+
+
+def _threads_rev_jacobian(fxn, x, n_outputs):  # the thread's _rev_jacobian (the repeat trick), as posted
+    xr = x.repeat(n_outputs, *([1] * x.dim()))
+    xr.requires_grad_(True)
+    y = fxn(xr).view(n_outputs, -1)
+    eye = torch.eye(n_outputs, dtype=x.dtype)
+    return torch.autograd.grad(y, xr, grad_outputs=eye, retain_graph=True, create_graph=True)[0]
+
+
+def _threads_fwd_jacobian(fxn, x, n_outputs):  # the thread's fwd_jacobian (forward from reverse), as posted
+    xd = x.detach().requires_grad_(True)
+    n_inputs = int(xd.size(0))
+    v = torch.ones(n_outputs, dtype=x.dtype, requires_grad=True)
+    y = fxn(xd.view(1, n_inputs)).view(n_outputs)
+    vjp = torch.autograd.grad(y, xd, grad_outputs=v, create_graph=True)[0]
+    eye = torch.eye(n_inputs, dtype=x.dtype)
+    cols = [torch.autograd.grad(vjp, v, grad_outputs=eye[i], retain_graph=True, create_graph=True)[0]
+            for i in range(n_inputs)]  # fmt: skip
+    return torch.stack(cols).t()
+
+
+def test_the_threads_two_tricks_equal_ours_and_autograd_functional():
+    from gradscope.strategies import jacobian
+
+    net = _jac_net()
+    x = torch.randn(4, dtype=torch.float64)
+    want = torch.autograd.functional.jacobian(net, x)
+    assert torch.allclose(_threads_rev_jacobian(net, x, 3), want, rtol=1e-12)
+    assert torch.allclose(_threads_fwd_jacobian(net, x, 3), want, rtol=1e-12)
+    for method in ("repeat", "double_vjp"):
+        assert torch.allclose(jacobian(net, x, method=method), want, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("batch_dim", [None, 0])
+@pytest.mark.parametrize("method", ["loop", "batched", "repeat", "double_vjp", "jacrev", "jacfwd", "vmap"])
+def test_jacobian_create_graph_differentiates_like_double_backward(method, batch_dim):
+    from gradscope.strategies import jacobian
+
+    net = _jac_net()
+    x = torch.randn(2, 4, dtype=torch.float64, requires_grad=True)
+    w = net[0].weight
+    J = jacobian(net, x, method=method, batch_dim=batch_dim, create_graph=True)
+    got = torch.autograd.grad((J.sin() ** 2).sum(), [x, w])
+    full = torch.autograd.functional.jacobian(net, x, create_graph=True)  # (2, 3, 2, 4)
+    ref = full if batch_dim is None else torch.stack([full[b, :, b] for b in range(2)])
+    assert torch.allclose(J, ref, rtol=1e-12, atol=1e-14)
+    want = torch.autograd.grad((ref.sin() ** 2).sum(), [x, w])
+    for a, b in zip(got, want, strict=True):
+        assert torch.allclose(a, b, rtol=1e-10, atol=1e-12)
+    assert not jacobian(net, x, method=method, batch_dim=batch_dim).requires_grad  # default: detached
+
+
+@pytest.mark.parametrize("method", ["loop", "batched", "repeat", "double_vjp", "jacrev", "jacfwd", "vmap"])
+def test_per_sample_jacobian_refuses_train_mode_batch_norm(method):
+    from gradscope.strategies import jacobian
+
+    torch.manual_seed(19)
+    net = nn.Sequential(nn.Linear(4, 5), nn.BatchNorm1d(5), nn.Tanh(), nn.Linear(5, 3)).double()
+    x = torch.randn(6, 4, dtype=torch.float64)
+    # the per-sample blocks of the true Jacobian are not what the batch-summed trick reads off
+    full = torch.autograd.functional.jacobian(net, x)
+    blocks = torch.stack([full[b, :, b] for b in range(6)])
+    summed = torch.autograd.functional.jacobian(lambda t: net(t).sum(0), x).transpose(0, 1)
+    assert not torch.allclose(blocks, summed, atol=1e-6)
+    with pytest.raises(GradscopeError, match=r"`fn\.1` \(BatchNorm1d, train mode\) normalizes with"):
+        jacobian(net, x, method=method, batch_dim=0)
+    net[1].track_running_stats = False
+    net.eval()
+    with pytest.raises(GradscopeError, match=r"track_running_stats=False"):
+        jacobian(net, x, method=method, batch_dim=0)
+    net[1].track_running_stats = True
+    J = jacobian(net, x, method=method, batch_dim=0)  # eval mode: running statistics, samples independent
+    full = torch.autograd.functional.jacobian(net, x)
+    assert torch.allclose(J, torch.stack([full[b, :, b] for b in range(6)]), rtol=1e-10, atol=1e-12)
+
+
+def test_per_sample_jacobian_refuses_any_mixing_of_samples():
+    from gradscope.strategies import jacobian
+
+    net = _jac_net()
+    x = torch.randn(5, 4, dtype=torch.float64)
+    with pytest.raises(GradscopeError, match="`fn` mixes samples"):
+        jacobian(lambda t: net(t - t.mean(0)), x, method="batched", batch_dim=0)
+    rng = torch.get_rng_state()
+    jacobian(net, x, method="batched", batch_dim=0)  # the probe draws nothing from the global RNG
+    assert torch.equal(rng, torch.get_rng_state())
+
+
+def test_repeat_refuses_a_function_that_mixes_copies():
+    from gradscope.strategies import jacobian
+
+    x = torch.randn(3, 5, dtype=torch.float64)
+    with pytest.raises(GradscopeError, match="method='repeat' needs `fn` to map a stack of copies"):
+        jacobian(lambda v: v.sum(0), x, method="repeat")
+    with pytest.raises(GradscopeError, match="`fn` mixes copies"):
+        jacobian(lambda v: v * v.mean(), x, method="repeat")
+    want = torch.autograd.functional.jacobian(lambda v: v * v.mean(), x)
+    assert torch.allclose(jacobian(lambda v: v * v.mean(), x, method="double_vjp"), want, rtol=1e-12)
