@@ -688,3 +688,180 @@ def test_repeat_refuses_a_function_that_mixes_copies():
         jacobian(lambda v: v * v.mean(), x, method="repeat")
     want = torch.autograd.functional.jacobian(lambda v: v * v.mean(), x)
     assert torch.allclose(jacobian(lambda v: v * v.mean(), x, method="double_vjp"), want, rtol=1e-12)
+
+
+# ----- seed 002: truncation, finite differences, the user's pipeline -------------------------------
+def _hyper_models():
+    torch.manual_seed(20)
+    m1 = nn.Sequential(nn.Linear(5, 12), nn.Tanh(), nn.Linear(12, 3)).double()
+    m2 = nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 3)).double()
+    x1, y1 = torch.randn(10, 5, dtype=torch.float64), torch.randint(0, 3, (10,))
+    x2 = torch.randn(9, 5, dtype=torch.float64)
+    xv, yv = torch.randn(7, 5, dtype=torch.float64), torch.randint(0, 3, (7,))
+    A = torch.tensor([0.7, 1.3, 1.0], dtype=torch.float64, requires_grad=True)  # M1's class weights
+    return m1, m2, (x1, y1, x2, xv, yv), A
+
+
+def _weighted_ce(logits, y, A):  # per-class weights A on each sample's loss
+    return (A[y] * torch.nn.functional.cross_entropy(logits, y, reduction="none")).mean()
+
+
+def _train1(m1, data, A):
+    from torch.func import functional_call
+
+    x1, y1 = data[0], data[1]
+    return lambda p: _weighted_ce(functional_call(m1, p, (x1,)), y1, A)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_truncated_unrolling_equals_its_own_definition(optimizer):
+    import copy
+
+    from gradscope.strategies import unrolled_params
+
+    m1, _, data, A = _hyper_models()
+    train = _train1(m1, data, A)
+
+    def val(p):
+        from torch.func import functional_call
+
+        return functional_call(m1, p, (data[3],)).pow(2).mean()
+
+    K, T = 5, 2
+    full = unrolled_params(m1, train, K, optimizer, 0.05)
+    same = unrolled_params(m1, train, K, optimizer, 0.05, truncate=K)
+    assert all(torch.equal(full[n], same[n]) for n in full)
+    got = torch.autograd.grad(val(unrolled_params(m1, train, K, optimizer, 0.05, truncate=T)), A)[0]
+
+    # the definition, with torch.optim: K - T steps with A held at its value, then T steps that see A
+    def truncated_val(A_late: torch.Tensor) -> float:
+        model = copy.deepcopy(m1)
+        params = list(model.parameters())
+        opt = torch.optim.SGD(params, lr=0.05) if optimizer == "sgd" else torch.optim.Adam(params, lr=0.05)
+        for k in range(K):
+            weights = A.detach() if k < K - T else A_late
+            opt.zero_grad()
+            _weighted_ce(model(data[0]), data[1], weights).backward()
+            opt.step()
+        with torch.no_grad():
+            return model(data[3]).pow(2).mean().item()
+
+    fd = torch.zeros(3, dtype=torch.float64)
+    for i in range(3):
+        e = torch.zeros(3, dtype=torch.float64)
+        e[i] = 1e-6
+        fd[i] = (truncated_val(A.detach() + e) - truncated_val(A.detach() - e)) / 2e-6
+    assert torch.allclose(got, fd, rtol=1e-5, atol=1e-9)
+    exact = torch.autograd.grad(val(full), A)[0]
+    assert not torch.allclose(got, exact, rtol=1e-3)  # truncation is biased, not exact
+    no_graph = unrolled_params(m1, train, K, optimizer, 0.05, truncate=0)
+    assert all(t.grad_fn is None for t in no_graph.values())
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_finite_difference_hypergradient_matches_the_unrolled_one(optimizer):
+    from torch.func import functional_call
+
+    from gradscope.strategies import hypergradient
+
+    m1, _, data, A = _hyper_models()
+    train = _train1(m1, data, A)
+
+    def val(p):
+        return torch.nn.functional.cross_entropy(functional_call(m1, p, (data[3],)), data[4])
+
+    exact = hypergradient(m1, A, train, val, steps=4, optimizer=optimizer, lr=0.05)
+    before = A.detach().clone()
+    fd = hypergradient(m1, A, train, val, steps=4, optimizer=optimizer, lr=0.05, method="finite_difference")
+    assert torch.equal(A.detach(), before)  # moved and put back exactly
+    assert torch.allclose(fd, exact, rtol=1e-6, atol=1e-9)
+    assert exact.abs().max() > 1e-3
+    with pytest.raises(GradscopeError, match="`truncate` applies to method='unrolled'"):
+        hypergradient(m1, A, train, val, method="finite_difference", truncate=1)
+
+
+def test_finite_difference_grad_restores_inputs_on_error_and_handles_views():
+    from gradscope.strategies import finite_difference_grad
+
+    a = torch.randn(3, 4, dtype=torch.float64).t()  # not contiguous
+    b = torch.tensor(0.5, dtype=torch.float64)
+    ga, gb = finite_difference_grad(lambda: (a.sin() * b).sum(), [a, b])
+    assert torch.allclose(ga, a.cos() * b, rtol=1e-8) and torch.allclose(gb, a.sin().sum(), rtol=1e-8)
+    before = a.clone()
+    calls = []
+
+    def boom():
+        calls.append(1)
+        if len(calls) == 3:
+            raise ValueError("boom")
+        return a.sum()
+
+    with pytest.raises(ValueError, match="boom"):
+        finite_difference_grad(boom, a)
+    assert torch.equal(a, before)
+    with pytest.raises(GradscopeError, match="`fn` must return a scalar"):
+        finite_difference_grad(lambda: a, a)
+
+
+def _pipeline(m1, m2, data, A, steps, *, hard_labels=False, truncate=None):
+    """The thread's pipeline: A weights M1's training, M1 labels M2's data, M2 is trained on it, and
+    the validation loss of M2 is the result. Composed from unrolled_params."""
+    from torch.func import functional_call
+
+    from gradscope.strategies import unrolled_params
+
+    x1, y1, x2, xv, yv = data
+    p1 = unrolled_params(m1, _train1(m1, data, A), steps, "adam", 0.05, truncate=truncate)
+    logits = functional_call(m1, p1, (x2,))
+    if hard_labels:  # the thread's torch.max(predictions, 2): integer labels, no gradient
+        labels = logits.argmax(-1)
+
+        def train2(p):
+            return torch.nn.functional.cross_entropy(functional_call(m2, p, (x2,)), labels)
+    else:
+        soft = logits.softmax(-1)
+
+        def train2(p):
+            return -(soft * functional_call(m2, p, (x2,)).log_softmax(-1)).sum(-1).mean()
+
+    p2 = unrolled_params(m2, train2, steps, "adam", 0.05, truncate=truncate)
+    return torch.nn.functional.cross_entropy(functional_call(m2, p2, (xv,)), yv)
+
+
+def _pipeline_by_torch_optim(m1, m2, data, A_value, steps):
+    """The same pipeline trained the ordinary way (torch.optim, no graph): the independent value."""
+    import copy
+
+    x1, y1, x2, xv, yv = data
+    a, b = copy.deepcopy(m1), copy.deepcopy(m2)
+    opt = torch.optim.Adam(a.parameters(), lr=0.05)
+    for _ in range(steps):
+        opt.zero_grad()
+        _weighted_ce(a(x1), y1, A_value).backward()
+        opt.step()
+    with torch.no_grad():
+        soft = a(x2).softmax(-1)
+    opt = torch.optim.Adam(b.parameters(), lr=0.05)
+    for _ in range(steps):
+        opt.zero_grad()
+        (-(soft * b(x2).log_softmax(-1)).sum(-1).mean()).backward()
+        opt.step()
+    with torch.no_grad():
+        return torch.nn.functional.cross_entropy(b(xv), yv).item()
+
+
+def test_the_users_pipeline_composed_from_unrolled_params_matches_finite_differences():
+    m1, m2, data, A = _hyper_models()
+    got = torch.autograd.grad(_pipeline(m1, m2, data, A, steps=3), A)[0]
+    fd = torch.zeros(3, dtype=torch.float64)
+    for i in range(3):
+        e = torch.zeros(3, dtype=torch.float64)
+        e[i] = 1e-6
+        up = _pipeline_by_torch_optim(m1, m2, data, A.detach() + e, 3)
+        down = _pipeline_by_torch_optim(m1, m2, data, A.detach() - e, 3)
+        fd[i] = (up - down) / 2e-6
+    assert torch.allclose(got, fd, rtol=1e-5, atol=1e-10)
+    assert got.abs().max() > 1e-4
+    # argmax labels carry no gradient: A is cut out exactly as the thread found
+    hard = _pipeline(m1, m2, data, A, steps=3, hard_labels=True)
+    assert torch.autograd.grad(hard, A, allow_unused=True) == (None,)

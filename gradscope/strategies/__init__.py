@@ -6,9 +6,13 @@ pattern                                    functions
 mixed second derivative, frozen model      :func:`mixed_grad` (``create_graph`` / ``forward_ad`` / ``split``),
                                            :func:`grad_of_input_grads` (the same, over many ``z_i``)
 loss over many outputs of one model        :func:`many_inputs_backward` (``stacked`` / ``two_pass``)
-hypergradient through optimizer steps      :func:`hypergradient`, :func:`unrolled_params`
-early release of penalty branches          :class:`PenaltyBranches` (``early`` / ``retain_graph`` / ``joint``)
-Jacobians                                  :func:`jacobian` (``loop`` / ``batched`` / ``jacrev`` / ``jacfwd`` / ``vmap``)
+hypergradient through optimizer steps      :func:`hypergradient` (``unrolled`` / ``finite_difference`` /
+                                           ``inplace``), :func:`unrolled_params` (``truncate=``),
+                                           :func:`finite_difference_grad`
+early release of penalty branches          :class:`PenaltyBranches` (``early`` / ``retain_graph`` / ``joint``),
+                                           ``backward(loss, scale=)``
+Jacobians                                  :func:`jacobian` (``loop`` / ``batched`` / ``repeat`` /
+                                           ``double_vjp`` / ``jacrev`` / ``jacfwd`` / ``vmap``)
 =========================================  ==================================================
 
 Example:
@@ -21,7 +25,13 @@ Example:
 
 from __future__ import annotations
 
-from gradscope.strategies.hyper import HYPERGRAD_METHODS, OPTIMIZERS, hypergradient, unrolled_params
+from gradscope.strategies.hyper import (
+    HYPERGRAD_METHODS,
+    OPTIMIZERS,
+    finite_difference_grad,
+    hypergradient,
+    unrolled_params,
+)
 from gradscope.strategies.jacobian import JACOBIAN_METHODS, jacobian
 from gradscope.strategies.many_inputs import MANY_INPUTS_METHODS, many_inputs_backward
 from gradscope.strategies.mixed import (
@@ -42,6 +52,7 @@ __all__ = [
     "OPTIMIZERS",
     "PENALTY_METHODS",
     "PenaltyBranches",
+    "finite_difference_grad",
     "frozen",
     "grad_of_input_grads",
     "hypergradient",
