@@ -46,6 +46,8 @@ _TANGENT_CASES = {
     "torch.mm": (lambda: lambda x: torch.mm(x, _W.T), (3, 16)),
     "bmm": (lambda: lambda x: torch.bmm(x, _W.T.expand(2, 16, 24)), (2, 3, 16)),
     "einsum": (lambda: lambda x: torch.einsum("bi,oi->bo", x, _W), (3, 16)),
+    "addmm": (lambda: lambda x: torch.addmm(_W[:, 0], x, _W.T), (3, 16)),
+    "addmm_alpha": (lambda: lambda x: torch.addmm(_W[:, 0], x, _W.T, beta=0.5, alpha=2.0), (3, 16)),
     "conv1d": (lambda: nn.Conv1d(4, 6, 3).double(), (2, 4, 9)),
     "conv2d_reflect": (lambda: nn.Conv2d(4, 6, 3, padding=1, padding_mode="reflect").double(), (2, 4, 5, 5)),
     "conv_transpose2d": (lambda: nn.ConvTranspose2d(4, 6, 3, stride=2).double(), (2, 4, 5, 5)),

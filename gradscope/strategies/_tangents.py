@@ -12,7 +12,7 @@ pass through a frozen model is one weight larger than its activations.
 
 The formula cannot be changed from outside PyTorch, but the tangent of an op that is linear in its one
 dual operand is that op applied to the tangent: ``linear(x, W, b)`` has tangent ``linear(x_t, W)``,
-``a @ W`` has ``a_t @ W``, ``conv(x, W, b)`` has ``conv(x_t, W)``. :func:`frozen_operand_tangents` is a
+``a @ W`` has ``a_t @ W``, ``conv(x, W, b)`` has ``conv(x_t, W)``, ``addmm(b, x, W)`` has ``x_t @ W``. :func:`frozen_operand_tangents` is a
 ``TorchFunctionMode`` that computes those ops on primal and tangent separately and rebuilds the dual
 output with ``make_dual``, so the zero tangent is never formed. It acts only when exactly one operand
 carries a tangent (the frozen-model case); anything else goes to PyTorch unchanged. Tangents equal
@@ -82,6 +82,8 @@ class _FrozenOperandTangents(TorchFunctionMode):
             out = _bilinear(torch.matmul, (args[1], args[0]), kwargs) if len(args) == 2 else None
         elif func is torch.einsum:
             out = _einsum(args, kwargs)
+        elif func in (torch.addmm, torch.Tensor.addmm):
+            out = _addmm(args, kwargs)
         else:
             out = None
         return func(*args, **kwargs) if out is None else out
@@ -125,6 +127,27 @@ def _bilinear(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
     return forward_ad.make_dual(primal, tangent)
 
 
+def _addmm(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
+    # addmm(bias, mat1, mat2, beta=, alpha=): GPT-2's Conv1D calls it directly with a frozen weight
+    if len(args) != 3 or set(kwargs) - {"beta", "alpha"}:
+        return None
+    bias, a, b = args
+    if _tangent(bias) is not None:
+        return None
+    a_t, b_t = _tangent(a), _tangent(b)
+    if (a_t is None) == (b_t is None):
+        return None
+    alpha = kwargs.get("alpha", 1)
+    if a_t is not None:
+        primal = torch.addmm(bias, _primal(a), b, **kwargs)
+        tangent = torch.mm(a_t, b)
+    else:
+        assert b_t is not None
+        primal = torch.addmm(bias, a, _primal(b), **kwargs)
+        tangent = torch.mm(a, b_t)
+    return forward_ad.make_dual(primal, tangent if alpha == 1 else tangent * alpha)
+
+
 def _einsum(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
     if kwargs or len(args) < 2 or not isinstance(args[0], str):
         return None
@@ -165,3 +188,4 @@ def _iter_ops() -> Iterator[Callable[..., Any]]:  # for tests: every op the mode
     yield from _BILINEAR
     yield _RMATMUL
     yield torch.einsum
+    yield torch.addmm
