@@ -867,3 +867,18 @@ def test_the_users_pipeline_composed_from_unrolled_params_matches_finite_differe
     # argmax labels carry no gradient: A is cut out exactly as the thread found
     hard = _pipeline(m1, m2, data, A, steps=3, hard_labels=True)
     assert torch.autograd.grad(hard, A, allow_unused=True) == (None,)
+
+
+def test_per_sample_scale_when_at_is_the_input_itself():
+    from gradscope.strategies import PenaltyBranches
+
+    trunk, _, _, x = _penalty_trunk()
+    s = torch.tensor([0.5, 2.0, 1.0, 3.0], dtype=torch.float64)
+    pb = PenaltyBranches("early")
+    pb.add(x.sin().pow(2).mean(), at=x)  # a penalty on the input, a leaf
+    h = torch.tanh(trunk[0](x))
+    pb.backward(h.pow(2).sum(), scale=s)
+    got = x.grad.clone()
+    x.grad = None
+    ((s * x.sin().pow(2).mean(1)).sum() / 4 + torch.tanh(trunk[0](x)).pow(2).sum()).backward()
+    assert torch.allclose(got, x.grad, rtol=1e-12, atol=1e-14)

@@ -215,9 +215,9 @@ class PenaltyBranches:
         leaves: list[torch.Tensor] = [n.variable for n in own_leaves]
         edges: list[tuple[Node, int]] = []
         for node, slots in ends.items():
-            if _is_leaf(node):
+            if _is_leaf(node) and node is not at_edge.node:
                 leaves.append(node.variable)
-            else:
+            else:  # a trunk tensor, or `at` itself even when it is a leaf (its gradient is per sample)
                 edges.extend((node, nr) for nr in sorted(slots))
         away = [(n, nr) for n, nr in edges if not (n is at_edge.node and nr == at_edge.output_nr)]
         if away and not _edge_roots():
