@@ -357,6 +357,10 @@ def test_state_snapshot_ignores_equal_values_and_sees_data_writes():
     assert torch.equal(bn.running_mean, torch.zeros(3)) and snap.changes() == []
     bn.momentum = 0.5
     assert [str(c) for c in snap.changes()] == ["bn.momentum (attribute) 0.1 -> 0.5"]
+    bn.cache = [1, 2]
+    assert "bn.cache (attribute) was added" in [str(c) for c in snap.changes()]
+    snap.restore()
+    assert bn.momentum == 0.1 and not hasattr(bn, "cache") and snap.changes() == []
 
 
 def test_conv_two_pass_still_matches_stacked_with_dropout_and_batch_norm():

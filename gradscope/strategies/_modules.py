@@ -135,6 +135,10 @@ class StateSnapshot:
 
     def restore(self) -> None:
         """Put back buffers and attributes (parameters changed in place cannot be: no copy is kept)."""
+        known = {(id(m), key) for m, _, key, kind, _ in self._entries if kind == "attribute"}
+        for m in {e[0]: None for e in self._entries}:
+            for k in [k for k in m.__dict__ if k not in _MODULE_INTERNALS and (id(m), k) not in known]:
+                del m.__dict__[k]  # added since the snapshot
         with torch.no_grad():
             for m, _, key, kind, then in self._entries:
                 if kind == "buffer":
