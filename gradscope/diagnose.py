@@ -255,23 +255,114 @@ def diagnose(
     return _Analysis(rec, namespace, top).run()
 
 
+# ----------------------------------------------------------------------------------------------
+# NOTE [ one accessor for what the recording held ]: everything the analysis knows about the
+# diagnosed moment comes from `_read`, which turns the recorder's data into the small frozen rows
+# below. Today that data is `Recording.extra["held"]` (rows of the allocations alive at the
+# moment), `extra["backward_calls"]` and `extra["oom"]`; when the recorder's typed allocation table
+# and backward-call facts replace them, only `_read` changes.
+@dataclass(frozen=True)
+class _Row:
+    """One allocation made inside the block and alive at the diagnosed moment."""
+
+    key: int  # storage key (tracker) or address (allocators), to match the user's live tensors
+    bytes: int
+    what: str  # "saved" | "gradient" | "backward" | "forward"
+    module: str | None = None
+    node_name: str | None = None
+    order: int = 0
+    shape: tuple[int, ...] | None = None
+    dtype: str | None = None
+    saved_kind: str = "activation"  # for saved rows: activation | parameter | input | buffer
+    reused: bool = False  # the key was allocated again after the moment: never match it
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One backward call made inside the block."""
+
+    api: str  # "backward" | "autograd.grad"
+    create_graph: bool
+    retain_graph: bool
+
+
+@dataclass(frozen=True)
+class _Held:
+    """What `_read` gives the analysis (see NOTE [ one accessor for what the recording held ])."""
+
+    moment: str  # "failure" | "peak" | "none"
+    live_bytes: int
+    rows: tuple[_Row, ...]
+    by_storage: bool  # keys are storage keys (tracker) rather than addresses
+    omitted: int  # smaller rows not listed one by one, summed below
+    omitted_by_kind: tuple[tuple[str, int], ...]
+    omitted_by_module: tuple[tuple[str, int], ...]
+    calls: tuple[_Call, ...]
+    budget: int | None = None
+    requested: int | None = None
+    where: str | None = None
+    budget_resident: int = 0
+    error: str | None = None  # why the recorder could not list live tensors
+
+
+def _read(rec: Recording) -> _Held:
+    """The one place that reads the recorder's data about the diagnosed moment."""
+    held = rec.extra.get("held") or {}
+    oom = rec.extra.get("oom") or {}
+    moment = held.get("moment", "none") if "rows" in held else "none"
+    if oom:
+        moment = "failure"  # even when it failed before anything was allocated
+    rows = tuple(
+        _Row(
+            key=int(r["key"]),
+            bytes=int(r["bytes"]),
+            what=str(r.get("what", "forward")),
+            module=r.get("module"),
+            node_name=r.get("node_name"),
+            order=int(r.get("order") or 0),
+            shape=None if r.get("shape") is None else tuple(int(d) for d in r["shape"]),
+            dtype=r.get("dtype"),
+            saved_kind=str(r.get("saved_kind") or "activation"),
+            reused=bool(r.get("reused")),
+        )
+        for r in held.get("rows", ())
+    )
+    calls = tuple(
+        _Call(str(c.get("api", "backward")), bool(c.get("create_graph")), bool(c.get("retain_graph")))
+        for c in rec.extra.get("backward_calls", ())
+    )
+    return _Held(
+        moment=moment,
+        live_bytes=int(held.get("live_bytes", 0)),
+        rows=rows,
+        by_storage=held.get("key_kind", "storage") == "storage",
+        omitted=int(held.get("omitted", 0)),
+        omitted_by_kind=tuple((str(k), int(b)) for k, b in (held.get("omitted_by_kind") or {}).items()),
+        omitted_by_module=tuple((str(k), int(b)) for k, b in (held.get("omitted_by_module") or {}).items()),
+        calls=calls,
+        budget=oom.get("budget"),
+        requested=oom.get("requested"),
+        where=oom.get("where"),
+        budget_resident=int(oom.get("resident", 0)),
+        error=held.get("error"),
+    )
+
+
 class _Analysis:
     def __init__(self, rec: Recording, namespace: Mapping[str, Any], top: int) -> None:
         self.rec = rec
         self.ns = {k: v for k, v in namespace.items() if isinstance(k, str) and not k.startswith("_")}
         self.top = top
-        held = rec.extra.get("held") or {}
-        self.moment = held.get("moment", "none") if "rows" in held else "none"
-        if rec.extra.get("oom"):
-            self.moment = "failure"  # even when it failed before anything was allocated
-        self.rows: list[dict[str, Any]] = list(held.get("rows", ()))
-        self.by_storage = held.get("key_kind", "storage") == "storage"
-        self.live = int(held.get("live_bytes", 0))
-        self.omitted = int(held.get("omitted", 0))
-        self.calls: list[dict[str, Any]] = list(rec.extra.get("backward_calls", ()))
+        self.held = _read(rec)
+        self.moment = self.held.moment
+        self.rows = self.held.rows
+        self.by_storage = self.held.by_storage
+        self.live = self.held.live_bytes
+        self.omitted = self.held.omitted
+        self.calls = self.held.calls
         self.notes: list[str] = []
-        if "error" in held:
-            self.notes.append(f"the recorder could not list live tensors: {held['error']}")
+        if self.held.error is not None:
+            self.notes.append(f"the recorder could not list live tensors: {self.held.error}")
 
     # ----- namespace ---------------------------------------------------------------------------
     def _key(self, t: torch.Tensor) -> int | None:
@@ -328,7 +419,7 @@ class _Analysis:
                             self.resident["optimizer state"][k] = int(t.untyped_storage().nbytes())
 
     def _holders(self) -> list[GraphHolder]:
-        live_keys = {r["key"]: r["bytes"] for r in self.rows if not r.get("reused")}
+        live_keys = {r.key: r.bytes for r in self.rows if not r.reused}
         out: list[GraphHolder] = []
         for name in sorted(self.ns):
             roots = _graph_roots(self.ns[name])
@@ -352,35 +443,33 @@ class _Analysis:
         held: list[HeldTensor] = []
         for r in self.rows:
             kind = self._kind(r)
-            kinds[kind] = kinds.get(kind, 0) + r["bytes"]
-            mod = r.get("module") or "(no module)"
-            modules[mod] = modules.get(mod, 0) + r["bytes"]
-            shape = r.get("shape")
+            kinds[kind] = kinds.get(kind, 0) + r.bytes
+            mod = r.module or "(no module)"
+            modules[mod] = modules.get(mod, 0) + r.bytes
             held.append(
                 HeldTensor(
-                    bytes=r["bytes"],
+                    bytes=r.bytes,
                     kind=kind,
-                    shape=None if shape is None else tuple(shape),
-                    dtype=r.get("dtype"),
-                    module=r.get("module"),
-                    node=r.get("node_name"),
-                    order=r.get("order"),
-                    variable=self.names.get(r["key"]) if self._matchable(r) else None,
-                    via=None if r.get("reused") else self.via.get(r["key"]),
+                    shape=r.shape,
+                    dtype=r.dtype,
+                    module=r.module,
+                    node=r.node_name,
+                    order=r.order if r.node_name is not None else None,
+                    variable=self.names.get(r.key) if self._matchable(r) else None,
+                    via=None if r.reused else self.via.get(r.key),
                 )
             )
         if self.omitted:
-            held_extra = self.rec.extra.get("held") or {}
-            for k, b in (held_extra.get("omitted_by_kind") or {}).items():
-                kinds[k] = kinds.get(k, 0) + int(b)
-            for m, b in (held_extra.get("omitted_by_module") or {}).items():
-                modules[m] = modules.get(m, 0) + int(b)
+            for k, b in self.held.omitted_by_kind:
+                kinds[k] = kinds.get(k, 0) + b
+            for m, b in self.held.omitted_by_module:
+                modules[m] = modules.get(m, 0) + b
             self.notes.append(
                 f"{self.omitted} smaller live tensors are counted by kind and module but "
                 "not listed one by one."
             )
         by_kind = tuple(sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0])))
-        inside = {r["key"] for r in self.rows if not r.get("reused")}
+        inside = {r.key for r in self.rows if not r.reused}
         resident = tuple(
             (k, sum(b for key, b in v.items() if key not in inside)) for k, v in self.resident.items()
         )
@@ -389,15 +478,14 @@ class _Analysis:
         resident = tuple((k, b) for k, b in resident if b > 0) if self.moment == "failure" else ()
         by_module = tuple(sorted(modules.items(), key=lambda kv: (-kv[1], kv[0]))[: self.top])
         findings = self._findings(kinds, holders)
-        oom = rec.extra.get("oom") or {}
         return Diagnosis(
             label=rec.label,
             moment=self.moment,
             live_bytes=self.live,
             resident_bytes=rec.baseline_bytes,
-            budget=oom.get("budget"),
-            requested=oom.get("requested"),
-            where=oom.get("where"),
+            budget=self.held.budget,
+            requested=self.held.requested,
+            where=self.held.where,
             error=rec.error,
             by_kind=by_kind,
             by_module=by_module,
@@ -406,44 +494,42 @@ class _Analysis:
             holders=tuple(holders[: self.top]),
             findings=tuple(findings),
             notes=tuple(self.notes),
-            budget_resident=int(oom.get("resident", 0)),
+            budget_resident=self.held.budget_resident,
         )
 
-    def _matchable(self, r: dict[str, Any]) -> bool:
+    def _matchable(self, r: _Row) -> bool:
         """Whether a row's key may be matched with the user's live tensors: only at a failure
         (nothing ran after it) and only if the key was not allocated again after the moment.
         After a peak, storages made outside any operator (``torch.tensor``) may reuse a key
         without any event saying so."""
-        return self.moment == "failure" and not r.get("reused")
+        return self.moment == "failure" and not r.reused
 
-    def _kind(self, r: dict[str, Any]) -> str:
-        named = self.kind_of_key.get(r["key"]) if self._matchable(r) else None
+    def _kind(self, r: _Row) -> str:
+        named = self.kind_of_key.get(r.key) if self._matchable(r) else None
         if named is not None:
             return named
-        what = r.get("what", "forward")
-        if what == "saved":
-            if (r.get("order") or 0) >= 1:
+        if r.what == "saved":
+            if r.order >= 1:
                 return "saved_order1"
-            sk = r.get("saved_kind", "activation")
-            return "saved" if sk == "activation" else f"saved_{sk}"
-        return str(what)
+            return "saved" if r.saved_kind == "activation" else f"saved_{r.saved_kind}"
+        return r.what
 
     def _findings(self, kinds: dict[str, int], holders: list[GraphHolder]) -> list[Finding]:
         out: list[Finding] = []
         rec = self.rec
         live = max(self.live, 1)
         # create_graph: nodes of order >= 1 and the forward activations they keep.
-        created = [c for c in self.calls if c.get("create_graph")]
+        created = [c for c in self.calls if c.create_graph]
         high = [n for n in rec.nodes if n.order >= 1]
         if created or high:
-            top_mods = _top_modules(r.get("module") for r in self.rows if (r.get("order") or 0) >= 1)
+            top_mods = _top_modules(r.module for r in self.rows if r.order >= 1)
             if not top_mods:
                 top_mods = _top_modules(n.module for n in high)
             mod = top_mods[0] if top_mods else None
             in_mod = sum(
-                r["bytes"]
+                r.bytes
                 for r in self.rows
-                if r.get("what") == "saved" and mod is not None and _top(r.get("module")) == mod
+                if r.what == "saved" and mod is not None and _top(r.module) == mod
             )
             order1 = kinds.get("saved_order1", 0)
             held_bytes = max(in_mod, order1)
@@ -524,7 +610,7 @@ class _Analysis:
                 )
             )
         # retain_graph
-        retained = [c for c in self.calls if c.get("retain_graph") and not c.get("create_graph")]
+        retained = [c for c in self.calls if c.retain_graph and not c.create_graph]
         if retained:
             saved_live = sum(v for k, v in kinds.items() if k.startswith("saved"))
             out.append(
@@ -548,9 +634,9 @@ class _Analysis:
         if acts >= 0.5 * live and not out:
             per: dict[str, int] = {}
             for r in self.rows:
-                if r.get("what") == "saved":
-                    m = _block(r.get("module"))
-                    per[m] = per.get(m, 0) + r["bytes"]
+                if r.what == "saved":
+                    m = _block(r.module)
+                    per[m] = per.get(m, 0) + r.bytes
             block, b = min(per.items(), key=lambda kv: (-kv[1], kv[0]))
             out.append(
                 Finding(
@@ -576,7 +662,7 @@ class _Analysis:
         accumulates into ``.grad``) and that were not among its inputs: they required grad for
         nothing, and the inputs of their layers were saved to compute weight gradients nobody asked
         for. Known from the recording alone (no namespace needed)."""
-        if not self.calls or any(c.get("api") != "autograd.grad" for c in self.calls):
+        if not self.calls or any(c.api != "autograd.grad" for c in self.calls):
             return []
         per: dict[str, list[str]] = {}
         for n in self.rec.nodes:
@@ -585,7 +671,7 @@ class _Analysis:
         out: list[Finding] = []
         for mod, leaves in sorted(per.items()):
             saved = sum(
-                r["bytes"] for r in self.rows if r.get("what") == "saved" and _top(r.get("module")) == mod
+                r.bytes for r in self.rows if r.what == "saved" and _top(r.module) == mod
             )
             out.append(
                 Finding(
@@ -612,8 +698,8 @@ class _Analysis:
         leaves = {n.leaf for n in self.rec.nodes if n.leaf and n.leaf != "input"}
         mods_with_saves: dict[str, int] = {}
         for r in self.rows:
-            if r.get("what") == "saved" and r.get("module"):
-                mods_with_saves[r["module"]] = mods_with_saves.get(r["module"], 0) + r["bytes"]
+            if r.what == "saved" and r.module:
+                mods_with_saves[r.module] = mods_with_saves.get(r.module, 0) + r.bytes
         seen: set[int] = set()
         for name, m in self.modules:
             if id(m) in seen:
