@@ -389,12 +389,10 @@ class _Analysis:
             elif isinstance(v, torch.optim.Optimizer):
                 self.optimizers.append((name, v))
         self.resident: dict[str, dict[int, int]] = {"parameters": {}, "gradients": {}, "optimizer state": {}}
-        leaves = {n.leaf for n in self.rec.nodes if n.leaf and n.leaf != "input"}
-        roots = {_top(n.module) for n in self.rec.nodes if n.module}
+        self.roots = _root_names(self.rec)
         for name, m in self.modules:
-            params = list(m.named_parameters())
-            if name not in roots and _prefix_of(name, m, params, leaves) is None:
-                continue  # a model that took no part in this recording
+            if name not in self.roots:
+                continue  # a model that took no part in this recording (see NOTE [ modules by identity ])
             for t in (*m.parameters(), *m.buffers()):
                 k = self._key(t)
                 if k is not None:
@@ -419,6 +417,10 @@ class _Analysis:
                             self.resident["optimizer state"][k] = int(t.untyped_storage().nbytes())
 
     def _holders(self) -> list[GraphHolder]:
+        """Variables whose graphs save tensors this recording allocated and that were alive at the
+        diagnosed moment. A variable from an earlier cell holding graphs of its own (``dfdz: 8
+        graphs``) is not a holder of this recording: none of its saved storages can be one of
+        this block's live allocations, since both would be alive at once under one key."""
         live_keys = {r.key: r.bytes for r in self.rows if not r.reused}
         out: list[GraphHolder] = []
         for name in sorted(self.ns):
@@ -426,10 +428,12 @@ class _Analysis:
             if not roots:
                 continue
             saved = _saved_storages(roots, self._key)
-            for k, (_nbytes, _) in saved.items():
+            mine = {k: b for k, b in saved.items() if live_keys.get(k) == b}
+            if not mine:
+                continue
+            for k in mine:
                 self.via.setdefault(k, name)
-            live = sum(b for k, (b, _) in saved.items() if live_keys.get(k) == b)
-            out.append(GraphHolder(name, len(roots), sum(b for b, _ in saved.values()), live))
+            out.append(GraphHolder(name, len(roots), sum(saved.values()), sum(mine.values())))
         out.sort(key=lambda h: (-h.live_bytes, -h.saved_bytes, h.variable))
         return out
 
@@ -437,7 +441,7 @@ class _Analysis:
     def run(self) -> Diagnosis:
         rec = self.rec
         self._namespace_objects()
-        holders = [h for h in self._holders() if h.saved_bytes > 0]
+        holders = self._holders()
         kinds: dict[str, int] = {}
         modules: dict[str, int] = {}
         held: list[HeldTensor] = []
@@ -695,7 +699,6 @@ class _Analysis:
         for _, opt in self.optimizers:
             for g in opt.param_groups:
                 trained.update(id(p) for p in g["params"])
-        leaves = {n.leaf for n in self.rec.nodes if n.leaf and n.leaf != "input"}
         mods_with_saves: dict[str, int] = {}
         for r in self.rows:
             if r.what == "saved" and r.module:
@@ -712,14 +715,10 @@ class _Analysis:
             eval_mode = not m.training
             if not (untrained or eval_mode):
                 continue
-            prefix = _prefix_of(name, m, params, leaves)
-            if prefix is None:
-                continue  # it did not take part in this recording's graph
-            saved = sum(
-                b
-                for mod, b in mods_with_saves.items()
-                if prefix == "" or mod == prefix or mod.startswith(prefix + ".")
-            )
+            if name not in self.roots:
+                continue  # it did not take part in this recording (see NOTE [ modules by identity ])
+            prefix = name
+            saved = sum(b for mod, b in mods_with_saves.items() if mod == prefix or mod.startswith(prefix + "."))
             grads = sum(p.numel() * p.element_size() for _, p in params)
             why = "no optimizer trains its parameters" if untrained else "it is in eval() mode"
             out.append(
@@ -747,7 +746,8 @@ class _Analysis:
 # ----- helpers ---------------------------------------------------------------------------------
 def _graph_roots(v: Any) -> list[Any]:
     """Distinct grad_fn nodes of the tensors a variable holds (itself, or items of a list,
-    tuple or dict); the nodes are returned only for the walk and never stored."""
+    tuple or dict); the nodes are returned only for the walk and never stored. The node objects
+    are held while they are compared (see NOTE [ walking a graph by node objects ])."""
     items: Iterable[Any]
     if isinstance(v, torch.Tensor):
         items = (v,)
@@ -764,16 +764,25 @@ def _graph_roots(v: Any) -> list[Any]:
     return list(roots.values())
 
 
-def _saved_storages(roots: list[Any], key_of: Any) -> dict[int, tuple[int, None]]:
-    """Storages saved by the nodes reachable from ``roots`` (iterative walk; each storage once)."""
-    out: dict[int, tuple[int, None]] = {}
-    seen: set[int] = set()
+# NOTE [ walking a graph by node objects ]: on some PyTorch versions the Python object of a C++
+# autograd node exists only while something references it: `next_functions` makes a new one at each
+# call, and once it is dropped its `id()` can be given to the next one. A walk that remembers
+# visited nodes by `id()` alone then takes a new node for one it has seen and skips it (a list of
+# losses was reported holding 132,608 bytes instead of 4,103,680). So the walk keeps every node
+# object it visits until it ends: while one is held, the same C++ node gives back the same object,
+# and no other object can have its `id()`. The objects are dropped in the order they were found
+# (roots first), which PyTorch frees safely.
+def _saved_storages(roots: list[Any], key_of: Any) -> dict[int, int]:
+    """Bytes of the storages saved by the nodes reachable from ``roots``, by key (iterative
+    walk; each storage once; see NOTE [ walking a graph by node objects ])."""
+    out: dict[int, int] = {}
+    seen: dict[int, Any] = {}  # id -> the node object itself, held until the walk ends
     stack = list(roots)
     while stack and len(seen) < _MAX_NODES:
         fn = stack.pop()
         if id(fn) in seen:
             continue
-        seen.add(id(fn))
+        seen[id(fn)] = fn
         for attr in dir(fn):
             if not attr.startswith("_saved_"):
                 continue
@@ -785,7 +794,7 @@ def _saved_storages(roots: list[Any], key_of: Any) -> dict[int, tuple[int, None]
                 if isinstance(t, torch.Tensor):
                     k = key_of(t)
                     if k is not None:
-                        out[k] = (int(t.untyped_storage().nbytes()), None)
+                        out[k] = int(t.untyped_storage().nbytes())
         for nxt, _ in fn.next_functions:
             if nxt is not None and id(nxt) not in seen:
                 stack.append(nxt)
@@ -813,14 +822,19 @@ def _block(module: str | None) -> str:
     return ".".join(parts[:-1]) if len(parts) > 1 else module
 
 
-def _prefix_of(name: str, m: nn.Module, params: list[tuple[str, Any]], leaves: set[str]) -> str | None:
-    """The prefix the recording gives this module's parameters (the variable name when the
-    recording was told it, else its class name, else none when it was the only root)."""
-    for prefix in (name, type(m).__name__, ""):
-        full = [f"{prefix}.{n}" if prefix else n for n, _ in params]
-        if any(f in leaves for f in full):
-            return prefix
-    return None
+# NOTE [ modules by identity ]: a variable of the user's is taken for one of the recording's
+# models only when the recording names a root module by that very variable: the recorder names
+# roots by identity (the object given with ``modules={"G": G}``, which the notebook extension passes
+# for every model in the namespace, or found among the variables where the block ends). Never by
+# class name (``cnn`` and ``big`` are both ``Sequential``: a cell using only ``big`` once reported
+# "``cnn`` looks frozen") and never by parameter names alone (every ``nn.Sequential`` has a
+# ``0.weight``). A root the recorder could not name by a variable (a class name such as
+# ``Sequential``, or the paths of a single unnamed root) is matched with no variable.
+def _root_names(rec: Recording) -> set[str]:
+    """The first components of the recording's module paths and parameter names."""
+    out = {_top(n.module) for n in rec.nodes if n.module}
+    out |= {n.leaf.split(".")[0] for n in rec.nodes if n.leaf and n.leaf != "input" and "." in n.leaf}
+    return {r for r in out if r}
 
 
 def _held_order(t: HeldTensor) -> tuple[Any, ...]:
