@@ -98,7 +98,12 @@ class GraphHolder:
 
 @dataclass(frozen=True)
 class Finding:
-    """One pattern found, with its culprit and what to do."""
+    """One pattern found, with its culprit and what to do.
+
+    ``bytes`` is what the culprit held at the diagnosed moment; ``saves_bytes`` the predicted drop
+    of the peak if the fix is applied (None where it is not predicted yet: the scenario suite in
+    ``tests/scenarios`` holds the measured savings it must come within 25 % of).
+    """
 
     pattern: str
     bytes: int
@@ -107,6 +112,7 @@ class Finding:
     code: str
     variable: str | None = None
     module: str | None = None
+    saves_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -200,6 +206,8 @@ class Diagnosis:
             for i, f in enumerate(self.findings, 1):
                 lines.append(f"  {i}. [{f.pattern}] {f.message}")
                 lines.append(f"     suggestion: {f.suggestion}")
+                if f.saves_bytes is not None:
+                    lines.append(f"     saves: {format_bytes(f.saves_bytes)} of the peak ({f.saves_bytes} bytes)")
                 if f.code:
                     lines.append(f"     code: {f.code}")
         else:

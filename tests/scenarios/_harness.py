@@ -26,6 +26,7 @@ import dataclasses
 import fnmatch
 import re
 import sys
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -274,23 +275,30 @@ def run(
     return Run(state, returned, error, recording, captured)
 
 
-def diagnose_user(scenario: Scenario, *, budget: bool) -> tuple[Any, Run]:
+def diagnose_user(scenario: Scenario, *, budget: bool, modules: bool = True) -> tuple[Any, Run, list[str]]:
     """The diagnosis of the user's code as a notebook user gets it: the state's models named by
     their variables, the namespace being the state and the code's locals (see NOTE [ the user's
     variables at the diagnosed moment ]); at the failing allocation when ``budget`` is set,
-    else at the peak of a plain recording."""
-    r = run(
-        scenario,
-        scenario.user,
-        memory="tracker" if budget else "cpu",
-        budget=scenario.budget if budget else None,
-        modules=True,
-        keep_locals=True,
-    )
+    else at the peak of a plain recording. ``modules=False`` records as a script does, with a
+    plain ``gs.record()`` that is told no names. Also returns the warnings ``gs.diagnose`` itself
+    raised (the user's own code may warn; gradscope must not)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the user's code (seed 002 warns about create_graph)
+        r = run(
+            scenario,
+            scenario.user,
+            memory="tracker" if budget else "cpu",
+            budget=scenario.budget if budget else None,
+            modules=modules,
+            keep_locals=True,
+        )
     if budget:
         assert isinstance(r.error, gs.MemoryBudgetExceeded), f"{scenario.name}: the user's code fit the budget"
     namespace = {**r.state, **r.locals}
-    return gs.diagnose(r.recording, namespace=namespace), r
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        d = gs.diagnose(r.recording, namespace=namespace)
+    return d, r, [f"{w.category.__name__}: {w.message}" for w in caught]
 
 
 # ----- results --------------------------------------------------------------------------------

@@ -49,8 +49,8 @@ def measure(s: Scenario, diagnose: bool) -> None:
         )
     if diagnose:
         for budget in ([True, False] if s.budget else [False]):
-            d, _ = diagnose_user(s, budget=budget)
-            print(f"  diagnosis ({'budget' if budget else 'peak'}):")
+            d, _, warned = diagnose_user(s, budget=budget)
+            print(f"  diagnosis ({'budget' if budget else 'peak'}):" + (f" WARNED {warned}" if warned else ""))
             for f in d.findings:
                 print(f"    [{f.pattern}] {f.message[:150]}")
                 print(f"       code: {f.code}")
