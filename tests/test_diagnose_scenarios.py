@@ -174,6 +174,7 @@ _NOT_RIGHT_TODAY = {
     "adam_state": "says opt.zero_grad(set_to_none=True), which does not lower the peak",
     "huge_batch": "says checkpoint(model, x), which does not lower the peak; micro-batches are not suggested",
     "gan_fake_not_detached": "says mixed_grad(f, D, ...) and D.requires_grad_(False); G(z).detach() is not suggested",
+    "deep_batchnorm": "says a plain checkpoint(model[0], x): batch norm's statistics would move twice",
 }
 _FINDS_SOMETHING_TODAY = {
     "s000_one_z": "suggests forward AD, which peaks at 2.2 MB against create_graph's 0.29 MB",
@@ -199,6 +200,7 @@ _WRONG_ADVICE_TODAY = {
     "huge_batch": "checkpoint(model, x) at the failure, which does not lower the peak",
     "gan_gradient_penalty": "mixed_grad forward AD through D",
     "gan_fake_not_detached": "D.requires_grad_(False) at the failure (before loss_D.backward ran)",
+    "deep_batchnorm": "a plain checkpoint(model[0], x), which counts batch norm twice",
 }
 _NO_SAVES_BYTES = "Finding.saves_bytes is not computed yet (needs the core's allocation replay)"
 

@@ -58,7 +58,8 @@ ADVICE_KINDS: dict[str, str] = {
     "no_grad_or_freeze": r"no_grad\(\)|requires_grad_\(False\)",
     "item": r"\.item\(\)",
     "detach": r"\.detach\(\)",
-    "checkpoint": r"checkpoint\(",
+    "checkpoint": r"checkpoint\((?![^\n]*context_fn)",  # plain: batch norm counts the recompute too
+    "checkpoint_bn_exact": r"checkpoint\([^\n]*context_fn",  # the recompute leaves running stats as they were
     "two_pass": r"many_inputs_backward\(.*two_pass",
     "penalty_branches": r"PenaltyBranches\(",
     "jacobian": r"(?<!\.)jacobian\(",

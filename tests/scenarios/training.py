@@ -1,15 +1,18 @@
 """Everyday training code: lists of losses, gradient accumulation, evaluation without ``no_grad``,
 a pretrained backbone left trainable, ``retain_graph`` in a loop, optimizer state, one huge batch,
-and a plain step that fits (the right answer there is no finding).
+a deep batch-norm network, and a plain step that fits (the right answer there is no finding).
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
+from torch.nn.modules.batchnorm import _NormBase
 from torch.utils.checkpoint import checkpoint
 
 from ._harness import Advice, Scenario, Wrong
@@ -378,6 +381,79 @@ def huge_no_grad(model: nn.Module, opt: Any, x: torch.Tensor, y: torch.Tensor) -
     return loss.detach()
 
 
+# ----- a deep batch-norm network on one batch: checkpointing, with batch norm kept exact ----------------
+def setup_deep_bn() -> dict[str, Any]:
+    torch.manual_seed(0)
+    blocks = [nn.Sequential(nn.Linear(256, 256), nn.BatchNorm1d(256), nn.ReLU()) for _ in range(8)]
+    model = nn.Sequential(*blocks, nn.Linear(256, 10))
+    return {
+        "model": model,
+        "opt": torch.optim.SGD(model.parameters(), lr=0.1),
+        "x": torch.randn(512, 256),
+        "y": torch.randint(0, 10, (512,)),
+    }
+
+
+@contextlib.contextmanager
+def batch_norm_stats_restored(module: nn.Module) -> Iterator[None]:
+    """Put the batch-norm running statistics back after the recompute, which updated them again."""
+    kept = [(m, [b.clone() for b in m.buffers()]) for m in module.modules() if isinstance(m, _NormBase)]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for m, bufs in kept:
+                for b, v in zip(m.buffers(), bufs, strict=True):
+                    b.copy_(v)
+
+
+def deep_bn_checkpointed(model: nn.Module, opt: Any, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    h = x
+    for block in model[:-1]:  # type: ignore[index]
+        h = checkpoint(
+            block,
+            h,
+            use_reentrant=False,
+            context_fn=lambda b=block: (contextlib.nullcontext(), batch_norm_stats_restored(b)),
+        )
+    loss = F.cross_entropy(model[-1](h), y)  # type: ignore[index]
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return loss.detach()
+
+
+DEEP_BN_FIX = (
+    "for block in model[:-1]:\n"
+    "    h = checkpoint(block, h, use_reentrant=False, context_fn=lambda: (nullcontext(), "
+    "batch_norm_stats_restored(block)))   # the recompute must not move running_mean / num_batches_tracked"
+)
+
+
+def deep_bn_plain_checkpoint(model: nn.Module, opt: Any, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Plain checkpointing: each block's batch norm updates its running statistics twice."""
+    h = x
+    for block in model[:-1]:  # type: ignore[index]
+        h = checkpoint(block, h, use_reentrant=False)
+    loss = F.cross_entropy(model[-1](h), y)  # type: ignore[index]
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return loss.detach()
+
+
+def deep_bn_micro_batches(model: nn.Module, opt: Any, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Micro-batches: batch norm normalizes each micro-batch by its own statistics (another model)."""
+    opt.zero_grad()
+    total = torch.zeros(())
+    for xb, yb in zip(x.chunk(4), y.chunk(4), strict=True):
+        loss = F.cross_entropy(model(xb), yb) / 4
+        loss.backward()
+        total += loss.detach()
+    opt.step()
+    return total
+
+
 # ----- a plain training step that fits ---------------------------------------------------------------------
 def setup_plain() -> dict[str, Any]:
     torch.manual_seed(0)
@@ -564,6 +640,34 @@ SCENARIOS = [
         peak_fix=3958836,
         budget=10378240,
         rtol=1e-4,
+    ),
+    Scenario(
+        name="deep_batchnorm",
+        title="one step of 8 x (Linear 256, BatchNorm1d, ReLU) on a batch of 512: checkpointing, batch norm exact",
+        origin="common",
+        setup=setup_deep_bn,
+        user=huge,
+        fix=deep_bn_checkpointed,
+        fix_code=DEEP_BN_FIX,
+        right=(Advice("checkpoint_bn_exact"),),
+        wrong=(
+            Wrong(
+                Advice("checkpoint"),
+                deep_bn_plain_checkpoint,
+                "changes the result",
+                "plain checkpointing runs each block's forward again: batch norm's running statistics move "
+                "twice (num_batches_tracked 2 instead of 1)",
+            ),
+            Wrong(
+                Advice("backward_per_micro_batch"),
+                deep_bn_micro_batches,
+                "changes the result",
+                "batch norm normalizes each micro-batch by its own mean and variance: other gradients",
+            ),
+        ),
+        peak_user=9465904,
+        peak_fix=6351352,
+        budget=7700 * 1024,
     ),
     Scenario(
         name="plain_step",
