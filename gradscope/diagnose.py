@@ -4,8 +4,10 @@ The recording says what was live then (see NOTE [ what is live at the failing mo
 ``gradscope._held``): saved tensors with their node, module and order; gradients; what backward
 made; forward results nobody saved. The user's namespace (by default the caller's variables; the
 notebook passes its user namespace) adds what only the live objects know: which variable holds
-which graphs, which optimizer owns which state, which models still require grad outside an
-optimizer. Patterns found:
+this recording's graphs, which optimizer owns which state, which models still require grad
+outside an optimizer (models are matched by identity, see NOTE [ modules by identity ]). All
+recorder data is read through one accessor (see NOTE [ one accessor for what the recording
+held ]). Patterns found:
 
 - ``create_graph``: a backward with ``create_graph=True`` built nodes of order >= 1 that keep the
   forward activations alive (mixed second derivatives through a frozen model: forward AD);
