@@ -379,3 +379,13 @@ def test_the_graph_walk_holds_its_node_objects_so_ids_are_never_reused() -> None
         _RecycledNode.pool.clear()
     assert len(found) == 50  # a walk that forgot its nodes found 3: the fourth reused the second's id
     assert sum(found.values()) == sum(t.untyped_storage().nbytes() for t in chain) == 6900
+
+
+def test_the_budget_error_gives_sizes_in_binary_units_with_bytes_in_parentheses() -> None:
+    e = gs.MemoryBudgetExceeded(65536, 224288, 52428800, where="aten::tanh")
+    assert str(e) == (
+        "gradscope: simulated device out of memory: tried to allocate 64.0 KiB (65536 bytes) with "
+        "219.0 KiB live (224288 bytes) of a 50.0 MiB budget (52428800 bytes) (in aten::tanh). "
+        "Call gs.diagnose(rec.recording) to see what held the memory."
+    )
+    assert (e.requested, e.live, e.budget) == (65536, 224288, 52428800)
