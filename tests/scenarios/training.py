@@ -6,7 +6,6 @@ a deep batch-norm network, and a plain step that fits (the right answer there is
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -394,15 +393,21 @@ def setup_deep_bn() -> dict[str, Any]:
     }
 
 
-@contextlib.contextmanager
-def batch_norm_stats_restored(module: nn.Module) -> Iterator[None]:
-    """Put the batch-norm running statistics back after the recompute, which updated them again."""
-    kept = [(m, [b.clone() for b in m.buffers()]) for m in module.modules() if isinstance(m, _NormBase)]
-    try:
-        yield
-    finally:
+class batch_norm_stats_restored:  # noqa: N801 - a context manager, read like a function
+    """Put the batch-norm running statistics back after the recompute, which updated them again.
+
+    A class rather than a generator: checkpoint enters the same object at every recompute."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.norms = [m for m in module.modules() if isinstance(m, _NormBase)]
+        self.kept: list[list[torch.Tensor]] = []
+
+    def __enter__(self) -> None:
+        self.kept = [[b.clone() for b in m.buffers()] for m in self.norms]
+
+    def __exit__(self, *exc: object) -> None:
         with torch.no_grad():
-            for m, bufs in kept:
+            for m, bufs in zip(self.norms, self.kept, strict=True):
                 for b, v in zip(m.buffers(), bufs, strict=True):
                     b.copy_(v)
 
