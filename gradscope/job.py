@@ -245,6 +245,8 @@ class SizeDifference:
     heavy: int
     light: int
     input: str  # which saved input was compared: "AddmmBackward0._saved_mat1 in fnet.0"
+    # ``what`` may also be "first saved activation" (``heavy``/``light`` are element counts, when
+    # no input was saved), see _first_saved_difference
 
     @property
     def ratio(self) -> float:
@@ -403,7 +405,34 @@ def _size_differences(heavy: Recording, light: Recording) -> tuple[SizeDifferenc
             return tuple(out)
     if heavy.baseline_bytes > light.baseline_bytes and not common:
         return (SizeDifference("resident inputs", heavy.baseline_bytes, light.baseline_bytes, "baseline bytes"),)
+    if not hi or not lo:
+        first = _first_saved_difference(heavy, light)
+        return () if first is None else (first,)
     return ()
+
+
+def _first_saved_difference(heavy: Recording, light: Recording) -> SizeDifference | None:
+    """When no input was saved (the first op copies or reshapes it), the first tensor saved in
+    forward under the same (module, node, attribute) on both ranks whose shapes differ."""
+    lo: dict[tuple[str, str, str], tuple[int, ...]] = {}
+    for s in light.saved:
+        name = light.nodes[s.node].name if 0 <= s.node < len(light.nodes) else "?"
+        lo.setdefault((s.module or "", name, s.attribute), s.shape)
+    seen: set[tuple[str, str, str]] = set()
+    for s in heavy.saved:  # in the order they were saved
+        name = heavy.nodes[s.node].name if 0 <= s.node < len(heavy.nodes) else "?"
+        key = (s.module or "", name, s.attribute)
+        if key in seen:
+            continue
+        seen.add(key)
+        other = lo.get(key)
+        if other is None or len(other) != len(s.shape) or other == s.shape:
+            continue
+        a, b = math.prod(s.shape), math.prod(other)
+        where = (f"{name}.{s.attribute}" + (f" in {key[0]}" if key[0] else "")
+                 + f" {list(s.shape)} vs {list(other)}")
+        return SizeDifference("first saved activation", a, b, where)
+    return None
 
 
 def _dim_name(d: int, ndim: int, dtype: str) -> str:
@@ -422,6 +451,8 @@ def _times(ratio: float) -> str:
 
 
 def _size_phrase(s: SizeDifference) -> str:
+    if s.what == "first saved activation":
+        return f"its first saved activation is {_times(s.ratio)} as large ({s.input})"
     if s.what == "resident inputs":
         return (f"it started with {format_bytes(s.heavy - s.light)} more resident before its block "
                 f"({format_bytes(s.heavy)} vs {format_bytes(s.light)}: larger inputs)")

@@ -494,3 +494,32 @@ def test_job_page_in_a_real_browser(jobs: dict[str, Any], tmp_path: Path) -> Non
     assert rows == 1 + 4 and lines == 4 and blocked == []
     assert sentence == job_view(job).imbalance.sentence
     assert box is not None and box["width"] >= 700 and box["height"] >= 200
+
+
+class _SeqModel(nn.Module):
+    """Attention-style first op: the (batch, sequence, features) input is transposed and copied,
+    so the graph saves the copy (an activation), never the input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x.transpose(0, 1).reshape(-1, 16)).tanh()
+
+
+def test_without_a_saved_input_the_first_saved_activation_explains_the_imbalance() -> None:
+    recs = []
+    for seq in (8, 24):
+        torch.manual_seed(0)
+        enc = _SeqModel()
+        x = torch.randn(2, seq, 16)
+        with gs.record(memory="tracker", modules={"enc": enc}) as rec:
+            enc(x).sum().backward()
+        assert rec.recording is not None
+        assert not [s for s in rec.recording.saved if s.kind.value == "input"]
+        recs.append(rec.recording)
+    imb = job_view(Job(tuple(RankEntry(i, RankStatus.COMPLETE, r) for i, r in enumerate(recs)))).imbalance
+    assert imb is not None and imb.heaviest == 1
+    assert ("its first saved activation is 3.0x as large (AddmmBackward0._saved_mat1 in enc.proj [48, 16] vs "
+            "[16, 16])") in imb.sentence
