@@ -525,7 +525,8 @@ def _series(rank: int, r: Recording) -> TimelineSeries:
             picks = {0, min(range(len(chunk)), key=lambda j: chunk[j][1]),
                      max(range(len(chunk)), key=lambda j: chunk[j][1])}
             kept.extend(chunk[j] for j in sorted(picks))
-        kept.append(raw[-1]) if kept[-1] != raw[-1] else None
+        if kept[-1] != raw[-1]:
+            kept.append(raw[-1])
         raw = kept
     peak_t = None if r.peak is None or not math.isfinite(r.peak.t_s) else max(0.0, r.peak.t_s - t0)
     return TimelineSeries(rank, tuple((round(t, 9), v) for t, v in raw), peak_t)

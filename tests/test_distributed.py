@@ -523,3 +523,18 @@ def test_without_a_saved_input_the_first_saved_activation_explains_the_imbalance
     assert imb is not None and imb.heaviest == 1
     assert ("its first saved activation is 3.0x as large (AddmmBackward0._saved_mat1 in enc.proj [48, 16] vs "
             "[16, 16])") in imb.sentence
+
+
+def test_timelines_are_downsampled_without_losing_the_peak() -> None:
+    from gradscope.recording import MemoryPoint, Peak, Phase, Recording
+
+    lives = [(i * 7919) % 10007 for i in range(20_000)]
+    top = max(range(len(lives)), key=lambda i: lives[i])
+    rec = Recording(timeline=tuple(MemoryPoint(1.0 + i * 1e-4, v, Phase.FORWARD, "op") for i, v in enumerate(lives)),
+                    peak_bytes=lives[top], peak=Peak(lives[top], Phase.FORWARD, 1.0 + top * 1e-4))
+    series = job_view(Job((RankEntry(0, RankStatus.COMPLETE, rec),))).timelines[0]
+    assert len(series.points) <= 700
+    assert max(v for _, v in series.points) == lives[top] and min(v for _, v in series.points) == min(lives)
+    assert series.points[0] == (0.0, lives[0]) and series.points[-1][1] == lives[-1]
+    assert [t for t, _ in series.points] == sorted(t for t, _ in series.points)
+    assert series.peak_t_s == pytest.approx(top * 1e-4)
