@@ -234,12 +234,14 @@ def test_predict_job_matches_the_recorded_peak_of_every_rank(jobs: dict[str, Any
     units = [m for m in model if isinstance(m, nn.Linear)] if strategy == "fsdp" else None
     p = gs.predict_job(train_step, model, [batch(scenario, phase, r) for r in range(world)], strategy=strategy,
                        optimizer=_adam, units=units)
-    # NOTE [ a free on gloo's thread ]: FSDP's reduce-scatter input may be released by gloo's own
-    # worker thread when the collective completes there; the CPU memory source counts the block's
-    # thread only, so that free is not seen and the recorded peak can stay one such buffer higher
-    # (measured on some runs, on one rank: +10,280 B or +263,168 B). The prediction never counts
-    # more than the recording, and at most 2 % plus one unit's bytes less.
-    slack = max(_bytes(u.parameters()) for u in units) if units else 0
+    # NOTE [ communication buffers in flight ]: on gloo the recorded FSDP peak varies from run to
+    # run by a communication buffer or two: a collective's buffers live until gloo completes it,
+    # which program order cannot know, and a buffer that gloo's own thread releases is not seen by
+    # the CPU memory source, which follows the block's thread (measured: +10,280 to +263,168 B on
+    # one rank of a run; 3 of 24 repeated steps of one job differed by 12,336 B even counting
+    # every thread). The prediction is program order: never more than the recording, and at most
+    # 2 % plus two of the largest unit's parameter bytes less.
+    slack = 2 * max(_bytes(u.parameters()) for u in units) if units else 0
     errors = []
     for r in range(world):
         rec = job.recordings[r]
@@ -317,7 +319,7 @@ def test_predict_job_refuses_what_it_cannot_predict() -> None:
     with pytest.raises(gs.GradscopeError, match="not a submodule"):
         gs.predict_job(train_step, model, [x], strategy="fsdp", units=[nn.Linear(2, 2)])
     with pytest.raises(gs.GradscopeError, match="could not run on meta tensors"):
-        gs.predict_job(lambda m, b: float(m(b[0]).sum()), model, [x])
+        gs.predict_job(lambda m, b: m(b[0]).detach().sum().item(), model, [x])
 
 
 # ----- gather in one process, load_ranks, the page ---------------------------------------------
