@@ -68,7 +68,7 @@ def gather(
 
     Returns:
         On ``dst``, a :class:`~gradscope.job.Job` with one entry per rank of the group, ordered
-        by group rank: complete, failed (its block raised: the partial recording, ``message`` is
+        by group rank (``global_rank`` says each one's rank in the default group): complete, failed (its block raised: the partial recording, ``message`` is
         its error), missing (never arrived: ``message`` says why) or unreadable. On other ranks,
         None.
 
@@ -228,10 +228,14 @@ def _receive(own: Recording | None, me: int, world: int, group: Any, device: tor
             continue
         entries[r] = _decode(r, kind, buf.cpu().numpy().tobytes())
     notes = []
+    if group is not None:  # ranks in the job are group ranks; say which global rank each is
+        entries = {r: dataclasses.replace(e, global_rank=dist.get_global_rank(group, r))
+                   for r, e in entries.items()}
     for entry in entries.values():
         rec = entry.recording
-        if rec is not None and rec.where.rank is not None and group is None and rec.where.rank != entry.rank:
-            notes.append(f"rank {entry.rank} sent a recording made on rank {rec.where.rank}.")
+        expected = entry.rank if entry.global_rank is None else entry.global_rank
+        if rec is not None and rec.where.rank is not None and rec.where.rank != expected:
+            notes.append(f"rank {expected} sent a recording made on rank {rec.where.rank}.")
     return Job(tuple(entries[r] for r in range(world)), label=label, notes=tuple(notes))
 
 

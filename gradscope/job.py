@@ -94,6 +94,8 @@ class RankEntry:
         recording: the rank's recording (partial when FAILED), None when MISSING or UNREADABLE.
         message: why the rank is failed, missing or unreadable ("" when complete).
         source: where the recording came from ("gathered", a file name, "predicted").
+        global_rank: its rank in the default group, when the job was gathered over another
+            group (then ``rank`` is its rank in that group); None otherwise.
     """
 
     rank: int
@@ -101,6 +103,7 @@ class RankEntry:
     recording: Recording | None = None
     message: str = ""
     source: str = ""
+    global_rank: int | None = None
 
 
 @dataclass(frozen=True, repr=False)
@@ -181,7 +184,7 @@ class Job:
                 name = f"rank{entry.rank}.gscope.json"
                 entry.recording.save(os.path.join(d, name))
             rows.append({"rank": entry.rank, "status": entry.status.value, "message": entry.message,
-                         "source": entry.source, "file": name})
+                         "source": entry.source, "file": name, "global_rank": entry.global_rank})
         manifest = {"format": _JOB_FORMAT, "schema": JOB_SCHEMA_VERSION, "label": self.label,
                     "notes": list(self.notes), "world_size": self.world_size, "ranks": rows}
         _write_text(os.path.join(d, MANIFEST), json.dumps(manifest, indent=1))
@@ -919,6 +922,9 @@ def _load_manifest(path: str) -> Job:
                 raise ValueError(f"entry {i} is not rank {i}")
             status = RankStatus(row["status"])
             message, source, name = str(row.get("message", "")), str(row.get("source", "")), row.get("file")
+            global_rank = row.get("global_rank")
+            if global_rank is not None and type(global_rank) is not int:
+                raise ValueError(f"global_rank of rank {i} is not an integer")
         except (KeyError, ValueError, TypeError) as e:
             raise GradscopeError(f"gradscope: the job manifest {path!r} is damaged ({e}).") from None
         rec = None
@@ -930,22 +936,24 @@ def _load_manifest(path: str) -> Job:
                 )
             f = os.path.join(directory, name)
             if not os.path.exists(f):
-                entries.append(RankEntry(i, RankStatus.MISSING, None, f"its file {name} is gone", source))
+                entries.append(RankEntry(i, RankStatus.MISSING, None, f"its file {name} is gone", source,
+                                         global_rank))
                 continue
             try:
                 rec = load(f)
             except GradscopeError as e:
-                entries.append(RankEntry(i, RankStatus.UNREADABLE, None, str(e), source))
+                entries.append(RankEntry(i, RankStatus.UNREADABLE, None, str(e), source, global_rank))
                 continue
-            if rec.where.rank is not None and rec.where.rank != i and source != "predicted":
+            expected = i if global_rank is None else global_rank
+            if rec.where.rank is not None and rec.where.rank != expected and source != "predicted":
                 raise GradscopeError(
-                    f"gradscope: {f!r} is listed for rank {i} but was recorded on rank {rec.where.rank}."
+                    f"gradscope: {f!r} is listed for rank {expected} but was recorded on rank {rec.where.rank}."
                 )
             status = RankStatus.COMPLETE if rec.complete else RankStatus.FAILED
         elif status in (RankStatus.COMPLETE, RankStatus.FAILED):
             raise GradscopeError(f"gradscope: the job manifest {path!r} lists rank {i} as {status.value} "
                                  "without a file.")
-        entries.append(RankEntry(i, status, rec, message, source))
+        entries.append(RankEntry(i, status, rec, message, source, global_rank))
     notes = m.get("notes", [])
     return Job(tuple(entries), label=str(m.get("label", "")),
                notes=tuple(str(n) for n in notes) if isinstance(notes, list) else ())

@@ -94,7 +94,7 @@ def _wrapped(strategy: str, model: nn.Module) -> nn.Module:
     return model
 
 
-def _recorded_step(gs: Any, scenario: str, phase: str, strategy: str, rank: int, out: Path) -> None:
+def _recorded_step(gs: Any, scenario: str, phase: str, strategy: str, rank: int, out: Path) -> Any:
     model = fnet()
     wrapped = _wrapped(strategy, model)
     opt = torch.optim.Adam(wrapped.parameters(), lr=1e-3)
@@ -108,6 +108,7 @@ def _recorded_step(gs: Any, scenario: str, phase: str, strategy: str, rank: int,
     t0 = time.monotonic()
     job = gs.gather(rec, timeout=60, label=phase)
     _phase(out, phase, rank, rec, job, time.monotonic() - t0)
+    return rec
 
 
 def main() -> None:
@@ -133,7 +134,13 @@ def main() -> None:
         job = gs.gather(rec, timeout=30, label="exit")
         _phase(out, "exit", rank, rec, job, time.monotonic() - t0)
     elif scenario == "four":
-        _recorded_step(gs, scenario, "fsdp4", "fsdp", rank, out)
+        rec = _recorded_step(gs, scenario, "fsdp4", "fsdp", rank, out)
+        # a group of its own: ranks 1 and 2 gather to global rank 2 (every rank creates the group)
+        sub = dist.new_group([1, 2])
+        if rank in (1, 2):
+            job = gs.gather(rec, dst=2, group=sub, timeout=60, label="sub")
+            if job is not None:
+                _phase(out, "sub", rank, None, job, 0.0)
         # each rank records a local step on a simulated 768 KiB device; rank 2's batch is 4x the
         # others' and runs out of memory inside its block; rank 3 never calls gather (it hangs)
         model = fnet()

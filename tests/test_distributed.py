@@ -132,6 +132,16 @@ def test_each_gathered_recording_is_the_one_its_rank_made(jobs: dict[str, Any], 
         assert (batch_size(scenario, phase, r), 128) in {tuple(s.shape) for s in rec.saved if s.kind.value == "input"}
 
 
+def test_gather_over_a_group_of_its_own(jobs: dict[str, Any]) -> None:
+    """Ranks 1 and 2 of the four gather over ``new_group([1, 2])`` to global rank 2: the job has the
+    group's two ranks, in group order."""
+    assert _result(jobs, "four", "sub")["statuses"] == ["complete", "complete"]
+    job = gs.load_ranks(jobs["four"] / "sub" / "job")
+    own = [(jobs["four"] / "fsdp4" / "own" / f"rank{r}.json").read_text() for r in (1, 2)]
+    assert [r.to_json() for r in job.recordings if r is not None] == own
+    assert [(e.rank, e.global_rank) for e in job.ranks] == [(0, 1), (1, 2)]
+
+
 def _module_saved(mine: dict[str, Any]) -> dict[str, int]:
     """Saved bytes by module from a recording's raw JSON columns, each storage once per module."""
     per: dict[str, dict[int, int]] = {}
