@@ -20,14 +20,18 @@ from gradscope.recording import Recording, load
 __all__ = [
     "Comparison",
     "GradscopeError",
+    "Job",
     "MemoryBudgetExceeded",
     "Recording",
     "compare",
     "diagnose",
+    "gather",
     "graph",
     "load",
+    "load_ranks",
     "load_ipython_extension",
     "predict",
+    "predict_job",
     "record",
     "show",
     "unload_ipython_extension",
@@ -52,6 +56,10 @@ for _name, _module in (("compare", "gradscope.compare"), ("diagnose", "gradscope
 
 _LAZY = {
     "Comparison": "gradscope.compare",
+    "Job": "gradscope.job",
+    "gather": "gradscope.distributed",
+    "load_ranks": "gradscope.job",
+    "predict_job": "gradscope.distributed",
     "show": "gradscope.widget",
     "strategies": "gradscope.strategies",
 }
@@ -59,6 +67,8 @@ _LAZY = {
 if TYPE_CHECKING:
     from gradscope.compare import Comparison, compare
     from gradscope.diagnose import diagnose
+    from gradscope.distributed import gather, predict_job
+    from gradscope.job import Job, load_ranks
     from gradscope.predict import predict
     from gradscope.widget import show
 
