@@ -27,6 +27,7 @@ __all__ = [
     "graph",
     "load",
     "load_ipython_extension",
+    "load_snapshot",
     "predict",
     "record",
     "show",
@@ -52,6 +53,7 @@ for _name, _module in (("compare", "gradscope.compare"), ("diagnose", "gradscope
 
 _LAZY = {
     "Comparison": "gradscope.compare",
+    "load_snapshot": "gradscope.snapshot",
     "show": "gradscope.widget",
     "strategies": "gradscope.strategies",
 }
@@ -60,6 +62,7 @@ if TYPE_CHECKING:
     from gradscope.compare import Comparison, compare
     from gradscope.diagnose import diagnose
     from gradscope.predict import predict
+    from gradscope.snapshot import load_snapshot
     from gradscope.widget import show
 
 
