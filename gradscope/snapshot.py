@@ -74,6 +74,7 @@ __all__ = [
     "memory_by_group",
     "read_snapshot",
     "snapshot_data",
+    "timeline_positions",
     "to_recording",
 ]
 
@@ -400,9 +401,9 @@ class Accumulation:
 
     ``blocks`` / ``bytes``: its allocations alive at ``at`` that were made during the trace;
     ``slices_hit`` of ``slices`` equal parts of the trace (from the line's first allocation to
-    ``at``) made at least one of them. ``frames`` is the stack of the largest one (its outer
-    frames say who keeps calling the line). ``freed`` counts the line's allocations freed before
-    ``at``.
+    ``at``) made at least one of them. ``frames`` is the stack that kept the most bytes before
+    the last part (its outer frames say who keeps calling the line). ``freed`` counts the line's
+    allocations freed before ``at``.
     """
 
     key: str
@@ -728,6 +729,18 @@ def snapshot_data(recording: Recording) -> SnapshotData:
     return data
 
 
+def timeline_positions(recording: Recording) -> tuple[int, ...]:
+    """The trace position of each point of ``recording.timeline`` (a recording made by
+    :func:`load_snapshot`): what to pass as ``at`` for the moment a timeline point shows."""
+    snapshot_data(recording)  # the same checks and error for a recording of another kind
+    at = recording.extra[EXTRA_KEY].get("timeline_at")
+    if (not isinstance(at, list) or len(at) != len(recording.timeline)
+            or any(type(p) is not int or p < -1 for p in at)):
+        raise GradscopeError("gradscope: the recording's timeline positions are damaged; load the snapshot "
+                             "file again with gs.load_snapshot(path).")
+    return tuple(at)
+
+
 def _remember(recording: Recording, data: SnapshotData) -> None:
     key = id(recording)
     _DATA_OF[key] = data
@@ -795,7 +808,7 @@ def to_recording(data: SnapshotData, label: str = "") -> Recording:
         wall_time_s=duration,
         reserved_peak_bytes=reserved_peak,
         timeline_dropped=n - len(keep),
-        extra={EXTRA_KEY: data.to_json()},
+        extra={EXTRA_KEY: {**data.to_json(), "timeline_at": [pos_l[k] for k in keep]}},
     )
     _remember(rec, data)
     return rec
@@ -1146,11 +1159,18 @@ def accumulating_lines(data: SnapshotData, at: int | None = None, group: str = "
     for g in flagged.tolist():
         mine = kept_idx[gk == g]
         ats = alloc_at[mine]
-        big = int(mine[int(torch.argmax(t["alloc_size"][mine]).item())].item())
+        # the stack that kept most bytes before the last slice: the one that accumulates (the last
+        # slice also holds the current step's memory from the same line)
+        early = mine[part[gk == g] < slices - 1]
+        pick = early if early.numel() else mine
+        stack_ids = t["alloc_stack"][pick]
+        uniq, inv = torch.unique(stack_ids, return_inverse=True)
+        per_stack = torch.zeros(int(uniq.numel()), dtype=torch.int64).index_add_(0, inv, t["alloc_size"][pick])
+        best = int(uniq[int(torch.argmax(per_stack).item())].item())
         out.append(Accumulation(
             key=names[g], bytes=int(nbytes[g].item()), blocks=int(blocks[g].item()),
             first_at=int(ats.min().item()), last_at=int(ats.max().item()), slices_hit=int(hits[g].item()),
-            slices=slices, freed=int(freed[g].item()), frames=data.stack_frames(data.alloc_stack[big]),
+            slices=slices, freed=int(freed[g].item()), frames=data.stack_frames(best),
         ))
     out.sort(key=lambda a: (-a.bytes, a.key))
     return tuple(out)

@@ -98,7 +98,11 @@ def _bad(where: str, problem: str) -> GradscopeError:
 
 
 def _tname(v: Any) -> str:
-    return "None" if v is None else type(v).__name__
+    """``an int``, ``a str``, ``None``: the type of ``v`` for a message."""
+    if v is None:
+        return "None"
+    name = type(v).__name__
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
 
 
 def _shown(v: Any) -> str:
@@ -108,7 +112,7 @@ def _shown(v: Any) -> str:
 
 def _need_int(v: Any, where: str, name: str, minimum: int | None = 0) -> int:
     if type(v) is not int:
-        raise _bad(where, f"has a {name!r} that is a {_tname(v)} ({_shown(v)}), not an integer")
+        raise _bad(where, f"has a {name!r} that is {_tname(v)} ({_shown(v)}), not an integer")
     if minimum is not None and v < minimum:
         raise _bad(where, f"has a negative {name!r} ({v})")
     if v >= 1 << 63:
@@ -131,7 +135,7 @@ def check_snapshot(obj: Any, what: str) -> tuple[list[Any], list[Any], dict[str,
         )
     if not isinstance(obj, Mapping):
         raise GradscopeError(
-            f"gradscope: {what} holds a {_tname(obj)}, not a CUDA memory snapshot (a dict with "
+            f"gradscope: {what} holds {_tname(obj)}, not a CUDA memory snapshot (a dict with "
             "'segments' and 'device_traces', written by torch.cuda.memory._dump_snapshot(path))."
         )
     missing = [k for k in ("segments", "device_traces") if k not in obj]
@@ -144,12 +148,12 @@ def check_snapshot(obj: Any, what: str) -> tuple[list[Any], list[Any], dict[str,
         )
     segments, traces = obj["segments"], obj["device_traces"]
     if type(segments) is not list:
-        raise _bad("'segments'", f"is a {_tname(segments)}, not a list")
+        raise _bad("'segments'", f"is {_tname(segments)}, not a list")
     if type(traces) is not list:
-        raise _bad("'device_traces'", f"is a {_tname(traces)}, not a list")
+        raise _bad("'device_traces'", f"is {_tname(traces)}, not a list")
     for d, t in enumerate(traces):
         if type(t) is not list:
-            raise _bad(f"device_traces[{d}]", f"is a {_tname(t)}, not a list of trace entries")
+            raise _bad(f"device_traces[{d}]", f"is {_tname(t)}, not a list of trace entries")
     settings = obj.get("allocator_settings")
     return segments, traces, _plain_settings(settings) if isinstance(settings, Mapping) else {}
 
@@ -188,7 +192,7 @@ class StackTable:
         if frames is None:
             return 0
         if type(frames) is not list:
-            raise _bad(where, f"has 'frames' that is a {_tname(frames)}, not a list")
+            raise _bad(where, f"has 'frames' that is {_tname(frames)}, not a list")
         if not frames:
             return 0
         key = tuple(map(id, frames))
@@ -198,12 +202,12 @@ class StackTable:
         idx = []
         for i, f in enumerate(frames):
             if type(f) is not dict:
-                raise _bad(where, f"has frames[{i}] that is a {_tname(f)}, not a dict")
+                raise _bad(where, f"has frames[{i}] that is {_tname(f)}, not a dict")
             fn, line, name = f.get("filename"), f.get("line"), f.get("name")
             if type(fn) is not str or type(name) is not str:
                 raise _bad(where, f"has frames[{i}] without a string 'filename' and 'name'")
             if type(line) is not int:
-                raise _bad(where, f"has frames[{i}] whose 'line' is a {_tname(line)}, not an integer")
+                raise _bad(where, f"has frames[{i}] whose 'line' is {_tname(line)}, not an integer")
             fk = (fn, line, name)
             fi = self._frame_index.get(fk)
             if fi is None:
@@ -348,7 +352,7 @@ def scan_device(trace: list[Any], device: int, stacks: StackTable) -> DeviceScan
     for p in unknown:
         action = trace[p]["action"]
         if type(action) is not str:
-            raise _bad(f"device_traces[{device}][{p}]", f"has an 'action' that is a {_tname(action)}")
+            raise _bad(f"device_traces[{device}][{p}]", f"has an 'action' that is {_tname(action)}")
         s.unknown_actions[action] = s.unknown_actions.get(action, 0) + 1
     with_addr = (c >= 0) & (c <= 6)
     if bool((with_addr & ((a < 0) | (z < 0))).any().item()):
@@ -400,6 +404,7 @@ def scan_device(trace: list[Any], device: int, stacks: StackTable) -> DeviceScan
     for p in torch.nonzero(c == 7).flatten().tolist():
         e = trace[p]
         where = f"device_traces[{device}][{p}] (an 'oom' entry)"
+        _need_int(e.get("size"), where, "size")
         free = e.get("device_free", -1)
         free = -1 if free is None else _need_int(free, where, "device_free")
         s.ooms.append((p, int(z[p].item()), free, int(st[p].item()), stacks.intern(e.get("frames"), where)))
@@ -412,10 +417,10 @@ def _explain(trace: list[Any], device: int) -> GradscopeError:
     for pos, e in enumerate(trace):
         here = f"device_traces[{device}][{pos}]"
         if type(e) is not dict:
-            return _bad(here, f"is a {_tname(e)}, not a dict")
+            return _bad(here, f"is {_tname(e)}, not a dict")
         action = e.get("action")
         if type(action) is not str:
-            return _bad(here, "has no 'action'" if action is None else f"has an 'action' that is a {_tname(action)}")
+            return _bad(here, "has no 'action'" if action is None else f"has an 'action' that is {_tname(action)}")
         code = ACTIONS.get(action)
         where = f"{here} (a {action!r} entry)"
         try:
@@ -455,7 +460,7 @@ def end_segments(segments: list[Any], stacks: StackTable) -> list[EndSegment]:
     for i, seg in enumerate(segments):
         where = f"segments[{i}]"
         if type(seg) is not dict:
-            raise _bad(where, f"is a {_tname(seg)}, not a dict")
+            raise _bad(where, f"is {_tname(seg)}, not a dict")
         address = _need_int(seg.get("address"), where, "address")
         total = _need_int(seg.get("total_size"), where, "total_size")
         stream = _need_int(seg.get("stream", 0), where, "stream", None)
@@ -464,19 +469,19 @@ def end_segments(segments: list[Any], stacks: StackTable) -> list[EndSegment]:
             dev = _need_int(dev, where, "device")
         blocks_raw = seg.get("blocks", [])
         if type(blocks_raw) is not list:
-            raise _bad(where, f"has 'blocks' that is a {_tname(blocks_raw)}, not a list")
+            raise _bad(where, f"has 'blocks' that is {_tname(blocks_raw)}, not a list")
         blocks = []
         at = address
         for j, b in enumerate(blocks_raw):
             bw = f"{where}['blocks'][{j}]"
             if type(b) is not dict:
-                raise _bad(bw, f"is a {_tname(b)}, not a dict")
+                raise _bad(bw, f"is {_tname(b)}, not a dict")
             size = _need_int(b.get("size"), bw, "size")
             req = b.get("requested_size", size)
             req = _need_int(size if req is None else req, bw, "requested_size")
             state = b.get("state")
             if type(state) is not str:
-                raise _bad(bw, f"has a 'state' that is a {_tname(state)}, not a string")
+                raise _bad(bw, f"has a 'state' that is {_tname(state)}, not a string")
             baddr = b.get("address", at)
             baddr = _need_int(baddr, bw, "address")
             blocks.append(EndBlock(baddr, size, req, state, stacks.intern(b.get("frames"), bw)))
