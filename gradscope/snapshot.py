@@ -467,7 +467,9 @@ def read_snapshot(source: str | os.PathLike[str] | Mapping[str, Any]) -> dict[in
             devices = sorted({d for d, t in enumerate(traces) if t}
                              | {g.device for g in segs if g.device is not None}
                              | ({0} if any(g.device is None for g in segs) else set()))
-            scans = {d: _replay.scan_device(traces[d] if d < len(traces) else [], d, stacks) for d in devices}
+            owned = not isinstance(source, Mapping)  # a file we loaded: its lists may be emptied as read
+            scans = {d: _replay.scan_device(traces[d] if d < len(traces) else [], d, stacks, consume=owned)
+                     for d in devices}
         finally:
             stacks.release()
         del raw, segments, traces

@@ -313,8 +313,9 @@ def _to_array(t: torch.Tensor) -> array:
     return out
 
 
-def scan_device(trace: list[Any], device: int, stacks: StackTable) -> DeviceScan:
+def scan_device(trace: list[Any], device: int, stacks: StackTable, consume: bool = False) -> DeviceScan:
     """Replay ``trace`` forward: an allocation lives from its ``alloc`` to its ``free_completed``.
+    With ``consume``, ``trace`` is emptied once read (a list nobody else holds: memory back early).
 
     An address whose first event is a free held an allocation made before the trace began (the
     allocator keeps the last ``max_entries`` events only); such allocations get ``alloc_at == -1``.
@@ -357,8 +358,27 @@ def scan_device(trace: list[Any], device: int, stacks: StackTable) -> DeviceScan
     with_addr = (c >= 0) & (c <= 6)
     if bool((with_addr & ((a < 0) | (z < 0))).any().item()):
         raise _explain(trace, device)
-    times = _column([e.get("time_us") for e in trace])
-    s.times = times
+    s.times = _column([e.get("time_us") for e in trace])
+    # the rest of what the entries hold, read now: a trace this module owns (a file it loaded)
+    # is dropped before the pairing's arrays exist, so the two never take memory at once
+    alloc_pos = torch.nonzero(c == 0).flatten()
+    stack_at = torch.zeros(n, dtype=torch.int64)
+    if alloc_pos.numel():
+        stack_at[alloc_pos] = torch.tensor(stacks.intern_many(trace, alloc_pos.tolist(), device),
+                                           dtype=torch.int64)
+    for p in torch.nonzero(c == 7).flatten().tolist():
+        e = trace[p]
+        where = f"device_traces[{device}][{p}] (an 'oom' entry)"
+        _need_int(e.get("size"), where, "size")
+        free = e.get("device_free", -1)
+        free = -1 if free is None else _need_int(free, where, "device_free")
+        s.ooms.append((p, int(z[p].item()), free, int(st[p].item()), stacks.intern(e.get("frames"), where)))
+    s.snapshots = torch.nonzero(c == 8).flatten().tolist()
+    if consume:
+        trace.clear()
+    segs = torch.nonzero((c >= 3) & (c <= 6)).flatten()
+    s.seg_at, s.seg_kind = _to_array(segs), _to_array(c[segs] - 3)
+    s.seg_addr, s.seg_size, s.seg_stream = _to_array(a[segs]), _to_array(z[segs]), _to_array(st[segs])
     # alloc / free events, sorted by address (stable: trace order within an address)
     sel = torch.nonzero((c >= 0) & (c <= 2)).flatten()
     order = torch.argsort(a[sel], stable=True)
@@ -393,22 +413,10 @@ def scan_device(trace: list[Any], device: int, stacks: StackTable) -> DeviceScan
         s.freed_before_alloc = int((alloc_at < 0).sum().item())
         s.addr, s.size, s.stream = _to_array(a[src]), _to_array(z[src]), _to_array(st[src])
         s.alloc_at, s.free_requested_at, s.free_at = _to_array(alloc_at), _to_array(free_req), _to_array(free_at)
-        s.stack = array("q", stacks.intern_many(trace, alloc_at.tolist(), device))
+        s.stack = _to_array(torch.where(alloc_at >= 0, stack_at[alloc_at.clamp(min=0)], 0))
         s.block_size = array("q", [-1]) * n_ep
         open_ = torch.nonzero(free_at < 0).flatten()
         s.open = dict(zip(a[src[open_]].tolist(), open_.tolist(), strict=True))
-        del src, alloc_at, free_at, free_req, by_time
-    segs = torch.nonzero((c >= 3) & (c <= 6)).flatten()
-    s.seg_at, s.seg_kind = _to_array(segs), _to_array(c[segs] - 3)
-    s.seg_addr, s.seg_size, s.seg_stream = _to_array(a[segs]), _to_array(z[segs]), _to_array(st[segs])
-    for p in torch.nonzero(c == 7).flatten().tolist():
-        e = trace[p]
-        where = f"device_traces[{device}][{p}] (an 'oom' entry)"
-        _need_int(e.get("size"), where, "size")
-        free = e.get("device_free", -1)
-        free = -1 if free is None else _need_int(free, where, "device_free")
-        s.ooms.append((p, int(z[p].item()), free, int(st[p].item()), stacks.intern(e.get("frames"), where)))
-    s.snapshots = torch.nonzero(c == 8).flatten().tolist()
     return s
 
 
