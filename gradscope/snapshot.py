@@ -447,19 +447,21 @@ def read_snapshot(source: str | os.PathLike[str] | Mapping[str, Any]) -> dict[in
     """Every device of a snapshot file (or of the dict ``torch.cuda.memory._snapshot()``
     returns), as :class:`SnapshotData` keyed by device index. Devices with neither trace events
     nor segments are left out."""
-    if isinstance(source, Mapping):
-        raw: Any = source
-        what = "the snapshot dict"
-    elif isinstance(source, (str, os.PathLike)):
-        what = repr(os.fspath(source))
-        raw = load_plain(source)
-    else:
+    if not isinstance(source, (Mapping, str, os.PathLike)):
         raise GradscopeError(
             f"gradscope: load_snapshot takes a file path or the dict torch.cuda.memory._snapshot() "
             f"returns, not a {type(source).__name__}."
         )
     # see NOTE [ a plain-data unpickler ]: no collections while millions of containers are alive
+    # (objects made with the collector off sit in its youngest generation: the first collection
+    # after it is back on would walk them all, so it stays off until they are gone)
     with gc_paused():
+        if isinstance(source, Mapping):
+            raw: Any = source
+            what = "the snapshot dict"
+        else:
+            what = repr(os.fspath(source))
+            raw = load_plain(source)
         segments, traces, settings = _replay.check_snapshot(raw, what)
         stacks = _replay.StackTable()
         try:

@@ -773,3 +773,30 @@ def test_read_snapshot_from_a_file(tmp_path: Path) -> None:
     both = read_snapshot(path)
     assert sorted(both) == [0, 1]
     assert both[1].live_bytes(both[1].events - 1) == a1.truth[-1][0]
+
+
+def test_expandable_segments_map_and_unmap() -> None:
+    """With expandable_segments the allocator maps and unmaps pages of one growing segment; a
+    block may span pages mapped at different times."""
+    S = 0x7F0000000000
+    fr = frames(("/home/u/proj/train.py", 3, "grow"))
+
+    def e(action: str, addr: int, size: int) -> dict[str, Any]:
+        return {"action": action, "addr": addr, "size": size, "stream": 0, "frames": fr}
+
+    trace = [
+        e("segment_map", S, 2 * MiB), e("alloc", S, MiB), e("segment_map", S + 2 * MiB, 2 * MiB),
+        e("alloc", S + MiB, 2560 * 1024), e("free_requested", S, MiB), e("free_completed", S, MiB),
+        e("free_requested", S + MiB, 2560 * 1024), e("free_completed", S + MiB, 2560 * 1024),
+        e("segment_unmap", S + 2 * MiB, 2 * MiB),
+    ]
+    seg = {"device": 0, "address": S, "total_size": 2 * MiB, "stream": 0, "segment_type": "large",
+           "is_expandable": True, "blocks": [{"address": S, "size": 2 * MiB, "requested_size": 0,
+                                              "state": "inactive", "frames": []}]}
+    d = snapshot_data(gs.load_snapshot({"segments": [seg], "device_traces": [trace]}))
+    assert [d.reserved_bytes(p) // 1024 for p in range(9)] == [2048, 2048, 4096, 4096, 4096, 4096, 4096, 4096, 2048]
+    assert [d.live_bytes(p) // 1024 for p in range(9)] == [0, 1024, 1024, 3584, 3584, 2560, 2560, 0, 0]
+    assert d.initial_reserved == 0 and d.initial_segments == ()
+    f = fragmentation(d, 3)
+    assert (f.segments, f.free_pieces, f.largest_free) == (1, 1, 512 * 1024)  # one mapped range of 4 MiB
+    assert fragmentation(d, 8).largest_free == 2 * MiB
