@@ -20,7 +20,7 @@ from typing import IO, Any, cast
 
 from gradscope.errors import GradscopeError
 
-__all__ = ["gc_paused", "load_plain", "loads_plain"]
+__all__ = ["gc_paused", "load_plain"]
 
 # NOTE [ a plain-data unpickler ]
 # A pickle is a program for a small stack machine. Only a few of its opcodes can call anything:
@@ -163,9 +163,3 @@ def load_plain(path: str | os.PathLike[str]) -> Any:
     except OSError as e:  # includes gzip.BadGzipFile
         raise GradscopeError(f"gradscope: cannot read {what}: {e}.") from None
 
-
-def loads_plain(data: bytes, what: str = "the data") -> Any:
-    """Unpickle ``data`` the same way as :func:`load_plain`."""
-    if not data:
-        raise GradscopeError(f"gradscope: {what} is empty.")
-    return _unpickle(io.BytesIO(data), what)
