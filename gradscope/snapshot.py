@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import base64
 import enum
+import operator
 import os
 import re
 import sys
@@ -283,12 +284,16 @@ class SnapshotData:
     def _at(self, at: int | None) -> int:
         if at is None:
             return self.default_at
-        if type(at) is not int or not -1 <= at < max(self.events, 1):
+        try:
+            p = -2 if isinstance(at, bool) else operator.index(at)
+        except TypeError:
+            p = -2
+        if not -1 <= p < max(self.events, 1):
             raise GradscopeError(
                 f"gradscope: position {at!r} is outside this trace: positions are -1 (before the first "
                 f"event) to {self.events - 1} (after the last)."
             )
-        return at
+        return p
 
     # ----- JSON ------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
@@ -785,6 +790,9 @@ def to_recording(data: SnapshotData, label: str = "") -> Recording:
         )
     notes.append("allocated bytes are the sizes the trace records (requested bytes; the allocator rounds "
                  "blocks up to multiples of 512 bytes).")
+    notes.append("kept per allocation: size, stream, its alloc / free_requested / free_completed positions and "
+                 "its stack; not kept: the stacks of free events and the entries' other fields "
+                 "(NOTE [ what is kept ] in gradscope.snapshot).")
     oom = data.oom
     error = None
     if oom is not None:

@@ -446,6 +446,9 @@ def test_positions_outside_the_trace() -> None:
     for bad in (d.events, -2, 1.5):
         with pytest.raises(gs.GradscopeError, match="outside this trace"):
             live_blocks(d, bad)  # type: ignore[arg-type]
+    with pytest.raises(gs.GradscopeError, match="outside this trace"):
+        live_blocks(d, True)
+    assert live_blocks(d, torch.tensor(d.events - 1)) == live_blocks(d, d.events - 1)  # any integer
     with pytest.raises(gs.GradscopeError, match="group must be one of"):
         bytes_by_line(d, group="module")
 
