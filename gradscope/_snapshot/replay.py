@@ -322,8 +322,7 @@ def scan_device(trace: list[Any], device: int, stacks: StackTable, consume: bool
     See NOTE [ pairing events by address ] for how this runs at C speed.
     """
     # NOTE [ pairing events by address ]
-    # A loop over a million trace dicts that keeps a dict of open addresses costs ~4 s here. The
-    # same replay, as array operations: read each field once with a list comprehension (C speed),
+    # The replay as array operations: read each field once with a list comprehension (C speed),
     # check its types in bulk (set(map(type, column))), then sort the alloc / free events by
     # address, keeping trace order within an address. Along one address the events form
     # episodes, each one allocation: an episode starts at an alloc, or at a free that follows a
@@ -332,6 +331,10 @@ def scan_device(trace: list[Any], device: int, stacks: StackTable, consume: bool
     # the allocator would not write, counted in double_allocs). Episode numbers are a cumulative
     # sum over the sorted events; scatters then give each allocation its positions. A damaged
     # entry makes a bulk step fail; _explain then walks the trace entry by entry to name it.
+    # Measured against a per-entry loop keeping a dict of open addresses (collector off in both):
+    # read_snapshot of a million events took 6.5 s against 8.2 s (medians of 6 interleaved runs on
+    # 2 shared, loaded cores), and with every field read first a loaded file's entries can go
+    # before the pairing's arrays are made.
     s = DeviceScan(device=device, events=len(trace))
     n = len(trace)
     if n == 0:
