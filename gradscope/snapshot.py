@@ -47,6 +47,7 @@ from typing import Any
 import torch
 
 from gradscope._snapshot import replay as _replay
+from gradscope._snapshot.replay import EndBlock, EndSegment
 from gradscope._snapshot.unpickle import gc_paused, load_plain
 from gradscope.errors import GradscopeError
 from gradscope.recording import MemoryPoint, Peak, Phase, Recording, Where, format_bytes
@@ -57,6 +58,8 @@ __all__ = [
     "TIMELINE_POINTS",
     "Accumulation",
     "Allocation",
+    "EndBlock",
+    "EndSegment",
     "Fragmentation",
     "Frame",
     "GroupTimeline",
@@ -175,6 +178,9 @@ class SnapshotData:
     segment-event columns another (``seg_kind``: 0 segment_alloc, 1 segment_free, 2 segment_map,
     3 segment_unmap). ``stacks[i]`` is a tuple of indices into ``frames``, innermost first;
     ``stacks[0]`` is the empty stack. ``time_us[p]`` is the time of event ``p`` when recorded.
+    ``initial_segments`` are the reserved ranges before the first event (address, size, stream,
+    mapped); ``end_segments`` the allocator's segments and blocks when the snapshot was taken
+    (:class:`EndSegment` / :class:`EndBlock`, a block's ``stack`` indexes ``stacks``).
     """
 
     device: int
@@ -200,7 +206,7 @@ class SnapshotData:
     initial_allocated: int
     initial_reserved: int
     initial_segments: tuple[tuple[int, int, int, bool], ...]  # address, size, stream, mapped
-    end_segments: tuple[_replay.EndSegment, ...]
+    end_segments: tuple[EndSegment, ...]
     allocator_settings: Mapping[str, Any]
     notes: tuple[str, ...] = ()
     _cache: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)

@@ -447,6 +447,8 @@ def _explain(trace: list[Any], device: int) -> GradscopeError:
 
 @dataclass(frozen=True)
 class EndBlock:
+    """A block of a segment when the snapshot was taken (``stack`` indexes the stack table)."""
+
     address: int
     size: int
     requested: int
@@ -456,6 +458,9 @@ class EndBlock:
 
 @dataclass(frozen=True)
 class EndSegment:
+    """A segment (one cudaMalloc, or an expandable segment's mapped range) when the snapshot was
+    taken; ``large``: the large-allocation pool."""
+
     device: int | None
     address: int
     total_size: int
