@@ -495,8 +495,8 @@ def read_snapshot(source: str | os.PathLike[str] | Mapping[str, Any]) -> dict[in
     return out
 
 
-def load_snapshot(source: str | os.PathLike[str] | Mapping[str, Any], device: int | str | None = None,
-                  *, label: str | None = None) -> Recording:
+def load_snapshot(source: str | os.PathLike[str] | Mapping[str, Any],
+                  device: int | str | torch.device | None = None, *, label: str | None = None) -> Recording:
     """A :class:`~gradscope.recording.Recording` of one device of a CUDA memory snapshot.
 
     ``source`` is a file written by ``torch.cuda.memory._dump_snapshot`` (gzip-compressed or
