@@ -16,7 +16,7 @@ out-of-memory failure when the trace has one, else the peak.
 Example:
     >>> import gradscope as gs
     >>> from gradscope.snapshot import bytes_by_line, snapshot_data
-    >>> frames = [{"filename": "/work/train.py", "line": 57, "name": "train_step"}]
+    >>> frames = [{"filename": "/home/u/train.py", "line": 57, "name": "train_step"}]
     >>> trace = [{"action": "alloc", "addr": i << 21, "size": 2 << 20, "stream": 0, "frames": frames}
     ...          for i in range(40)]
     >>> seg = {"device": 0, "address": 0, "total_size": 80 << 20, "stream": 0,
