@@ -30,6 +30,7 @@ __all__ = [
     "load",
     "load_ranks",
     "load_ipython_extension",
+    "load_snapshot",
     "predict",
     "predict_job",
     "record",
@@ -60,6 +61,7 @@ _LAZY = {
     "gather": "gradscope.distributed",
     "load_ranks": "gradscope.job",
     "predict_job": "gradscope.distributed",
+    "load_snapshot": "gradscope.snapshot",
     "show": "gradscope.widget",
     "strategies": "gradscope.strategies",
 }
@@ -70,6 +72,7 @@ if TYPE_CHECKING:
     from gradscope.distributed import gather, predict_job
     from gradscope.job import Job, load_ranks
     from gradscope.predict import predict
+    from gradscope.snapshot import load_snapshot
     from gradscope.widget import show
 
 
