@@ -49,7 +49,7 @@ __all__ = [
     "layout_recording",
 ]
 
-NODE_W = 150
+NODE_W = 160
 NODE_H = 40  # two lines: the node's name, then what it holds
 GROUP_W = 190
 GROUP_H = 50

@@ -177,11 +177,15 @@ export class RecordingView {
           this.timelineDiv,
         );
       }
-      // the graph paints first; the timeline follows in the next task
-      this._timelineTimer = setTimeout(() => {
-        this._timelineTimer = null;
-        draw();
-      }, 0);
+      // the graph paints first; the timeline follows once that frame is on screen
+      const later = () => {
+        this._timelineTimer = setTimeout(() => {
+          this._timelineTimer = null;
+          draw();
+        }, 0);
+      };
+      if (typeof requestAnimationFrame !== "undefined") requestAnimationFrame(later);
+      else later();
     } else {
       this.timelineDiv.appendChild(h("div", { class: "gs-muted", text: "No memory timeline (recorded with memory='off')." }));
     }
@@ -193,6 +197,7 @@ export class RecordingView {
   }
 
   _levelChanged() {
+    if (!this.graph || !this.legendBox || !this.expandBtns) return; // during construction: called again after
     const lv = this.graph.layout;
     clear(this.legendBox);
     this.legendBox.appendChild(legend(this.rec, lv));
@@ -346,7 +351,7 @@ export class RecordingView {
     row("order", ORDER_TEXT[Math.min(node.order, 2)] ?? String(node.order));
     row("executed", `${node.executed}×`);
     if (!node.leaf) row(act.label, `${formatBytes(node.actBytes)}${node.largest && node.actBytes > 0 ? ` (largest ${node.largest})` : ""}`, "gs-node-act", act.definition);
-    row("saved", `${node.savedCount} tensors, ${formatBytes(node.savedBytes)} with parameters and inputs`);
+    row("saved", `${node.savedCount} tensor${node.savedCount === 1 ? "" : "s"}, ${formatBytes(node.savedBytes)} with parameters and inputs`);
     if (node.alive !== null) row("alive at peak", formatBytes(node.alive), "gs-node-alive", figureOf(this.rec, "alive_at_peak").definition);
     side.appendChild(kv);
     const idx = this.rec.savedByNode[id];

@@ -87,6 +87,9 @@ export class GraphView {
     this.canvas.gsNodeCenter = (id) => this.nodeClientCenter(id);
     this.canvas.gsGroupCenter = (key) => this.groupClientCenter(key);
     this.canvas.gsView = () => ({ ...this.view, level: this.levelIndex, width: this.width, height: this.height });
+    // what the last frame drew for a node (its text lines and fill), for tests
+    this.canvas.gsNodeDrawn = (id) => this._drawn.get(id) || null;
+    this._drawn = new Map();
     this.resize();
   }
 
@@ -416,6 +419,7 @@ export class GraphView {
     const showHeads = ARROW_PX / scale < 40; // arrowheads vanish only when boxes are specks
     const paths = [new Path2D(), new Path2D()];
     const heads = [new Path2D(), new Path2D()];
+    let arrows = 0;
     for (let k = 0; k < E.length; k += 2) {
       const a = items[E[k]];
       const b = items[E[k + 1]];
@@ -436,6 +440,7 @@ export class GraphView {
         heads[up].lineTo(hx - uy * half, hy + ux * half);
         heads[up].lineTo(hx + uy * half, hy - ux * half);
         heads[up].closePath();
+        arrows++;
       }
     }
     ctx.lineWidth = 1.2 / scale;
@@ -445,6 +450,7 @@ export class GraphView {
       ctx.fillStyle = color === COLORS.edge ? "#7b8794" : "#8b6cc9";
       ctx.fill(heads[i]);
     });
+    this.wrap.dataset.arrows = String(arrows);
   }
 
   /** Width in screen pixels of `text` at the label size (measured once per text and style). */
@@ -475,6 +481,7 @@ export class GraphView {
     }
     ctx.font = `${style}${FONT_PX / scale}px ${FONT_FAMILY}`;
     ctx.fillText(t, x, y);
+    return t;
   }
 
   draw() {
@@ -492,6 +499,7 @@ export class GraphView {
     const nodes = this.rec.nodes;
     const px = 1 / scale;
     const line = FONT_PX / scale; // one line of text, in world units
+    this._drawn.clear();
 
     this._drawEdges(ctx, w0, w1, scale);
 
@@ -569,11 +577,14 @@ export class GraphView {
         const avail = it.w * scale - 8;
         const style = { italic: !!node.leaf, bold: !node.leaf, keepEnd: !!node.leaf };
         if (lm.mode === "full") {
-          this._text(ctx, nodeLabel(node), it.x, it.y - line * 0.6, scale, avail, style);
-          this._text(ctx, nodeDetail(node), it.x, it.y + line * 0.6, scale, avail);
+          const a = this._text(ctx, nodeLabel(node), it.x, it.y - line * 0.6, scale, avail, style);
+          const b = this._text(ctx, nodeDetail(node), it.x, it.y + line * 0.6, scale, avail);
+          this._drawn.set(it.id, { lines: [a, b], fill });
         } else {
-          this._text(ctx, nodeLabel(node), it.x, it.y, scale, avail, style);
+          this._drawn.set(it.id, { lines: [this._text(ctx, nodeLabel(node), it.x, it.y, scale, avail, style)], fill });
         }
+      } else {
+        this._drawn.set(it.id, { lines: [], fill });
       }
       ctx.globalAlpha = 1;
       if (it.id === this.current || it.id === this.selected) {

@@ -12,8 +12,8 @@
 
 import { fitView, MAX_SCALE, MIN_SCALE, toScreen, toWorld } from "./viewport.js";
 
-export const FULL = 0.65; // two lines of 11 px text in a 40 px box
-export const NAMES = 0.47; // one line: about 10 characters in a 150 px box
+export const FULL = 0.75; // two lines of 11 px text, a 14-character bold name in a 160 px box
+export const NAMES = 0.5; // one line: about 11 characters in a 160 px box
 export const MAX_FIRST = 1.0; // the first view never magnifies beyond 1:1
 export const CHAR_PX = 6.3; // average width of an 11 px system-ui character
 export const FONT_PX = 11;

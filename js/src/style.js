@@ -26,7 +26,7 @@ export const CSS = `
 .gs-tip { position: absolute; pointer-events: none; background: #1f2933; color: #fff; font-size: 12px; padding: 4px 7px;
   border-radius: 4px; max-width: 330px; white-space: pre-wrap; overflow-wrap: anywhere; z-index: 2; }
 .gs-canvas { display: block; cursor: grab; touch-action: none; outline: none; }
-.gs-side { flex: 0 0 360px; max-width: 40%; height: 520px; overflow: auto; border: 1px solid #d9e2ec; border-radius: 4px; padding: 6px 8px; }
+.gs-side { flex: 0 0 330px; max-width: 40%; height: 520px; overflow: auto; border: 1px solid #d9e2ec; border-radius: 4px; padding: 6px 8px; }
 .gs-kv { display: grid; grid-template-columns: auto 1fr; gap: 1px 8px; }
 .gs-kv > span:nth-child(odd) { color: #52606d; }
 .gs-kv > span { overflow-wrap: anywhere; white-space: pre-wrap; }

@@ -19,7 +19,7 @@ function yAxis(ymax, title) {
 }
 
 /** An annotation for a peak that stays inside the plot: pointing from the side with room. */
-function peakAnnotation(x, y, text, xFrac, color) {
+function peakAnnotation(x, y, text, xFrac, color, k = 0) {
   const right = xFrac > 0.6;
   return {
     x,
@@ -31,7 +31,7 @@ function peakAnnotation(x, y, text, xFrac, color) {
     arrowhead: 0,
     arrowcolor: color,
     ax: right ? -30 : 30,
-    ay: -22,
+    ay: -22 - 20 * k, // several peaks (a comparison): their labels stack instead of overlapping
     xanchor: right ? "right" : "left",
     yanchor: "bottom",
     bgcolor: "rgba(255,255,255,0.9)",
@@ -105,6 +105,7 @@ export function renderMemory(div, rec, opts = {}) {
     stack("allocated in the block (by category: not known)", tl.live, CATEGORY_COLORS.other, "live");
   }
   const total = tl.live.map((v) => v + base);
+  const hovers = hoverTexts(tl, labels);
   traces.push({
     type: "scatter",
     mode: "lines",
@@ -112,7 +113,7 @@ export function renderMemory(div, rec, opts = {}) {
     x,
     y: total,
     line: { color: "#1f2933", width: 1.2, shape: "hv" },
-    hovertext: hoverTexts(tl, labels),
+    hovertext: hovers,
     hoverinfo: "text",
     customdata: tl.step,
     showlegend: false,
@@ -139,7 +140,7 @@ export function renderMemory(div, rec, opts = {}) {
       x: [x[i]],
       y: [total[i]],
       marker: { color: "#b91c1c", size: 9, symbol: "diamond", line: { color: "#fff", width: 1 } },
-      hovertext: [`peak: ${escapePlotly(tl.label[i] || "")}<br>${formatBytes(tl.live[i])} allocated in the block${base ? ` + ${formatBytes(base)} before it` : ""}`],
+      hovertext: [`peak · ${hovers[i]}${base ? `<br>+ ${formatBytes(base)} from before the block` : ""}`],
       hoverinfo: "text",
       customdata: [tl.step[i]],
       cliponaxis: false,
@@ -231,7 +232,7 @@ export function renderOverlay(div, series, opts = {}) {
       name: "peak",
     });
     const xFrac = mode === "normalized" ? x[i] / 100 : x[i] / (x[x.length - 1] || 1);
-    annotations.push(peakAnnotation(x[i], tl.live[i], `${escapePlotly(name)}: ${formatBytes(tl.live[i])}`, xFrac, color));
+    annotations.push(peakAnnotation(x[i], tl.live[i], `${escapePlotly(name)}: ${formatBytes(tl.live[i])}`, xFrac, color, k));
   });
   const layout = {
     height: opts.height || 280,

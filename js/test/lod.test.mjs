@@ -13,7 +13,7 @@ test("chooseLevel: a graph that fits whole with full labels opens whole, at most
 });
 
 test("chooseLevel: too wide for names at this width, so the folded level opens", () => {
-  // every node is 1100 px wide; in a 560 px canvas that is scale 0.47 -> names only;
+  // every node is 1100 px wide; in a 560 px canvas that is scale 0.47: not even names;
   // the folded level (600 px wide) fits at 0.87 with full labels: it wins
   const pick = chooseLevel([box(1100, 4300), box(600, 4600)], 560, 520);
   assert.equal(pick.level, 1);
