@@ -13,7 +13,7 @@ import { boxCount, visibleLayout } from "./collapse.js";
 import { nodeLabel } from "./data.js";
 import { h } from "./dom.js";
 import { formatBytes } from "./format.js";
-import { chooseLevel, FONT_PX, fitText, labelMode, topView, NAMES } from "./lod.js";
+import { boundsWithTop, chooseLevel, FONT_PX, fitText, labelMode, topView, NAMES } from "./lod.js";
 import { centerOn, fitView, hitTest, panBy, toScreen, toWorld, zoomAt } from "./viewport.js";
 
 const ARROW_PX = 7; // arrowhead length on screen
@@ -356,7 +356,10 @@ export class GraphView {
   firstView() {
     if (this.expanded.size === 0 && !this._levelChosen) {
       this._levelChosen = true;
-      const bounds = this.rec.levels.map((lv, i) => (i === this.levelIndex ? this.vis.bounds : visibleLayout(lv, this.rec.edges, new Set()).bounds));
+      const bounds = this.rec.levels.map((lv, i) => {
+        const vis = i === this.levelIndex ? this.vis : visibleLayout(lv, this.rec.edges, new Set());
+        return boundsWithTop(vis.bounds, vis.items);
+      });
       const pick = chooseLevel(bounds, this.width, this.height);
       if (pick.level !== this.levelIndex) {
         this.levelIndex = pick.level;
@@ -367,12 +370,12 @@ export class GraphView {
       this.view = pick.view;
       return;
     }
-    this.view = chooseLevel([this.vis.bounds], this.width, this.height).view;
+    this.view = chooseLevel([boundsWithTop(this.vis.bounds, this.vis.items)], this.width, this.height).view;
   }
 
   /** Show the whole graph when names fit, else its top with names. */
   fit() {
-    this.view = chooseLevel([this.vis.bounds], this.width, this.height).view;
+    this.view = chooseLevel([boundsWithTop(this.vis.bounds, this.vis.items)], this.width, this.height).view;
     this.draw();
   }
 

@@ -21,11 +21,30 @@ export const TALL = 4; // a first view taller than this many screens prefers a f
 
 const clamp = (v, lo, hi) => Math.min(hi, Math.max(lo, v));
 
-/** The view showing the top of `bounds` at `scale`, centred horizontally when it fits, else from the left. */
+/**
+ * The view showing the top of `bounds` at `scale`: centred horizontally when it fits; else
+ * centred on the topmost box (`bounds.topX`, when known; a wide layered graph often starts in its
+ * middle), kept within the drawing; else from the left.
+ */
 export function topView(bounds, width, height, scale, pad = 20) {
   const bw = Math.max(1, bounds.maxX - bounds.minX);
-  const tx = bw * scale <= width - 2 * pad ? (width - bw * scale) / 2 - bounds.minX * scale : pad - bounds.minX * scale;
+  let tx;
+  if (bw * scale <= width - 2 * pad) tx = (width - bw * scale) / 2 - bounds.minX * scale;
+  else if (bounds.topX !== undefined && bounds.topX !== null) {
+    tx = width / 2 - bounds.topX * scale;
+    tx = Math.min(pad - bounds.minX * scale, Math.max(width - pad - bounds.maxX * scale, tx));
+  } else tx = pad - bounds.minX * scale;
   return { scale, tx, ty: pad - bounds.minY * scale };
+}
+
+/** Bounds of drawn items with `topX`: the x of the topmost box (leftmost among equals). */
+export function boundsWithTop(bounds, items) {
+  let best = null;
+  for (const it of items) {
+    const top = it.y - it.h / 2;
+    if (!best || top < best.top - 1e-6 || (Math.abs(top - best.top) <= 1e-6 && it.x < best.x)) best = { top, x: it.x };
+  }
+  return { ...bounds, topX: best ? best.x : undefined };
 }
 
 /**

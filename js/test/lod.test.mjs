@@ -71,3 +71,19 @@ test("fitText keeps the start, or the end for parameter names", () => {
   assert.equal(fitText("layers.0.self_attn.in_proj_weight", 10, true), "…oj_weight");
   assert.equal(fitText("short", 10), "short");
 });
+
+test("a drawing wider than the screen opens on its topmost box, not on empty space", async () => {
+  const { boundsWithTop } = await import("../src/lod.js");
+  const items = [
+    { x: 5000, y: 20, w: 160, h: 40 },
+    { x: 100, y: 900, w: 160, h: 40 },
+    { x: 9900, y: 900, w: 160, h: 40 },
+  ];
+  const b = boundsWithTop({ minX: 20, minY: 0, maxX: 9980, maxY: 920 }, items);
+  assert.equal(b.topX, 5000);
+  const v = topView(b, 800, 500, 0.5);
+  assert.equal(toScreen(v, 5000, 0).x, 400); // the top box in the middle of the screen
+  // near an edge the view stays within the drawing
+  const left = topView({ ...b, topX: 30 }, 800, 500, 0.5);
+  assert.equal(toScreen(left, 20, 0).x, 20);
+});
