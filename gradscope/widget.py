@@ -219,7 +219,8 @@ def recording_payload(
         # memory by category at each kept point, computed on the whole timeline first so that
         # thinning keeps every kept value exact (see NOTE [ categories from deltas ])
         "categories": [c.value for c in cats.categories],
-        "by_category": [[col[i] for i in keep] for col in cats.values],
+        # one category is all of live: not sent twice (the front end uses live)
+        "by_category": [] if len(cats.values) == 1 else [[col[i] for i in keep] for col in cats.values],
         "category_note": cats.note,
     }
     peak = None

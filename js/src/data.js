@@ -72,7 +72,8 @@ export function decodeRecording(p) {
     reserved: tl.reserved || null,
     dropped: tl.dropped || 0,
     categories: tl.categories || [],
-    byCategory: tl.by_category || [],
+    // a single category is all of live, sent once (gradscope.widget.recording_payload)
+    byCategory: tl.categories && tl.categories.length === 1 && !(tl.by_category || []).length ? [tl.live] : tl.by_category || [],
     categoryNote: tl.category_note || null,
   };
   const M = p.modules || { name: [], alive_at_peak: null, saved_activations: [] };

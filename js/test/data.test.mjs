@@ -94,3 +94,10 @@ test("a payload with four phases names them all", () => {
   p.timeline.phase = [0, 1, 2, 3, 3];
   assert.deepEqual(decodeRecording(p).timeline.phase, ["forward", "backward", "optimizer", "other", "other"]);
 });
+
+test("a single category is the live bytes, sent once", () => {
+  const p = tinyPayload();
+  p.timeline.categories = ["other"];
+  p.timeline.by_category = [];
+  assert.deepEqual(decodeRecording(p).timeline.byCategory, [p.timeline.live]);
+});
