@@ -341,6 +341,13 @@ def test_widget_in_jupyterlab(lab, browser):
         cgw.locator(".gs-timeline").scroll_into_view_if_needed()
         _assert_timeline(page, cgw, cg)
         _shot(page, "lab_timeline_1600")
+        # a step of the create_graph backward that frees nothing says why, in the notebook too
+        k = next(i for i, st in enumerate(cg.steps) if st.backward == 0 and st.freed_bytes == 0 and i > 2)
+        cgw.locator(".gs-slider").fill(str(k))
+        assert cgw.locator(".gs-steplabel").get_attribute("data-step") == str(k)
+        assert "create_graph=True, which keeps the graph" in cgw.locator(".gs-step-why").inner_text()
+        cgw.locator(".gs-stepper").scroll_into_view_if_needed()
+        _shot(page, "lab_step_why_1600")
         state0 = _run_cell(page, 4, "STATE")
         # run-all ran the SELECT cell once: node 0 chosen from Python, shown by the view
         assert state0["selected_node"] == 0 and state0["step"] == -1 and state0["reruns"] == 0
