@@ -522,7 +522,8 @@ export class ComparisonView {
         ),
       );
     });
-    this.root.appendChild(tbl);
+    // a narrow notebook scrolls the table sideways rather than squeezing its columns
+    this.root.appendChild(h("div", { class: "gs-scroll" }, [tbl]));
     const notes = h("div", { class: "gs-muted gs-cmp-notes" });
     if (Object.values(best).some((v) => v && v.length)) notes.appendChild(h("div", { text: "Highlighted: the best value per column among the candidates that are ok (and not stale)." }));
     notes.appendChild(h("div", { text: `${peakF.label}: ${peakF.definition}.` }));

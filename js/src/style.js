@@ -59,6 +59,8 @@ export const CSS = `
 .gs-table td.gs-cmp-name { white-space: nowrap; overflow-wrap: normal; }
 .gs-table td.gs-warn { color: #b45309; }
 .gs-cmp-notes { font-size: 12px; margin: 4px 0; }
+.gs-scroll { overflow-x: auto; max-width: 100%; }
+.gs-table td.gs-cmp-message { min-width: 200px; }
 .gs-root button.gs-on { background: #dbeafe; border-color: #2563eb; }
 .gs-toolbar h4 { margin: 0 8px 0 0; }
 `;
