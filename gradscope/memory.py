@@ -29,6 +29,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from gradscope._stderr import LineFilter
 from gradscope.errors import GradscopeError, MemoryBudgetExceeded
 
 __all__ = ["AllocEvent", "nvml_device_totals", "parse_size", "resolve_memory"]
@@ -136,6 +137,7 @@ class ProfilerSource:
 
     def __init__(self) -> None:
         self._prof: Any = None
+        self._noise = LineFilter()
         self.events: list[AllocEvent] = []
         self.scopes: list[EvalScope] = []
 
@@ -160,6 +162,7 @@ class ProfilerSource:
             self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
             with _quiet_stderr():
                 self._prof.__enter__()
+            self._noise.start()  # see NOTE [ the profiler's free warning ] in gradscope._stderr
         except BaseException:
             self._prof = None
             _profiler_busy = False
@@ -174,6 +177,7 @@ class ProfilerSource:
             with _quiet_stderr():
                 prof.__exit__(None, None, None)
         finally:
+            self._noise.stop()
             _profiler_busy = False
         self._parse(prof.profiler.kineto_results.experimental_event_tree())
 
