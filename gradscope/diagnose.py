@@ -39,7 +39,7 @@ import html
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -48,6 +48,9 @@ from gradscope.errors import GradscopeError
 from gradscope.recording import Recording, format_bytes
 
 __all__ = ["Diagnosis", "Finding", "GraphHolder", "HeldTensor", "diagnose"]
+
+if TYPE_CHECKING:
+    from gradscope._snapshot.diagnose import SnapshotDiagnosis
 
 _MAX_ITEMS = 10_000  # items looked at per container variable
 _MAX_NODES = 200_000  # graph nodes walked per variable
@@ -228,7 +231,7 @@ class Diagnosis:
 # ----------------------------------------------------------------------------------------------
 def diagnose(
     recording: Recording | Any, namespace: Mapping[str, Any] | None = None, *, top: int = 8
-) -> Diagnosis:
+) -> Diagnosis | SnapshotDiagnosis:
     """Say what held memory when a recorded block failed (or at its peak) and what to change.
 
     Args:
@@ -238,7 +241,8 @@ def diagnose(
         top: how many modules and tensors to list.
 
     Returns:
-        A :class:`Diagnosis`; ``print(d)`` shows the report.
+        A :class:`Diagnosis`; ``print(d)`` shows the report. For a CUDA memory snapshot
+        (``gs.load_snapshot``) a :class:`~gradscope.snapshot.SnapshotDiagnosis`.
 
     Raises:
         GradscopeError: when given something that is not a recording.
@@ -259,6 +263,10 @@ def diagnose(
             f"gradscope: diagnose() takes a Recording (rec.recording after a gs.record block), not "
             f"a {type(recording).__name__}."
         )
+    if rec.where.memory_source == "cuda snapshot":  # allocations with frames, no graph
+        from gradscope._snapshot.diagnose import diagnose_snapshot
+
+        return diagnose_snapshot(rec, top=top)
     if namespace is None:
         frame = sys._getframe(1)
         namespace = {**frame.f_globals, **frame.f_locals}

@@ -66,9 +66,13 @@ __all__ = [
     "LineBytes",
     "Oom",
     "OomCause",
+    "SegmentState",
     "SnapshotData",
+    "SnapshotDiagnosis",
+    "SnapshotFinding",
     "accumulating_lines",
     "bytes_by_line",
+    "diagnose_snapshot",
     "fragmentation",
     "group_of",
     "is_pytorch_frame",
@@ -76,7 +80,9 @@ __all__ = [
     "load_snapshot",
     "load_snapshot_devices",
     "memory_by_group",
+    "pageable_bytes",
     "read_snapshot",
+    "segment_states",
     "snapshot_data",
     "timeline_positions",
     "to_recording",
@@ -361,11 +367,14 @@ class OomCause(str, enum.Enum):
 class Fragmentation:
     """Reserved memory at one moment: how much of it was free, and in which pieces.
 
-    ``unallocated`` = ``reserved - allocated``. ``largest_free`` is the largest free piece of one
-    segment (any stream); ``largest_free_on_stream`` the largest on the request's stream (blocks
-    serve only their own stream). Free pieces are the segments' ranges minus the live blocks;
-    a block's size is exact when the snapshot's end state has it, else its request rounded up to
-    512 bytes (``exact`` says whether every live block was exact).
+    ``unallocated`` = ``reserved - allocated``; ``free_bytes`` the part of it in free pieces (the
+    rest is rounding inside live blocks, which no request can use). ``largest_free`` is the
+    largest free piece of one segment (any stream); ``largest_free_on_stream`` the largest on the
+    request's stream (blocks serve only their own stream). Free pieces are the segments' ranges
+    minus the live blocks; a block's size is exact when the snapshot's end state has it, else its
+    request rounded up to 512 bytes (``exact`` says whether every live block was exact). The
+    cause is FRAGMENTATION when the free pieces and the device's free bytes together would hold
+    the request.
     """
 
     at: int
@@ -381,16 +390,43 @@ class Fragmentation:
     device_free: int | None
     cause: OomCause
     exact: bool
+    free_bytes: int = 0
 
     def __str__(self) -> str:
         text = (
             f"reserved {format_bytes(self.reserved)}, allocated {format_bytes(self.allocated)}, "
-            f"{format_bytes(self.unallocated)} reserved but unallocated in {self.free_pieces} free pieces "
-            f"(largest {format_bytes(self.largest_free)})"
+            f"{format_bytes(self.unallocated)} reserved but unallocated, {format_bytes(self.free_bytes)} of it in "
+            f"{self.free_pieces} free pieces (largest {format_bytes(self.largest_free)})"
         )
         if self.request is not None:
             text += f"; request {format_bytes(self.request)}: {self.cause.value}"
         return text
+
+
+@dataclass(frozen=True)
+class SegmentState:
+    """One reserved range at one moment: a segment (one cudaMalloc), or the mapped part of an
+    expandable segment. ``live_bytes`` are the requested bytes of its ``live_blocks``;
+    ``free_pieces`` the (address, size) gaps between them (block sizes as in
+    :class:`Fragmentation`)."""
+
+    address: int
+    size: int
+    stream: int
+    expandable: bool
+    live_blocks: int
+    live_bytes: int
+    free_pieces: tuple[tuple[int, int], ...]
+
+    @property
+    def free_bytes(self) -> int:
+        """Bytes of the segment not covered by a live block."""
+        return sum(s for _, s in self.free_pieces)
+
+    @property
+    def largest_free(self) -> int:
+        """The largest free piece (0 when the segment is full)."""
+        return max((s for _, s in self.free_pieces), default=0)
 
 
 @dataclass(frozen=True)
@@ -1072,11 +1108,14 @@ def bytes_by_line(data: SnapshotData, at: int | None = None, group: str = "line"
 
 
 @_replay.on_one_thread
-def fragmentation(data: SnapshotData, at: int | None = None) -> Fragmentation:
-    """Reserved memory at ``at`` (default: the OOM, else the peak): allocated vs reserved, the
-    free pieces inside segments, and whether the OOM's request failed for want of a large
-    enough piece (fragmentation) or of bytes (capacity). See :class:`Fragmentation`."""
-    p = data._at(at)
+def segment_states(data: SnapshotData, at: int | None = None) -> tuple[SegmentState, ...]:
+    """Every reserved range at ``at`` (default: the OOM, else the peak), by address: its live
+    blocks and its free pieces. See :class:`SegmentState`."""
+    return _segment_states(data, data._at(at))[0]
+
+
+def _segment_states(data: SnapshotData, p: int) -> tuple[tuple[SegmentState, ...], bool]:
+    """The segments at position ``p`` and whether every live block's size was exact."""
     ranges = _replay.Ranges()
     for a, size, stream, mapped in data.initial_segments:
         ranges.add(a, size, stream, mapped)
@@ -1093,27 +1132,47 @@ def fragmentation(data: SnapshotData, at: int | None = None) -> Fragmentation:
     alive_end = t["alloc_free_at"][idx] < 0
     bsize = torch.where((exact_size >= 0) & alive_end, exact_size, rounded)
     exact = bool(((exact_size >= 0) & alive_end).all().item()) if idx.numel() else True
-    blocks = sorted(zip(t["alloc_addr"][idx].tolist(), bsize.tolist(), strict=True))
-    largest: dict[int, int] = {}
-    pieces = 0
+    blocks = sorted(zip(t["alloc_addr"][idx].tolist(), bsize.tolist(), t["alloc_size"][idx].tolist(), strict=True))
+    out = []
     bi = 0
-    for start, end, stream, _ in ranges.items:
+    for start, end, stream, is_mapped in ranges.items:
         while bi < len(blocks) and blocks[bi][0] < start:
             bi += 1
         cur = start
         j = bi
+        pieces: list[tuple[int, int]] = []
+        n_live = live = 0
         while j < len(blocks) and blocks[j][0] < end:
-            a, s = blocks[j]
+            a, s, req = blocks[j]
             if a > cur:
-                pieces += 1
-                largest[stream] = max(largest.get(stream, 0), a - cur)
+                pieces.append((cur, a - cur))
             cur = max(cur, a + s)
+            n_live += 1
+            live += req
             j += 1
         if end > cur:
-            pieces += 1
-            largest[stream] = max(largest.get(stream, 0), end - cur)
+            pieces.append((cur, end - cur))
+        out.append(SegmentState(address=start, size=end - start, stream=stream, expandable=bool(is_mapped),
+                                live_blocks=n_live, live_bytes=live, free_pieces=tuple(pieces)))
+    return tuple(out), exact
+
+
+@_replay.on_one_thread
+def fragmentation(data: SnapshotData, at: int | None = None) -> Fragmentation:
+    """Reserved memory at ``at`` (default: the OOM, else the peak): allocated vs reserved, the
+    free pieces inside segments, and whether the OOM's request failed for want of a large
+    enough piece (fragmentation) or of bytes (capacity). See :class:`Fragmentation`."""
+    p = data._at(at)
+    segs, exact = _segment_states(data, p)
+    largest: dict[int, int] = {}
+    pieces = free = 0
+    for g in segs:
+        pieces += len(g.free_pieces)
+        free += g.free_bytes
+        if g.free_pieces:
+            largest[g.stream] = max(largest.get(g.stream, 0), g.largest_free)
     allocated = data.live_bytes(p)
-    reserved = ranges.total
+    reserved = sum(g.size for g in segs)
     oom = next((o for o in data.ooms if o.at == p), None)
     request = oom.requested if oom is not None else None
     on_stream = largest.get(oom.stream, 0) if oom is not None else None
@@ -1122,15 +1181,15 @@ def fragmentation(data: SnapshotData, at: int | None = None) -> Fragmentation:
         cause = OomCause.NO_REQUEST
     elif (on_stream or 0) >= request:
         cause = OomCause.FITS
-    elif reserved - allocated + (oom.device_free or 0) >= request:
+    elif free + (oom.device_free or 0) >= request:
         cause = OomCause.FRAGMENTATION
     else:
         cause = OomCause.CAPACITY
     return Fragmentation(
         at=p, allocated=allocated, reserved=reserved, unallocated=reserved - allocated,
         largest_free=largest_any, largest_free_on_stream=on_stream, free_pieces=pieces,
-        segments=len(ranges.items), request=request, stream=None if oom is None else oom.stream,
-        device_free=None if oom is None else oom.device_free, cause=cause, exact=exact,
+        segments=len(segs), request=request, stream=None if oom is None else oom.stream,
+        device_free=None if oom is None else oom.device_free, cause=cause, exact=exact, free_bytes=free,
     )
 
 
@@ -1246,3 +1305,12 @@ def memory_by_group(data: SnapshotData, group: str = "line", top: int = 8, point
         total=tuple(grid.sum(0).tolist()) if len(groups) else tuple(0 for _ in pos_l),
         reserved=tuple(reserved.tolist()),
     )
+
+
+# the diagnosis reads the functions above; imported last, so that its module can import this one
+from gradscope._snapshot.diagnose import (  # noqa: E402
+    SnapshotDiagnosis,
+    SnapshotFinding,
+    diagnose_snapshot,
+    pageable_bytes,
+)

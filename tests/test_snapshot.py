@@ -269,7 +269,7 @@ def test_fragmentation_at_an_oom_hand_computed() -> None:
     assert f.request == 30 * MiB and f.device_free == 20 * MiB
     assert f.cause is OomCause.FRAGMENTATION  # 37.5 MiB free in segments + 20 MiB on the device
     assert f.exact
-    assert "request 30.0 MiB: fragmentation" in str(f)
+    assert "request 30.0 MiB: fragmentation" in str(f) and f.free_bytes == f.unallocated
 
 
 def test_fragmentation_capacity_and_streams() -> None:
