@@ -15,9 +15,16 @@ import json
 from typing import Any
 
 from gradscope.recording import Recording
-from gradscope.widget import bundle_text, comparison_payload, recording_payload
+from gradscope.widget import (
+    bundle_text,
+    comparison_payload,
+    is_snapshot,
+    job_payload,
+    recording_payload,
+    snapshot_payload,
+)
 
-__all__ = ["comparison_html", "page_html", "recording_html"]
+__all__ = ["comparison_html", "job_page_html", "page_html", "recording_html"]
 
 # NOTE [ no network in pages ]: the page's Content-Security-Policy allows inline script and
 # style and data:/blob: images only, so a page cannot fetch anything even if some code tried.
@@ -45,8 +52,10 @@ def _inline_script(js: str) -> str:
     return js.replace("</script", "<\\/script").replace("</SCRIPT", "<\\/SCRIPT").replace("<!--", "<\\!--")
 
 
-def page_html(payload: dict[str, Any], title: str) -> str:
-    """A complete HTML document rendering ``payload`` (from recording_payload/comparison_payload)."""
+def page_html(payload: dict[str, Any], title: str, fallback: str | None = None) -> str:
+    """A complete HTML document rendering ``payload`` (from recording_payload/comparison_payload).
+    ``fallback``: HTML shown where scripts do not run (escaped by its maker)."""
+    noscript = fallback if fallback is not None else "This gradscope page needs JavaScript to draw the graph and timeline."
     return (
         '<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
         f'<meta http-equiv="Content-Security-Policy" content="{_CSP}">\n'
@@ -54,7 +63,7 @@ def page_html(payload: dict[str, Any], title: str) -> str:
         f"<title>{_html.escape(title)}</title>\n"
         "<style>body { margin: 12px; background: #f5f7fa; }</style>\n"
         "</head>\n<body>\n"
-        "<noscript>This gradscope page needs JavaScript to draw the graph and timeline.</noscript>\n"
+        f"<noscript>{noscript}</noscript>\n"
         f'<script type="application/json" id="gradscope-data">{_inline_json(payload)}</script>\n'
         '<div id="gradscope-page"></div>\n'
         f'<script type="module">\n{_inline_script(bundle_text())}\n</script>\n'
@@ -63,9 +72,18 @@ def page_html(payload: dict[str, Any], title: str) -> str:
 
 
 def recording_html(rec: Recording) -> str:
-    """One self-contained page for a recording (what :meth:`Recording.to_html` writes)."""
+    """One self-contained page for a recording (what :meth:`Recording.to_html` writes); a CUDA
+    memory snapshot (``gs.load_snapshot``) gets the snapshot view."""
     label = rec.label or "recording"
-    return page_html(recording_payload(rec), f"gradscope · {label}")
+    payload = snapshot_payload(rec) if is_snapshot(rec) else recording_payload(rec)
+    return page_html(payload, f"gradscope · {label}")
+
+
+def job_page_html(job: Any) -> str:
+    """One self-contained page for a :class:`~gradscope.job.Job` (what ``Job.to_html`` writes):
+    the job view, and the script-free table and timelines where scripts do not run."""
+    title = "gradscope job" + (f" · {job.label}" if job.label else "")
+    return page_html(job_payload(job), title, fallback=job._repr_html_())
 
 
 def comparison_html(cmp: Any) -> str:

@@ -82,6 +82,8 @@ class _State:
     finished: Any = None  # Recording finished by the exception handler, for the cell magic
     last: Any = None  # the last Diagnosis shown
     recording_name: str = RECORDING_NAME  # where the running cell's recording will be kept
+    snapshot_dir: str = "."  # where oom on saves the allocator snapshot of a CUDA OOM
+    last_snapshot: str | None = None  # the path of the last one saved
 
 
 _STATES: weakref.WeakKeyDictionary[Any, _State] = weakref.WeakKeyDictionary()
@@ -190,6 +192,12 @@ class GradscopeMagics(Magics):
         choices=_MEMORY_CHOICES,
         help="with oom on: memory source for the per-cell recording",
     )
+    @argument(
+        "--snapshot-dir",
+        metavar="DIR",
+        default=".",
+        help="with oom on and CUDA: where to save the allocator snapshot of a cell that runs out of memory",
+    )
     @line_magic("gradscope")  # type: ignore[arg-type]
     def gradscope_line(self, line: str) -> None:
         """``%gradscope oom on [--budget SIZE] [--memory SOURCE]`` / ``%gradscope oom off`` /
@@ -220,6 +228,7 @@ class GradscopeMagics(Magics):
                 "gradscope: --memory cuda but CUDA is not available; use --memory tracker "
                 "with --budget SIZE to simulate a device."
             )
+        st.snapshot_dir = args.snapshot_dir
         _oom_on(self.shell, st, budget, memory)
         print(_oom_status(st))
 
@@ -420,6 +429,9 @@ def _oom_status(st: _State) -> str:
         f"gradscope: OOM diagnosis is on: each cell runs under a recording ({dev}); a cell that "
         "raises torch.OutOfMemoryError shows a diagnosis before its traceback."
     )
+    if st.oom_memory == "cuda":
+        text += (f" With the allocator's history on, a CUDA OOM also saves its snapshot in {st.snapshot_dir!r} "
+                 "(gs.load_snapshot(path), or PyTorch's memory_viz).")
     if st.oom_budget is None and st.oom_memory != "cuda":
         text += (
             " No GPU and no --budget: nothing here will run out of memory; add --budget SIZE "
@@ -510,6 +522,47 @@ def _users_recording(value: BaseException, ns: dict[str, Any]) -> tuple[str, Rec
     return None
 
 
+# NOTE [ the allocator snapshot of an OOM ]: with oom on and CUDA, every watched cell runs with
+# the caching allocator's history on (the recording's CUDA source starts it). When a cell runs out
+# of memory, the handler first writes that history to a file, before the recording is finished
+# (finishing turns the history off), with PyTorch's own writer: the file is what
+# torch.cuda.memory._dump_snapshot writes, so PyTorch's memory_viz opens it, and gs.load_snapshot
+# reads it back into the same diagnosis the handler prints (it prints the one from the file).
+def _save_snapshot(st: _State) -> tuple[str | None, str | None]:
+    """Write the allocator snapshot of the failing cell; (path, None) or (None, why not)."""
+    import os
+
+    from gradscope.memory import cuda_stats
+
+    directory = st.snapshot_dir or "."
+    try:
+        os.makedirs(directory, exist_ok=True)
+        k = 1
+        while os.path.exists(os.path.join(directory, f"gradscope-oom-{k}.pickle")):
+            k += 1
+        path = os.path.join(directory, f"gradscope-oom-{k}.pickle")
+        cuda_stats().dump_snapshot(path)
+    except Exception as e:  # never hide the user's traceback
+        return None, f"{type(e).__name__}: {e}"
+    st.last_snapshot = path
+    return path, None
+
+
+def _snapshot_text(saved: tuple[str | None, str | None]) -> str:
+    path, error = saved
+    if path is None:
+        return f"gradscope: could not save the allocator snapshot of this OOM ({error})."
+    head = (f"gradscope: the allocator's history of this cell is saved as {path} (PyTorch's memory_viz opens "
+            f"it too); gs.diagnose(gs.load_snapshot({path!r})) says:")
+    try:
+        from gradscope.diagnose import diagnose
+        from gradscope.snapshot import load_snapshot
+
+        return head + "\n" + diagnose(load_snapshot(path)).text()
+    except Exception as e:
+        return head + f"\n(could not read it back: {type(e).__name__}: {e})"
+
+
 def _make_post(shell: Any) -> Any:
     def post_run_cell(result: Any) -> None:
         st = _STATES.get(shell)
@@ -571,6 +624,9 @@ def _oom_handler(
         rec = st.active
         name = st.recording_name
         recording: Recording | None
+        snapshot = None
+        if rec is not None and st.watching and st.oom_memory == "cuda":
+            snapshot = _save_snapshot(st)  # while the allocator's history is still on
         if rec is not None:
             recording = _finish(st, rec, value, shell.user_ns)
             if recording is not None:
@@ -590,6 +646,8 @@ def _oom_handler(
                 text = d.text() + "\n" + _where_it_is(name)
             except Exception as e:  # a diagnosis must never hide the user's traceback
                 text = f"gradscope: could not diagnose this OOM ({type(e).__name__}: {e})"
+            if snapshot is not None:
+                text += "\n" + _snapshot_text(snapshot)
         else:
             text = (
                 "gradscope: this cell ran without a recording (it records on its own, or OOM "

@@ -57,6 +57,7 @@ __all__ = [
     "TimelineSeries",
     "diagnose_job",
     "job_html",
+    "job_payload",
     "job_view",
     "load_ranks",
 ]
@@ -161,9 +162,13 @@ class Job:
         return diagnose_job(self, budget=budget)
 
     def to_html(self, path: str | os.PathLike[str] | None = None) -> str:
-        """One self-contained page: per-rank table, imbalance, overlaid timelines as inline SVG.
-        No script, no network. Returns the HTML; writes it to ``path`` when given."""
-        page = job_html(self)
+        """One self-contained page (script and data inline, no network): the job view of the
+        notebook widget (per-rank table, imbalance, overlaid timelines, communication, each rank's
+        graph), and where scripts do not run, the table and timelines of :func:`job_html`.
+        Returns the HTML; writes it to ``path`` when given."""
+        from gradscope.html import job_page_html
+
+        page = job_page_html(self)
         if path is not None:
             _write_text(os.fspath(path), page)
         return page
@@ -193,7 +198,13 @@ class Job:
         return _html_fragment(self, job_view(self))
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        return {"text/plain": self.summary(), "text/html": self._repr_html_()}
+        """The widget in a notebook (gs.show(job)), with the text summary and the script-free
+        table and timelines for renderers without widgets."""
+        from gradscope.widget import mimebundle
+
+        out = mimebundle(self)
+        out.setdefault("text/html", self._repr_html_())
+        return out
 
     def __repr__(self) -> str:
         counts = ", ".join(f"{n} {k}" for k, n in self.status_counts().items())
@@ -282,11 +293,14 @@ class Imbalance:
 @dataclass(frozen=True)
 class TimelineSeries:
     """One rank's memory over time: (seconds since its first point, live bytes), downsampled to
-    at most a few hundred points with every local maximum kept, so the peak is never lost."""
+    at most a few hundred points with every local maximum kept, so the peak is never lost.
+    ``phases[i]`` is the phase of ``points[i]`` (forward, backward, optimizer, other), so that
+    views can line the ranks' phases up."""
 
     rank: int
     points: tuple[tuple[float, int], ...]
     peak_t_s: float | None
+    phases: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -518,21 +532,22 @@ def _series(rank: int, r: Recording) -> TimelineSeries:
     pts = r.timeline
     t0 = pts[0].t_s
     raw = [(p.t_s - t0, p.live) for p in pts]
+    keep = list(range(len(raw)))
     if len(raw) > _TIMELINE_POINTS:
         # NOTE [ downsampling keeps the peak ]: one bucket per pixel-ish column, and in each
         # bucket its first point, its lowest and its highest, in time order.
         per = math.ceil(len(raw) / (_TIMELINE_POINTS // 3))
-        kept: list[tuple[float, int]] = []
+        keep = []
         for i in range(0, len(raw), per):
             chunk = raw[i : i + per]
             picks = {0, min(range(len(chunk)), key=lambda j: chunk[j][1]),
                      max(range(len(chunk)), key=lambda j: chunk[j][1])}
-            kept.extend(chunk[j] for j in sorted(picks))
-        if kept[-1] != raw[-1]:
-            kept.append(raw[-1])
-        raw = kept
+            keep.extend(i + j for j in sorted(picks))
+        if keep[-1] != len(raw) - 1:
+            keep.append(len(raw) - 1)
     peak_t = None if r.peak is None or not math.isfinite(r.peak.t_s) else max(0.0, r.peak.t_s - t0)
-    return TimelineSeries(rank, tuple((round(t, 9), v) for t, v in raw), peak_t)
+    return TimelineSeries(rank, tuple((round(raw[i][0], 9), raw[i][1]) for i in keep), peak_t,
+                          tuple(getattr(pts[i].phase, "value", str(pts[i].phase)) for i in keep))
 
 
 def _collectives(rank: int, r: Recording) -> list[CollectiveSpan]:
@@ -571,6 +586,81 @@ def _collectives(rank: int, r: Recording) -> list[CollectiveSpan]:
 def _span(rank: int, cur: list[Any], t0: float) -> CollectiveSpan:
     label, ta, tb, first, top = cur
     return CollectiveSpan(rank, label, ta - t0, tb - t0, max(0, top - first), "timeline labels")
+
+
+# ----------------------------------------------------------------------------------------------
+# the widget's and the page's data
+# ----------------------------------------------------------------------------------------------
+MAX_RANKS_WITH_GRAPHS = 8  # ranks whose whole recording (graph, steps) travels with the job's view
+
+
+def job_payload(job: Job, *, recording_payload: Any = None, version: int = 2) -> dict[str, Any]:
+    """What the widget and the page draw for a job, read from :func:`job_view`: the per-rank
+    rows, the imbalance, the overlaid timelines (with each point's phase), the communication
+    spans, and, for jobs of at most ``MAX_RANKS_WITH_GRAPHS`` ranks, each rank's own recording
+    (``recording_payload(rec)``, from :mod:`gradscope.widget`) for its graph and step-through."""
+    v = job_view(job)
+    phases = ("forward", "backward", "optimizer", "other")
+
+    def shape(t: tuple[int, ...]) -> str:
+        return "×".join(str(d) for d in t) if t else "scalar"
+
+    rows = [
+        {
+            "rank": r.rank, "status": r.status.value, "message": r.message, "peak_bytes": r.peak_bytes,
+            "baseline_bytes": r.baseline_bytes, "saved_bytes": r.saved_bytes,
+            "saved_at_peak": r.saved_bytes_at_peak, "time_s": _finite(r.time_s), "nodes": r.nodes,
+            "peak_phase": r.peak_phase, "peak_module": r.peak_module, "peak_label": r.peak_label,
+            "inputs": [shape(t) for t in r.inputs[:3]], "source": e.source,
+        }
+        for r, e in zip(v.rows, job.ranks, strict=True)
+    ]
+    imb = v.imbalance
+    imbalance = None if imb is None else {
+        "heaviest": imb.heaviest, "lightest": imb.lightest, "heavy_peak": imb.heavy_peak,
+        "light_peak": imb.light_peak, "ratio": _finite(imb.ratio), "sentence": imb.sentence,
+        "sizes": [{"what": d.what, "heavy": d.heavy, "light": d.light, "input": d.input} for d in imb.sizes],
+        "modules": [[d.name, d.heavy_bytes, d.light_bytes] for d in imb.modules[:8]],
+        "held": [[d.name, d.heavy_bytes, d.light_bytes] for d in imb.held[:8]],
+        "heavy_phase": imb.heavy_phase, "light_phase": imb.light_phase,
+        "heavy_module": imb.heavy_module, "light_module": imb.light_module,
+    }
+    timelines = [
+        {"rank": tl.rank, "t": [p[0] for p in tl.points], "live": [p[1] for p in tl.points],
+         "phase": [phases.index(ph) if ph in phases else 3 for ph in tl.phases] if tl.phases else None,
+         "peak_t": _finite(tl.peak_t_s)}
+        for tl in v.timelines
+    ]
+    collectives = [{"rank": c.rank, "op": c.op, "t0": _finite(c.t_start_s), "t1": _finite(c.t_end_s),
+                    "bytes": c.bytes, "source": c.source} for c in v.collectives]
+    notes = list(v.notes)
+    recordings: list[Any] | None = None
+    if recording_payload is not None:
+        if job.world_size <= MAX_RANKS_WITH_GRAPHS:
+            recordings = [None if e.recording is None else recording_payload(e.recording) for e in job.ranks]
+        else:
+            notes.append(f"graphs and step-through are shown for jobs of up to {MAX_RANKS_WITH_GRAPHS} ranks; "
+                         "gs.show(job.recordings[r]) shows one rank's.")
+    return {
+        "version": version,
+        "kind": "job",
+        "label": job.label,
+        "world_size": job.world_size,
+        "counts": job.status_counts(),
+        "rows": rows,
+        "imbalance": imbalance,
+        "timelines": timelines,
+        "phases": list(phases),
+        "collectives": collectives,
+        "notes": notes,
+        "recordings": recordings,
+    }
+
+
+def _finite(v: float | None) -> float | None:
+    if v is None or not math.isfinite(v):
+        return None
+    return round(float(v), 9)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -640,9 +730,11 @@ def _op_family(op: str) -> str:
 # ----------------------------------------------------------------------------------------------
 # HTML: a table and inline SVG, no script
 # ----------------------------------------------------------------------------------------------
-# NOTE [ the job page has no script ]: like the recording page (see NOTE [ no network in pages ]
-# in gradscope.html) the Content-Security-Policy forbids every fetch; this page is stricter: it
-# has no script at all, only a table and SVG, so it needs no bundle and renders anywhere.
+# NOTE [ the job's script-free view ]: the job view itself is the widget's front end (the page
+# Job.to_html writes inlines it, see gradscope.html.job_page_html). This table and SVG are what
+# shows where no script runs: a notebook rendered by nbconvert or on a code host (the text/html
+# of Job._repr_mimebundle_), the page's <noscript>, and job_html(), a page with no script at all
+# (its Content-Security-Policy allows none), which renders anywhere.
 _JOB_CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 _COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 _STYLE = (
@@ -656,7 +748,8 @@ _STYLE = (
 
 
 def job_html(job: Job) -> str:
-    """The complete page :meth:`Job.to_html` writes."""
+    """A page with no script at all: the per-rank table, the imbalance and the overlaid
+    timelines as inline SVG (see NOTE [ the job's script-free view ])."""
     title = "gradscope job" + (f" · {job.label}" if job.label else "")
     return (
         '<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'

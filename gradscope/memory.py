@@ -32,7 +32,7 @@ from torch.utils._pytree import tree_leaves
 from gradscope._stderr import LineFilter
 from gradscope.errors import GradscopeError, MemoryBudgetExceeded
 
-__all__ = ["AllocEvent", "nvml_device_totals", "parse_size", "resolve_memory"]
+__all__ = ["AllocEvent", "cuda_stats", "nvml_device_totals", "parse_size", "resolve_memory"]
 
 _MODES = ("auto", "cpu", "cuda", "tracker", "off")
 
@@ -487,6 +487,7 @@ class CudaStats(Protocol):
     def total_memory(self, device: Any) -> int: ...
     def start_history(self, max_entries: int) -> None: ...
     def stop_history(self, device: Any) -> dict[str, Any]: ...
+    def dump_snapshot(self, path: str) -> None: ...
 
 
 class _TorchCudaStats:
@@ -521,6 +522,16 @@ class _TorchCudaStats:
             return dict(torch.cuda.memory._snapshot(device))
         finally:
             torch.cuda.memory._record_memory_history(enabled=None)
+
+    def dump_snapshot(self, path: str) -> None:
+        """The allocator's state and history as PyTorch writes it (``gs.load_snapshot`` and
+        PyTorch's memory_viz read it); call while the history is on."""
+        torch.cuda.memory._dump_snapshot(path)
+
+
+def cuda_stats() -> CudaStats:
+    """The CUDA allocator boundary (``torch.cuda``'s; tests replace ``_TorchCudaStats``)."""
+    return _TorchCudaStats()
 
 
 class CudaSource:

@@ -33,6 +33,8 @@ def _one_line(text: str, limit: int = 120) -> str:
 
 def summary_text(rec: Recording, top: int = 5) -> str:
     """The summary printed by :meth:`Recording.summary`."""
+    if rec.where.memory_source == "cuda snapshot":
+        return _snapshot_summary(rec, top)
     lines: list[str] = []
     title = f"gradscope recording {_one_line(rec.label)!s}" if rec.label else "gradscope recording"
     if not rec.complete:
@@ -136,3 +138,49 @@ def _backward_calls_text(rec: Recording) -> str:
         elif c.get("retain_graph") is True:
             kept.append(f"backward {i} with retain_graph=True")
     return ("; " + ", ".join(kept) + " (the graph was kept)") if kept else ""
+
+
+def _snapshot_summary(rec: Recording, top: int) -> str:
+    """A recording made by ``gs.load_snapshot``: allocations over a trace, not a graph."""
+    from gradscope.snapshot import bytes_by_line, group_of, snapshot_data
+
+    d = snapshot_data(rec)
+    title = f"gradscope recording {_one_line(rec.label)}" if rec.label else "gradscope recording"
+    if not rec.complete:
+        title += " (INCOMPLETE: CUDA out of memory)" if d.oom is not None else (
+            " (INCOMPLETE: " + _one_line(rec.error or "stopped early") + ")")
+    lines = [title, f"  device {rec.where.device}, memory source: cuda snapshot"]
+    span = "" if d.time_us is None or not d.events else f" over {d.t_s(d.events - 1):.3f} s"
+    alive = sum(1 for f in d.alloc_free_at if f < 0)
+    lines.append(
+        f"  a CUDA memory snapshot (torch.cuda.memory._dump_snapshot): {d.events} trace events{span}, "
+        f"{d.allocations} allocations ({alive} still alive at its end); no autograd graph: a snapshot "
+        "records allocations with their Python frames, not the graph"
+    )
+    peak = f"  peak: {format_bytes(rec.peak_bytes)} ({rec.peak_bytes} bytes) allocated"
+    if d.peak_at >= 0:
+        peak += f" at trace event {d.peak_at}"
+        if rec.peak is not None and rec.peak.label:
+            peak += f" ({_one_line(rec.peak.label, 80)})"
+    if rec.reserved_peak_bytes is not None:
+        peak += f"; reserved peak {format_bytes(rec.reserved_peak_bytes)}"
+    lines.append(peak)
+    oom = d.oom
+    if oom is not None:
+        where = f" from {_one_line(group_of(oom.frames), 80)}" if oom.frames else ""
+        free = "" if oom.device_free is None else f", {format_bytes(oom.device_free)} free on the device"
+        lines.append(f"  OOM at trace event {oom.at}: tried to allocate {format_bytes(oom.requested)}{where} with "
+                     f"{format_bytes(oom.allocated)} allocated, {format_bytes(oom.reserved)} reserved{free}")
+    moment = "at the OOM" if oom is not None else "at the peak"
+    rows = bytes_by_line(d) if d.default_at >= 0 or d.initial_allocated else ()
+    if rows:
+        lines.append(f"  live {moment} by source line:")
+        lines.extend(f"    {_one_line(str(r), 160)}" for r in rows[:top])
+        if len(rows) > top:
+            rest = rows[top:]
+            lines.append(f"    ({len(rest)} other lines: {format_bytes(sum(r.bytes for r in rest))})")
+    lines.append("  gs.diagnose(rec) explains the OOM (or the peak); gs.show(rec) draws memory by line over time "
+                 "and the live blocks at any moment")
+    for n in rec.notes:
+        lines.append("note: " + _one_line(n, 300))
+    return "\n".join(lines)

@@ -29,14 +29,20 @@ __all__ = [
     "MAX_TIMELINE_POINTS",
     "PAYLOAD_VERSION",
     "ComparisonWidget",
+    "JobWidget",
     "RecordingWidget",
+    "SnapshotWidget",
     "bundle_path",
     "bundle_text",
     "comparison_payload",
+    "is_snapshot",
+    "job_payload",
     "mimebundle",
     "payload_json",
+    "payload_of",
     "recording_payload",
     "show",
+    "snapshot_payload",
 ]
 
 MAX_TIMELINE_POINTS = 6000
@@ -379,17 +385,55 @@ def comparison_payload(cmp: Any) -> dict[str, Any]:
     }
 
 
-def payload_json(obj: Any, *, collapse: bool | int | str = "auto") -> str:
-    """The payload of a Recording or Comparison as compact JSON text."""
+def is_snapshot(obj: Any) -> bool:
+    """Whether ``obj`` is a recording made by ``gs.load_snapshot`` (drawn by the snapshot view)."""
+    return isinstance(obj, Recording) and obj.where.memory_source == "cuda snapshot"
+
+
+def _is_job(obj: Any) -> bool:
+    from gradscope.job import Job
+
+    return isinstance(obj, Job)
+
+
+def snapshot_payload(rec: Recording, **kwargs: Any) -> dict[str, Any]:
+    """The front end's data for a CUDA memory snapshot (see NOTE [ a bounded snapshot payload ]
+    in ``gradscope._snapshot.payload``): memory by frame group over time, the largest live
+    blocks at each moment with their stacks, the OOM and the diagnosis."""
+    if not is_snapshot(rec):
+        raise GradscopeError("gradscope: snapshot_payload takes a recording made by gs.load_snapshot(path).")
+    from gradscope._snapshot.payload import snapshot_payload as build
+
+    return build(rec, version=PAYLOAD_VERSION, **kwargs)
+
+
+def job_payload(job: Any) -> dict[str, Any]:
+    """The front end's data for a :class:`~gradscope.job.Job` (see ``gradscope.job.job_payload``)."""
+    from gradscope.job import job_payload as build
+
+    return build(job, recording_payload=recording_payload, version=PAYLOAD_VERSION)
+
+
+def payload_of(obj: Any, *, collapse: bool | int | str = "auto") -> dict[str, Any]:
+    """The payload of a Recording (a snapshot's own kind for ``gs.load_snapshot``), a Comparison
+    or a Job."""
+    if is_snapshot(obj):
+        return snapshot_payload(obj)
     if isinstance(obj, Recording):
-        payload = recording_payload(obj, collapse=collapse)
-    elif _is_comparison(obj):
-        payload = comparison_payload(obj)
-    else:
-        raise GradscopeError(
-            f"gradscope: cannot show a {type(obj).__name__}; pass a Recording (rec.recording) or a "
-            "Comparison (from gs.compare)."
-        )
+        return recording_payload(obj, collapse=collapse)
+    if _is_comparison(obj):
+        return comparison_payload(obj)
+    if _is_job(obj):
+        return job_payload(obj)
+    raise GradscopeError(
+        f"gradscope: cannot show a {type(obj).__name__}; pass a Recording (rec.recording), a "
+        "Comparison (from gs.compare) or a Job (from gs.gather or gs.load_ranks)."
+    )
+
+
+def payload_json(obj: Any, *, collapse: bool | int | str = "auto") -> str:
+    """The payload of a Recording, Comparison or Job as compact JSON text."""
+    payload = payload_of(obj, collapse=collapse)
     return json.dumps(payload, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
 
 
@@ -528,6 +572,52 @@ if _anywidget is not None:
             if t is not None:
                 t.join(timeout)
 
+    class SnapshotWidget(_anywidget.AnyWidget):  # type: ignore[misc,name-defined]
+        """A CUDA memory snapshot: memory over time by allocating line (function, file), the OOM,
+        the reserved bytes, and the largest live blocks with their stacks at any moment.
+
+        Synced state: ``position`` (the trace position shown, one of the sampled moments; settable
+        from Python, which shows the nearest sampled moment) and ``group`` (``"line"``,
+        ``"function"`` or ``"file"``). :meth:`live_blocks` answers for the position exactly.
+        """
+
+        data = _t.Unicode("{}").tag(sync=True)
+        position = _t.Int(-2).tag(sync=True)
+        group = _t.Unicode("line").tag(sync=True)
+
+        def __init__(self, recording: Recording, **kwargs: Any) -> None:
+            self._esm = bundle_text()
+            payload = snapshot_payload(recording)
+            default = payload["positions"][payload["default"]] if payload["positions"] else -2
+            super().__init__(data=json.dumps(payload, separators=(",", ":"), allow_nan=False,
+                                             ensure_ascii=False), position=default, **kwargs)
+            self.recording = recording
+
+        def live_blocks(self, limit: int | None = None) -> Any:
+            """Every block alive at ``position`` (largest first, with frames), replayed exactly."""
+            from gradscope.snapshot import live_blocks, snapshot_data
+
+            return live_blocks(snapshot_data(self.recording), None if self.position < -1 else self.position, limit)
+
+    class JobWidget(_anywidget.AnyWidget):  # type: ignore[misc,name-defined]
+        """A job's ranks side by side: per-rank figures, the imbalance, overlaid timelines and
+        communication spans; one rank's graph and step-through below.
+
+        Synced state: ``selected_rank`` (the rank whose recording is shown below, -1 for none) and
+        ``align`` (``"time"``, ``"normalized"`` or ``"phase"``: how the timelines are overlaid).
+        """
+
+        data = _t.Unicode("{}").tag(sync=True)
+        selected_rank = _t.Int(-1).tag(sync=True)
+        align = _t.Unicode("normalized").tag(sync=True)
+        selected_node = _t.Int(-1).tag(sync=True)
+        step = _t.Int(-1).tag(sync=True)
+
+        def __init__(self, job: Any, **kwargs: Any) -> None:
+            self._esm = bundle_text()
+            super().__init__(data=payload_json(job), **kwargs)
+            self.job = job
+
 else:  # pragma: no cover
 
     class RecordingWidget:  # type: ignore[no-redef]
@@ -537,6 +627,18 @@ else:  # pragma: no cover
             _need_widgets()
 
     class ComparisonWidget:  # type: ignore[no-redef]
+        """Placeholder: the widget needs anywidget."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            _need_widgets()
+
+    class SnapshotWidget:  # type: ignore[no-redef]
+        """Placeholder: the widget needs anywidget."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            _need_widgets()
+
+    class JobWidget:  # type: ignore[no-redef]
         """Placeholder: the widget needs anywidget."""
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -559,13 +661,17 @@ def show(obj: Any, *, collapse: bool | int | str = "auto") -> Any:
     rec = getattr(obj, "recording", None)
     if not isinstance(obj, Recording) and isinstance(rec, Recording) and not _is_comparison(obj):
         obj = rec
+    if is_snapshot(obj):
+        return SnapshotWidget(obj)
     if isinstance(obj, Recording):
         return RecordingWidget(obj, collapse=collapse)
     if _is_comparison(obj):
         return ComparisonWidget(obj)
+    if _is_job(obj):
+        return JobWidget(obj)
     raise GradscopeError(
-        f"gradscope: gs.show() takes a Recording (rec.recording) or a Comparison (gs.compare(...)), "
-        f"not a {type(obj).__name__}."
+        f"gradscope: gs.show() takes a Recording (rec.recording, or gs.load_snapshot(path)), a Comparison "
+        f"(gs.compare(...)) or a Job (gs.gather / gs.load_ranks), not a {type(obj).__name__}."
     )
 
 
@@ -585,7 +691,12 @@ def mimebundle(obj: Any) -> dict[str, Any]:
     try:
         from gradscope.html import comparison_html, recording_html
 
-        out["text/html"] = recording_html(obj) if isinstance(obj, Recording) else comparison_html(obj)
+        if isinstance(obj, Recording):
+            out["text/html"] = recording_html(obj)
+        elif _is_job(obj):
+            out["text/html"] = obj._repr_html_()  # the table and SVG: no script to run
+        else:
+            out["text/html"] = comparison_html(obj)
     except GradscopeError:
         pass
     return out

@@ -13,7 +13,14 @@ import pytest
 from _snapshots import TORCH, FakeAllocator, MiB, Oom, frames, snapshot, training_snapshot
 
 import gradscope as gs
-from gradscope.snapshot import OomCause, SnapshotDiagnosis, pageable_bytes, segment_states, snapshot_data
+from gradscope.snapshot import (
+    OomCause,
+    SnapshotDiagnosis,
+    pageable_bytes,
+    segment_size_for,
+    segment_states,
+    snapshot_data,
+)
 
 LINEAR = (f"{TORCH}/nn/modules/linear.py", 125, "forward")
 CALL = (f"{TORCH}/nn/modules/module.py", 1750, "_call_impl")
@@ -80,8 +87,12 @@ def test_a_list_keeping_graphs_fills_the_device() -> None:
     assert "autograd graphs" in acc[0].message and "train.py:80 validate" in acc[0].suggestion
     cap = [f for f in d.findings if f.pattern == "capacity"]
     assert len(cap) == 1 and d.findings[0] is cap[0]  # the cause first, then what fed it
-    short = oom["size"] - (_free_truth(a) + oom["device_free"])
+    # the free pieces cannot hold the request, so it needed a new segment: 20 MiB for a 2 MiB request
+    assert _free_truth(a) < oom["size"]
+    short = max(oom["size"] - _free_truth(a), 20 * MiB - oom["device_free"])
     assert short > 0 and cap[0].bytes == short
+    assert f"needed a new segment of 20.0 MiB and the device had {gs.recording.format_bytes(oom['device_free'])} " \
+           "free" in cap[0].message
     assert d.fragmentation.cause is OomCause.CAPACITY
     assert "releasing it leaves room" in cap[0].suggestion  # the kept outputs are more than was missing
     assert steps * 1536 * 1024 >= short
@@ -212,9 +223,10 @@ def test_capacity_names_the_lines_that_hold_most() -> None:
     assert [(r.key, r.bytes, r.blocks) for r in d.by_line] == [
         ("model.py:20 forward", 45 * MiB, 3), ("model.py:10 __init__", 40 * MiB, 1)]
     (cap,) = d.findings
-    assert cap.pattern == "capacity" and cap.bytes == 15 * MiB
-    assert "the 30.0 MiB request is 15.0 MiB more than all free memory together (15.0 MiB free in " \
-           "reserved segments + 0 B free on the device)" in cap.message
+    # the 15 MiB of free pieces cannot hold it; a new 30 MiB segment cannot come from a full device
+    assert cap.pattern == "capacity" and cap.bytes == 30 * MiB
+    assert "the free pieces of reserved memory hold 15.0 MiB, less than the 30.0 MiB request, so the " \
+           "allocator needed a new segment of 30.0 MiB and the device had 0 B free" in cap.message
     assert "hold less where the memory is: model.py:20 forward (45.0 MiB), model.py:10 __init__ (40.0 MiB)" \
         in cap.suggestion
 
@@ -293,3 +305,8 @@ def test_hostile_frame_names_stay_on_one_line() -> None:
 
 def _frames_of(e: dict[str, Any]) -> list[dict[str, Any]]:
     return e.get("frames", [])
+
+
+def test_segment_sizes_follow_the_allocator() -> None:
+    assert [segment_size_for(n) for n in (1, 1 << 20, (1 << 20) + 1, (10 << 20) - 1, 10 << 20, (21 << 20) + 5)] \
+        == [2 * MiB, 2 * MiB, 20 * MiB, 20 * MiB, 10 * MiB, 22 * MiB]

@@ -57,6 +57,7 @@ from gradscope.snapshot import (
     fragmentation,
     group_of,
     is_pytorch_frame,
+    segment_size_for,
     segment_states,
     snapshot_data,
 )
@@ -329,22 +330,26 @@ def _oom_findings(data: SnapshotData, frag: Fragmentation, segs: tuple[SegmentSt
             f"make the tensor requested at {_request_line(oom)} smaller (a smaller batch or sequence, chunks "
             "processed one at a time, a lower precision), or run on a device with more memory.",
         )]
-    short = request - free_total
+    need = segment_size_for(request)
+    short = max(request - frag.free_bytes, need - device_free)
     if acc:
-        how = (f"the accumulating memory below holds {format_bytes(sum(a.bytes for a in acc))}"
-               + (", more than the request lacked: releasing it leaves room" if sum(a.bytes for a in acc) >= short
-                  else ", less than the request lacked: release it, then hold less at the lines above"))
-        suggestion = f"{how}."
+        kept = sum(a.bytes for a in acc)
+        suggestion = (f"the accumulating memory below holds {format_bytes(kept)}"
+                      + (f", more than the {format_bytes(short)} that was missing: releasing it leaves room."
+                         if kept >= short else
+                         f", less than the {format_bytes(short)} that was missing: release it, then hold less at "
+                         "the lines above."))
     else:
         suggestion = (f"hold less where the memory is: {holders}: a smaller batch, activation checkpointing "
                       "(torch.utils.checkpoint) around the blocks that allocate most, or lower precision "
                       "(torch.autocast).")
     return [SnapshotFinding(
         "capacity", short,
-        f"not fragmentation: the {format_bytes(request)} request is {format_bytes(short)} more than all free "
-        f"memory together ({format_bytes(frag.free_bytes)} free in reserved segments + {format_bytes(device_free)} "
-        f"free on the device), so no allocator setting makes room; {format_bytes(frag.allocated)} was allocated, "
-        f"most by {holders}.",
+        f"not fragmentation: the free pieces of reserved memory hold {format_bytes(frag.free_bytes)}, less than "
+        f"the {format_bytes(request)} request, so the allocator needed a new segment of {format_bytes(need)} "
+        f"and the device had {format_bytes(device_free)} free (or the process's share of it was used up): "
+        f"{format_bytes(short)} short, and no allocator setting makes room; {format_bytes(frag.allocated)} was "
+        f"allocated, most by {holders}.",
         suggestion,
     )]
 

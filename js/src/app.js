@@ -11,6 +11,8 @@ import { legendItems } from "./legend.js";
 import { zoomAnchor } from "./lod.js";
 import { breakdownAt, argmax } from "./series.js";
 import { clampStep, nodeReleaseSteps, stepState, stepTime, whyNothingFreed } from "./stepper.js";
+import { JobView } from "./jobview.js";
+import { SnapshotView } from "./snapview.js";
 import { CSS } from "./style.js";
 import { renderMemory, renderOverlay } from "./timeline.js";
 import { zoomAt } from "./viewport.js";
@@ -657,7 +659,49 @@ export function mount(el, model, opts = {}) {
     model.on(name, fn);
     handlers.push([name, fn]);
   };
-  if (payload.kind === "comparison") {
+  if (payload.kind === "snapshot") {
+    const build = () => {
+      view?.destroy();
+      view = new SnapshotView(root, JSON.parse(model.get("data")), {
+        group: model.get("group"),
+        onPosition: (p) => setModel(model, { position: p }),
+        onGroup: (g) => setModel(model, { group: g }),
+      });
+      const p = model.get("position");
+      if (p !== undefined && p !== null && p >= -1) view.showPosition(p);
+    };
+    build();
+    on("change:data", build);
+    on("change:position", () => {
+      const p = model.get("position");
+      if (p !== undefined && p !== null && p >= -1) view.showPosition(p);
+    });
+    on("change:group", () => view.setGroup(model.get("group"), false));
+  } else if (payload.kind === "job") {
+    const build = () => {
+      view?.destroy();
+      view = new JobView(root, JSON.parse(model.get("data")), {
+        align: model.get("align"),
+        RecordingView,
+        recordingHooks: {
+          onSelect: (id) => setModel(model, { selected_node: id }),
+          onStep: (k) => setModel(model, { step: k }),
+        },
+        onRank: (r) => setModel(model, { selected_rank: r }),
+        onAlign: (m) => setModel(model, { align: m }),
+      });
+      const r = model.get("selected_rank");
+      if (r !== undefined && r !== null && r >= 0) view.selectRank(r, false);
+      else if (view.selected !== undefined) setModel(model, { selected_rank: view.selected });
+    };
+    build();
+    on("change:data", build);
+    on("change:selected_rank", () => {
+      const r = model.get("selected_rank");
+      if (r >= 0) view.selectRank(r, false);
+    });
+    on("change:align", () => view.setAlign(model.get("align"), false));
+  } else if (payload.kind === "comparison") {
     view = new ComparisonView(root, model, opts);
     const rerender = () => view.scheduleRender();
     on("change:data", rerender);

@@ -40,7 +40,9 @@ if (typeof document !== "undefined") {
   const root = document.getElementById("gradscope-page");
   if (data && root && !root.dataset.mounted) {
     root.dataset.mounted = "1";
-    mount(root, new LocalModel({ data: data.textContent, selected_node: -1, step: -1, running: [], rerun_count: 0, rerun_error: "" }), {
+    const state = { data: data.textContent, selected_node: -1, step: -1, running: [], rerun_count: 0, rerun_error: "" };
+    Object.assign(state, { position: -2, group: "line", selected_rank: -1, align: "normalized" });
+    mount(root, new LocalModel(state), {
       standalone: true,
     });
   }

@@ -63,4 +63,32 @@ export const CSS = `
 .gs-table td.gs-cmp-message { min-width: 200px; }
 .gs-root button.gs-on { background: #dbeafe; border-color: #2563eb; }
 .gs-toolbar h4 { margin: 0 8px 0 0; }
+.gs-snap-diagnosis { margin: 8px 0; padding: 6px 10px; border: 1px solid #fecaca; border-left: 4px solid #dc2626; border-radius: 4px; background: #fff7f7; }
+.gs-finding { margin: 4px 0 8px 0; overflow-wrap: anywhere; }
+.gs-finding-tag { display: inline-block; font-size: 11px; font-weight: 600; padding: 0 6px; border-radius: 8px; background: #fee2e2; color: #991b1b; }
+.gs-finding-fix { margin: 2px 0 0 14px; color: #1f2933; }
+.gs-finding-code { display: block; margin: 2px 0 0 14px; font-size: 12px; background: #f1f5f9; padding: 2px 6px; border-radius: 3px; white-space: pre-wrap; overflow-wrap: anywhere; }
+.gs-snap-fulltext pre { font-size: 11px; white-space: pre-wrap; overflow-wrap: anywhere; max-height: 240px; overflow: auto; background: #f8fafc; padding: 4px; }
+.gs-snap-body { display: flex; gap: 10px; align-items: flex-start; }
+.gs-snap-groups { flex: 0 0 38%; min-width: 0; }
+.gs-snap-blocks { flex: 1 1 auto; min-width: 0; }
+@container gs (max-width: 1080px) { .gs-snap-body { flex-direction: column; } .gs-snap-groups { flex: 0 0 auto; width: 100%; } .gs-snap-blocks { width: 100%; } }
+.gs-snap-block { cursor: pointer; }
+.gs-snap-block:hover td { background: #f0f4f8; }
+.gs-snap-block.gs-open td { background: #eef6ff; }
+.gs-snap-frames { margin: 2px 0 4px 0; padding-left: 22px; font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: 11.5px; }
+.gs-snap-frame { overflow-wrap: anywhere; }
+.gs-snap-notes { font-size: 11px; margin-top: 8px; }
+.gs-job-imbalance { margin: 6px 0; font-weight: 600; overflow-wrap: anywhere; }
+.gs-job-table tr.gs-job-row { cursor: pointer; }
+.gs-job-table tr.gs-job-row:hover td { background: #f0f4f8; }
+.gs-job-table tr.gs-job-selected td { background: #eef6ff; }
+.gs-job-table tr.gs-job-heaviest td.gs-job-peak { font-weight: 700; color: #b91c1c; }
+.gs-job-bad { color: #b45309; font-weight: 600; }
+.gs-job-table tr.gs-job-missing td, .gs-job-table tr.gs-job-unreadable td { color: #b91c1c; }
+.gs-job-table td.gs-job-rank { white-space: nowrap; }
+.gs-job-details { margin: 4px 0 8px 0; display: flex; gap: 14px; flex-wrap: wrap; align-items: flex-start; }
+.gs-job-details > div { flex: 1 1 100%; }
+.gs-job-details table { width: auto; }
+.gs-job-notes { font-size: 12px; margin: 4px 0; }
 `;
