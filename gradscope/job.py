@@ -597,7 +597,7 @@ MAX_RANKS_WITH_GRAPHS = 8  # ranks whose whole recording (graph, steps) travels 
 def job_payload(job: Job, *, recording_payload: Any = None, version: int = 2) -> dict[str, Any]:
     """What the widget and the page draw for a job, read from :func:`job_view`: the per-rank
     rows, the imbalance, the overlaid timelines (with each point's phase), the communication
-    spans, and, for jobs of at most ``MAX_RANKS_WITH_GRAPHS`` ranks, each rank's own recording
+    spans, the findings of :func:`diagnose_job` when a rank's block failed, and, for jobs of at most ``MAX_RANKS_WITH_GRAPHS`` ranks, each rank's own recording
     (``recording_payload(rec)``, from :mod:`gradscope.widget`) for its graph and step-through."""
     v = job_view(job)
     phases = ("forward", "backward", "optimizer", "other")
@@ -634,6 +634,10 @@ def job_payload(job: Job, *, recording_payload: Any = None, version: int = 2) ->
     collectives = [{"rank": c.rank, "op": c.op, "t0": _finite(c.t_start_s), "t1": _finite(c.t_end_s),
                     "bytes": c.bytes, "source": c.source} for c in v.collectives]
     notes = list(v.notes)
+    findings = []
+    if any(e.recording is not None and not e.recording.complete for e in job.ranks):
+        findings = [{"rank": f.rank, "pattern": f.pattern, "message": f.message, "suggestion": f.suggestion}
+                    for f in diagnose_job(job).findings]
     recordings: list[Any] | None = None
     if recording_payload is not None:
         if job.world_size <= MAX_RANKS_WITH_GRAPHS:
@@ -652,6 +656,7 @@ def job_payload(job: Job, *, recording_payload: Any = None, version: int = 2) ->
         "timelines": timelines,
         "phases": list(phases),
         "collectives": collectives,
+        "findings": findings,
         "notes": notes,
         "recordings": recordings,
     }

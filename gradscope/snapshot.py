@@ -42,7 +42,7 @@ import zlib
 from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -1369,10 +1369,23 @@ def memory_by_group(data: SnapshotData, group: str = "line", top: int = 8, point
     )
 
 
-# the diagnosis reads the functions above; imported last, so that its module can import this one
-from gradscope._snapshot.diagnose import (  # noqa: E402
-    SnapshotDiagnosis,
-    SnapshotFinding,
-    diagnose_snapshot,
-    pageable_bytes,
-)
+
+# The diagnosis (gradscope._snapshot.diagnose) reads the functions above, so its module imports
+# this one: its names are reached from here on first use.
+_DIAGNOSIS_NAMES = ("SnapshotDiagnosis", "SnapshotFinding", "diagnose_snapshot", "pageable_bytes")
+
+if TYPE_CHECKING:
+    from gradscope._snapshot.diagnose import (
+        SnapshotDiagnosis,
+        SnapshotFinding,
+        diagnose_snapshot,
+        pageable_bytes,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    if name in _DIAGNOSIS_NAMES:
+        from gradscope._snapshot import diagnose as _diagnose
+
+        return getattr(_diagnose, name)
+    raise AttributeError(f"module 'gradscope.snapshot' has no attribute {name!r}")

@@ -29,8 +29,9 @@ from _recordings import HOSTILE
 from torch import nn
 
 import gradscope as gs
-from gradscope.job import MANIFEST, Job, RankEntry, RankStatus, job_view
+from gradscope.job import MANIFEST, Job, RankEntry, RankStatus, job_html, job_view
 from gradscope.recording import Where, format_bytes
+from gradscope.widget import bundle_path
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = Path(__file__).resolve().parent / "_dist_worker.py"
@@ -469,43 +470,108 @@ def test_job_page_is_self_contained_and_shows_names_as_text(tmp_path: Path) -> N
     page = job.to_html(tmp_path / "job.html")
     assert (tmp_path / "job.html").read_text() == page
     assert "Content-Security-Policy" in page and "default-src 'none'" in page
-    assert "<script" not in page.lower() and "<img" not in page
-    assert re.findall(r"https?://[^'\" ]+", page) == ["http://www.w3.org/2000/svg"]  # a namespace, never fetched
-    assert page.count("<polyline") == 2 and page.count("<tr>") >= 4
-    assert "&lt;/script&gt;" in page and "&lt;img src=x onerror=alert(1)&gt;" in page
+    # the data and the bundled view, inline; nothing loaded from anywhere
+    assert page.count("<script") == 2 and not re.search(r"<(script|link|img)[^>]+(src|href)=", page)
+    assert page.lower().count("</script") == 2 and "<img src=x" not in page
+    data = json.loads(re.search(r'<script type="application/json" id="gradscope-data">(.*?)</script>', page,
+                                re.S).group(1))
+    assert data["kind"] == "job" and [r["status"] for r in data["rows"]] == ["complete", "complete", "missing"]
+    assert data["label"] == HOSTILE[0] and data["rows"][2]["message"] == HOSTILE[1]  # texts arrive as data
+    # where no script runs: the table and the timelines, names escaped
+    fallback = page.split("<noscript>")[1].split("</noscript>")[0]
+    assert fallback.count("<polyline") == 2 and fallback.count("<tr>") >= 4
+    assert "&lt;/script&gt;" in fallback and "&lt;img src=x onerror=alert(1)&gt;" in fallback
+    script_free = job_html(job)
+    assert "<script" not in script_free.lower() and "default-src 'none'" in script_free
+    assert re.findall(r"https?://[^'\" ]+", script_free) == ["http://www.w3.org/2000/svg"]  # a namespace
     bundle = job._repr_mimebundle_()
     assert bundle["text/plain"] == job.summary() and "<polyline" in bundle["text/html"]
 
 
 @pytest.mark.browser
 @pytest.mark.skipif(not Path("/usr/bin/chromium").exists(), reason="needs /usr/bin/chromium")
+@pytest.mark.skipif(not bundle_path().exists(), reason="front end not built (cd js && npm run build)")
 def test_job_page_in_a_real_browser(jobs: dict[str, Any], tmp_path: Path) -> None:
+    """The gathered four-rank FSDP job and the job with a failed and a missing rank, as pages opened
+    from file:// with the network blocked, at 1000 and 1600 px: every rank's row and figures, the
+    imbalance sentence, one line per rank, the communication spans of job_view, a rank clicked
+    opens its graph, the timelines re-aligned by phase. Screenshots in test-artifacts/."""
     sync_api = pytest.importorskip("playwright.sync_api")
-    job = gs.load_ranks(jobs["four"] / "fsdp4" / "job")
-    page_path = tmp_path / "job.html"
-    job.to_html(page_path)
+    fsdp = gs.load_ranks(jobs["four"] / "fsdp4" / "job")
+    budget = gs.load_ranks(jobs["four"] / "budget" / "job")
+    pages = {}
+    for name, job in (("fsdp4", fsdp), ("budget", budget)):
+        pages[name] = tmp_path / f"{name}.html"
+        job.to_html(pages[name])
     blocked: list[str] = []
+    errors: list[str] = []
+    seen: dict[str, Any] = {}
+    (ROOT / "test-artifacts").mkdir(exist_ok=True)
     with sync_api.sync_playwright() as p:
         b = p.chromium.launch(executable_path="/usr/bin/chromium",
                               args=["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
                                     "--disable-background-networking", "--disable-component-update",
                                     "--disable-sync"])
         try:
-            page = b.new_page(viewport={"width": 900, "height": 700})
-            page.route("**/*", lambda rt: rt.continue_() if rt.request.url.startswith("file://")
-                       else (blocked.append(rt.request.url), rt.abort()))
-            page.goto(page_path.as_uri())
-            rows = page.locator(".gs-job table").first.locator("tr").count()
-            lines = page.locator("svg polyline").count()
-            sentence = page.locator(".gs-job .imb").inner_text()
-            box = page.locator("svg").bounding_box()
-            (ROOT / "test-artifacts").mkdir(exist_ok=True)
-            page.screenshot(path=str(ROOT / "test-artifacts" / "job_page.png"), full_page=True)
+            for width in (1000, 1600):
+                for name, job in (("fsdp4", fsdp), ("budget", budget)):
+                    page = b.new_page(viewport={"width": width, "height": 900})
+                    page.on("pageerror", lambda e: errors.append(str(e)))
+                    page.route("**/*", lambda rt: rt.continue_() if rt.request.url.startswith("file://")
+                               else (blocked.append(rt.request.url), rt.abort()))
+                    page.goto(pages[name].as_uri())
+                    page.wait_for_selector(".gs-job-timeline[data-ready]", timeout=30_000)
+                    rows = page.locator(".gs-job-table tr.gs-job-row")
+                    seen[f"{name}{width}"] = {
+                        "ranks": rows.evaluate_all("rs => rs.map(r => [r.dataset.rank, r.dataset.status])"),
+                        "peaks": page.locator(".gs-job-table .gs-job-peak").all_inner_texts(),
+                        "sentence": page.locator(".gs-job-imbalance").all_inner_texts(),
+                        "lines": page.locator(".gs-job-timeline").get_attribute("data-lines"),
+                        "spans": page.locator(".gs-job-timeline").get_attribute("data-spans"),
+                        "traces": page.evaluate("() => document.querySelector('.gs-job-timeline').data"
+                                                ".filter(t => t.meta && String(t.meta).startsWith('rank')).length"),
+                        "rank_view": page.locator(".gs-job-rankview").get_attribute("data-rank"),
+                        "messages": [m.strip() for m in page.locator(".gs-job-message").all_inner_texts()],
+                        "findings": page.locator(".gs-job-findings .gs-finding").evaluate_all(
+                            "fs => fs.map(f => [f.dataset.rank, f.dataset.pattern])"),
+                    }
+                    page.screenshot(path=str(ROOT / "test-artifacts" / f"job_{name}_{width}.png"), full_page=True)
+                    if name == "fsdp4" and width == 1600:
+                        # click the lightest rank: its own graph opens below
+                        light = job_view(job).imbalance.lightest
+                        rows.nth(light).click()
+                        page.wait_for_selector(f'.gs-job-rankview[data-rank="{light}"] .gs-graph', timeout=20_000)
+                        seen["clicked"] = int(page.locator(".gs-job-rankview .gs-graph").get_attribute(
+                            "data-node-count"))
+                        page.locator('.gs-job-align[data-mode="phase"]').click()
+                        page.wait_for_selector('.gs-jobview[data-align="phase"] .gs-job-timeline[data-ready]')
+                        seen["phase_ticks"] = page.evaluate(
+                            "() => document.querySelector('.gs-job-timeline').layout.xaxis.ticktext")
+                        page.locator(".gs-job-timeline").scroll_into_view_if_needed()
+                        page.screenshot(path=str(ROOT / "test-artifacts" / "job_fsdp4_phase_1600.png"))
+                    page.close()
         finally:
             b.close()
-    assert rows == 1 + 4 and lines == 4 and blocked == []
-    assert sentence == job_view(job).imbalance.sentence
-    assert box is not None and box["width"] >= 700 and box["height"] >= 200
+    assert blocked == [] and errors == []
+    v = job_view(fsdp)
+    for width in (1000, 1600):
+        s = seen[f"fsdp4{width}"]
+        assert s["ranks"] == [[str(r), "complete"] for r in range(4)]
+        assert [t.split(" ")[0] + " " + t.split(" ")[1] for t in s["peaks"]] == [
+            format_bytes(r.peak_bytes) for r in v.rows]
+        assert s["sentence"] == [v.imbalance.sentence]
+        assert s["lines"] == "4" and s["traces"] == 4
+        assert int(s["spans"]) == len(v.collectives) > 0  # FSDP's all-gathers, per rank
+        assert s["rank_view"] == str(v.imbalance.heaviest)  # the heaviest rank's graph first
+        f = seen[f"budget{width}"]
+        assert f["ranks"] == [["0", "complete"], ["1", "complete"], ["2", "failed"], ["3", "missing"]]
+        assert "it did not call gs.gather within 5 s (it raised before, or hangs)" in f["messages"]
+        assert any("out of memory" in m.lower() or "budget" in m.lower() for m in f["messages"])
+        assert f["lines"] == "3"  # the missing rank has no timeline; the failed one's partial one is drawn
+        assert f["findings"] == [[str(x.rank), x.pattern] for x in budget.diagnose().findings] == [["2", "imbalance"]]
+        assert s.get("findings") == []  # nothing failed in the FSDP step
+    assert seen["clicked"] == len(fsdp.recordings[v.imbalance.lightest].nodes)
+    assert seen["phase_ticks"][:2] == ["forward", "backward"]
 
 
 class _SeqModel(nn.Module):

@@ -34,7 +34,7 @@ Example:
     ...                    "state": "active_allocated", "frames": fr} for i in range(40)]}
     >>> d = gs.diagnose(gs.load_snapshot({"segments": [seg], "device_traces": [trace]}))
     >>> d.request, [f.pattern for f in d.findings]
-    (67108864, ['capacity'])
+    (67108864, ['capacity', 'accumulating'])
     >>> print(d.by_line[0])
     train.py:57 train_step: 80.0 MiB in 40 blocks
 """

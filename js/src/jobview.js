@@ -38,6 +38,18 @@ export class JobView {
     root.appendChild(h("h3", { class: "gs-title", text: `gradscope · job${p.label ? ` ${p.label}` : ""}: ${p.world_size} rank${p.world_size === 1 ? "" : "s"} (${counts})` }));
     const imb = p.imbalance;
     if (imb) root.appendChild(h("div", { class: "gs-job-imbalance", text: imb.sentence }));
+    if (p.findings && p.findings.length) {
+      const box = h("div", { class: "gs-snap-diagnosis gs-job-findings" }, [h("h4", { text: "Out of memory" })]);
+      for (const f of p.findings) {
+        box.appendChild(
+          h("div", { class: "gs-finding", dataset: { rank: f.rank, pattern: f.pattern } }, [
+            h("div", {}, [h("span", { class: "gs-finding-tag", text: f.pattern }), ` rank ${f.rank} ${f.message}`]),
+            h("div", { class: "gs-finding-fix", text: `→ ${f.suggestion}` }),
+          ]),
+        );
+      }
+      root.appendChild(box);
+    }
     root.appendChild(this._table());
     if (imb && (imb.sizes.length || imb.modules.length || imb.held.length)) root.appendChild(this._imbalanceDetails(imb));
     this._timelines();
@@ -191,15 +203,16 @@ export class JobView {
     const layout = {
       height: hasComm ? 340 + 14 * ranks.length : 300,
       margin: { l: 78, r: 24, t: 16, b: 44 },
-      xaxis: { title: { text: a.title }, zeroline: false, ...(a.ticks ? { tickvals: a.ticks.vals, ticktext: a.ticks.text } : {}), ...(this.align === "normalized" ? { range: [0, 100] } : {}) },
-      yaxis: { title: { text: "allocated in the block" }, tickvals: ticks.vals, ticktext: ticks.text, range: [0, Math.max(ticks.vals[ticks.vals.length - 1], ymax * 1.15)], domain: hasComm ? [0.28, 1] : [0, 1], zeroline: false },
+      // with a communication strip, the x axis (ticks and title) sits under the strip, shared by both
+      xaxis: { title: { text: a.title }, zeroline: false, ...(hasComm ? { anchor: "y2" } : {}), ...(a.ticks ? { tickvals: a.ticks.vals, ticktext: a.ticks.text } : {}), ...(this.align === "normalized" ? { range: [0, 100] } : {}) },
+      yaxis: { title: { text: "allocated in the block" }, tickvals: ticks.vals, ticktext: ticks.text, range: [0, Math.max(ticks.vals[ticks.vals.length - 1], ymax * 1.15)], domain: hasComm ? [0.3, 1] : [0, 1], zeroline: false },
       ...(hasComm
-        ? { yaxis2: { domain: [0, 0.2], range: [-0.7, ranks.length - 0.3], tickvals: ranks.map((_, k) => k), ticktext: ranks.map((r) => `rank ${r}`), title: { text: "communication", font: { size: 11 } }, fixedrange: true, zeroline: false } }
+        ? { yaxis2: { domain: [0, 0.24], anchor: "x", range: [-0.7, ranks.length - 0.3], tickvals: ranks.map((_, k) => k), ticktext: ranks.map((r) => `rank ${r}`), title: { text: "communication", font: { size: 11 } }, fixedrange: true, zeroline: false } }
         : {}),
       shapes: [],
       annotations: [],
       showlegend: true,
-      legend: { orientation: "h", y: -0.2 },
+      legend: { orientation: "h", y: hasComm ? -0.16 : -0.2 },
       hovermode: "closest",
       paper_bgcolor: "#ffffff",
       plot_bgcolor: "#ffffff",
