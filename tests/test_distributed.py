@@ -616,3 +616,56 @@ def test_timelines_are_downsampled_without_losing_the_peak() -> None:
     assert series.points[0] == (0.0, lives[0]) and series.points[-1][1] == lives[-1]
     assert [t for t, _ in series.points] == sorted(t for t, _ in series.points)
     assert series.peak_t_s == pytest.approx(top * 1e-4)
+
+
+def test_the_widget_and_the_page_read_job_view(jobs: dict[str, Any]) -> None:
+    """The job view's data (gradscope.job.job_payload, what the widget and the page draw) holds the
+    numbers of job_view, itself held to each rank's own recording above: per-rank rows, the
+    imbalance, timelines that keep each rank's peak and phases, the communication spans, the OOM
+    findings, and each rank's own recording for its graph."""
+    from gradscope.job import job_payload
+    from gradscope.widget import payload_of, recording_payload
+
+    for phase in ("fsdp4", "budget"):
+        d = jobs["four"] / phase
+        job = gs.load_ranks(d / "job")
+        v = job_view(job)
+        p = job_payload(job, recording_payload=recording_payload)
+        assert payload_of(job) == {**p, "version": p["version"]}
+        for r, row in enumerate(p["rows"]):
+            rec = job.recordings[r]
+            assert row["status"] == job.ranks[r].status.value and row["message"] == v.rows[r].message
+            if rec is None:
+                assert row["peak_bytes"] is None and p["recordings"][r] is None
+                continue
+            own = _json(d / "own" / f"rank{r}.json")
+            assert row["peak_bytes"] == own["peak_bytes"] and row["baseline_bytes"] == own["baseline_bytes"]
+            assert row["saved_bytes"] == rec.saved_bytes and row["nodes"] == len(own["nodes"]["id"])
+            assert row["time_s"] == round(own["wall_time_s"], 9)
+            assert p["recordings"][r] == recording_payload(rec)
+            tl = next(t for t in p["timelines"] if t["rank"] == r)
+            assert max(tl["live"]) == max(pt.live for pt in rec.timeline)  # downsampling keeps the peak
+            assert len(tl["phase"]) == len(tl["t"]) and p["phases"][tl["phase"][0]] == rec.timeline[0].phase.value
+        assert [(c["rank"], c["op"], c["bytes"]) for c in p["collectives"]] == [
+            (c.rank, c.op, c.bytes) for c in v.collectives]
+        if phase == "fsdp4":
+            assert p["imbalance"]["sentence"] == v.imbalance.sentence and p["findings"] == []
+            assert len(p["collectives"]) > 0
+        else:
+            assert [(f["rank"], f["pattern"]) for f in p["findings"]] == [(2, "imbalance")]
+            assert [r["status"] for r in p["rows"]] == ["complete", "complete", "failed", "missing"]
+
+
+def test_a_job_shows_as_its_widget(jobs: dict[str, Any]) -> None:
+    pytest.importorskip("anywidget")
+    from gradscope.widget import JobWidget, payload_of
+
+    if not bundle_path().exists():
+        pytest.skip("front end not built")
+    job = gs.load_ranks(jobs["pair"] / "fsdp" / "job")
+    w = gs.show(job)
+    assert isinstance(w, JobWidget) and json.loads(w.data) == payload_of(job)
+    assert w.selected_rank == -1 and w.align == "normalized"
+    bundle = job._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in bundle
+    assert bundle["text/plain"] == job.summary() and "<polyline" in bundle["text/html"]
