@@ -969,3 +969,112 @@ def test_comparison_page_offline(tmp_path: Path, browser, width: int):
         assert requests == [] and errors == []
     finally:
         ctx.close()
+
+
+# ----- CUDA memory snapshots and jobs (issues 14 and 15) --------------------------------------------
+def _snapshot_recording():
+    """A training loop's snapshot with a side stream, a list keeping validation outputs and an OOM."""
+    from _snapshots import training_snapshot
+
+    import gradscope as gs
+
+    return gs.load_snapshot(training_snapshot(steps=14, oom_step=11).snap, label="train.pickle cuda:0")
+
+
+def _snap_state(root) -> dict:
+    return root.evaluate(
+        """r => ({
+            position: Number(r.querySelector('.gs-snap-label').dataset.position),
+            slider: Number(r.querySelector('.gs-snap-slider').value),
+            rows: Array.from(r.querySelectorAll('.gs-snap-blocklist tr.gs-snap-block')).map(
+                tr => Array.from(tr.children).map(td => td.textContent.trim())),
+            head: r.querySelector('.gs-snap-blocks h4').textContent,
+            groups: Array.from(r.querySelectorAll('.gs-snap-bygroup tr[data-group]')).map(
+                tr => [tr.dataset.group, tr.children[1].textContent]),
+            findings: Array.from(r.querySelectorAll('.gs-snap-diagnosis .gs-finding')).map(f => f.dataset.pattern),
+            graphs: r.querySelectorAll('.gs-graph').length,
+        })"""
+    )
+
+
+def _assert_snapshot_moment(state: dict, d, pos: int, group: str = "line") -> None:
+    from gradscope.snapshot import bytes_by_line, live_blocks
+
+    live = live_blocks(d, pos)
+    assert state["position"] == pos
+    assert state["head"] == f"Largest live blocks: {min(20, len(live))} of {len(live)}"
+    assert [r[0] for r in state["rows"]] == [format_bytes(a.size) for a in live[:20]]
+    assert [r[1].lstrip("▸▾ ") for r in state["rows"]] == [a.label for a in live[:20]]
+    assert [r[3] for r in state["rows"]] == ["never" if a.free_at is None else f"#{a.free_at}" for a in live[:20]]
+    named = [g for g in state["groups"] if g[0] != "(other)"]
+    assert named == [[r.key, format_bytes(r.bytes)] for r in bytes_by_line(d, pos, group)[: len(named)]]
+
+
+@pytest.mark.parametrize("width", [1000, 1600])
+def test_snapshot_page_offline(tmp_path: Path, browser, width: int):
+    """The snapshot view from file:// with the network blocked: the diagnosis first, no graph,
+    memory by line with the OOM and the peak, the largest live blocks with their frames at the
+    OOM, at the peak, at a slider position and at a click on the plot, grouped by function too.
+    Every figure is checked against the snapshot functions."""
+    import gradscope as gs
+    from gradscope.snapshot import is_pytorch_frame, live_blocks, memory_by_group, snapshot_data
+
+    rec = _snapshot_recording()
+    d = snapshot_data(rec)
+    path = tmp_path / "snap.html"
+    rec.to_html(path)
+    ctx, page, requests, errors = _open(browser, width, path)
+    try:
+        page.wait_for_selector('.gs-snap-timeline[data-ready="1"]', timeout=20_000)
+        root = page.locator(".gs-snapshot")
+        s = _snap_state(root)
+        assert s["graphs"] == 0  # a snapshot has no graph: none is drawn
+        assert s["findings"] == [f.pattern for f in gs.diagnose(rec).findings] == ["capacity", "accumulating"]
+        _assert_snapshot_moment(s, d, d.oom.at)  # it opens at the OOM
+        boxes = _annotation_boxes(page.locator(".gs-snap-timeline"))
+        assert [b["text"] for b in boxes if b["text"].startswith("OOM")] == ["OOM: tried to allocate 400.0 MiB"]
+        assert [b["text"] for b in boxes if b["text"].startswith("peak")] == [f"peak {format_bytes(d.peak_bytes)}"]
+        traces = page.evaluate("() => document.querySelector('.gs-snap-timeline').data.map(t => t.meta)")
+        assert traces.count("group") == len(memory_by_group(d).groups) == 5 and "reserved" in traces
+        _shot(page, f"snapshot_page_{width}")
+        # a block's frames: the user's, PyTorch's folded into a count
+        first = root.locator("tr.gs-snap-block").first
+        first.click()
+        a = live_blocks(d, d.oom.at)[0]
+        shown = root.locator(".gs-snap-frames li.gs-snap-frame").all_inner_texts()
+        assert shown == [f.label for f in a.frames if not is_pytorch_frame(f)] != []
+        assert root.locator(".gs-snap-frames li.gs-snap-torch").count() == (
+            1 if any(is_pytorch_frame(f) for f in a.frames) else 0)
+        root.locator(".gs-snap-frames").scroll_into_view_if_needed()
+        _shot(page, f"snapshot_frames_{width}")
+        # the peak button, then the slider, then a click on the plot
+        root.locator(".gs-snap-peak").click()
+        _assert_snapshot_moment(_snap_state(root), d, d.peak_at)
+        positions = page.evaluate("() => JSON.parse(document.getElementById('gradscope-data').textContent).positions")
+        k = len(positions) // 3
+        root.locator(".gs-snap-slider").fill(str(k))
+        _assert_snapshot_moment(_snap_state(root), d, positions[k])
+        k2 = (2 * len(positions)) // 3
+        page.locator(".gs-snap-timeline").scroll_into_view_if_needed()
+        pos = page.evaluate(
+            """(k) => { const gd = document.querySelector('.gs-snap-timeline');
+                       const tr = gd.data.find(t => t.meta === 'total'); const fl = gd._fullLayout;
+                       const r = gd.getBoundingClientRect();
+                       return { x: r.left + fl._size.l + fl.xaxis.l2p(tr.x[k]),
+                                y: r.top + fl._size.t + fl.yaxis.l2p(tr.y[k]) }; }""",
+            k2,
+        )
+        page.mouse.click(pos["x"], pos["y"])
+        page.wait_for_function(
+            "(p) => document.querySelector('.gs-snap-label').dataset.position === String(p)", arg=positions[k2],
+            timeout=5_000,
+        )
+        _assert_snapshot_moment(_snap_state(root), d, positions[k2])
+        # by function: the chart and the table regroup
+        root.locator(".gs-snap-group").select_option("function")
+        page.wait_for_selector('.gs-snap-timeline[data-ready="1"]')
+        _assert_snapshot_moment(_snap_state(root), d, positions[k2], "function")
+        _shot(page, f"snapshot_function_{width}")
+        assert errors == [] and requests == []
+    finally:
+        ctx.close()

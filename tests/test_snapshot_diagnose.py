@@ -89,10 +89,11 @@ def test_a_list_keeping_graphs_fills_the_device() -> None:
     assert len(cap) == 1 and d.findings[0] is cap[0]  # the cause first, then what fed it
     # the free pieces cannot hold the request, so it needed a new segment: 20 MiB for a 2 MiB request
     assert _free_truth(a) < oom["size"]
-    short = max(oom["size"] - _free_truth(a), 20 * MiB - oom["device_free"])
+    short = min(oom["size"] - _free_truth(a), 20 * MiB - oom["device_free"])
     assert short > 0 and cap[0].bytes == short
-    assert f"needed a new segment of 20.0 MiB and the device had {gs.recording.format_bytes(oom['device_free'])} " \
-           "free" in cap[0].message
+    assert f"needed a new segment of 20.0 MiB, and the device had {gs.recording.format_bytes(oom['device_free'])} " \
+           f"free; no allocator setting makes room: at least {gs.recording.format_bytes(short)} had to be " \
+           "released" in cap[0].message
     assert d.fragmentation.cause is OomCause.CAPACITY
     assert "releasing it leaves room" in cap[0].suggestion  # the kept outputs are more than was missing
     assert steps * 1536 * 1024 >= short
@@ -223,10 +224,12 @@ def test_capacity_names_the_lines_that_hold_most() -> None:
     assert [(r.key, r.bytes, r.blocks) for r in d.by_line] == [
         ("model.py:20 forward", 45 * MiB, 3), ("model.py:10 __init__", 40 * MiB, 1)]
     (cap,) = d.findings
-    # the 15 MiB of free pieces cannot hold it; a new 30 MiB segment cannot come from a full device
-    assert cap.pattern == "capacity" and cap.bytes == 30 * MiB
+    # the 15 MiB of free pieces cannot hold it; a new 30 MiB segment cannot come from a full device:
+    # 15 MiB more in one free piece would have served it
+    assert cap.pattern == "capacity" and cap.bytes == 15 * MiB
     assert "the free pieces of reserved memory hold 15.0 MiB, less than the 30.0 MiB request, so the " \
-           "allocator needed a new segment of 30.0 MiB and the device had 0 B free" in cap.message
+           "allocator needed a new segment of 30.0 MiB, and the device had 0 B free; no allocator setting " \
+           "makes room: at least 15.0 MiB had to be released" in cap.message
     assert "hold less where the memory is: model.py:20 forward (45.0 MiB), model.py:10 __init__ (40.0 MiB)" \
         in cap.suggestion
 
@@ -310,3 +313,19 @@ def _frames_of(e: dict[str, Any]) -> list[dict[str, Any]]:
 def test_segment_sizes_follow_the_allocator() -> None:
     assert [segment_size_for(n) for n in (1, 1 << 20, (1 << 20) + 1, (10 << 20) - 1, 10 << 20, (21 << 20) + 5)] \
         == [2 * MiB, 2 * MiB, 20 * MiB, 20 * MiB, 10 * MiB, 22 * MiB]
+
+
+def test_a_process_share_used_up_while_the_device_had_room() -> None:
+    """The device reports enough free memory for the new segment (a per-process memory fraction
+    held the allocator back): the finding says so, and what had to be released is what the free
+    pieces lacked."""
+    fr = frames(STEP, MAIN)
+    trace = [
+        {"action": "segment_alloc", "addr": 0, "size": 40 * MiB, "stream": 0, "frames": fr},
+        {"action": "alloc", "addr": 0, "size": 30 * MiB, "stream": 0, "frames": fr},
+        {"action": "oom", "size": 24 * MiB, "device_free": 60 * 1024 * MiB, "stream": 0, "frames": frames(BIG, MAIN)},
+    ]
+    d = gs.diagnose(gs.load_snapshot({"segments": [], "device_traces": [trace]}))
+    (cap,) = d.findings
+    assert cap.pattern == "capacity" and cap.bytes == 24 * MiB - 10 * MiB
+    assert "the device reported 60.0 GiB free, enough for it: the process's share was used up" in cap.message

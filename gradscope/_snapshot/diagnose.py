@@ -331,14 +331,22 @@ def _oom_findings(data: SnapshotData, frag: Fragmentation, segs: tuple[SegmentSt
             "processed one at a time, a lower precision), or run on a device with more memory.",
         )]
     need = segment_size_for(request)
-    short = max(request - frag.free_bytes, need - device_free)
+    if device_free >= need:
+        # the device said it had room for the segment: a cap on this process held it back
+        short = request - frag.free_bytes
+        device = (f"the device reported {format_bytes(device_free)} free, enough for it: the process's share was "
+                  "used up (torch.cuda.set_per_process_memory_fraction, or memory taken outside this allocator)")
+    else:
+        # releasing that much makes room either way: a free piece the request fits, or a segment
+        short = min(request - frag.free_bytes, need - device_free)
+        device = f"the device had {format_bytes(device_free)} free"
     if acc:
         kept = sum(a.bytes for a in acc)
         suggestion = (f"the accumulating memory below holds {format_bytes(kept)}"
-                      + (f", more than the {format_bytes(short)} that was missing: releasing it leaves room."
+                      + (f", more than the {format_bytes(short)} that had to be released: releasing it leaves room."
                          if kept >= short else
-                         f", less than the {format_bytes(short)} that was missing: release it, then hold less at "
-                         "the lines above."))
+                         f", less than the {format_bytes(short)} that had to be released: release it, then hold "
+                         "less at the lines above."))
     else:
         suggestion = (f"hold less where the memory is: {holders}: a smaller batch, activation checkpointing "
                       "(torch.utils.checkpoint) around the blocks that allocate most, or lower precision "
@@ -346,10 +354,9 @@ def _oom_findings(data: SnapshotData, frag: Fragmentation, segs: tuple[SegmentSt
     return [SnapshotFinding(
         "capacity", short,
         f"not fragmentation: the free pieces of reserved memory hold {format_bytes(frag.free_bytes)}, less than "
-        f"the {format_bytes(request)} request, so the allocator needed a new segment of {format_bytes(need)} "
-        f"and the device had {format_bytes(device_free)} free (or the process's share of it was used up): "
-        f"{format_bytes(short)} short, and no allocator setting makes room; {format_bytes(frag.allocated)} was "
-        f"allocated, most by {holders}.",
+        f"the {format_bytes(request)} request, so the allocator needed a new segment of {format_bytes(need)}, and "
+        f"{device}; no allocator setting makes room: at least {format_bytes(short)} had to be released. "
+        f"{format_bytes(frag.allocated)} was allocated, most by {holders}.",
         suggestion,
     )]
 
