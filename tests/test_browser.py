@@ -1078,3 +1078,103 @@ def test_snapshot_page_offline(tmp_path: Path, browser, width: int):
         assert errors == [] and requests == []
     finally:
         ctx.close()
+
+
+_VIEWS_SETUP = r"""
+import json, gradscope as gs
+from gradscope.snapshot import snapshot_data, live_blocks
+from gradscope.widget import payload_of
+r = gs.load_snapshot("train.pickle", label="train.pickle cuda:0")
+d = snapshot_data(r)
+job = gs.load_ranks("pairjob/fsdp/job")
+print("FACTS=" + json.dumps({"oom": d.oom.at, "peak": d.peak_at, "positions": payload_of(r)["positions"],
+                             "heaviest": gs.job.job_view(job).imbalance.heaviest,
+                             "nodes": [len(x.nodes) for x in job.recordings]}))
+"""
+_VIEWS_STATE = (
+    'print("VSTATE=" + json.dumps({"position": w.position, "group": w.group, "rank": jw.selected_rank, '
+    '"align": jw.align, "top": [a.size for a in w.live_blocks(limit=3)], '
+    '"want": [a.size for a in live_blocks(d, w.position, 3)]}))'
+)
+_VIEWS_CELLS = [_VIEWS_SETUP, "w = gs.show(r)\nw", "jw = gs.show(job)\njw", _VIEWS_STATE,
+                'w.position = d.peak_at\nprint("SET=" + json.dumps({"position": w.position}))']
+
+
+def test_snapshot_and_job_widgets_in_jupyterlab(lab, browser, tmp_path: Path):
+    """A CUDA snapshot and a real gathered two-rank FSDP job (gloo, started here) as widgets in
+    JupyterLab: the kernel follows the moment, the grouping, the rank and the alignment picked in the
+    browser, and a moment set from Python shows; screenshots at 1000 and 1600 px."""
+    from _jobs import run_pair
+    from _snapshots import training_snapshot, write
+
+    base, token, root = lab
+    write(root / "train.pickle", training_snapshot(steps=14, oom_step=11).snap)
+    run_pair(root / "pairjob")
+    nb = _notebook()
+    nb["cells"] = [{**nb["cells"][0], "id": f"v{i}", "source": src} for i, src in enumerate(_VIEWS_CELLS)]
+    (root / "views_test.ipynb").write_text(json.dumps(nb), encoding="utf-8")
+    errors: list[str] = []
+    blocked: list[str] = []
+    ctx = browser.new_context(viewport={"width": 1000, "height": 1000})
+    page = ctx.new_page()
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.route("**/*", lambda r: r.continue_() if r.request.url.startswith(base) else (blocked.append(r.request.url),
+                                                                                       r.abort()))
+    try:
+        page.goto(f"{base}/lab/tree/views_test.ipynb?token={token}")
+        page.wait_for_function(
+            "() => window.jupyterapp && window.jupyterapp.shell.currentWidget && "
+            "window.jupyterapp.shell.currentWidget.sessionContext && "
+            "window.jupyterapp.shell.currentWidget.sessionContext.session && "
+            "window.jupyterapp.shell.currentWidget.sessionContext.session.kernel",
+            timeout=60_000,
+        )
+        facts = _run_cell(page, 0, "FACTS")
+        for i in (1, 2):  # the two widgets
+            page.evaluate(
+                """async (i) => { const nb = window.jupyterapp.shell.currentWidget.content;
+                    nb.activeCellIndex = i; await window.jupyterapp.commands.execute('notebook:run-cell'); }""", i)
+        page.wait_for_selector('.gs-snap-timeline[data-ready="1"]', timeout=120_000)
+        page.wait_for_selector('.gs-job-timeline[data-ready="1"]', timeout=120_000)
+        snap = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".gs-snapshot")
+        jobw = page.locator(".jp-Notebook .jp-Cell").nth(2).locator(".gs-jobview")
+        assert snap.locator(".gs-snap-label").get_attribute("data-position") == str(facts["oom"])
+        state = _run_cell(page, 3, "VSTATE")
+        assert state["position"] == facts["oom"] and state["top"] == state["want"] and state["group"] == "line"
+        assert state["rank"] == facts["heaviest"] and state["align"] == "normalized"  # the heaviest rank opens
+        snap.scroll_into_view_if_needed()
+        _shot(page, "lab_snapshot_1000")
+        # pick a moment with the slider, regroup by file: the kernel follows
+        k = len(facts["positions"]) // 2
+        snap.locator(".gs-snap-slider").fill(str(k))
+        snap.locator(".gs-snap-group").select_option("file")
+        state = _run_cell(page, 3, "VSTATE")
+        assert state["position"] == facts["positions"][k] and state["group"] == "file"
+        assert state["top"] == state["want"]  # the kernel answers for that moment exactly
+        # a moment set from Python shows in the view
+        assert _run_cell(page, 4, "SET")["position"] == facts["peak"]
+        page.wait_for_function(
+            "(p) => document.querySelectorAll('.gs-snap-label')[0].dataset.position === String(p)",
+            arg=facts["peak"], timeout=10_000,
+        )
+        # the job: pick the other rank and align by phase
+        other = 1 - facts["heaviest"]
+        jobw.scroll_into_view_if_needed()
+        jobw.locator(f'tr.gs-job-row[data-rank="{other}"]').click()
+        page.wait_for_selector(f'.gs-job-rankview[data-rank="{other}"] .gs-graph[data-node-count]', timeout=30_000)
+        assert int(jobw.locator(".gs-job-rankview .gs-graph").get_attribute("data-node-count")) == facts["nodes"][other]
+        jobw.locator('.gs-job-align[data-mode="phase"]').click()
+        page.wait_for_selector('.gs-jobview[data-align="phase"] .gs-job-timeline[data-ready="1"]', timeout=30_000)
+        state = _run_cell(page, 3, "VSTATE")
+        assert state["rank"] == other and state["align"] == "phase"
+        jobw.scroll_into_view_if_needed()
+        _shot(page, "lab_job_1000")
+        page.set_viewport_size({"width": 1600, "height": 1000})
+        page.wait_for_timeout(800)
+        snap.scroll_into_view_if_needed()
+        _shot(page, "lab_snapshot_1600")
+        jobw.scroll_into_view_if_needed()
+        _shot(page, "lab_job_1600")
+        assert errors == [] and blocked == []
+    finally:
+        ctx.close()

@@ -192,14 +192,15 @@ export class SnapshotView {
     this.baseShapes = shapes;
     const ticks = binaryTicks(ymax * 1.08);
     const layout = {
-      height: 330,
+      height: 360,
       margin: { l: 78, r: 24, t: 28, b: 44 },
       xaxis: { title: { text: this.xMode === "time" && snap.t ? "seconds since the trace's first event" : "trace event" }, zeroline: false, exponentformat: "none" },
       yaxis: { title: { text: this.showReserved ? "allocated; reserved dotted" : "allocated" }, tickvals: ticks.vals, ticktext: ticks.text, range: [0, Math.max(ticks.vals[ticks.vals.length - 1], ymax * 1.1)], zeroline: false },
       shapes: shapes.concat([this._cursor(x)]),
       annotations,
       showlegend: true,
-      legend: { orientation: "h", y: -0.22, traceorder: "normal", font: { size: 11 } },
+      // under the axis title, however many rows the names take
+      legend: { orientation: "h", y: -0.3, yanchor: "top", traceorder: "normal", font: { size: 11 } },
       hovermode: "closest",
       paper_bgcolor: "#ffffff",
       plot_bgcolor: "#ffffff",
