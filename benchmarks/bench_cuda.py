@@ -16,8 +16,13 @@ and exits 0. It prints, and writes to ``--out`` as ``cuda_bench.json``:
    step);
 3. recording overhead: plain against recorded step, interleaved, medians of ``--repeat`` runs;
 4. a real out-of-memory caught by ``%gradscope oom on`` in an IPython shell (the process is capped
-   with ``torch.cuda.set_per_process_memory_fraction``), its diagnosis, and the allocator-history
-   snapshot of the same failure (``oom_snapshot.pickle``, the format PyTorch's own tools read).
+   with ``torch.cuda.set_per_process_memory_fraction``), its diagnosis, and the allocator snapshot
+   that ``oom on`` saved of the same failure (copied to ``oom_snapshot.pickle``, the format PyTorch's
+   own tools read), read back with ``gs.load_snapshot``: its diagnosis must be the one printed, its
+   request the one in PyTorch's message, and the list keeping graphs (the cell's line 3) must be
+   found accumulating. ``oom_snapshot.json`` beside it holds those facts: commit both under
+   ``tests/fixtures/`` (as ``cuda_oom_snapshot.pickle`` / ``.json``) and
+   ``tests/test_snapshot_diagnose.py`` checks gradscope against the real file from then on.
 
 Each section reports its own failure and the run goes on, so that one run gives every figure.
 """
@@ -228,7 +233,10 @@ def _rounded_resident(model: nn.Module, args: tuple[Any, ...]) -> int:
 
 
 def measure_oom(out: str) -> dict[str, Any]:
-    """A real OOM in an IPython shell with ``%gradscope oom on``, and the allocator's snapshot of it."""
+    """A real OOM in an IPython shell with ``%gradscope oom on``, and the allocator snapshot it saved."""
+    import glob
+    import shutil
+
     from IPython.testing import globalipapp
 
     shell = globalipapp.start_ipython() or globalipapp.get_ipython()
@@ -238,14 +246,15 @@ def measure_oom(out: str) -> dict[str, Any]:
     torch.cuda.set_per_process_memory_fraction(min(1.0, (torch.cuda.memory_reserved() + cap) / total))
     buf = io.StringIO()
     result: dict[str, Any] = {"cap_bytes": cap}
-    torch.cuda.memory._record_memory_history(max_entries=200_000)
+    snaps = os.path.join(out, "oom-snapshots")
+    shutil.rmtree(snaps, ignore_errors=True)
     try:
         shell.run_line_magic("load_ext", "gradscope")
         shell.run_cell(
             "import torch\n"
             "model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 1)).cuda()\n"
         )
-        shell.run_line_magic("gradscope", "oom on")
+        shell.run_line_magic("gradscope", f"oom on --snapshot-dir {snaps}")
         with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
             res = shell.run_cell(
                 "losses = []\n"
@@ -253,12 +262,8 @@ def measure_oom(out: str) -> dict[str, Any]:
                 "    losses.append(model(torch.randn(2048, 1024, device='cuda')).square().mean())\n"
             )
         result["raised"] = type(res.error_in_exec).__name__ if res.error_in_exec is not None else None
-        snap_path = os.path.join(out, "oom_snapshot.pickle")
-        torch.cuda.memory._dump_snapshot(snap_path)
-        result["snapshot_file"] = snap_path
-        result["snapshot_bytes"] = os.path.getsize(snap_path)
+        result["message"] = str(res.error_in_exec)[:400] if res.error_in_exec is not None else None
     finally:
-        torch.cuda.memory._record_memory_history(enabled=None)
         with contextlib.suppress(Exception):
             shell.run_line_magic("gradscope", "oom off")
             shell.run_line_magic("unload_ext", "gradscope")
@@ -267,10 +272,56 @@ def measure_oom(out: str) -> dict[str, Any]:
         torch.cuda.set_per_process_memory_fraction(1.0)
         _fresh()
     text = buf.getvalue()
-    result["output_head"] = text[:6000]
+    result["output_head"] = text[:9000]
     result["diagnosed"] = "gradscope diagnosis" in text
     result["names_losses"] = "losses" in text
+    saved = sorted(glob.glob(os.path.join(snaps, "gradscope-oom-*.pickle")))
+    result["snapshots_saved"] = [os.path.basename(f) for f in saved]
+    if saved:
+        snap_path = os.path.join(out, "oom_snapshot.pickle")
+        shutil.copy(saved[-1], snap_path)
+        result["snapshot_file"] = snap_path
+        result["snapshot_bytes"] = os.path.getsize(snap_path)
+        result["snapshot"] = check_snapshot(snap_path, text, result.get("message") or "")
     return result
+
+
+def check_snapshot(path: str, printed: str, message: str) -> dict[str, Any]:
+    """``gs.load_snapshot`` on the real file of a real OOM: what the fixture test will check."""
+    import re
+
+    t0 = time.perf_counter()
+    rec = gs.load_snapshot(path)
+    seconds = time.perf_counter() - t0
+    d = gs.diagnose(rec)
+    from gradscope.snapshot import snapshot_data
+
+    data = snapshot_data(rec)
+    m = re.search(r"Tried to allocate ([0-9.]+) (GiB|MiB|KiB)", message)
+    asked = None if m is None else float(m.group(1)) * {"GiB": 1 << 30, "MiB": 1 << 20, "KiB": 1 << 10}[m.group(2)]
+    facts = {
+        "load_s": seconds,
+        "events": data.events,
+        "allocations": data.allocations,
+        "peak_bytes": rec.peak_bytes,
+        "oom_at": None if data.oom is None else data.oom.at,
+        "request": d.request,
+        "device_free": d.device_free,
+        "allocated": d.allocated,
+        "reserved": d.reserved,
+        "message_request_bytes": asked,
+        # PyTorch's message rounds to two decimals of its unit: the request must agree with it
+        "request_matches_message": asked is not None and d.request is not None and abs(d.request - asked) <= 0.01 * asked,
+        "same_diagnosis_printed": d.text() in printed,
+        "patterns": [f.pattern for f in d.findings],
+        "by_line": [[r.key, r.bytes, r.blocks] for r in d.by_line[:8]],
+        "accumulating_keys": [a.key for a in d.accumulating],
+        "cell_line_accumulates": any(re.search(r":3 <module>", a.key) for a in d.accumulating),
+        "text": d.text(),
+    }
+    with open(os.path.splitext(path)[0] + ".json", "w") as f:
+        json.dump({k: v for k, v in facts.items() if k != "load_s"}, f, indent=1)
+    return facts
 
 
 def _nvml() -> dict[str, int] | None:
@@ -327,7 +378,9 @@ def main() -> None:
     if not a.no_oom:
         try:
             report["oom"] = measure_oom(a.out)
-            print("oom:", {k: v for k, v in report["oom"].items() if k != "output_head"})
+            print("oom:", {k: v for k, v in report["oom"].items() if k not in ("output_head", "snapshot")})
+            snap = report["oom"].get("snapshot") or {}
+            print("snapshot read back:", {k: v for k, v in snap.items() if k != "text"})
             print(report["oom"]["output_head"][:3000])
         except Exception as e:
             report["oom"] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}

@@ -145,8 +145,9 @@ def test_fragmentation_that_expandable_segments_fix() -> None:
     assert "the 120.0 MiB (125829120 bytes) request did not fit although 180.0 MiB of reserved memory was " \
            "free and the device had 50.0 MiB free" in frag.message
     assert "split into 3 pieces across 3 segments, the largest on stream 0 60.0 MiB" in frag.message
-    assert "the free pieces hold 180.0 MiB in whole pages, which with the device's 50.0 MiB free is enough for " \
-           "the 120.0 MiB request" in frag.suggestion
+    # 50 MiB free on the device: two whole 20 MiB pages; the request takes six
+    assert "the free pieces hold 180.0 MiB in whole pages and the device's 50.0 MiB free gives 40.0 MiB more: " \
+           "220.0 MiB to map, enough for the 120.0 MiB of 20.0 MiB pages the 120.0 MiB request takes" in frag.suggestion
     assert "max_split_size_mb would not help here: no segment of stream 0 is as large as the request (the " \
            "largest is 100.0 MiB)" in frag.suggestion
     assert frag.code == "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
@@ -181,8 +182,8 @@ def test_fragmentation_that_max_split_size_fixes() -> None:
     # pages from the segment's start: [0, 80) holds 4; [110, 200) holds [120, 200): 4
     assert d.pageable_bytes == pageable_bytes((seg,)) == 8 * 20 * MiB
     (frag,) = d.findings
-    assert "the free pieces hold 160.0 MiB in whole pages, which with the device's 60.0 MiB free is enough" \
-        in frag.suggestion
+    assert "the free pieces hold 160.0 MiB in whole pages and the device's 60.0 MiB free gives 60.0 MiB more: " \
+           "220.0 MiB to map, enough for the 160.0 MiB of 20.0 MiB pages the 150.0 MiB request takes" in frag.suggestion
     assert "or max_split_size_mb:150: 1 segment of at least the request's size (200.0 MiB) is split by smaller " \
            "live blocks (1 of them, 30.0 MiB)" in frag.suggestion
     assert frag.code == "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True  # or max_split_size_mb:150"
@@ -204,7 +205,8 @@ def test_holes_too_small_for_any_setting() -> None:
     frag, kept = d.findings  # the cause, then the 15 blocks that one line keeps (a list here)
     assert kept.pattern == "accumulating" and kept.bytes == 15 * 2560 * 1024 and kept.code == ""
     assert "15 other allocations from it were freed" in kept.message
-    assert "which with the device's 20.0 MiB free is still 10.0 MiB short of the 30.0 MiB request" in frag.suggestion
+    assert "the free pieces hold 0 B in whole pages and the device's 20.0 MiB free gives 20.0 MiB more: 20.0 MiB " \
+           "to map, 20.0 MiB short of the 40.0 MiB of 20.0 MiB pages the 30.0 MiB request takes" in frag.suggestion
     assert "max_split_size_mb would not help here" in frag.suggestion
 
 
@@ -329,3 +331,23 @@ def test_a_process_share_used_up_while_the_device_had_room() -> None:
     (cap,) = d.findings
     assert cap.pattern == "capacity" and cap.bytes == 24 * MiB - 10 * MiB
     assert "the device reported 60.0 GiB free, enough for it: the process's share was used up" in cap.message
+
+
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "cuda_oom_snapshot.pickle"
+
+
+@pytest.mark.skipif(not FIXTURE.exists(), reason="no real CUDA OOM snapshot yet: benchmarks/bench_cuda.py on a GPU writes one")
+def test_a_real_cuda_oom_snapshot() -> None:
+    """The snapshot ``%gradscope oom on`` saved of a real OOM on a GPU (benchmarks/bench_cuda.py: a
+    list keeping every step's loss, so its graph, on a 1 GiB share of the device), with the facts
+    the GPU session read from PyTorch itself beside it."""
+    import json
+
+    facts = json.loads(FIXTURE.with_suffix(".json").read_text())
+    rec = gs.load_snapshot(FIXTURE)
+    d = gs.diagnose(rec)
+    assert d.moment == "oom" and d.request == facts["request"] and d.text() == facts["text"]
+    asked = facts["message_request_bytes"]
+    assert asked is not None and abs(d.request - asked) <= 0.01 * asked  # what PyTorch's message said
+    assert sum(r.bytes for r in d.by_line) == d.allocated == snapshot_data(rec).live_bytes(d.at)
+    assert any(a.key.split(" ← ")[0].endswith(":3 <module>") for a in d.accumulating)  # losses.append(...)

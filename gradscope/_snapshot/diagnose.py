@@ -374,15 +374,20 @@ def _fragmentation_finding(frag: Fragmentation, segs: tuple[SegmentState, ...], 
         f"{format_bytes(on_stream)}{others}. A block must be contiguous inside one segment, and a segment "
         "goes back to CUDA only when it is entirely free."
     )
-    usable = pageable + device_free
-    verdict = (f"is enough for the {format_bytes(request)} request" if usable >= request
-               else f"is still {format_bytes(request - usable)} short of the {format_bytes(request)} request")
+    # a mapping takes whole pages of the request's pool, from unmapped free pages or from the device
+    page = SMALL_PAGE if request <= SMALL_REQUEST else LARGE_PAGE
+    from_device = device_free // page * page
+    usable = pageable + from_device
+    need = -(-request // page) * page
+    pages = f"the {format_bytes(need)} of {format_bytes(page)} pages the {format_bytes(request)} request takes"
+    verdict = f"enough for {pages}" if usable >= need else f"{format_bytes(need - usable)} short of {pages}"
     expandable = (
         "set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (before CUDA starts): segments then grow by "
         "mapping pages (2 MiB for blocks up to 1 MiB, 20 MiB above), and on an OOM the allocator unmaps the "
         "free pages of partly used segments and maps them where the request needs them; on this snapshot's "
-        f"segments the free pieces hold {format_bytes(pageable)} in whole pages, which with the device's "
-        f"{format_bytes(device_free)} free {verdict} (an estimate: with the setting the layout differs)"
+        f"segments the free pieces hold {format_bytes(pageable)} in whole pages and the device's "
+        f"{format_bytes(device_free)} free gives {format_bytes(from_device)} more: {format_bytes(usable)} to map, "
+        f"{verdict} (an estimate: with the setting the layout differs)"
     )
     large = [g for g in segs if g.stream == stream and g.size > SMALL_PAGE]
     big = [g for g in large if g.size >= request]
