@@ -144,7 +144,7 @@ def test_fragmentation_that_expandable_segments_fix() -> None:
     assert frag.bytes == 180 * MiB
     assert "the 120.0 MiB (125829120 bytes) request did not fit although 180.0 MiB of reserved memory was " \
            "free and the device had 50.0 MiB free" in frag.message
-    assert "split into 3 pieces across 3 segments, the largest on stream 0 60.0 MiB" in frag.message
+    assert "split into 3 pieces across 3 segments, the largest on stream 0 60.0 MiB." in frag.message
     # 50 MiB free on the device: two whole 20 MiB pages; the request takes six
     assert "the free pieces hold 180.0 MiB in whole pages and the device's 50.0 MiB free gives 40.0 MiB more: " \
            "220.0 MiB to map, enough for the 120.0 MiB of 20.0 MiB pages the 120.0 MiB request takes" in frag.suggestion

@@ -370,8 +370,8 @@ def _fragmentation_finding(frag: Fragmentation, segs: tuple[SegmentState, ...], 
     message = (
         f"the {_size(request)} request did not fit although {format_bytes(frag.free_bytes)} of reserved memory "
         f"was free and the device had {format_bytes(device_free)} free: the free reserved memory is split "
-        f"into {frag.free_pieces} pieces across {frag.segments} segments, the largest on stream {stream} "
-        f"{format_bytes(on_stream)}{others}. A block must be contiguous inside one segment, and a segment "
+        f"into {frag.free_pieces} pieces across {frag.segments} segment{'s' if frag.segments != 1 else ''}, the "
+        f"largest on stream {stream} {format_bytes(on_stream)}{others}. A block must be contiguous inside one segment, and a segment "
         "goes back to CUDA only when it is entirely free."
     )
     # a mapping takes whole pages of the request's pool, from unmapped free pages or from the device
