@@ -1167,13 +1167,13 @@ def test_snapshot_and_job_widgets_in_jupyterlab(lab, browser, tmp_path: Path):
         page.wait_for_selector('.gs-jobview[data-align="phase"] .gs-job-timeline[data-ready="1"]', timeout=30_000)
         state = _run_cell(page, 3, "VSTATE")
         assert state["rank"] == other and state["align"] == "phase"
-        jobw.scroll_into_view_if_needed()
+        jobw.locator(".gs-job-table").scroll_into_view_if_needed()  # the job's own panels, not the rank's graph
         _shot(page, "lab_job_1000")
         page.set_viewport_size({"width": 1600, "height": 1000})
         page.wait_for_timeout(800)
-        snap.scroll_into_view_if_needed()
+        snap.locator(".gs-snap-timeline").scroll_into_view_if_needed()
         _shot(page, "lab_snapshot_1600")
-        jobw.scroll_into_view_if_needed()
+        jobw.locator(".gs-job-table").scroll_into_view_if_needed()
         _shot(page, "lab_job_1600")
         assert errors == [] and blocked == []
     finally:

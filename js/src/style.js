@@ -87,6 +87,10 @@ export const CSS = `
 .gs-job-bad { color: #b45309; font-weight: 600; }
 .gs-job-table tr.gs-job-missing td, .gs-job-table tr.gs-job-unreadable td { color: #b91c1c; }
 .gs-job-table td.gs-job-rank { white-space: nowrap; }
+/* a narrow notebook scrolls the table sideways rather than breaking words */
+.gs-job-table td { overflow-wrap: normal; }
+.gs-job-table tr.gs-job-row td:nth-child(-n+6) { white-space: nowrap; }
+.gs-job-table td.gs-job-where, .gs-job-table td.gs-job-inputs { min-width: 170px; }
 .gs-job-details { margin: 4px 0 8px 0; display: flex; gap: 14px; flex-wrap: wrap; align-items: flex-start; }
 .gs-job-details > div { flex: 1 1 100%; }
 .gs-job-details table { width: auto; }
