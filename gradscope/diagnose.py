@@ -33,6 +33,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import sys
 from collections.abc import Iterable, Mapping
@@ -42,6 +43,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from gradscope import _compat
 from gradscope.errors import GradscopeError
 from gradscope.recording import Recording, format_bytes
 
@@ -260,15 +262,15 @@ class _Analysis:
         self.rec = rec
         self.ns = {k: v for k, v in namespace.items() if isinstance(k, str) and not k.startswith("_")}
         self.top = top
-        held = rec.extra.get("held") or {}
+        held = rec.held.to_dict() if rec.held is not None else {}
         self.moment = held.get("moment", "none") if "rows" in held else "none"
-        if rec.extra.get("oom"):
+        if rec.oom is not None:
             self.moment = "failure"  # even when it failed before anything was allocated
         self.rows: list[dict[str, Any]] = list(held.get("rows", ()))
         self.by_storage = held.get("key_kind", "storage") == "storage"
         self.live = int(held.get("live_bytes", 0))
         self.omitted = int(held.get("omitted", 0))
-        self.calls: list[dict[str, Any]] = list(rec.extra.get("backward_calls", ()))
+        self.calls: list[dict[str, Any]] = [dataclasses.asdict(c) for c in rec.backward_calls]
         self.notes: list[str] = []
         if "error" in held:
             self.notes.append(f"the recorder could not list live tensors: {held['error']}")
@@ -278,9 +280,7 @@ class _Analysis:
         try:
             st = t.untyped_storage()
             if self.by_storage:
-                from torch.multiprocessing.reductions import StorageWeakRef
-
-                return int(StorageWeakRef(st).cdata)
+                return _compat.storage_key(t)
             return int(st.data_ptr())
         except (RuntimeError, NotImplementedError, TypeError):
             return None
@@ -370,7 +370,7 @@ class _Analysis:
                 )
             )
         if self.omitted:
-            held_extra = self.rec.extra.get("held") or {}
+            held_extra = self.rec.held.to_dict() if self.rec.held is not None else {}
             for k, b in (held_extra.get("omitted_by_kind") or {}).items():
                 kinds[k] = kinds.get(k, 0) + int(b)
             for m, b in (held_extra.get("omitted_by_module") or {}).items():
@@ -389,7 +389,7 @@ class _Analysis:
         resident = tuple((k, b) for k, b in resident if b > 0) if self.moment == "failure" else ()
         by_module = tuple(sorted(modules.items(), key=lambda kv: (-kv[1], kv[0]))[: self.top])
         findings = self._findings(kinds, holders)
-        oom = rec.extra.get("oom") or {}
+        oom = rec.oom.to_dict() if rec.oom is not None else {}
         return Diagnosis(
             label=rec.label,
             moment=self.moment,

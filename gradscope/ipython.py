@@ -153,7 +153,7 @@ class GradscopeMagics(Magics):
         if args.output:
             shell.user_ns[args.output] = recording
         _show(recording, widget=not args.no_widget)
-        if st.last is shown and recording.extra.get("oom") is not None:
+        if st.last is shown and recording.oom is not None:
             # an OOM the handler did not diagnose (oom off): diagnose it after the traceback
             from gradscope.diagnose import diagnose
 
@@ -307,17 +307,15 @@ def _cell_budget(budget: int | None, memory: str, ns: dict[str, Any]) -> tuple[i
 def _resident_cpu_bytes(ns: dict[str, Any]) -> int:
     """Bytes of distinct CPU storages reachable from the user's variables: tensors (also inside
     lists, tuples and dicts), models' parameters, buffers and gradients, optimizers' state."""
-    from torch.multiprocessing.reductions import StorageWeakRef
+    from gradscope._compat import storage_key
 
     seen: dict[int, int] = {}
 
     def add(t: Any) -> None:
         if isinstance(t, torch.Tensor) and t.device.type == "cpu":
-            try:
-                st = t.untyped_storage()
-                seen[int(StorageWeakRef(st).cdata)] = int(st.nbytes())
-            except (RuntimeError, NotImplementedError, TypeError):
-                pass
+            key = storage_key(t)
+            if key is not None:
+                seen[key] = int(t.untyped_storage().nbytes())
 
     for name, v in list(ns.items()):
         if name.startswith("_"):
@@ -346,15 +344,14 @@ def _with_resident(recording: Any, cell_budget: tuple[int, int] | None) -> Any:
     """The recording, its budget failure restated for the whole simulated device."""
     if recording is None or cell_budget is None:
         return recording
-    oom = recording.extra.get("oom")
-    if not oom:
+    oom = recording.oom
+    if oom is None:
         return recording
     budget, resident = cell_budget
-    extra = dict(recording.extra)
-    extra["oom"] = {**oom, "budget": budget, "cell_budget": oom.get("budget"), "resident": resident}
     import dataclasses
 
-    return dataclasses.replace(recording, extra=extra)
+    oom = dataclasses.replace(oom, budget=budget, cell_budget=oom.budget, resident=resident)
+    return dataclasses.replace(recording, oom=oom)
 
 
 def _add_namespace_roots(rec: Any, ns: dict[str, Any]) -> None:

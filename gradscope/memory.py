@@ -1,4 +1,4 @@
-"""Memory sources: where a recording's bytes come from.
+"""Memory sources: where a recording's bytes come from, behind one small protocol.
 
 - ``cpu``: PyTorch's profiler allocation events. They come from the CPU allocator itself, so they
   include memory that kernels allocate internally (CPU convolution's temporaries), which a tracker
@@ -10,8 +10,10 @@
 - ``cuda``: the caching allocator's statistics (allocated, reserved; with ``history=True`` its
   event history) and NVML totals through ``nvidia-ml-py`` when present.
 
-Every source yields the same :class:`AllocEvent` list, so the recorder turns any of them into one
-timeline. Sources keep no tensors alive: only sizes, addresses and weak references.
+Every source implements :class:`MemorySource` and hands over a
+:class:`~gradscope._trace.MemoryTrace` (the same :class:`AllocEvent` rows for all of them), so the
+recorder and the passes never ask which source they have. Sources keep no tensors alive: only
+sizes, addresses and weak references.
 """
 
 from __future__ import annotations
@@ -22,50 +24,89 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
+from gradscope import _compat
+from gradscope._trace import MemoryTrace
 from gradscope.errors import GradscopeError, MemoryBudgetExceeded
 
-__all__ = ["AllocEvent", "nvml_device_totals", "parse_size", "resolve_memory"]
+__all__ = [
+    "AllocEvent",
+    "CudaSource",
+    "EvalScope",
+    "MemorySource",
+    "ProfilerSource",
+    "TrackerSource",
+    "make_source",
+    "nvml_device_totals",
+    "parse_size",
+    "resolve_memory",
+]
 
 _MODES = ("auto", "cpu", "cuda", "tracker", "off")
 
 
-@dataclass
-class AllocEvent:
+class AllocEvent(NamedTuple):
     """One allocation (``size > 0``) or free (``size < 0``) inside the block.
 
-    ``t_ns`` is on the ``time.time_ns()`` clock. ``eval_index`` is, for the profiler source, the
-    index of the engine's ``evaluate_function`` scope it happened in (None outside backward);
-    ``step`` is a recorder step index when the source knows it online.
+    ``t_ns`` is on the ``time.time_ns()`` clock (the profiler's clock is converted to it by
+    PyTorch). ``key`` names the block or storage (see :attr:`MemoryTrace.key_kind`). ``scope`` is,
+    for the profiler source, the index of the engine's ``evaluate_function`` scope it happened in
+    (None outside backward); ``step`` is, for online sources, the position in the trace's step
+    events when it happened; ``call`` the module call running; ``hint`` ``"optimizer"`` or
+    ``"other"`` when the source saw it inside an optimizer step or a ``zero_grad``.
     """
 
     t_ns: int
     size: int
     key: int
     label: str
-    eval_index: int | None = None
+    scope: int | None = None
     step: int | None = None
     reserved: int | None = None
-    module_call: int | None = None
+    call: int | None = None
+    hint: str | None = None
 
 
-MODULE_MARK = "gradscope.module#"
+class EvalScope(NamedTuple):
+    """One ``autograd::engine::evaluate_function`` scope seen by the profiler.
 
-
-@dataclass
-class EvalScope:
-    """One ``autograd::engine::evaluate_function`` scope seen by the profiler."""
+    ``backward`` is the index of the gradscope backward marker it ran under (None: a backward
+    gradscope did not observe); ``nested`` is True for scopes inside another node's scope (a
+    reentrant backward, e.g. reentrant checkpointing).
+    """
 
     name: str
     seq: int
     start_ns: int
     end_ns: int
+    backward: int | None
+    nested: bool
+
+
+class MemorySource(Protocol):
+    """What the recorder asks of a memory source, and nothing more.
+
+    ``online``: it knows the live total at any moment (budgets, bytes around each step).
+    ``node_hooks``: it wants every node's start and end (it reads the allocator there).
+    ``marks_calls``: it wants :meth:`call_enter` / :meth:`call_exit` at module calls and
+    backward passes. ``marks_steps``: it wants :meth:`mark` at step boundaries.
+    """
+
+    name: str
+    online: bool
+    node_hooks: bool
+    marks_calls: bool
+    marks_steps: bool
+
+    def start(self) -> None: ...
+    def stop(self) -> MemoryTrace: ...
+    def live(self) -> int | None: ...
+    def call_enter(self, kind: str, index: int, label: str) -> Any: ...
+    def call_exit(self, token: Any, label: str) -> None: ...
+    def mark(self, label: str) -> None: ...
 
 
 def parse_size(size: int | str | None) -> int | None:
@@ -116,11 +157,53 @@ def resolve_memory(memory: str, budget: int | None) -> str:
     return memory
 
 
+def make_source(memory: str, *, budget: int | None = None, device_type: str = "cpu",
+                history: bool = False, context: Callable[[], tuple[int | None, int | None]] | None = None
+                ) -> MemorySource | None:
+    """The source for a resolved ``memory`` name (None for ``"off"``). ``context`` returns the
+    recorder's (step event position, module call) at any moment, for online sources."""
+    if memory == "cpu":
+        return ProfilerSource()
+    if memory == "tracker":
+        return TrackerSource(device_type, budget, context=context)
+    if memory == "cuda":
+        if not torch.cuda.is_available():
+            raise GradscopeError(
+                "gradscope: memory='cuda' but CUDA is not available here; use memory='cpu', or "
+                "gs.predict(..., device='cuda') to estimate CUDA memory without a GPU."
+            )
+        return CudaSource(history=history, context=context)
+    return None
+
+
+def _no_context() -> tuple[int | None, int | None]:
+    return None, None
+
+
+def _inside_only(events: list[AllocEvent]) -> list[AllocEvent]:
+    """Drop frees of memory allocated before the block (the profiler reports them with a size when
+    an earlier profiling session saw the allocation): they are baseline, not the block's memory."""
+    live: dict[int, int] = {}
+    out: list[AllocEvent] = []
+    for e in events:
+        if e.size > 0:
+            live[e.key] = e.size
+            out.append(e)
+        elif live.pop(e.key, None) is not None:
+            out.append(e)
+    return out
+
+
 # --------------------------------------------------------------------------------------
 # CPU: the profiler's allocation events
 # --------------------------------------------------------------------------------------
 _profiler_lock = threading.Lock()
 _profiler_busy = False  # see NOTE [ one profiler at a time ]
+MARK = "gradscope."
+_EVAL = "autograd::engine::evaluate_function: "
+_CLOCK = "gradscope.clock#0"
+_OPT_STEP = "Optimizer.step#"
+_ZERO_GRAD = ("Optimizer.zero_grad#", "Module.zero_grad")
 
 
 class ProfilerSource:
@@ -129,15 +212,22 @@ class ProfilerSource:
     allocate internally. The running sum of those events from the block's start is the block's
     live memory; frees of memory allocated before the block come without a size and are ignored,
     so pre-existing tensors never count toward ``peak_bytes``.
+
+    NOTE [ profiler marks ]: the recorder opens a profiler scope per module call and per backward
+    pass (``gradscope.module#3``, ``gradscope.backward#0``), so that each allocation knows its
+    module and each node scope its backward pass from the event tree itself, without comparing
+    clocks.
     """
 
     name = "cpu"
     online = False
+    node_hooks = False
+    marks_calls = True
+    marks_steps = False
 
     def __init__(self) -> None:
         self._prof: Any = None
-        self.events: list[AllocEvent] = []
-        self.scopes: list[EvalScope] = []
+        self._clock_ns = 0
 
     def start(self) -> None:
         """NOTE [ one profiler at a time ]: PyTorch runs one profiler session per process. A
@@ -148,7 +238,7 @@ class ProfilerSource:
 
         global _profiler_busy
         with _profiler_lock:
-            if _profiler_busy or torch.autograd.profiler._is_profiler_enabled:
+            if _profiler_busy or _compat.profiler_enabled():
                 raise GradscopeError(
                     "gradscope: memory='cpu' reads PyTorch's profiler, and a profiler session is "
                     "already running (your torch.profiler, or a recording in another thread); "
@@ -160,65 +250,104 @@ class ProfilerSource:
             self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
             with _quiet_stderr():
                 self._prof.__enter__()
+            # NOTE [ profiler clock ]: the profiler stamps events with its own clock; one scope
+            # opened right here, beside a time.time_ns() reading, gives the offset to ours.
+            handle = _compat.record_scope_enter(_CLOCK)
+            self._clock_ns = time.time_ns()
+            _compat.record_scope_exit(handle)
         except BaseException:
             self._prof = None
             _profiler_busy = False
             raise
 
-    def stop(self) -> None:
+    def stop(self) -> MemoryTrace:
         global _profiler_busy
         prof, self._prof = self._prof, None
+        out = MemoryTrace(source=self.name, device="cpu", online=False, key_kind="address")
         if prof is None:
-            return
+            return out
         try:
             with _quiet_stderr():
                 prof.__exit__(None, None, None)
         finally:
             _profiler_busy = False
-        self._parse(prof.profiler.kineto_results.experimental_event_tree())
+        out.events, out.scopes = self._parse(_compat.profiler_event_tree(prof))
+        return out
 
     def live(self) -> int | None:
         return None
 
-    def _parse(self, roots: Any) -> None:
-        from torch._C._profiler import _EventType
+    def call_enter(self, kind: str, index: int, label: str) -> Any:
+        return _compat.record_scope_enter(f"{MARK}{kind}#{index}")
 
-        alloc_tag = _EventType.Allocation
+    def call_exit(self, token: Any, label: str) -> None:
+        if token is not None:
+            _compat.record_scope_exit(token)
+
+    def mark(self, label: str) -> None:
+        pass
+
+    def _parse(self, roots: Any) -> tuple[list[AllocEvent], list[EvalScope]]:
+        alloc_tag = _compat.allocation_tag()
         events: list[AllocEvent] = []
         scopes: list[EvalScope] = []
+        new_event = AllocEvent.__new__
         # Iterative walk (deep trees must not hit the recursion limit); children are pushed in
         # reverse so that events come out in time order within a scope.
-        stack: list[tuple[Any, str, int | None, int | None]] = [(r, "", None, None) for r in reversed(roots)]
+        # Stack rows: (event, label, scope, call, backward marker, hint, inside a node scope)
+        stack: list[tuple[Any, str, int | None, int | None, int | None, str | None, bool]] = [
+            (r, "", None, None, None, None, False) for r in reversed(roots)
+        ]
+        pop, push = stack.pop, stack.append
         while stack:
-            ev, label, scope, call = stack.pop()
+            ev, label, scope, call, bw, hint, in_node = pop()
             if ev.tag == alloc_tag:
                 ef = ev.extra_fields
                 if ef.device.type != "cpu":
                     continue
-                events.append(AllocEvent(ev.start_time_ns, int(ef.alloc_size), int(ef.ptr), label, scope,
-                                         module_call=call))
+                events.append(new_event(AllocEvent, ev.start_time_ns, int(ef.alloc_size), int(ef.ptr), label,
+                                        scope, None, None, call, hint))
                 continue
             name = ev.name
-            if name.startswith(MODULE_MARK):
-                # NOTE [ module markers ]: the recorder opens a profiler scope per module call, so
-                # each allocation knows the module it happened in without comparing clocks.
+            if name.startswith(MARK):
+                if name == _CLOCK:
+                    continue
+                kind, _, idx = name[len(MARK):].partition("#")
                 try:
-                    call = int(name[len(MODULE_MARK):])
+                    if kind == "module":
+                        call = int(idx)
+                    elif kind == "backward":
+                        bw = int(idx)
                 except ValueError:
                     pass
-            elif name.startswith("autograd::engine::evaluate_function: "):
-                scope = len(scopes)
-                node_name = name[len("autograd::engine::evaluate_function: ") :]
+            elif name.startswith(_EVAL):
+                node = name[len(_EVAL):].rsplit("::", 1)[-1]
                 seq = getattr(ev.extra_fields, "sequence_number", -1)
-                scopes.append(EvalScope(_node_name(node_name), int(seq), ev.start_time_ns, ev.end_time_ns))
-                label = _node_name(node_name)
+                scope = len(scopes)
+                scopes.append(EvalScope(node, int(seq), ev.start_time_ns, ev.end_time_ns, bw, in_node))
+                label = node
+                in_node = True
+            elif name.startswith(_OPT_STEP):
+                hint = "optimizer"
+                label = name
+            elif name.startswith(_ZERO_GRAD):
+                hint = "other"
+                label = name
             elif scope is None or label == "":
                 label = name
-            for c in reversed(ev.children):
-                stack.append((c, label, scope, call))
+            children = ev.children
+            for i in range(len(children) - 1, -1, -1):
+                push((children[i], label, scope, call, bw, hint, in_node))
+        offset = 0
+        for r in roots:
+            if r.name == _CLOCK:
+                offset = r.start_time_ns - self._clock_ns
+                break
+        if offset:
+            events = [e._replace(t_ns=e.t_ns - offset) for e in events]
+            scopes = [sc._replace(start_ns=sc.start_ns - offset, end_ns=sc.end_ns - offset) for sc in scopes]
         events.sort(key=lambda e: e.t_ns)
-        self.events = _inside_only(events)
-        self.scopes = scopes
+        return _inside_only(events), scopes
 
 
 @contextlib.contextmanager
@@ -241,62 +370,46 @@ def _quiet_stderr() -> Iterator[None]:
         os.close(saved)
 
 
-def _inside_only(events: list[AllocEvent]) -> list[AllocEvent]:
-    """Drop frees of memory allocated before the block (the profiler reports them with a size when
-    an earlier profiling session saw the allocation): they are baseline, not the block's memory."""
-    live: dict[int, int] = {}
-    out: list[AllocEvent] = []
-    for e in events:
-        if e.size > 0:
-            live[e.key] = e.size
-            out.append(e)
-        elif live.pop(e.key, None) is not None:
-            out.append(e)
-    return out
-
-
-def _node_name(name: str) -> str:
-    return name.rsplit("::", 1)[-1]
-
-
 # --------------------------------------------------------------------------------------
 # The online tracker (budgets, meta-device prediction)
 # --------------------------------------------------------------------------------------
-class _TrackerMode(TorchDispatchMode):
-    def __init__(self, source: TrackerSource) -> None:
-        super().__init__()
-        self.source = source
+def _make_tracker_mode(source: TrackerSource) -> Any:
+    base = _compat.torch_dispatch_mode()
 
-    @classmethod
-    def ignore_compile_internals(cls) -> bool:
-        """NOTE [ the tracker and torch.compile ]: a compiled function called while a dispatch mode
-        that does not ignore compile internals is active is skipped by Dynamo for good: it runs
-        eagerly from then on, also after the block (other numerics, other memory). Ignoring them,
-        compiled code stays compiled; allocations inside it are not seen by the tracker (the
-        recording says so; the profiler source sees them)."""
-        return True
+    class _TrackerMode(base):  # type: ignore[misc, valid-type]
+        @classmethod
+        def ignore_compile_internals(cls) -> bool:
+            """NOTE [ the tracker and torch.compile ]: a compiled function called while a dispatch
+            mode that does not ignore compile internals is active is skipped by Dynamo for good:
+            it runs eagerly from then on, also after the block (other numerics, other memory).
+            Ignoring them, compiled code stays compiled; allocations inside it are not seen by the
+            tracker (the recording says so; the profiler source sees them). On a torch without
+            this switch the recording says that compiled code ran eagerly."""
+            return True
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        src = self.source
-        src._drain()
-        kwargs = kwargs or {}
-        in_keys: set[int] = set()
-        for a in tree_leaves((args, kwargs)):
-            if isinstance(a, torch.Tensor):
-                k = _storage_key(a)
-                if k is not None:
-                    in_keys.add(k)
-        out = func(*args, **kwargs)
-        try:
-            for t in tree_leaves(out):
-                if isinstance(t, torch.Tensor):
-                    src._observe(t, in_keys, func)
-        except MemoryBudgetExceeded:
-            raise
-        except Exception as e:  # observing must never break the user's operation
-            if len(src.failures) < 10:
-                src.failures.append(f"{_op_label(func)}: {e!r}")
-        return out
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            src = source
+            src._drain()
+            kwargs = kwargs or {}
+            in_keys: set[int] = set()
+            for a in _compat.tree_leaves((args, kwargs)):
+                if isinstance(a, torch.Tensor):
+                    k = _compat.storage_key(a)
+                    if k is not None:
+                        in_keys.add(k)
+            out = func(*args, **kwargs)
+            try:
+                for t in _compat.tree_leaves(out):
+                    if isinstance(t, torch.Tensor):
+                        src._observe(t, in_keys, func)
+            except MemoryBudgetExceeded:
+                raise
+            except Exception as e:  # observing must never break the user's operation
+                if len(src.failures) < 10:
+                    src.failures.append(f"{_op_label(func)}: {e!r}")
+            return out
+
+    return _TrackerMode()
 
 
 class TrackerSource:
@@ -309,16 +422,16 @@ class TrackerSource:
 
     name = "tracker"
     online = True
+    node_hooks = True
+    marks_calls = True
+    marks_steps = True
 
     def __init__(self, device_type: str = "cpu", budget: int | None = None,
-                 step_of: Callable[[], int | None] | None = None,
-                 call_of: Callable[[], int | None] | None = None) -> None:
+                 context: Callable[[], tuple[int | None, int | None]] | None = None) -> None:
         self.device_type = device_type
         self.budget = budget
-        self.step_of = step_of or (lambda: None)
-        self.call_of = call_of or (lambda: None)
+        self.context = context or _no_context
         self.events: list[AllocEvent] = []
-        self.scopes: list[EvalScope] = []
         self._live = 0
         self._known: dict[int, tuple[int, Any]] = {}
         self._pending: list[int] = []
@@ -328,37 +441,49 @@ class TrackerSource:
         self._holders: dict[int, int] = {}
         self._orphans: set[int] = set()
         self.failures: list[str] = []  # errors while observing (the first 10), for the notes
-        self._mode: _TrackerMode | None = None
+        self._mode: Any = None
+        self._call: int | None = None
         self.stopped = False
 
     def start(self) -> None:
-        self._mode = _TrackerMode(self)
+        self._mode = _make_tracker_mode(self)
         self._mode.__enter__()
 
-    def stop(self) -> None:
+    def stop(self) -> MemoryTrace:
         mode, self._mode = self._mode, None
         if mode is not None:
             mode.__exit__(None, None, None)
         self._drain()
         self.stopped = True
         # The finalizers on tensors made in the block (gradients, optimizer state) keep this source
-        # alive as long as they live; without the recorder's callbacks they no longer keep the
+        # alive as long as they live; without the recorder's callback they no longer keep the
         # whole recorder (its graph bookkeeping) alive with it.
-        self.step_of = self.call_of = _no_index
+        self.context = _no_context
+        return MemoryTrace(source=self.name, device=self.device_type, online=True, key_kind="storage",
+                           events=list(self.events), failures=list(self.failures))
 
     def live(self) -> int:
         self._drain()
         return self._live
 
+    def call_enter(self, kind: str, index: int, label: str) -> Any:
+        prev = self._call
+        if kind == "module":
+            self._call = index
+        return prev
+
+    def call_exit(self, token: Any, label: str) -> None:
+        self._call = token
+
+    def mark(self, label: str) -> None:
+        self.sweep()
+
     def _observe(self, t: torch.Tensor, in_keys: set[int], func: Any) -> None:
         if t.device.type != self.device_type:
             return
-        try:
-            if t._is_zerotensor():
-                return
-        except (AttributeError, RuntimeError):
-            pass
-        key = _storage_key(t)
+        if _compat.is_zero_tensor(t):
+            return
+        key = _compat.storage_key(t)
         if key is not None and key in self._known and not _mutates(func):
             # A view or alias (``_unsafe_view``) of a tracked storage keeps it alive after the
             # tensor that brought it dies: without its own finalizer the free would only be seen
@@ -379,14 +504,11 @@ class TrackerSource:
         if self.budget is not None and self._live + nbytes > self.budget:
             raise MemoryBudgetExceeded(nbytes, self._live, self.budget, where=label)
         self._live += nbytes
-        self.events.append(AllocEvent(time.time_ns(), nbytes, key, label, step=self.step_of(),
-                                      module_call=self.call_of()))
-        from torch.multiprocessing.reductions import StorageWeakRef
-
-        ref = StorageWeakRef(storage)
+        step, _ = self.context()
+        self.events.append(AllocEvent(time.time_ns(), nbytes, key, label, None, step, None, self._call))
         # The finalizer is attached to the tensor object (tensors keep their Python object while
-        # C++ holds them); the storage check below decides when its bytes are really gone.
-        self._known[key] = (nbytes, ref)
+        # C++ holds them); the weak reference below decides when its bytes are really gone.
+        self._known[key] = (nbytes, _compat.storage_weak_ref(storage))
         self._holders[key] = 1
         weakref.finalize(t, self._holder_died, key)
 
@@ -403,7 +525,7 @@ class TrackerSource:
         if entry is None:
             return
         nbytes, ref = entry
-        if not ref.expired():
+        if not _compat.weak_ref_expired(ref):
             # NOTE [ frees are checked at the next operator ]: a finalizer runs while the dying
             # tensor still holds its storage, so the check is repeated at the next operator
             # (before it allocates) or live() call. A view still holding the storage then has a
@@ -414,11 +536,13 @@ class TrackerSource:
                 self._orphans.add(key)  # see NOTE [ orphaned storages ]
             return
         del self._known[key]
+        _compat.free_weak_ref(ref)
         self._holders.pop(key, None)
         self._orphans.discard(key)
         self._live -= nbytes
         if not self.stopped:
-            self.events.append(AllocEvent(time.time_ns(), -nbytes, key, "free", step=self.step_of()))
+            step, _ = self.context()
+            self.events.append(AllocEvent(time.time_ns(), -nbytes, key, "free", None, step))
 
     def _drain(self) -> None:
         """Check the storages whose tensors died since the last operator (see NOTE above)."""
@@ -437,26 +561,13 @@ class TrackerSource:
             entry = self._known.get(key)
             if entry is None:
                 self._orphans.discard(key)
-            elif entry[1].expired():
+            elif _compat.weak_ref_expired(entry[1]):
                 self._maybe_free(key)
 
 
 def _mutates(func: Any) -> bool:
     schema = getattr(func, "_schema", None)
     return bool(getattr(schema, "is_mutable", True))
-
-
-def _no_index() -> int | None:
-    return None
-
-
-def _storage_key(t: torch.Tensor) -> int | None:
-    try:
-        from torch.multiprocessing.reductions import StorageWeakRef
-
-        return int(StorageWeakRef(t.untyped_storage()).cdata)
-    except (RuntimeError, NotImplementedError, TypeError, AttributeError):
-        return None
 
 
 def _op_label(func: Any) -> str:
@@ -470,7 +581,7 @@ def _op_label(func: Any) -> str:
 class CudaStats(Protocol):
     """The boundary to the CUDA caching allocator: what :class:`CudaSource` reads, nothing more.
 
-    ``torch.cuda`` satisfies it (see :func:`_torch_cuda_stats`); tests on machines without a GPU
+    ``torch.cuda`` satisfies it (see :class:`_TorchCudaStats`); tests on machines without a GPU
     pass a fake with the same methods, so the logic above the boundary is tested everywhere.
     """
 
@@ -510,13 +621,10 @@ class _TorchCudaStats:
         return int(torch.cuda.get_device_properties(device).total_memory)
 
     def start_history(self, max_entries: int) -> None:
-        torch.cuda.memory._record_memory_history(max_entries=max_entries)
+        _compat.cuda_start_history(max_entries)
 
     def stop_history(self, device: Any) -> dict[str, Any]:
-        try:
-            return dict(torch.cuda.memory._snapshot(device))
-        finally:
-            torch.cuda.memory._record_memory_history(enabled=None)
+        return _compat.cuda_stop_history(device)
 
 
 class CudaSource:
@@ -531,25 +639,24 @@ class CudaSource:
 
     name = "cuda"
     online = True
+    node_hooks = True
+    marks_calls = True
+    marks_steps = True
 
     def __init__(self, device: torch.device | None = None, history: bool = False,
-                 max_entries: int = 100_000, step_of: Callable[[], int | None] | None = None,
-                 call_of: Callable[[], int | None] | None = None, stats: CudaStats | None = None) -> None:
+                 max_entries: int = 100_000, context: Callable[[], tuple[int | None, int | None]] | None = None,
+                 stats: CudaStats | None = None) -> None:
         self.stats: CudaStats = stats if stats is not None else _TorchCudaStats()
         if device is None:
             device = torch.device("cuda", torch.cuda.current_device())
         self.device = device
         self.history = history
         self.max_entries = max_entries
-        self.step_of = step_of or (lambda: None)
-        self.call_of = call_of or (lambda: None)
+        self.context = context or _no_context
         self.events: list[AllocEvent] = []
-        self.scopes: list[EvalScope] = []
         self.baseline = 0
-        self.peak = 0
-        self.reserved_peak = 0
-        self.total: int | None = None
         self._last = 0
+        self._call: int | None = None
 
     def start(self) -> None:
         st = self.stats
@@ -561,28 +668,45 @@ class CudaSource:
             st.start_history(self.max_entries)
         self._t0 = time.time_ns()
 
-    def sample(self, label: str, step: int | None = None) -> None:
+    def mark(self, label: str) -> None:
         """Add a timeline point with the allocator's current figures (called from the hooks)."""
         if self.history:
             return
         live = self.stats.memory_allocated(self.device) - self.baseline
         delta, self._last = live - self._last, live
-        self.events.append(AllocEvent(time.time_ns(), delta, 0, label,
-                                      step=step if step is not None else self.step_of(),
-                                      module_call=self.call_of(),
-                                      reserved=self.stats.memory_reserved(self.device)))
+        step, _ = self.context()
+        self.events.append(AllocEvent(time.time_ns(), delta, 0, label, None, step,
+                                      self.stats.memory_reserved(self.device), self._call))
 
-    def stop(self) -> None:
+    def call_enter(self, kind: str, index: int, label: str) -> Any:
+        prev = self._call
+        if kind == "module":
+            self._call = index
+            self.mark(label)
+        return prev
+
+    def call_exit(self, token: Any, label: str) -> None:
+        if label:
+            self.mark(label + " done")
+        self._call = token
+
+    def stop(self) -> MemoryTrace:
         st = self.stats
         st.synchronize(self.device)
         if not self.history:
-            self.sample("end of block", None)
-        self.peak = st.max_memory_allocated(self.device) - self.baseline
-        self.reserved_peak = st.max_memory_reserved(self.device)
-        self.total = st.total_memory(self.device)
+            self._call = None
+            self.mark("end of block")
+        peak = st.max_memory_allocated(self.device) - self.baseline
+        reserved_peak = st.max_memory_reserved(self.device)
+        nv = nvml_device_totals(self.device.index or 0)
+        total = nv["total"] if nv else st.total_memory(self.device)
+        events = self.events
         if self.history:
             snap = st.stop_history(self.device)
-            self.events = _events_from_snapshot(snap, self.device.index or 0, self._t0, time.time_ns())
+            events = _events_from_snapshot(snap, self.device.index or 0, self._t0, time.time_ns())
+        return MemoryTrace(source=self.name, device=str(self.device), online=True,
+                           key_kind="address" if self.history else "none", events=events,
+                           baseline=self.baseline, peak=peak, reserved_peak=reserved_peak, total=total)
 
     def live(self) -> int:
         return self.stats.memory_allocated(self.device) - self.baseline
@@ -591,22 +715,21 @@ class CudaSource:
 def _events_from_snapshot(snap: dict[str, Any], index: int, t0_ns: int, t1_ns: int) -> list[AllocEvent]:
     """Allocation and completed-free events of one device, in the allocator's order. Their times
     are used when they fall inside the block; otherwise events are spread evenly over it."""
-    traces = snap.get("device_traces", [])
+    traces = snap.get(_compat.SNAPSHOT_TRACES, [])
     if index >= len(traces):
         return []
     out: list[AllocEvent] = []
     for e in traces[index]:
-        action = e.get("action")
+        action = e.get(_compat.TRACE_ACTION)
         if action not in ("alloc", "free_completed"):
             continue
-        frames = e.get("frames") or []
+        frames = e.get(_compat.TRACE_FRAMES) or []
         label = str(frames[0].get("name", "")) if frames else action
-        size = int(e["size"]) if action == "alloc" else -int(e["size"])
-        out.append(AllocEvent(int(e.get("time_us", 0)) * 1000, size, int(e["addr"]), label))
+        size = int(e[_compat.TRACE_SIZE]) if action == "alloc" else -int(e[_compat.TRACE_SIZE])
+        out.append(AllocEvent(int(e.get(_compat.TRACE_TIME_US, 0)) * 1000, size, int(e[_compat.TRACE_ADDR]), label))
     if not all(t0_ns <= ev.t_ns <= t1_ns for ev in out):
         step = (t1_ns - t0_ns) / max(len(out), 1)
-        for k, ev in enumerate(out):
-            ev.t_ns = t0_ns + int(k * step)
+        out = [ev._replace(t_ns=t0_ns + int(k * step)) for k, ev in enumerate(out)]
     return _inside_only(out)
 
 

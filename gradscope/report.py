@@ -66,7 +66,7 @@ def summary_text(rec: Recording, top: int = 5) -> str:
             lines.append(at)
         held = rec.held_at_peak()
         if held:
-            moment = "at the failure" if rec.extra.get("held", {}).get("moment") == "failure" else "at the peak"
+            moment = "at the failure" if rec.held is not None and rec.held.moment == "failure" else "at the peak"
             parts = ", ".join(f"{_HELD_NAMES.get(k, k)} {format_bytes(v)}" for k, v in held.items())
             lines.append(f"  {moment}: {parts}")
         if rec.reserved_peak_bytes is not None:

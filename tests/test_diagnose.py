@@ -30,9 +30,9 @@ def test_gradient_penalty_through_frozen_generator_names_create_graph_and_forwar
                 dfdz.append(torch.autograd.grad(f, z, create_graph=True)[0])
     r = rec.recording
     assert r is not None and not r.complete
-    assert r.extra["oom"]["budget"] == 3 * 1024 * KiB
-    assert r.extra["oom"]["live"] == info.value.live
-    assert all(c["create_graph"] and c["api"] == "autograd.grad" for c in r.extra["backward_calls"])
+    assert r.oom is not None and r.oom.budget == 3 * 1024 * KiB
+    assert r.oom.live == info.value.live
+    assert all(c.create_graph and c.api == "autograd.grad" for c in r.backward_calls)
     d = gs.diagnose(r)
     assert isinstance(d, Diagnosis)
     assert d.moment == "failure" and d.live_bytes == info.value.live
@@ -166,9 +166,9 @@ def test_retain_graph_is_reported() -> None:
         h = (x @ w).tanh()
         h.sum().backward(retain_graph=True)
         (h * 2).sum().backward(retain_graph=True)
-    calls = rec.recording.extra["backward_calls"]
-    assert [c["retain_graph"] for c in calls] == [True, True]
-    assert [c["api"] for c in calls] == ["backward", "backward"]
+    calls = rec.recording.backward_calls
+    assert [c.retain_graph for c in calls] == [True, True]
+    assert [c.api for c in calls] == ["backward", "backward"]
     d = gs.diagnose(rec.recording, namespace={})
     f = next(f for f in d.findings if f.pattern == "retain_graph")
     assert "2 backward calls used retain_graph=True" in f.message
@@ -230,8 +230,8 @@ def test_smaller_live_tensors_are_summed_not_listed(monkeypatch: pytest.MonkeyPa
         with gs.record(budget="1MiB", modules={"model": model}) as rec:
             for _ in range(50):
                 losses.append(model(torch.randn(128, 64)).square().mean())
-    held = rec.recording.extra["held"]
-    assert len(held["rows"]) == 5 and held["omitted"] > 0
+    held = rec.recording.held
+    assert held is not None and len(held.rows) == 5 and held.omitted > 0
     d = gs.diagnose(rec.recording)
     assert sum(b for _, b in d.by_kind) == d.live_bytes == info.value.live
     assert sum(b for _, b in d.by_module) == d.live_bytes
@@ -292,7 +292,7 @@ def test_addresses_reused_after_the_peak_are_not_matched_with_live_variables(mem
                 losses.append(model(torch.randn(128, 64)).square().mean())
             torch.stack(losses).sum().backward()
             opt.step()
-        rows = rec.recording.extra["held"]["rows"]
+        rows = rec.recording.held.to_dict()["rows"]
         d = gs.diagnose(rec.recording)
         kinds = dict(d.by_kind)
         assert kinds.get("saved", 0) == sum(r["bytes"] for r in rows if r["what"] == "saved")
