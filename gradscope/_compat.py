@@ -275,11 +275,6 @@ def disable_hooks_module() -> Any:
 
 
 # ----------------------------------------------------------------------------- profiler
-def profiler_event_tree(prof: Any) -> list[Any]:
-    """The root events of a finished ``torch.profiler.profile``'s event tree."""
-    return list(prof.profiler.kineto_results.experimental_event_tree())
-
-
 def allocation_tag() -> Any:
     from torch._C._profiler import _EventType
 
@@ -296,7 +291,49 @@ def record_scope_exit(handle: Any) -> None:
 
 
 def profiler_enabled() -> bool:
-    return bool(torch.autograd.profiler._is_profiler_enabled)
+    return bool(torch.autograd.profiler._is_profiler_enabled) or bool(torch._C._autograd._profiler_enabled())
+
+
+def start_node_profiler() -> None:
+    """Start PyTorch's profiler with memory events and only node and user scopes.
+
+    NOTE [ a lean profiler ]: ``torch.profiler.profile`` records a scope for every aten op; on
+    graphs of small ops that doubles the profiler's own cost and, worse, the event tree gradscope
+    must read back through Python grows with it (measured on a 5,000-op chain: 4.5x plain with
+    op scopes, 2.5x without; reading the tree back 1.3x more). Memory events do not depend on
+    scopes, so the CPU source asks for node scopes (``BACKWARD_FUNCTION``: one per executed node,
+    with its sequence number) and user scopes (``record_function``: gradscope's marks, the
+    optimizer's ``Optimizer.step#...``) only; forward allocations are then labelled by module.
+    """
+    from torch._C._profiler import (
+        ProfilerActivity,
+        ProfilerConfig,
+        ProfilerState,
+        RecordScope,
+        _ExperimentalConfig,
+    )
+
+    cfg = ProfilerConfig(ProfilerState.KINETO, False, True, False, False, False, _ExperimentalConfig())
+    activities = {ProfilerActivity.CPU}
+    torch._C._autograd._prepare_profiler(cfg, activities)
+    torch._C._autograd._enable_profiler(  # type: ignore[call-arg]
+        cfg, activities, {RecordScope.BACKWARD_FUNCTION, RecordScope.USER_SCOPE}
+    )
+
+
+def stop_profiler() -> Any:
+    """Stop the profiler started by :func:`start_node_profiler`; its results."""
+    return torch._C._autograd._disable_profiler()
+
+
+def results_event_tree(results: Any) -> list[Any]:
+    return list(results.experimental_event_tree())
+
+
+def node_scope() -> Any:
+    from torch._C._profiler import RecordScope
+
+    return RecordScope.BACKWARD_FUNCTION
 
 
 # ----------------------------------------------------------------------------- dispatch modes

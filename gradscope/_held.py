@@ -11,9 +11,9 @@ Only numbers and names: read by ``gs.diagnose``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
-from gradscope.recording import Allocation, Category, Held, HeldAllocation, Node, SavedTensor, Step
+from gradscope.recording import Allocation, Category, Held, HeldAllocation, Node, SavedTensor, Step, Table
 
 __all__: list[str] = []
 
@@ -26,55 +26,73 @@ _WHAT = {
 }
 
 
-def held_pass(nodes: Sequence[Node], steps: Sequence[Step], allocations: Sequence[Allocation],
-              saved_by_alloc: Mapping[int, SavedTensor], key_kind: str, *, failed: bool,
+def held_pass(nodes: Table[Node], steps: Table[Step], allocations: Table[Allocation], saved: Table[SavedTensor],
+              saved_by_alloc: Mapping[int, int], key_kind: str, *, failed: bool,
               peak_position: int | None, n_events: int) -> Held | None:
-    """The :class:`Held` of a recording (see NOTE [ what is live at the failing moment ])."""
-    if not allocations:
+    """The :class:`Held` of a recording (see NOTE [ what is live at the failing moment ]).
+    ``saved_by_alloc`` maps an allocation to the first saved tensor (row of ``saved``) it holds.
+    Reads the tables' columns: only the rows it keeps are made."""
+    if not len(allocations):
         return None
     moment = n_events - 1 if failed else peak_position
     if moment is None:
         return None
-    alive = [a for a in allocations if a.alloc_at <= moment and (a.free_at is None or a.free_at > moment)]
-    alive_keys = {a.key for a in alive}
+    at, free, keys = allocations.column("alloc_at"), allocations.column("free_at"), allocations.column("key")
+    alive = [i for i in range(len(allocations))
+             if at[i] <= moment and ((f := free[i]) is None or f > moment)]
+    alive_keys = {keys[i] for i in alive}
     # Keys allocated again after the moment now name other storages: the diagnosis must not match
     # them with the user's live tensors.
-    reused = {a.key for a in allocations if a.alloc_at > moment and a.key in alive_keys}
+    reused = {keys[i] for i in range(len(allocations)) if at[i] > moment and keys[i] in alive_keys}
+    nbytes, labels = allocations.column("bytes"), allocations.column("label")
+    cats, mods, a_step = allocations.column("category"), allocations.column("module"), allocations.column("step")
+    step_node = steps.column("node")
+    n_name, n_order, n_module = nodes.column("name"), nodes.column("order"), nodes.column("module")
+    # Rows are made for the largest allocations only; the rest is summed from the columns.
+    alive.sort(key=lambda i: (-nbytes[i], keys[i]))
+    kept, rest = alive[:_MAX_ROWS], alive[_MAX_ROWS:]
+    s_node, s_shape, s_dtype = saved.column("node"), saved.column("shape"), saved.column("dtype")
+    s_kind, s_attr = saved.column("kind"), saved.column("attribute")
     rows: list[HeldAllocation] = []
-    for a in alive:
-        s = saved_by_alloc.get(a.index)
-        if s is not None:
-            node = nodes[s.node]
+    for i in kept:
+        k = saved_by_alloc.get(i)
+        if k is not None:
+            node = s_node[k]
             rows.append(HeldAllocation(
-                key=a.key, bytes=a.bytes, label=a.label, what="saved", allocation=a.index, node=node.id,
-                node_name=node.name, order=node.order, module=node.module, shape=s.shape, dtype=s.dtype,
-                saved_kind=s.kind.value, attribute=s.attribute, reused=a.key in reused,
+                key=keys[i], bytes=nbytes[i], label=labels[i], what="saved", allocation=i, node=node,
+                node_name=n_name[node], order=n_order[node], module=n_module[node], shape=s_shape[k],
+                dtype=s_dtype[k], saved_kind=s_kind[k].value, attribute=s_attr[k], reused=keys[i] in reused,
             ))
         else:
-            what = _WHAT.get(a.category, "backward" if a.step is not None else "forward")
-            made_by = nodes[steps[a.step].node] if a.step is not None and a.step < len(steps) else None
+            what = _WHAT.get(cats[i], "backward" if a_step[i] is not None else "forward")
+            st = a_step[i]
+            node = step_node[st] if st is not None and st < len(steps) else None
             rows.append(HeldAllocation(
-                key=a.key, bytes=a.bytes, label=a.label, what=what, allocation=a.index,
-                node=None if made_by is None else made_by.id,
-                node_name=None if made_by is None else made_by.name,
-                order=None if made_by is None else made_by.order, module=a.module, reused=a.key in reused,
+                key=keys[i], bytes=nbytes[i], label=labels[i], what=what, allocation=i, node=node,
+                node_name=None if node is None else n_name[node], order=None if node is None else n_order[node],
+                module=mods[i], reused=keys[i] in reused,
             ))
-    rows.sort(key=lambda r: (-r.bytes, r.key))
-    kept, rest = rows[:_MAX_ROWS], rows[_MAX_ROWS:]
     rest_what: dict[str, int] = {}
     rest_module: dict[str, int] = {}
-    for r in rest:
-        kind = r.what if r.what != "saved" or (r.order or 0) == 0 else "saved_order1"
-        rest_what[kind] = rest_what.get(kind, 0) + r.bytes
-        m = r.module or "(no module)"
-        rest_module[m] = rest_module.get(m, 0) + r.bytes
+    for i in rest:
+        k = saved_by_alloc.get(i)
+        if k is not None:
+            what = "saved" if n_order[s_node[k]] == 0 else "saved_order1"
+            module = n_module[s_node[k]]
+        else:
+            what = _WHAT.get(cats[i], "backward" if a_step[i] is not None else "forward")
+            module = mods[i]
+        rest_what[what] = rest_what.get(what, 0) + nbytes[i]
+        m = module or "(no module)"
+        rest_module[m] = rest_module.get(m, 0) + nbytes[i]
+    rest_bytes = sum(nbytes[i] for i in rest)
     return Held(
         moment="failure" if failed else "peak",
-        live_bytes=sum(r.bytes for r in rows),
+        live_bytes=sum(r.bytes for r in rows) + rest_bytes,
         key_kind=key_kind,
-        rows=tuple(kept),
+        rows=tuple(rows),
         omitted=len(rest),
-        omitted_bytes=sum(r.bytes for r in rest),
+        omitted_bytes=rest_bytes,
         omitted_by_kind=tuple(rest_what.items()),
         omitted_by_module=tuple(rest_module.items()),
     )

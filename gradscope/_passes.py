@@ -13,8 +13,9 @@ failure) -> ``backward_calls`` -> ``notes``.
 from __future__ import annotations
 
 import bisect
+import itertools
 import socket
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +26,6 @@ from gradscope._trace import (
     C_SEQ1,
     C_T0,
     C_T1,
-    EV_FREED,
     EV_LIVE,
     EV_POST,
     EV_PRE,
@@ -63,11 +63,12 @@ from gradscope.recording import (
     Recording,
     SavedTensor,
     Step,
+    Table,
     Where,
 )
 
 __all__ = [
-    "StepRow",
+    "Steps",
     "build",
     "graph_pass",
     "memory_pass",
@@ -90,20 +91,26 @@ class Graph:
     """The node table in discovery order (ids 0..n-1) and edges between ids."""
 
     rows: list[tuple[Any, ...]]
-    edges: tuple[Edge, ...]
-    by_seq: dict[int, int]  # sequence number -> node id (AccumulateGrad nodes excluded)
+    edges: Table[Edge]
+    by_seq: Mapping[Any, int]  # sequence number -> node id (AccumulateGrad keys are tuples)
+    leaves: list[int]  # ids of AccumulateGrad nodes
 
 
 def graph_pass(trace: Trace) -> Graph:
     """Node ids are discovery order; edges are resolved from node keys (unknown keys dropped)."""
-    index: dict[Hashable, int] = {row[N_KEY]: i for i, row in enumerate(trace.nodes)}
-    edges = []
+    index = trace.node_index
+    if len(index) != len(trace.nodes):  # a hand-made trace: index the rows
+        index = {row[N_KEY]: i for i, row in enumerate(trace.nodes)}
+    src: list[int] = []
+    dst: list[int] = []
+    get = index.get
     for a, b in trace.edges:
-        ia, ib = index.get(a), index.get(b)
+        ia, ib = get(a), get(b)
         if ia is not None and ib is not None:
-            edges.append(Edge(ia, ib))
-    by_seq = {row[N_SEQ]: i for i, row in enumerate(trace.nodes) if isinstance(row[N_KEY], int)}
-    return Graph(list(trace.nodes), tuple(edges), by_seq)
+            src.append(ia)
+            dst.append(ib)
+    leaves = [i for i, row in enumerate(trace.nodes) if not isinstance(row[N_KEY], int)]
+    return Graph(trace.nodes, Table(Edge, {"src": src, "dst": dst}), index, leaves)
 
 
 # ----------------------------------------------------------------------------------- naming
@@ -120,30 +127,25 @@ def call_path(trace: Trace, prefixes: Sequence[str], call: Sequence[Any]) -> str
 
 # ----------------------------------------------------------------------------------- steps
 @dataclass
-class StepRow:
-    """One backward step before it becomes a :class:`Step`."""
-
-    node: int
-    backward: int
-    t0_ns: int
-    t1_ns: int
-    start_pos: int  # position in trace.events where it began (-1: from a profiler scope)
-    scope: int | None = None
-    live_before: int | None = None
-    live_after: int | None = None
-    closed: bool = False
-
-
-@dataclass
 class Steps:
-    rows: list[StepRow] = field(default_factory=list)
+    """Backward steps before they become :class:`Step` rows (one list per field)."""
+
+    node: list[int] = field(default_factory=list)
+    backward: list[int] = field(default_factory=list)
+    t0: list[int] = field(default_factory=list)
+    t1: list[int] = field(default_factory=list)
+    start_pos: list[int] = field(default_factory=list)  # position in trace.events (-1: a profiler scope)
+    scope: list[int | None] = field(default_factory=list)
+    live_before: list[int | None] = field(default_factory=list)
+    live_after: list[int | None] = field(default_factory=list)
     # created node id -> id of the node that was running when it was made (see NOTE [ orders ])
     creators: dict[int, int | None] = field(default_factory=dict)
     freed: dict[int, int] = field(default_factory=dict)  # save index -> step (weak-ref checks)
     scope_step: dict[int, int] = field(default_factory=dict)  # profiler scope -> step
-    starts: list[int] = field(default_factory=list)  # start_pos of event-made steps, ascending
-    start_steps: list[int] = field(default_factory=list)  # the step of each entry in starts
     unresolved_scopes: int = 0
+
+    def __len__(self) -> int:
+        return len(self.node)
 
 
 def steps_pass(trace: Trace, graph: Graph) -> Steps:
@@ -161,74 +163,91 @@ def steps_pass(trace: Trace, graph: Graph) -> Steps:
         else:
             _steps_from_events(trace, graph, b_index, b, out)
         _creators(trace, graph, b, out)
-    order = sorted(range(len(out.starts)), key=lambda k: out.starts[k])
-    out.starts = [out.starts[k] for k in order]
-    out.start_steps = [out.start_steps[k] for k in order]
     return out
 
 
 def _steps_from_events(trace: Trace, graph: Graph, b_index: int, b: BackwardRow, out: Steps) -> None:
+    """Consecutive unpacks of one node's saves, or its pre hook, start its step; a post hook
+    ends it (else the next step's start does); live bytes read at boundaries (online sources)
+    are the bytes before and after; frees found at a boundary belong to the step before it."""
     events, saves, by_seq = trace.events, trace.saves, graph.by_seq
-    cur: StepRow | None = None
-    first = len(out.rows)
+    node_l, t0_l, t1_l, pos_l = out.node, out.t0, out.t1, out.start_pos
+    before_l, after_l = out.live_before, out.live_after
+    freed = out.freed
+    first = len(node_l)
+    cur_node = -1
+    closed = True
+    closed_at: dict[int, int] = {}
     live: int | None = None
     for pos in range(b.ev0, b.ev1):
         kind, ident, t, value = events[pos]
         if kind == EV_UNPACK:
             node = by_seq.get(saves[ident][S_SEQ])
-            if node is None:
-                continue  # a node this pass did not run through us (reentrant, unknown)
-            if cur is None or cur.node != node or cur.closed:
-                cur = _new_step(out, node, b_index, t, pos, live)
+            if node is None or (node == cur_node and not closed):
+                continue  # another save of the running node, or a node no pass of ours ran
         elif kind == EV_PRE:
-            cur = _new_step(out, ident, b_index, t, pos, live)
+            node = ident
         elif kind == EV_POST:
-            if cur is not None and cur.node == ident:
-                cur.t1_ns = t
-                cur.closed = True
+            if ident == cur_node and not closed:
+                closed = True
+                closed_at[len(node_l) - 1] = t
+            continue
         elif kind == EV_LIVE:
             live = value
-            if cur is not None and cur.live_after is None:
-                cur.live_after = value
-        elif kind == EV_FREED and cur is not None:
-            out.freed[ident] = len(out.rows) - 1
-    rows = out.rows
-    for k in range(first, len(rows)):  # a step without a post hook ends where the next begins
-        if not rows[k].closed:
-            rows[k].t1_ns = rows[k + 1].t0_ns if k + 1 < len(rows) else max(b.t1_ns, rows[k].t0_ns)
-
-
-def _new_step(out: Steps, node: int, b_index: int, t: int, pos: int, live: int | None) -> StepRow:
-    row = StepRow(node=node, backward=b_index, t0_ns=t, t1_ns=t, start_pos=pos, live_before=live)
-    out.starts.append(pos)
-    out.start_steps.append(len(out.rows))
-    out.rows.append(row)
-    return row
+            if node_l and len(node_l) > first and after_l[-1] is None:
+                after_l[-1] = value
+            continue
+        else:  # EV_FREED
+            if len(node_l) > first:
+                freed[ident] = len(node_l) - 1
+            continue
+        node_l.append(node)
+        t0_l.append(t)
+        t1_l.append(t)
+        pos_l.append(pos)
+        before_l.append(live)
+        after_l.append(None)
+        cur_node, closed = node, False
+    n = len(node_l)
+    out.backward.extend([b_index] * (n - first))
+    out.scope.extend([None] * (n - first))
+    for k in range(first, n):  # a step without a post hook ends where the next begins
+        end = closed_at.get(k)
+        t1_l[k] = end if end is not None else (t0_l[k + 1] if k + 1 < n else max(b.t1_ns, t0_l[k]))
 
 
 def _steps_from_scopes(trace: Trace, graph: Graph, b_index: int, b: BackwardRow, out: Steps) -> None:
-    """The profiler's ``evaluate_function`` scopes of this pass (nested ones belong to a
-    reentrant backward inside a node), matched with nodes by sequence number; all
-    ``AccumulateGrad`` nodes share one number, so those are taken in order from their pre hooks."""
+    """The profiler's node scopes of this pass (nested ones belong to a reentrant backward inside
+    a node), matched with nodes by sequence number; all ``AccumulateGrad`` nodes share one
+    number, so those are taken in order from their pre hooks."""
+    rows = graph.rows
     accs = [ident for kind, ident, _, _ in trace.events[b.ev0:b.ev1]
-            if kind == EV_PRE and graph.rows[ident][N_NAME] == "AccumulateGrad"]
+            if kind == EV_PRE and rows[ident][N_NAME] == "AccumulateGrad"]
     acc_i = 0
+    by_seq = graph.by_seq
     for k, sc in enumerate(trace.memory_trace.scopes):
         if sc.backward != b_index or sc.nested:
             continue
+        node: int | None
         if sc.name == "AccumulateGrad":
             node = accs[acc_i] if acc_i < len(accs) else None
             acc_i += 1
         else:
-            node = graph.by_seq.get(sc.seq)
-            if node is not None and graph.rows[node][N_NAME] != sc.name:
+            node = by_seq.get(sc.seq)
+            if node is not None and rows[node][N_NAME] != sc.name:
                 node = None
         if node is None:
             out.unresolved_scopes += 1
             continue
-        out.scope_step[k] = len(out.rows)
-        out.rows.append(StepRow(node=node, backward=b_index, t0_ns=sc.start_ns, t1_ns=sc.end_ns,
-                                start_pos=-1, scope=k, closed=True))
+        out.scope_step[k] = len(out.node)
+        out.node.append(node)
+        out.backward.append(b_index)
+        out.t0.append(sc.start_ns)
+        out.t1.append(sc.end_ns)
+        out.start_pos.append(-1)
+        out.scope.append(k)
+        out.live_before.append(None)
+        out.live_after.append(None)
 
 
 def _creators(trace: Trace, graph: Graph, b: BackwardRow, out: Steps) -> None:
@@ -242,8 +261,9 @@ def _creators(trace: Trace, graph: Graph, b: BackwardRow, out: Steps) -> None:
     marks = sorted((value, ident) for kind, ident, _, value in trace.events[b.ev0:b.ev1]
                    if kind == EV_PRE and value is not None)
     seqs = [m[0] for m in marks]
-    for seq, i in graph.by_seq.items():
-        if b.seq0 <= seq < b.seq1 and i not in out.creators:
+    for i, row in enumerate(graph.rows):
+        seq = row[N_SEQ]
+        if b.seq0 <= seq < b.seq1 and isinstance(row[N_KEY], int) and i not in out.creators:
             k = bisect.bisect_right(seqs, seq) - 1
             out.creators[i] = marks[k][1] if k >= 0 else None
 
@@ -283,8 +303,8 @@ def modules_pass(trace: Trace, graph: Graph, prefixes: Sequence[str], steps: Ste
         c = steps.creators[i]
         if c is not None and modules[i] is None:
             modules[i] = modules[c]
-    for i, row in enumerate(graph.rows):
-        name = leaf_name(row[N_LEAF], prefixes)
+    for i in graph.leaves:
+        name = leaf_name(graph.rows[i][N_LEAF], prefixes)
         if name and name != "input" and modules[i] is None and "." in name:
             modules[i] = name.rsplit(".", 1)[0]
     return modules
@@ -301,12 +321,20 @@ def leaf_name(leaf: Any, prefixes: Sequence[str]) -> str | None:
 # ----------------------------------------------------------------------------------- saves
 @dataclass
 class Saves:
-    rows: list[tuple[int, int]]  # (save index, node id) for each save attached to a node
+    """Saves attached to nodes, one list per field (``sid``: index into ``trace.saves``)."""
+
+    sid: list[int]
+    node: list[int]
+    attribute: list[str]
+    kind: list[Kind]
+    name: list[str | None]
+    storage: list[int]  # recording-local storage id
     dropped: int
-    attributes: dict[int, str]
-    kinds: dict[int, Kind]
-    names: dict[int, str | None]
-    storage_ids: dict[int, int]  # storage key -> recording-local storage id
+
+    @property
+    def rows(self) -> list[tuple[int, int]]:
+        """(save index, node id) for each save attached to a node."""
+        return list(zip(self.sid, self.node, strict=True))
 
 
 _DTYPE: dict[Any, str] = {}
@@ -322,38 +350,46 @@ def _dtype(d: Any) -> str:
 def saves_pass(trace: Trace, graph: Graph, prefixes: Sequence[str]) -> Saves:
     """Each save attached to the node that saved it (see NOTE [ which node saved a tensor ] in
     :mod:`gradscope.record`), with its attribute, its kind and its parameter name."""
-    rows: list[tuple[int, int]] = []
-    dropped = 0
-    attributes: dict[int, str] = {}
-    kinds: dict[int, Kind] = {}
-    names: dict[int, str | None] = {}
+    sids: list[int] = []
+    nodes: list[int] = []
+    attrs: list[str] = []
+    kinds: list[Kind] = []
+    names: list[str | None] = []
+    storages: list[int] = []
     storage_ids: dict[int, int] = {}
-    by_seq = graph.by_seq
+    by_seq_get = graph.by_seq.get
+    save_attr_get, seq_attr_get, param_get = trace.save_attr.get, trace.seq_attr.get, trace.param_keys.get
     kind_of = {"parameter": Kind.PARAMETER, "buffer": Kind.BUFFER}
+    input_kind, activation = Kind.INPUT, Kind.ACTIVATION
     for sid, s in enumerate(trace.saves):
-        node = by_seq.get(s[S_SEQ])
+        seq = s[S_SEQ]
+        node = by_seq_get(seq)
         if node is None:
-            dropped += 1
             continue
-        rows.append((sid, node))
-        attributes[sid] = trace.save_attr.get(sid) or trace.seq_attr.get(s[S_SEQ]) or f"saved[{len(rows) - 1}]"
-        named = trace.param_keys.get(s[S_SKEY])
+        sids.append(sid)
+        nodes.append(node)
+        attrs.append(save_attr_get(sid) or seq_attr_get(seq) or f"saved[{len(sids) - 1}]")
+        skey = s[S_SKEY]
+        named = param_get(skey)
         if named is not None:
             root, rel, kind = named
-            kinds[sid] = kind_of[kind]
-            names[sid] = _names.full_name(prefixes[root], rel)
+            kinds.append(kind_of[kind])
+            names.append(_names.full_name(prefixes[root], rel))
         else:
-            kinds[sid] = Kind.INPUT if s[S_LEAFISH] else Kind.ACTIVATION
-            names[sid] = None
-        storage_ids.setdefault(s[S_SKEY], len(storage_ids))
-    return Saves(rows, dropped, attributes, kinds, names, storage_ids)
+            kinds.append(input_kind if s[S_LEAFISH] else activation)
+            names.append(None)
+        st = storage_ids.get(skey)
+        if st is None:
+            st = storage_ids[skey] = len(storage_ids)
+        storages.append(st)
+    return Saves(sids, nodes, attrs, kinds, names, storages, len(trace.saves) - len(sids))
 
 
 # ----------------------------------------------------------------------------------- memory
 @dataclass
 class Memory:
-    allocations: list[Allocation]
-    timeline: list[MemoryPoint]
+    allocations: Table[Allocation]
+    timeline: Table[MemoryPoint]
     peak_bytes: int
     peak: Peak | None
     dropped_points: int
@@ -362,169 +398,249 @@ class Memory:
     step_freed: dict[int, int]  # step -> bytes of saved storages it freed
     peak_position: int | None
     events_positions: int
+    columns: _AllocColumns
 
 
 def memory_pass(trace: Trace, graph: Graph, prefixes: Sequence[str], steps: Steps, orders: Sequence[int],
                 modules: Sequence[str | None], saves: Saves) -> Memory:
-    """The allocation table, each allocation's category and phase, the timeline and the peak."""
+    """The allocation table, each allocation's category and phase, the timeline and the peak.
+
+    The memory source's events are read as columns: each event gets its step, phase, module and
+    label, allocations are paired with their frees (by key), saves are matched with allocations
+    and categories assigned; only then is the timeline built (see NOTE [ tables are columns ] in
+    :mod:`gradscope.recording`)."""
     mt = trace.memory_trace
     events = mt.events
-    rows = steps.rows
+    n = len(events)
     t0 = trace.t0_ns
     calls = trace.calls
-    call_paths: dict[int, str] = {}
-
-    def path_of_call(c: int) -> str | None:
-        p = call_paths.get(c)
-        if p is None and 0 <= c < len(calls):
-            p = call_paths[c] = call_path(trace, prefixes, calls[c])
-        return p
-
+    if n:
+        t_l, size_l, key_l, label_l, scope_l, stamp_l, res_l, call_l, hint_l, bw_l = (list(c) for c in zip(*events, strict=True))
+    else:
+        t_l = size_l = key_l = label_l = scope_l = stamp_l = res_l = call_l = hint_l = bw_l = []
+    ev_step = _event_steps(trace, steps, scope_l, bw_l, stamp_l, t_l)
+    lives = list(itertools.accumulate(size_l))
+    peak_v = max(lives) if lives else 0
+    peak_i = lives.index(peak_v) if peak_v > 0 else -1
+    peak_v = max(peak_v, 0)
+    backward, optimizer, other, forward = Phase.BACKWARD, Phase.OPTIMIZER, Phase.OTHER, Phase.FORWARD
     windows = sorted((o[1], o[2] or trace.t1_ns) for o in trace.optimizer_steps)
     win_starts = [w[0] for w in windows]
-    bw_windows = [(b.ev0, b.ev1) for b in trace.backwards if b.observed]
-    fwd_modules = _modules_at(trace, prefixes, [e.t_ns for e in events]) if events else []
-
-    def step_of(e: Any) -> int | None:
-        if e.scope is not None:
-            return steps.scope_step.get(e.scope)
-        if e.step is not None and steps.starts:
-            k = bisect.bisect_right(steps.starts, e.step) - 1
-            if k >= 0:
-                row = rows[steps.start_steps[k]]
-                b = trace.backwards[row.backward]
-                if b.ev0 <= e.step <= b.ev1:
-                    return steps.start_steps[k]
-        return None
-
-    def in_optimizer(t: int) -> bool:
-        k = bisect.bisect_right(win_starts, t) - 1
-        return k >= 0 and windows[k][0] <= t <= windows[k][1]
-
-    def in_backward(pos: int | None) -> bool:
-        return pos is not None and any(a <= pos <= b for a, b in bw_windows)
-
-    points: list[MemoryPoint] = []
-    live = 0
-    peak_i = -1
-    peak_v = 0
-    cum_t: list[int] = []
-    cum_live: list[int] = []
+    if mt.online:
+        in_bw = _position_test([(b.ev0, b.ev1) for b in trace.backwards if b.observed])
+        phases = [optimizer if h == "optimizer" or (h is None and st is None and windows and _inside(win_starts, windows, t))
+                  else backward if st is not None or (p is not None and in_bw(p))
+                  else other if h == "other" else forward
+                  for h, st, p, t in zip(hint_l, ev_step, stamp_l, t_l, strict=True)]
+    else:
+        phases = [optimizer if h == "optimizer"
+                  else backward if st is not None or sc is not None or b is not None
+                  else other if h == "other" else forward
+                  for h, st, sc, b in zip(hint_l, ev_step, scope_l, bw_l, strict=True)]
+    call_paths = [call_path(trace, prefixes, c) for c in calls]
+    call_labels = [c[7] if len(c) > 7 else "" for c in calls]
+    node_module = [modules[i] for i in steps.node]
+    node_label = [graph.rows[i][N_NAME] for i in steps.node]
+    fwd_modules = (_modules_at(trace, prefixes, t_l) if n and not mt.marks_calls and calls else None)
+    mods: list[str | None] = [
+        node_module[st] if st is not None else call_paths[c] if c is not None and 0 <= c < len(calls) else None
+        for st, c in zip(ev_step, call_l, strict=True)
+    ]
+    if fwd_modules is not None:
+        mods = [fm if m is None and ph is forward else m for m, fm, ph in zip(mods, fwd_modules, phases, strict=True)]
+    labels = [
+        lb or (node_label[st] if st is not None else call_labels[c] if c is not None and 0 <= c < len(calls)
+               else ph.value)
+        for lb, st, c, ph in zip(label_l, ev_step, call_l, phases, strict=True)
+    ]
     pairable = mt.key_kind != "none"
-    allocs: list[dict[str, Any]] = []
-    open_: dict[int, int] = {}
-    point_alloc: list[int | None] = []
-    for k, e in enumerate(events):
-        live += e.size
-        step = step_of(e)
-        if e.hint == "optimizer" or (e.hint is None and step is None and in_optimizer(e.t_ns)):
-            phase = Phase.OPTIMIZER
-        elif step is not None or e.scope is not None or in_backward(e.step):
-            phase = Phase.BACKWARD
-        elif e.hint == "other":
-            phase = Phase.OTHER
-        else:
-            phase = Phase.FORWARD
-        if step is not None and step < len(rows):
-            module = modules[rows[step].node]
-        elif e.call is not None:
-            module = path_of_call(e.call)
-        elif phase is Phase.FORWARD and fwd_modules:
-            module = fwd_modules[k]
-        else:
-            module = None
-        a_index: int | None = None
-        if pairable:
-            if e.size > 0:
-                a_index = len(allocs)
-                open_[e.key] = a_index
-                allocs.append({"bytes": e.size, "at": k, "free": None, "t": e.t_ns, "phase": phase,
-                               "module": module, "step": step, "label": e.label, "key": e.key, "free_t": None})
+    a_bytes: list[int] = []
+    a_at: list[int] = []
+    a_key: list[int] = []
+    a_free: list[int | None] = []
+    a_free_t: list[int | None] = []
+    a_free_step: list[int | None] = []
+    point_alloc: list[int | None] = [None] * n
+    if pairable:
+        open_: dict[int, int] = {}
+        for k in range(n):
+            size = size_l[k]
+            if size > 0:
+                ai = len(a_bytes)
+                open_[key_l[k]] = ai
+                a_bytes.append(size)
+                a_at.append(k)
+                point_alloc[k] = ai
             else:
-                a_index = open_.pop(e.key, None)
-                if a_index is not None:
-                    allocs[a_index]["free"] = k
-                    allocs[a_index]["free_t"] = e.t_ns
-                    allocs[a_index]["free_step"] = step
-        point_alloc.append(a_index)
-        points.append(MemoryPoint(t_s=(e.t_ns - t0) / 1e9, live=live, phase=phase, label=e.label, step=step,
-                                  module=module, reserved=e.reserved))
-        cum_t.append(e.t_ns)
-        cum_live.append(live)
-        if live > peak_v:
-            peak_v, peak_i = live, len(points) - 1
+                found = open_.pop(key_l[k], None)
+                if found is not None:
+                    point_alloc[k] = found
+        na = len(a_bytes)
+        a_key = [key_l[k] for k in a_at]
+        a_free = [None] * na
+        a_free_t = [None] * na
+        a_free_step = [None] * na
+        for k in range(n):
+            if size_l[k] < 0 and (found := point_alloc[k]) is not None:
+                a_free[found] = k
+                a_free_t[found] = t_l[k]
+                a_free_step[found] = ev_step[k]
     # bytes around each step, for sources that are not online: the events at its boundaries
-    if not mt.online:
-        for row in rows:
-            if row.scope is None:
+    if not mt.online and len(steps) and n:
+        for k, sc in enumerate(steps.scope):
+            if sc is None:
                 continue
-            a = bisect.bisect_left(cum_t, row.t0_ns)
-            b = bisect.bisect_right(cum_t, row.t1_ns)
-            row.live_before = cum_live[a - 1] if a > 0 else 0
-            row.live_after = cum_live[b - 1] if b > 0 else 0
+            a = bisect.bisect_left(t_l, steps.t0[k])
+            b = bisect.bisect_right(t_l, steps.t1[k])
+            steps.live_before[k] = lives[a - 1] if a > 0 else 0
+            steps.live_after[k] = lives[b - 1] if b > 0 else 0
+    a_t = [t_l[k] for k in a_at]
+    allocs = _AllocColumns(a_bytes, a_at, a_free, a_t, a_free_t, a_key, a_free_step,
+                           [phases[k] for k in a_at], [ev_step[k] for k in a_at])
     save_alloc, saver = _saves_to_allocations(trace, saves, allocs, mt.key_kind) if pairable else ({}, {})
-    categories = _categories(trace, graph, orders, saves, allocs, save_alloc, mt.key_kind)
+    categories = _categories(trace, orders, saves, allocs, save_alloc, mt.key_kind)
     # frees of saved storages: which step freed each (allocation table), or the weak-ref checks
     freed_at: dict[int, int] = {}
     step_freed: dict[int, int] = {}
     if pairable:
         saved_allocs: dict[int, list[int]] = {}
-        for sid, a in save_alloc.items():
-            saved_allocs.setdefault(a, []).append(sid)
-        for a, sids in saved_allocs.items():
-            st = allocs[a].get("free_step")
-            if allocs[a]["free"] is not None and st is not None:
+        for sid, ai in save_alloc.items():
+            saved_allocs.setdefault(ai, []).append(sid)
+        for ai, sids in saved_allocs.items():
+            st = a_free_step[ai]
+            if a_free[ai] is not None and st is not None:
                 for sid in sids:
                     freed_at[sid] = st
-                step_freed[st] = step_freed.get(st, 0) + allocs[a]["bytes"]
-    else:
+                step_freed[st] = step_freed.get(st, 0) + a_bytes[ai]
+    elif steps.freed:
+        # A storage found freed at a step was also freed for the saves of it made before (by nodes
+        # that ran earlier and released their reference then).
+        tsaves = trace.saves
         by_key: dict[int, list[int]] = {}
-        for sid, _node in saves.rows:
-            by_key.setdefault(trace.saves[sid][S_SKEY], []).append(sid)
-        done: set[int] = set()
-        for sid, st in sorted(steps.freed.items(), key=lambda kv: kv[1]):
-            key = trace.saves[sid][S_SKEY]
-            if key in done:
-                continue
-            done.add(key)
-            step_freed[st] = step_freed.get(st, 0) + trace.saves[sid][S_BYTES]
-            for other in by_key.get(key, ()):
-                if other not in freed_at and trace.saves[other][S_T] <= trace.saves[sid][S_T] + 1:
-                    freed_at[other] = st
-    allocations = [
-        Allocation(index=i, bytes=a["bytes"], alloc_at=a["at"], free_at=a["free"], t_s=(a["t"] - t0) / 1e9,
-                   category=categories[i], phase=a["phase"], module=a["module"],
-                   node=saver.get(i), step=a["step"], label=a["label"], key=a["key"])
-        for i, a in enumerate(allocs)
-    ]
-    if allocs:
-        points = [p if (ai := point_alloc[k]) is None else _with_category(p, categories[ai])
-                  for k, p in enumerate(points)]
+        for sid in saves.sid:
+            by_key.setdefault(tsaves[sid][S_SKEY], []).append(sid)
+        for sid, st in steps.freed.items():
+            key = tsaves[sid][S_SKEY]
+            step_freed[st] = step_freed.get(st, 0) + tsaves[sid][S_BYTES]
+            for other_sid in by_key.get(key, ()):
+                if other_sid <= sid and other_sid not in freed_at:
+                    freed_at[other_sid] = st
+    na = len(a_bytes)
+    allocations: Table[Allocation] = Table(Allocation, {
+        "index": range(na), "bytes": a_bytes, "alloc_at": a_at, "free_at": a_free,
+        "t_s": [(t - t0) / 1e9 for t in a_t], "category": categories,
+        "phase": allocs.phase, "module": [mods[k] for k in a_at],
+        "node": [saver.get(i) for i in range(na)], "step": allocs.step,
+        "label": [labels[k] for k in a_at], "key": a_key,
+    })
+    dropped = 0
+    other_cat = Category.OTHER
+    point_cat = [other_cat if pa is None else categories[pa] for pa in point_alloc]
+    if trace.max_events is not None and n > trace.max_events:
+        keep = _downsample(n, peak_i, trace.max_events)
+        dropped = n - len(keep)
+        t_l, lives, res_l = [t_l[k] for k in keep], [lives[k] for k in keep], [res_l[k] for k in keep]
+        phases, labels = [phases[k] for k in keep], [labels[k] for k in keep]
+        ev_step, mods = [ev_step[k] for k in keep], [mods[k] for k in keep]
+        point_cat = [point_cat[k] for k in keep]
+    timeline: Table[MemoryPoint] = Table(MemoryPoint, {
+        "t_s": [(t - t0) / 1e9 for t in t_l], "live": lives, "phase": phases, "label": labels,
+        "step": ev_step, "module": mods, "reserved": res_l, "category": point_cat,
+    })
     peak_bytes = peak_v
     if mt.peak is not None:
         peak_bytes = max(peak_bytes, mt.peak)
     peak = None
     if peak_i >= 0:
-        p = points[peak_i]
-        node = rows[p.step].node if p.step is not None and p.step < len(rows) else None
-        peak = Peak(bytes=peak_bytes, phase=p.phase, t_s=p.t_s, label=p.label, node=node, module=p.module,
-                    step=p.step)
+        p = timeline[keep.index(peak_i)] if dropped else timeline[peak_i]
+        peak = Peak(bytes=peak_bytes, phase=p.phase, t_s=p.t_s, label=p.label,
+                    node=steps.node[p.step] if p.step is not None else None, module=p.module, step=p.step)
     elif mt.peak:
         peak = Peak(bytes=peak_bytes, phase=Phase.FORWARD, label="(allocator statistics)")
-    dropped = 0
-    if trace.max_events is not None and len(points) > trace.max_events:
-        points, dropped = _downsample(points, peak_i, trace.max_events)
-    return Memory(allocations, points, peak_bytes, peak, dropped, save_alloc, freed_at, step_freed,
-                  peak_i if peak_i >= 0 else None, len(events))
+    return Memory(allocations, timeline, peak_bytes, peak, dropped, save_alloc, freed_at, step_freed,
+                  peak_i if peak_i >= 0 else None, n, allocs)
 
 
-def _with_category(p: MemoryPoint, c: Category) -> MemoryPoint:
-    if c is Category.OTHER:
-        return p
-    return MemoryPoint(p.t_s, p.live, p.phase, p.label, p.step, p.module, p.reserved, c)
+def _position_test(windows: list[tuple[int, int]]) -> Callable[[int], bool]:
+    """Whether a step-event position falls inside one of the (sorted) backward windows."""
+    starts = [a for a, _ in windows]
+
+    def inside(pos: int) -> bool:
+        j = bisect.bisect_right(starts, pos) - 1
+        return j >= 0 and pos <= windows[j][1]
+
+    return inside
 
 
-def _saves_to_allocations(trace: Trace, saves: Saves, allocs: list[dict[str, Any]],
+def _inside(starts: list[int], windows: list[tuple[int, int]], t: int) -> bool:
+    k = bisect.bisect_right(starts, t) - 1
+    return k >= 0 and windows[k][0] <= t <= windows[k][1]
+
+
+def _event_steps(trace: Trace, steps: Steps, scope_l: Sequence[int | None], bw_l: Sequence[int | None],
+                 stamp_l: Sequence[int | None], t_l: Sequence[int]) -> list[int | None]:
+    """The backward step each memory event belongs to: the node scope it happened in; for
+    events between node scopes of a backward (the engine releasing the last node's saved
+    tensors), the node that ran last; for online sources, the step events before it."""
+    n = len(t_l)
+    out: list[int | None] = [None] * n
+    if not len(steps):
+        return out
+    scope_step = steps.scope_step
+    by_b: dict[int, tuple[list[int], list[int]]] = {}
+    starts: list[int] = []
+    start_steps: list[int] = []
+    for k, sc in enumerate(steps.scope):
+        if sc is not None:
+            ts, ks = by_b.setdefault(steps.backward[k], ([], []))
+            ts.append(steps.t0[k])
+            ks.append(k)
+        else:
+            starts.append(steps.start_pos[k])
+            start_steps.append(k)
+    bw_ranges = [(b.ev0, b.ev1) for b in trace.backwards]
+    s_backward = steps.backward
+    right = bisect.bisect_right
+    for i in range(n):
+        sc = scope_l[i]
+        if sc is not None:
+            out[i] = scope_step.get(sc)
+            continue
+        bw = bw_l[i]
+        if bw is not None:
+            got = by_b.get(bw)
+            if got is not None:
+                j = right(got[0], t_l[i]) - 1
+                if j >= 0:
+                    out[i] = got[1][j]
+            continue
+        p = stamp_l[i]
+        if p is not None and starts:
+            j = right(starts, p) - 1
+            if j >= 0:
+                k = start_steps[j]
+                a, b = bw_ranges[s_backward[k]]
+                if a <= p <= b:
+                    out[i] = k
+    return out
+
+
+@dataclass
+class _AllocColumns:
+    """The allocation table while it is built (one list per field)."""
+
+    bytes: list[int]
+    at: list[int]
+    free: list[int | None]
+    t: list[int]
+    free_t: list[int | None]
+    key: list[int]
+    free_step: list[int | None]
+    phase: list[Phase]
+    step: list[int | None]
+
+
+def _saves_to_allocations(trace: Trace, saves: Saves, allocs: _AllocColumns,
                           key_kind: str) -> tuple[dict[int, int], dict[int, int]]:
     """Each save's allocation: the one that held the save's key (storage key for the tracker,
     address for the allocators) when it was packed. Keys are reused once freed, so the candidate
@@ -533,13 +649,14 @@ def _saves_to_allocations(trace: Trace, saves: Saves, allocs: list[dict[str, Any
     :data:`_CLOCK_SLACK_NS` of slack (an output is packed microseconds after it is allocated).
     Returns (save index -> allocation, allocation -> the first node that saved it)."""
     by_key: dict[int, list[int]] = {}
-    for i, a in enumerate(allocs):
-        by_key.setdefault(a["key"], []).append(i)
+    for i, k in enumerate(allocs.key):
+        by_key.setdefault(k, []).append(i)
     key_field = S_SKEY if key_kind == "storage" else S_PTR
     slack = 0 if key_kind == "storage" else _CLOCK_SLACK_NS
     out: dict[int, int] = {}
     saver: dict[int, int] = {}
-    for sid, node in saves.rows:
+    a_t, a_free_t = allocs.t, allocs.free_t
+    for sid, node in zip(saves.sid, saves.node, strict=True):
         s = trace.saves[sid]
         cands = by_key.get(s[key_field])
         if not cands:
@@ -547,13 +664,13 @@ def _saves_to_allocations(trace: Trace, saves: Saves, allocs: list[dict[str, Any
         t = s[S_T]
         best = None
         for i in cands:
-            if allocs[i]["t"] <= t + slack:
+            if a_t[i] <= t + slack:
                 best = i
             else:
                 break
         if best is None:
             continue
-        ft = allocs[best]["free_t"]
+        ft = a_free_t[best]
         if ft is not None and ft < t - slack:
             continue
         out[sid] = best
@@ -561,36 +678,36 @@ def _saves_to_allocations(trace: Trace, saves: Saves, allocs: list[dict[str, Any
     return out, saver
 
 
-def _categories(trace: Trace, graph: Graph, orders: Sequence[int], saves: Saves, allocs: list[dict[str, Any]],
+def _categories(trace: Trace, orders: Sequence[int], saves: Saves, allocs: _AllocColumns,
                 save_alloc: dict[int, int], key_kind: str) -> list[Category]:
     """Each allocation's :class:`Category`: saved by a forward node (ACTIVATION) or by a node a
     create_graph pass made (CREATE_GRAPH); a gradient (the ``.grad`` a pass accumulated into, or
     a result of ``autograd.grad``); made by an optimizer step; made during backward otherwise
     (BACKWARD_TEMP); anything else (OTHER)."""
-    cats = [Category.OTHER] * len(allocs)
+    n = len(allocs.bytes)
+    cats = [Category.OTHER] * n
     by_key: dict[int, list[int]] = {}
-    for i, a in enumerate(allocs):
-        by_key.setdefault(a["key"], []).append(i)
+    for i, k in enumerate(allocs.key):
+        by_key.setdefault(k, []).append(i)
     gradient: set[int] = set()
     for _b, skey, ptr, t in trace.gradient_keys:
-        key = skey if key_kind == "storage" else ptr
-        for i in by_key.get(key, ()):
-            a = allocs[i]
-            if a["t"] <= t and (a["free_t"] is None or a["free_t"] >= t):
+        for i in by_key.get(skey if key_kind == "storage" else ptr, ()):
+            ft = allocs.free_t[i]
+            if allocs.t[i] <= t and (ft is None or ft >= t):
                 gradient.add(i)
     saved_order: dict[int, int] = {}
-    node_of = dict(saves.rows)
+    node_of = dict(zip(saves.sid, saves.node, strict=True))
     for sid, ai in save_alloc.items():
         o = orders[node_of[sid]]
         saved_order[ai] = min(saved_order.get(ai, o), o)
-    for i, row in enumerate(allocs):
+    for i in range(n):
         if i in saved_order:
             cats[i] = Category.ACTIVATION if saved_order[i] == 0 else Category.CREATE_GRAPH
         elif i in gradient:
             cats[i] = Category.GRADIENT
-        elif row["phase"] is Phase.OPTIMIZER:
+        elif allocs.phase[i] is Phase.OPTIMIZER:
             cats[i] = Category.OPTIMIZER
-        elif row["phase"] is Phase.BACKWARD:
+        elif allocs.phase[i] is Phase.BACKWARD:
             cats[i] = Category.BACKWARD_TEMP
     return cats
 
@@ -614,25 +731,26 @@ def _modules_at(trace: Trace, prefixes: Sequence[str], times: list[int]) -> list
     return out
 
 
-def _downsample(points: list[MemoryPoint], peak_i: int, limit: int) -> tuple[list[MemoryPoint], int]:
-    stride = -(-len(points) // (limit - 1))
-    keep = set(range(0, len(points), stride))
+def _downsample(n: int, peak_i: int, limit: int) -> list[int]:
+    """Indices of the points kept: evenly spaced, plus the peak and the last point."""
+    stride = -(-n // (limit - 1))
+    keep = set(range(0, n, stride))
     keep.add(peak_i)
-    keep.add(len(points) - 1)
-    kept = [points[i] for i in sorted(keep)]
-    return kept, len(points) - len(kept)
+    keep.add(n - 1)
+    return sorted(keep)
 
 
 # ----------------------------------------------------------------------------------- calls, notes
 def backward_calls_pass(trace: Trace, graph: Graph, steps: Steps) -> list[BackwardCall]:
     out = []
     by_b: dict[int, list[int]] = {}
-    for k, row in enumerate(steps.rows):
-        by_b.setdefault(row.backward, []).append(k)
+    for k, bi in enumerate(steps.backward):
+        by_b.setdefault(bi, []).append(k)
+    rows = graph.rows
     for i, b in enumerate(trace.backwards):
         ks = by_b.get(i, [])
-        accumulated = tuple(dict.fromkeys(steps.rows[k].node for k in ks
-                                          if graph.rows[steps.rows[k].node][N_NAME] == "AccumulateGrad"))
+        accumulated = tuple(dict.fromkeys(steps.node[k] for k in ks
+                                          if rows[steps.node[k]][N_NAME] == "AccumulateGrad"))
         out.append(BackwardCall(index=i, api=b.api, create_graph=b.create_graph, retain_graph=b.retain_graph,
                                 roots=tuple(b.roots), inputs=tuple(b.inputs), accumulated=accumulated,
                                 first_step=ks[0] if ks else None, last_step=ks[-1] if ks else None,
@@ -707,7 +825,8 @@ def tracker_note(trace: Trace) -> str:
 
 # ----------------------------------------------------------------------------------- build
 def build(trace: Trace, *, complete: bool = True, error: str | None = None) -> Recording:
-    """Run every pass over ``trace`` and assemble the :class:`Recording`."""
+    """Run every pass over ``trace`` and assemble the :class:`Recording` (its big tables handed
+    over as columns: see NOTE [ tables are columns ] in :mod:`gradscope.recording`)."""
     graph = graph_pass(trace)
     prefixes = naming_pass(trace)
     steps = steps_pass(trace, graph)
@@ -715,33 +834,58 @@ def build(trace: Trace, *, complete: bool = True, error: str | None = None) -> R
     modules = modules_pass(trace, graph, prefixes, steps, orders)
     saves = saves_pass(trace, graph, prefixes)
     mem = memory_pass(trace, graph, prefixes, steps, orders, modules, saves)
-    executed = [0] * len(graph.rows)
-    for row in steps.rows:
-        executed[row.node] += 1
-    nodes = tuple(
-        Node(id=i, name=row[N_NAME], order=orders[i], module=modules[i], leaf=leaf_name(row[N_LEAF], prefixes),
-             leaf_shape=row[N_LEAF_SHAPE], executed=executed[i])
-        for i, row in enumerate(graph.rows)
-    )
+    n = len(graph.rows)
+    executed = [0] * n
+    for i in steps.node:
+        executed[i] += 1
+    g_rows = graph.rows
+    leaf_col: list[str | None] = [None] * n
+    for i in graph.leaves:
+        leaf_col[i] = leaf_name(g_rows[i][N_LEAF], prefixes)
+    nodes: Table[Node] = Table(Node, {
+        "id": range(n), "name": [r[N_NAME] for r in g_rows], "order": orders, "module": modules,
+        "leaf": leaf_col, "leaf_shape": [r[N_LEAF_SHAPE] for r in g_rows], "executed": executed,
+    })
     # INPUT saves allocated inside the block are activations (made by the block, then saved)
-    kinds = dict(saves.kinds)
-    for sid, a in mem.save_alloc.items():
-        if kinds.get(sid) is Kind.INPUT and mem.allocations[a].t_s * 1e9 + trace.t0_ns <= trace.saves[sid][S_T] + _CLOCK_SLACK_NS:
-            kinds[sid] = Kind.ACTIVATION
-    saved = tuple(
-        SavedTensor(node=node, attribute=saves.attributes[sid], shape=tuple(s[S_SHAPE]), dtype=_dtype(s[S_DTYPE]),
-                    device=str(s[S_DEVICE]), bytes=int(s[S_BYTES]), storage=saves.storage_ids[s[S_SKEY]],
-                    kind=kinds[sid], module=modules[node], name=saves.names[sid],
-                    freed_at_step=mem.freed_at.get(sid, steps.freed.get(sid)))
-        for sid, node in saves.rows
-        for s in (trace.saves[sid],)
-    )
-    step_objs = tuple(
-        Step(index=k, node=row.node, backward=row.backward, start_s=(row.t0_ns - trace.t0_ns) / 1e9,
-             duration_s=max(row.t1_ns - row.t0_ns, 0) / 1e9, live_before=row.live_before,
-             live_after=row.live_after, freed_bytes=mem.step_freed.get(k, 0))
-        for k, row in enumerate(steps.rows)
-    )
+    kinds = saves.kind
+    if mem.save_alloc:
+        kinds = list(kinds)
+        a_t = mem.columns.t
+        pos = {sid: k for k, sid in enumerate(saves.sid)}
+        for sid, ai in mem.save_alloc.items():
+            k = pos[sid]
+            if kinds[k] is Kind.INPUT and a_t[ai] <= trace.saves[sid][S_T] + _CLOCK_SLACK_NS:
+                kinds[k] = Kind.ACTIVATION
+    tsaves = trace.saves
+    rows_s = tsaves if len(saves.sid) == len(tsaves) else [tsaves[sid] for sid in saves.sid]
+    freed_at, weak_freed = mem.freed_at, steps.freed
+    if rows_s:
+        _, _, _, bytes_c, shape_c, dtype_c, device_c, _, _ = zip(*rows_s, strict=True)
+    else:
+        bytes_c = shape_c = dtype_c = device_c = ()
+    saved: Table[SavedTensor] = Table(SavedTensor, {
+        "node": saves.node,
+        "attribute": saves.attribute,
+        "shape": list(map(tuple, shape_c)),
+        "dtype": list(map(_dtype, dtype_c)),
+        "device": list(map(_device, device_c)),
+        "bytes": list(bytes_c),
+        "storage": saves.storage,
+        "kind": kinds,
+        "module": [modules[i] for i in saves.node],
+        "name": saves.name,
+        "freed_at_step": ([freed_at.get(sid, weak_freed.get(sid)) for sid in saves.sid] if freed_at or weak_freed
+                          else [None] * len(saves.sid)),
+    })
+    t0 = trace.t0_ns
+    m = len(steps)
+    step_table: Table[Step] = Table(Step, {
+        "index": range(m), "node": steps.node, "backward": steps.backward,
+        "start_s": [(t - t0) / 1e9 for t in steps.t0],
+        "duration_s": [max(b - a, 0) / 1e9 for a, b in zip(steps.t0, steps.t1, strict=True)],
+        "live_before": steps.live_before, "live_after": steps.live_after,
+        "freed_bytes": [mem.step_freed.get(k, 0) for k in range(m)],
+    })
     mt = trace.memory_trace
     baseline = mt.baseline if mt.baseline is not None else _baseline(trace, saves, kinds)
     failure = trace.failure
@@ -750,28 +894,29 @@ def build(trace: Trace, *, complete: bool = True, error: str | None = None) -> R
         oom = OomInfo(requested=int(failure.requested), live=int(failure.live), budget=int(failure.budget),
                       where=str(failure.where))
     held = None
-    if mt.key_kind != "none" and mem.allocations:
-        saved_by_alloc: dict[int, SavedTensor] = {}
-        for k, (sid, _node) in enumerate(saves.rows):
+    if mt.key_kind != "none" and len(mem.allocations):
+        saved_by_alloc: dict[int, int] = {}
+        for k, sid in enumerate(saves.sid):
             found = mem.save_alloc.get(sid)
             if found is not None:
-                saved_by_alloc.setdefault(found, saved[k])
+                saved_by_alloc.setdefault(found, k)
         held = _held.held_pass(
-            nodes, step_objs, mem.allocations, saved_by_alloc, mt.key_kind, failed=trace.failed_oom,
+            nodes, step_table, mem.allocations, saved, saved_by_alloc, mt.key_kind, failed=trace.failed_oom,
             peak_position=mem.peak_position, n_events=mem.events_positions,
         )
     calls = backward_calls_pass(trace, graph, steps)
     created = max(trace.seq1 - trace.seq0, 0)
     seen_created = sum(1 for row in graph.rows if isinstance(row[N_KEY], int) and row[N_SEQ] >= trace.seq0)
+    off = trace.memory == "off"
     return Recording(
         nodes=nodes,
         edges=graph.edges,
         saved=saved,
-        steps=step_objs,
-        timeline=tuple(mem.timeline) if trace.memory != "off" else (),
-        peak_bytes=mem.peak_bytes if trace.memory != "off" else 0,
+        steps=step_table,
+        timeline=() if off else mem.timeline,
+        peak_bytes=0 if off else mem.peak_bytes,
         baseline_bytes=baseline,
-        peak=mem.peak if trace.memory != "off" else None,
+        peak=None if off else mem.peak,
         where=_where(trace, mt.device),
         complete=complete,
         error=error,
@@ -781,9 +926,9 @@ def build(trace: Trace, *, complete: bool = True, error: str | None = None) -> R
         backward_passes=sum(1 for b in trace.backwards if b.observed),
         reserved_peak_bytes=mt.reserved_peak,
         device_total_bytes=mt.total,
-        timeline_dropped=mem.dropped_points if trace.memory != "off" else 0,
-        allocations=tuple(mem.allocations),
-        allocation_key=mt.key_kind if mem.allocations else "none",
+        timeline_dropped=0 if off else mem.dropped_points,
+        allocations=mem.allocations if len(mem.allocations) else (),
+        allocation_key=mt.key_kind if len(mem.allocations) else "none",
         backward_calls=tuple(calls),
         held=held,
         oom=oom,
@@ -792,12 +937,22 @@ def build(trace: Trace, *, complete: bool = True, error: str | None = None) -> R
     )
 
 
-def _baseline(trace: Trace, saves: Saves, kinds: dict[int, Kind]) -> int:
+_DEVICE: dict[Any, str] = {}
+
+
+def _device(d: Any) -> str:
+    s = _DEVICE.get(d)
+    if s is None:
+        s = _DEVICE[d] = str(d)
+    return s
+
+
+def _baseline(trace: Trace, saves: Saves, kinds: Sequence[Kind]) -> int:
     """What existed before the block: parameters and buffers of the modules called, and inputs
     that were saved (storages counted once)."""
     storages = dict(trace.baseline_storages)
-    for sid, _node in saves.rows:
-        if kinds[sid] is Kind.INPUT:
+    for k, sid in enumerate(saves.sid):
+        if kinds[k] is Kind.INPUT:
             s = trace.saves[sid]
             storages[s[S_SKEY]] = int(s[S_BYTES])
     return sum(storages.values())

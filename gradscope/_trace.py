@@ -25,8 +25,8 @@ Row layouts (tuples, fields by position; the constants below name them):
 - ``edges``: ``(src key, dst key)``, ``src`` being one of ``dst``'s ``next_functions``.
 - ``gradient_keys``: ``(backward, skey, ptr, t_ns)`` for each gradient a pass produced (the
   ``.grad`` it accumulated into, or a result of ``autograd.grad``), read when the pass ended.
-- ``calls``: module calls, ``[root, rel, seq0, seq1, t0_ns, t1_ns, index]`` (a list: the exit
-  fills ``seq1``/``t1``); ``root`` indexes ``roots``.
+- ``calls``: module calls, ``[root, rel, seq0, seq1, t0_ns, t1_ns, index, class name]`` (a
+  list: the exit fills ``seq1``/``t1``); ``root`` indexes ``roots``.
 - ``backwards``: :class:`BackwardRow` per call into the autograd engine from the block's thread.
 - ``events``: step events in engine order, ``(kind, ident, t_ns, value)``: see ``EV_*``.
 - ``optimizer_steps``: ``[name, t0_ns, t1_ns, seq0, seq1]``.
@@ -81,6 +81,7 @@ class MemoryTrace:
     device: str = "cpu"
     online: bool = False
     key_kind: str = "none"  # what AllocEvent.key is: "address", "storage" or "none"
+    marks_calls: bool = True  # events carry the module call they happened in
     events: list[Any] = field(default_factory=list)  # AllocEvent rows, in order
     scopes: list[Any] = field(default_factory=list)  # EvalScope rows (profiler source)
     baseline: int | None = None  # allocated before the block, when the source knows it

@@ -80,14 +80,14 @@ def roots_of(values: Iterable[Any]) -> list[Any]:
 
 
 def walk(roots: Iterable[Any], stop: Any = None,
-         limit: int | None = None) -> Iterator[tuple[Any, Hashable, list[tuple[Any, Hashable]]]]:
+         limit: int | None = None) -> Iterator[tuple[Any, Hashable, list[Hashable]]]:
     """Each node reachable from ``roots`` once, depth first, without recursion.
 
-    Yields ``(node, key, next_nodes)`` where ``next_nodes`` lists ``(node, key)`` for each of the
-    node's ``next_functions`` (None entries left out). Nodes whose key is in ``stop`` are listed
-    as next nodes but not yielded nor walked through (a recorder passes the nodes it already
-    walked: their subgraphs cannot have changed). Every node object reached is held until the
-    walk ends (see NOTE [ node identity ]). ``limit`` stops after that many nodes.
+    Yields ``(node, key, next_keys)`` where ``next_keys`` lists the key of each of the node's
+    ``next_functions`` (None entries left out). Nodes whose key is in ``stop`` are listed as next
+    nodes but not yielded nor walked through (a recorder passes the nodes it already walked:
+    their subgraphs cannot have changed). Every node object reached is held until the walk ends
+    (see NOTE [ node identity ]). ``limit`` stops after that many nodes.
     """
     held: list[Any] = []
     seen: set[Hashable] = set()
@@ -96,21 +96,25 @@ def walk(roots: Iterable[Any], stop: Any = None,
         if r is not None:
             stack.append((r, node_key(r)))
     stop = stop if stop is not None else ()
+    pop, push, hold, mark = stack.pop, stack.append, held.append, seen.add
+    acc = ACC_SEQ
     count = 0
     try:
         while stack:
-            fn, key = stack.pop()
+            fn, key = pop()
             if key in seen or key in stop:
                 continue
-            seen.add(key)
-            held.append(fn)
-            kids: list[tuple[Any, Hashable]] = []
+            mark(key)
+            hold(fn)
+            kids: list[Hashable] = []
             for nxt, _ in fn.next_functions:
                 if nxt is not None:
-                    k = node_key(nxt)
-                    kids.append((nxt, k))
+                    k = nxt._sequence_nr()
+                    if k == acc:
+                        k = node_key(nxt)
+                    kids.append(k)
                     if k not in seen:
-                        stack.append((nxt, k))
+                        push((nxt, k))
             yield fn, key, kids
             count += 1
             if limit is not None and count >= limit:
@@ -154,8 +158,8 @@ def release(*tensors: torch.Tensor) -> int:
     root_keys = []
     for fn, key, kids in walk(roots):
         held[key] = fn
-        children[key] = [k for _, k in kids]
-        for _, k in kids:
+        children[key] = kids
+        for k in kids:
             parents[k] = parents.get(k, 0) + 1
     for r in roots:
         root_keys.append(node_key(r))

@@ -80,7 +80,7 @@ def graph(tensor: torch.Tensor | tuple[torch.Tensor, ...] | list[torch.Tensor], 
             leaf = names.get(id(var), ("", "input"))[1]
             leaf_shape = tuple(var.shape)
         nodes.append(Node(id=i, name=node_name(fn), leaf=leaf, leaf_shape=leaf_shape, module=_leaf_module(leaf)))
-        edge_keys.extend((k, key) for _, k in kids)
+        edge_keys.extend((k, key) for k in kids)
         for attr, t in _saved_tensors(fn, counts):
             key_s = _compat.storage_key(t)
             try:

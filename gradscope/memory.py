@@ -68,10 +68,11 @@ class AllocEvent(NamedTuple):
     reserved: int | None = None
     call: int | None = None
     hint: str | None = None
+    backward: int | None = None
 
 
 class EvalScope(NamedTuple):
-    """One ``autograd::engine::evaluate_function`` scope seen by the profiler.
+    """One node's scope seen by the profiler (``TanhBackward0``, with the node's number).
 
     ``backward`` is the index of the gradscope backward marker it ran under (None: a backward
     gradscope did not observe); ``nested`` is True for scopes inside another node's scope (a
@@ -200,18 +201,18 @@ def _inside_only(events: list[AllocEvent]) -> list[AllocEvent]:
 _profiler_lock = threading.Lock()
 _profiler_busy = False  # see NOTE [ one profiler at a time ]
 MARK = "gradscope."
-_EVAL = "autograd::engine::evaluate_function: "
 _CLOCK = "gradscope.clock#0"
 _OPT_STEP = "Optimizer.step#"
 _ZERO_GRAD = ("Optimizer.zero_grad#", "Module.zero_grad")
 
 
 class ProfilerSource:
-    """NOTE [ CPU bytes come from the allocator ]: the profiler with ``profile_memory=True`` gets a
+    """NOTE [ CPU bytes come from the allocator ]: the profiler with memory profiling gets a
     report from the CPU allocator for every allocation and free, including buffers that kernels
     allocate internally. The running sum of those events from the block's start is the block's
     live memory; frees of memory allocated before the block come without a size and are ignored,
-    so pre-existing tensors never count toward ``peak_bytes``.
+    so pre-existing tensors never count toward ``peak_bytes``. The profiler runs lean (see NOTE
+    [ a lean profiler ] in :mod:`gradscope._compat`).
 
     NOTE [ profiler marks ]: the recorder opens a profiler scope per module call and per backward
     pass (``gradscope.module#3``, ``gradscope.backward#0``), so that each allocation knows its
@@ -226,7 +227,7 @@ class ProfilerSource:
     marks_steps = False
 
     def __init__(self) -> None:
-        self._prof: Any = None
+        self._running = False
         self._clock_ns = 0
 
     def start(self) -> None:
@@ -234,8 +235,6 @@ class ProfilerSource:
         second one started in another thread crashes the process when both stop (segmentation
         fault), and one started inside a user's ``torch.profiler`` session ends theirs (it records
         nothing more). So a busy profiler is refused with a GradscopeError before anything starts."""
-        from torch.profiler import ProfilerActivity, profile
-
         global _profiler_busy
         with _profiler_lock:
             if _profiler_busy or _compat.profiler_enabled():
@@ -247,31 +246,34 @@ class ProfilerSource:
                 )
             _profiler_busy = True
         try:
-            self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
             with _quiet_stderr():
-                self._prof.__enter__()
+                _compat.start_node_profiler()
+            self._running = True
             # NOTE [ profiler clock ]: the profiler stamps events with its own clock; one scope
             # opened right here, beside a time.time_ns() reading, gives the offset to ours.
             handle = _compat.record_scope_enter(_CLOCK)
             self._clock_ns = time.time_ns()
             _compat.record_scope_exit(handle)
         except BaseException:
-            self._prof = None
+            if self._running:
+                self._running = False
+                with _quiet_stderr():
+                    _compat.stop_profiler()
             _profiler_busy = False
             raise
 
     def stop(self) -> MemoryTrace:
         global _profiler_busy
-        prof, self._prof = self._prof, None
+        running, self._running = self._running, False
         out = MemoryTrace(source=self.name, device="cpu", online=False, key_kind="address")
-        if prof is None:
+        if not running:
             return out
         try:
             with _quiet_stderr():
-                prof.__exit__(None, None, None)
+                results = _compat.stop_profiler()
         finally:
             _profiler_busy = False
-        out.events, out.scopes = self._parse(_compat.profiler_event_tree(prof))
+        out.events, out.scopes = self._parse(_compat.results_event_tree(results))
         return out
 
     def live(self) -> int | None:
@@ -288,30 +290,39 @@ class ProfilerSource:
         pass
 
     def _parse(self, roots: Any) -> tuple[list[AllocEvent], list[EvalScope]]:
+        """Allocation events and node scopes from the profiler's event tree, each allocation with
+        the node scope, module mark and backward mark it happened under. The walk is iterative
+        (deep trees must not hit the recursion limit) and reads each event's fields once: with
+        tens of thousands of events, every attribute read through the bindings counts."""
         alloc_tag = _compat.allocation_tag()
+        node_scope = _compat.node_scope()
+        check_device = torch.cuda.is_available()  # without CUDA every allocation is the CPU's
         events: list[AllocEvent] = []
         scopes: list[EvalScope] = []
-        new_event = AllocEvent.__new__
-        # Iterative walk (deep trees must not hit the recursion limit); children are pushed in
-        # reverse so that events come out in time order within a scope.
-        # Stack rows: (event, label, scope, call, backward marker, hint, inside a node scope)
-        stack: list[tuple[Any, str, int | None, int | None, int | None, str | None, bool]] = [
-            (r, "", None, None, None, None, False) for r in reversed(roots)
+        offset = 0
+        for r in roots:
+            if r.name == _CLOCK:
+                offset = r.start_time_ns - self._clock_ns
+                break
+        new_event = tuple.__new__
+        append = events.append
+        # Stack rows: (event, label, node scope, module call, backward mark, hint); children
+        # are pushed in reverse so that events come out in time order within a scope.
+        stack: list[tuple[Any, str, int | None, int | None, int | None, str | None]] = [
+            (r, "", None, None, None, None) for r in reversed(roots)
         ]
         pop, push = stack.pop, stack.append
         while stack:
-            ev, label, scope, call, bw, hint, in_node = pop()
-            if ev.tag == alloc_tag:
-                ef = ev.extra_fields
-                if ef.device.type != "cpu":
+            ev, label, scope, call, bw, hint = pop()
+            tag, ef = ev.typed
+            if tag == alloc_tag:
+                if check_device and ef.device.type != "cpu":
                     continue
-                events.append(new_event(AllocEvent, ev.start_time_ns, int(ef.alloc_size), int(ef.ptr), label,
-                                        scope, None, None, call, hint))
+                append(new_event(AllocEvent, (ev.start_time_ns - offset, ef.alloc_size, ef.ptr, label, scope, None,
+                                              None, call, hint, bw)))
                 continue
             name = ev.name
             if name.startswith(MARK):
-                if name == _CLOCK:
-                    continue
                 kind, _, idx = name[len(MARK):].partition("#")
                 try:
                     if kind == "module":
@@ -320,34 +331,28 @@ class ProfilerSource:
                         bw = int(idx)
                 except ValueError:
                     pass
-            elif name.startswith(_EVAL):
-                node = name[len(_EVAL):].rsplit("::", 1)[-1]
-                seq = getattr(ev.extra_fields, "sequence_number", -1)
-                scope = len(scopes)
-                scopes.append(EvalScope(node, int(seq), ev.start_time_ns, ev.end_time_ns, bw, in_node))
+            elif ef.scope == node_scope:
+                node = name.rsplit("::", 1)[-1]
+                scopes.append(EvalScope(node, int(getattr(ef, "sequence_number", -1)), ev.start_time_ns - offset,
+                                        ev.end_time_ns - offset, bw, scope is not None))
+                scope = len(scopes) - 1
                 label = node
-                in_node = True
             elif name.startswith(_OPT_STEP):
-                hint = "optimizer"
-                label = name
+                hint, label = "optimizer", name
             elif name.startswith(_ZERO_GRAD):
-                hint = "other"
-                label = name
-            elif scope is None or label == "":
-                label = name
+                hint, label = "other", name
+            elif scope is None:
+                label = name  # a user's record_function
             children = ev.children
             for i in range(len(children) - 1, -1, -1):
-                push((children[i], label, scope, call, bw, hint, in_node))
-        offset = 0
-        for r in roots:
-            if r.name == _CLOCK:
-                offset = r.start_time_ns - self._clock_ns
-                break
-        if offset:
-            events = [e._replace(t_ns=e.t_ns - offset) for e in events]
-            scopes = [sc._replace(start_ns=sc.start_ns - offset, end_ns=sc.end_ns - offset) for sc in scopes]
-        events.sort(key=lambda e: e.t_ns)
+                push((children[i], label, scope, call, bw, hint))
+        if len(events) > 1 and any(events[i].t_ns > events[i + 1].t_ns for i in range(len(events) - 1)):
+            events.sort(key=_t_ns)
         return _inside_only(events), scopes
+
+
+def _t_ns(e: AllocEvent) -> int:
+    return e.t_ns
 
 
 @contextlib.contextmanager
@@ -706,6 +711,7 @@ class CudaSource:
             events = _events_from_snapshot(snap, self.device.index or 0, self._t0, time.time_ns())
         return MemoryTrace(source=self.name, device=str(self.device), online=True,
                            key_kind="address" if self.history else "none", events=events,
+                           marks_calls=not self.history,
                            baseline=self.baseline, peak=peak, reserved_peak=reserved_peak, total=total)
 
     def live(self) -> int:

@@ -20,9 +20,9 @@ import math
 import os
 import stat
 import tempfile
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar, overload
 
 from gradscope.errors import GradscopeError
 
@@ -30,6 +30,7 @@ __all__ = [
     "FIGURES",
     "SCHEMA_VERSION",
     "Allocation",
+    "Table",
     "BackwardCall",
     "Category",
     "Edge",
@@ -89,7 +90,7 @@ class Category(str, enum.Enum):
     OTHER = "other"  # forward results nobody saved, temporaries, anything else
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Node:
     """One autograd node.
 
@@ -113,7 +114,7 @@ class Node:
     executed: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Edge:
     """Data flows from ``src`` to ``dst`` in forward; gradients flow from ``dst`` to ``src``.
 
@@ -124,7 +125,7 @@ class Edge:
     dst: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SavedTensor:
     """A tensor that a node saved for backward.
 
@@ -146,7 +147,7 @@ class SavedTensor:
     freed_at_step: int | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Step:
     """One node executed by a backward pass, in execution order."""
 
@@ -160,7 +161,7 @@ class Step:
     freed_bytes: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class MemoryPoint:
     """Live bytes allocated inside the block after one allocation or free.
 
@@ -179,7 +180,7 @@ class MemoryPoint:
     category: Category = Category.OTHER
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Peak:
     """Where the peak was: phase, node (for backward) and module."""
 
@@ -192,7 +193,7 @@ class Peak:
     step: int | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Where:
     """Where a recording ran."""
 
@@ -204,7 +205,7 @@ class Where:
     hostname: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Allocation:
     """One allocation made inside the block (a row of :attr:`Recording.allocations`).
 
@@ -238,7 +239,7 @@ class Allocation:
     key: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class BackwardCall:
     """One call into the autograd engine inside the block (``backward`` or ``autograd.grad``).
 
@@ -261,7 +262,7 @@ class BackwardCall:
     observed: bool = True
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class HeldAllocation:
     """One allocation alive at the held moment (see :class:`Held`).
 
@@ -288,7 +289,7 @@ class HeldAllocation:
     reused: bool = False
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Held:
     """What held the block's memory at its peak (``moment="peak"``) or at the allocation that
     failed (``"failure"``): the allocations alive then, largest first (at most 500 rows; the
@@ -334,7 +335,7 @@ class Held:
         return out
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class OomInfo:
     """A simulated out-of-memory that stopped the block: ``requested`` bytes asked for with
     ``live`` bytes live of a ``budget``; ``where`` the op. In a notebook budget run, ``budget``
@@ -350,6 +351,83 @@ class OomInfo:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+T = TypeVar("T")
+
+
+class Table(Sequence[T], Generic[T]):
+    """An immutable table of rows of one dataclass, kept as columns; a row object is made the
+    first time it is read (then kept).
+
+    NOTE [ tables are columns ]: a recording of a graph of small ops holds tens of thousands of
+    nodes, saves, steps, allocations and timeline points; making a frozen dataclass object for
+    each costs about a microsecond, as much as PyTorch spends on a small op, so the recorder
+    hands its tables over as columns. Read a table as the tuple of rows it stands for (it
+    compares equal to one); :meth:`column` gives one field of every row without making rows
+    (what JSON, the widget and the page need).
+
+    Example:
+        >>> from gradscope.recording import Edge, Table
+        >>> t = Table(Edge, {"src": [1, 2], "dst": [0, 1]})
+        >>> len(t), t[1], t == (Edge(1, 0), Edge(2, 1)), t.column("src")
+        (2, Edge(src=2, dst=1), True, [1, 2])
+    """
+
+    __slots__ = ("_cls", "_cols", "_names", "_n", "_rows")
+
+    def __init__(self, cls: type[T], columns: Mapping[str, Sequence[Any]]) -> None:
+        names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+        cols = [columns[n] for n in names]  # every field, in order: rows are made positionally
+        lengths = {len(c) for c in cols}
+        if len(lengths) > 1:
+            raise ValueError(f"columns of {cls.__name__} have different lengths {sorted(lengths)}")
+        self._cls = cls
+        self._names = names
+        self._cols = cols
+        self._n = lengths.pop() if lengths else 0
+        self._rows: list[T] | None = None
+
+    def _all(self) -> list[T]:
+        rows = self._rows
+        if rows is None:
+            make = self._cls
+            rows = self._rows = [make(*vals) for vals in zip(*self._cols, strict=True)] if self._cols else []
+        return rows
+
+    def __len__(self) -> int:
+        return self._n
+
+    @overload
+    def __getitem__(self, i: int) -> T: ...
+    @overload
+    def __getitem__(self, i: slice) -> tuple[T, ...]: ...
+    def __getitem__(self, i: int | slice) -> T | tuple[T, ...]:
+        if isinstance(i, slice):
+            return tuple(self._all()[i])
+        if self._rows is not None:
+            return self._rows[i]
+        if not -self._n <= i < self._n:
+            raise IndexError("Table index out of range")
+        return self._cls(*(c[i] for c in self._cols))  # one row: the others are not made
+
+    def __iter__(self) -> Iterator[T]:
+        return iter(self._all())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Table | tuple | list):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return repr(tuple(self))
+
+    def column(self, name: str) -> Sequence[Any]:
+        """One field of every row, in row order."""
+        return self._cols[self._names.index(name)]
 
 
 # NOTE [ one definition per figure ]: the definitions views show beside each figure.
@@ -382,11 +460,11 @@ class Recording:
         ['SumBackward0', 'MulBackward0', 'AccumulateGrad']
     """
 
-    nodes: tuple[Node, ...] = ()
-    edges: tuple[Edge, ...] = ()
-    saved: tuple[SavedTensor, ...] = ()
-    steps: tuple[Step, ...] = ()
-    timeline: tuple[MemoryPoint, ...] = ()
+    nodes: Sequence[Node] = ()
+    edges: Sequence[Edge] = ()
+    saved: Sequence[SavedTensor] = ()
+    steps: Sequence[Step] = ()
+    timeline: Sequence[MemoryPoint] = ()
     peak_bytes: int = 0
     baseline_bytes: int = 0
     peak: Peak | None = None
@@ -401,7 +479,7 @@ class Recording:
     device_total_bytes: int | None = None
     timeline_dropped: int = 0
     extra: Mapping[str, Any] = field(default_factory=dict)
-    allocations: tuple[Allocation, ...] = ()
+    allocations: Sequence[Allocation] = ()
     allocation_key: str = "none"
     backward_calls: tuple[BackwardCall, ...] = ()
     held: Held | None = None
@@ -770,6 +848,8 @@ def _enum_safe(d: dict[str, Any]) -> dict[str, Any]:
 
 def _columns(rows: Iterable[Any], cls: type) -> dict[str, list[Any]]:
     names = [f.name for f in dataclasses.fields(cls)]
+    if isinstance(rows, Table) and rows._rows is None:  # see NOTE [ tables are columns ]
+        return {n: [_json_value(v) for v in rows.column(n)] for n in names}
     cols: dict[str, list[Any]] = {n: [] for n in names}
     for r in rows:
         for n in names:
@@ -782,6 +862,16 @@ def _columns(rows: Iterable[Any], cls: type) -> dict[str, list[Any]]:
                 v = None
             cols[n].append(v)
     return cols
+
+
+def _json_value(v: Any) -> Any:
+    if isinstance(v, enum.Enum):
+        return v.value
+    if isinstance(v, tuple):
+        return list(v)
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
 
 
 _CONVERT: dict[str, Any] = {
