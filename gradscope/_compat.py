@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import operator
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -69,6 +70,17 @@ def sequence_nr_fn() -> Callable[[], int]:
 def node_sequence_nr(fn: Any) -> int:
     """A node's sequence number (``ACC_SEQ`` for ``AccumulateGrad``)."""
     return int(fn._sequence_nr())
+
+
+# Getters for the hot paths (pack hook, graph walk): C-level callables, no Python frame each.
+node_seq = operator.methodcaller("_sequence_nr")  # a node's sequence number
+tensor_version = operator.attrgetter("_version")  # a tensor's version counter (in-place changes)
+storage_cdata = operator.attrgetter("_cdata")  # a storage's key: see storage_key
+storage_weak = torch.UntypedStorage._weak_ref  # a weak handle to a storage: see storage_weak_ref
+
+
+def is_view(t: torch.Tensor) -> bool:
+    return bool(t._is_view())
 
 
 def current_node() -> Any:
@@ -189,7 +201,7 @@ NOT_VISIBLE = _NOTHING
 def unpack_hook_of(raw: Any) -> Any:
     """The unpack hook attached to a raw saved variable (None: saved without hooks or freed),
     or :data:`NOT_VISIBLE` where this torch cannot say."""
-    if not capabilities().unpack_hook:
+    if not capabilities().saved_hook:
         return NOT_VISIBLE
     try:
         return raw.unpack_hook
@@ -233,12 +245,15 @@ def push_saved_tensors_hooks(pack: Callable[..., Any], unpack: Callable[..., Any
 
 
 # ----------------------------------------------------------------------------- engine entry
+ENGINE_ENTRY = "_engine_run_backward"
+
+
 def engine_entry_module() -> Any:
-    """The module whose ``_engine_run_backward`` both ``backward`` and ``autograd.grad`` call,
-    or None (then :mod:`gradscope.record` wraps the two public functions)."""
+    """The module whose ``_engine_run_backward`` (:data:`ENGINE_ENTRY`) both ``backward`` and
+    ``autograd.grad`` call, or None (then :mod:`gradscope.record` wraps the two public functions)."""
     import torch.autograd as ag
 
-    return ag if hasattr(ag, "_engine_run_backward") else None
+    return ag if hasattr(ag, ENGINE_ENTRY) else None
 
 
 @dataclass(frozen=True)
@@ -265,6 +280,14 @@ def engine_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> EngineCall:
     inputs = arg(3, "inputs", ()) or ()
     accumulate = bool(arg(5, "accumulate_grad", True))
     return EngineCall(create, retain, tuple(inputs), accumulate)
+
+
+def hooks_class() -> Any:
+    """The class whose ``__enter__``/``__exit__`` push and pop a saved-tensor hooks pair for
+    ``saved_tensors_hooks``, ``save_on_cpu`` and non-reentrant checkpointing alike."""
+    from torch.autograd.graph import saved_tensors_hooks
+
+    return saved_tensors_hooks
 
 
 def disable_hooks_module() -> Any:
@@ -353,6 +376,35 @@ def tree_leaves(x: Any) -> list[Any]:
     return list(leaves(x))
 
 
+def _probe_is_compiling() -> Callable[[], bool]:
+    f = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+    return f if f is not None else (lambda: False)
+
+
+is_compiling = _probe_is_compiling()
+"""Whether torch.compile is tracing the calling code. NOTE [ hooks inside compiled modules ]:
+a torch that traces a compiled module's ``__call__`` (before 2.13) would trace gradscope's global
+module hooks too, break the graph on them and run the module eagerly: the hooks return at once
+when traced (the compiled region is one opaque node in the recording anyway)."""
+
+
+def is_fake(t: Any) -> bool:
+    """Whether ``t`` belongs to a compiler tracing a graph (a fake or functional tensor: no run)."""
+    try:
+        from torch._subclasses.fake_tensor import is_fake as _is_fake
+        from torch._subclasses.functional_tensor import FunctionalTensor
+
+        return isinstance(t, FunctionalTensor) or bool(_is_fake(t))
+    except Exception:
+        return False
+
+
+def dispatch_modes_active() -> bool:
+    """Whether a Python dispatch mode is active on this thread."""
+    f = getattr(torch._C, "_len_torch_dispatch_stack", None)
+    return bool(f()) if f is not None else False
+
+
 @contextlib.contextmanager
 def no_dispatch_modes() -> Iterator[None]:
     """Run a few ops without the active Python dispatch modes (gradscope's own probes)."""
@@ -423,7 +475,7 @@ class Capabilities:
 
     sequence_nr: bool  # which node saved a tensor: _get_sequence_nr
     saved_data: bool  # SavedTensor.data: our pack result read without unpacking (>= 2.9)
-    unpack_hook: bool  # SavedTensor.unpack_hook: who packed a save (>= 2.9)
+    saved_hook: bool  # SavedTensor.unpack_hook: who packed a save (>= 2.9)
     hook_stack: bool  # _top_saved_tensors_default_hooks (>= 2.7)
     ignore_compile_internals: bool  # TorchDispatchMode.ignore_compile_internals (>= 2.9)
     engine_entry: bool  # torch.autograd._engine_run_backward
@@ -439,7 +491,7 @@ def capabilities() -> Capabilities:
         return Capabilities(
             sequence_nr=_SEQ is not None,
             saved_data=_probe_saved_data(),
-            unpack_hook=_probe_unpack_hook(),
+            saved_hook=_probe_unpack_hook(),
             hook_stack=hasattr(torch._C._autograd, "_top_saved_tensors_default_hooks"),
             ignore_compile_internals=has_ignore_compile_internals(),
             engine_entry=engine_entry_module() is not None,
@@ -452,10 +504,5 @@ MISSING_NOTES: dict[str, str] = {
     "sequence_nr": (
         "this torch has no autograd sequence counter: saved tensors cannot be matched with the "
         "nodes that saved them, so they are not listed."
-    ),
-    "saved_data": (
-        "this torch cannot show what a saved variable holds without unpacking it "
-        "(SavedTensor.data is missing): nodes whose saves gradscope did not pack itself are not "
-        "read, so their saved tensors are counted as 'packed by other hooks or not seen'."
     ),
 }

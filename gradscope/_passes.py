@@ -37,12 +37,9 @@ from gradscope._trace import (
     N_NAME,
     N_SEQ,
     S_BYTES,
-    S_DEVICE,
-    S_DTYPE,
     S_LEAFISH,
     S_PTR,
     S_SEQ,
-    S_SHAPE,
     S_SKEY,
     S_T,
     BackwardRow,
@@ -769,6 +766,14 @@ def notes_pass(trace: Trace, graph: Graph, saves: Saves, steps: Steps) -> list[s
             "pair, save_on_cpu or non-reentrant checkpoint inside the block; only the innermost pair "
             "applies): gradscope cannot see or size them, so saved bytes are undercounted."
         )
+    if trace.unseen_saves:
+        notes.append(
+            f"{trace.unseen_saves} saved variables of nodes made while other saved_tensors_hooks were "
+            "active (a user's own pair, save_on_cpu or non-reentrant checkpoint inside the block) were "
+            "not packed by gradscope: it cannot see or size them, so saved bytes are undercounted. This "
+            "torch cannot say which of them are None (SavedTensor.unpack_hook is missing): the count "
+            "includes those."
+        )
     names = [row[N_NAME] for row in graph.rows]
     if any(row[N_CUSTOM] for row in graph.rows):
         notes.append(
@@ -784,9 +789,7 @@ def notes_pass(trace: Trace, graph: Graph, saves: Saves, steps: Steps) -> list[s
             + ("; allocations made inside compiled code are not seen by memory='tracker' (use "
                "memory='cpu')." if tracker else ".")
         )
-        if tracker and not _compat.capabilities().ignore_compile_internals:
-            notes.append("this torch cannot tell a dispatch mode to leave compiled code alone: compiled "
-                         "functions called under memory='tracker' ran eagerly, and keep running eagerly.")
+
     if len(graph.rows) > _DEEP_GRAPH and trace.deep_graph_trap:
         # See NOTE [ freeing deep graphs ] in gradscope._walk.
         notes.append(
@@ -815,12 +818,16 @@ def tracker_note(trace: Trace) -> str:
     seen = sorted({op for e in trace.memory_trace.events for op in _MODE_SENSITIVE
                    if e.label == f"aten::{op}" or e.label.startswith(f"aten::{op}_")})
     which = f" ({', '.join(seen)} ran here)" if seen else ""
-    return (
+    note = (
         "memory='tracker' runs a Python dispatch mode, and under any such mode PyTorch picks other "
         "backward formulas for some ops (prod, cumprod, det, vander: gradients can differ in the last "
         "bits; ctc_loss saves two extra tensors) and sums gradients that reach one input out of place"
         f"{which}: bytes and saves of those ops can differ from a run without it."
     )
+    if not _compat.capabilities().ignore_compile_internals:
+        note += (" This torch cannot tell a dispatch mode to leave compiled code alone: torch.compile'd "
+                 "functions called in the block ran eagerly, and keep running eagerly after it.")
+    return note
 
 
 # ----------------------------------------------------------------------------------- build

@@ -30,15 +30,15 @@ from typing import Any
 
 import torch
 
-from gradscope._compat import ACC_SEQ
+from gradscope._compat import ACC_SEQ, is_view, node_seq, tensor_version
 from gradscope.errors import GradscopeError
 
-__all__ = ["node_key", "node_name", "release", "roots_of", "walk"]
+__all__ = ["node_key", "node_name", "plain_pack", "plain_unpack", "release", "roots_of", "walk"]
 
 
 def node_key(fn: Any) -> Hashable:
     """A node's identity while the graph lives: see NOTE [ node identity ]."""
-    seq = fn._sequence_nr()
+    seq = node_seq(fn)
     if seq != ACC_SEQ:
         return seq
     try:
@@ -97,7 +97,7 @@ def walk(roots: Iterable[Any], stop: Any = None,
             stack.append((r, node_key(r)))
     stop = stop if stop is not None else ()
     pop, push, hold, mark = stack.pop, stack.append, held.append, seen.add
-    acc = ACC_SEQ
+    acc, seq_of = ACC_SEQ, node_seq
     count = 0
     try:
         while stack:
@@ -109,7 +109,7 @@ def walk(roots: Iterable[Any], stop: Any = None,
             kids: list[Hashable] = []
             for nxt, _ in fn.next_functions:
                 if nxt is not None:
-                    k = nxt._sequence_nr()
+                    k = seq_of(nxt)
                     if k == acc:
                         k = node_key(nxt)
                     kids.append(k)
@@ -121,6 +121,26 @@ def walk(roots: Iterable[Any], stop: Any = None,
                 return
     finally:
         held.clear()
+
+
+def plain_pack(t: torch.Tensor) -> Any:
+    """With :func:`plain_unpack`, a saved-tensor hooks pair that behaves as no hooks at all: the
+    data (detached: see NOTE [ pack a detached tensor ] in :mod:`gradscope.record`) and its
+    version, checked when unpacked as PyTorch checks saves without hooks. What gradscope
+    registers on a save a torch <= 2.8 only lets it inspect by registering a pair
+    (see :func:`gradscope._compat.probe_saved`)."""
+    return (t.detach(), tensor_version(t))
+
+
+def plain_unpack(p: Any) -> torch.Tensor:
+    t, version = p
+    if tensor_version(t) != version:
+        raise RuntimeError(
+            "one of the variables needed for gradient computation has been modified by an inplace "
+            f"operation: [{t.type()} {list(t.shape)}] is at version {tensor_version(t)}; expected version "
+            f"{version} instead. (Checked by gradscope, as PyTorch does without saved-tensor hooks.)"
+        )
+    return t  # type: ignore[no-any-return]
 
 
 def release(*tensors: torch.Tensor) -> int:
@@ -145,34 +165,24 @@ def release(*tensors: torch.Tensor) -> int:
     for i, t in enumerate(tensors):
         if not isinstance(t, torch.Tensor):
             raise GradscopeError(f"gradscope: release() takes tensors; argument {i} is a {type(t).__name__}.")
-        if t._is_view() and t.grad_fn is not None:
+        if is_view(t) and t.grad_fn is not None:
             raise GradscopeError(
                 "gradscope: release() cannot detach a view from its graph in place (PyTorch refuses "
                 "to); pass the tensor it is a view of, or release a result that is not a view "
                 "(e.g. y.clone())."
             )
-    held: dict[Hashable, Any] = {}
-    parents: dict[Hashable, int] = {}
-    children: dict[Hashable, list[Hashable]] = {}
-    roots = [t.grad_fn for t in tensors if t.grad_fn is not None]
-    root_keys = []
-    for fn, key, kids in walk(roots):
-        held[key] = fn
-        children[key] = kids
-        for k in kids:
-            parents[k] = parents.get(k, 0) + 1
-    for r in roots:
-        root_keys.append(node_key(r))
-    del roots
+    held, parents, children, root_keys = _hold_graph([t.grad_fn for t in tensors if t.grad_fn is not None])
     for t in tensors:
         if t.grad_fn is not None:
             t.detach_()
-    # Kahn's order from the roots: a node is let go only after every node pointing at it.
+    # Kahn's order from the roots: a node is let go only after every node pointing at it, so each
+    # deallocation frees one node whose next nodes are still held (no local name may hold a
+    # node here: it would be freed last, with everything below it, recursively).
     ready = [k for k in dict.fromkeys(root_keys) if parents.get(k, 0) == 0]
     freed = 0
     while ready:
         key = ready.pop()
-        held.pop(key, None)  # the only deallocation that may run here is this node's
+        held.pop(key, None)
         freed += 1
         for k in children.pop(key, ()):
             n = parents[k] - 1
@@ -181,3 +191,19 @@ def release(*tensors: torch.Tensor) -> int:
                 ready.append(k)
     held.clear()
     return freed
+
+
+def _hold_graph(roots: list[Any]) -> tuple[dict[Hashable, Any], dict[Hashable, int], dict[Hashable, list[Hashable]],
+                                            list[Hashable]]:
+    """Every node object reachable from ``roots``, with how many nodes point at each and what each
+    points at (by key). A function of its own, so that no loop variable outlives it."""
+    held: dict[Hashable, Any] = {}
+    parents: dict[Hashable, int] = {}
+    children: dict[Hashable, list[Hashable]] = {}
+    root_keys = [node_key(r) for r in roots]
+    for fn, key, kids in walk(roots):
+        held[key] = fn
+        children[key] = kids
+        for k in kids:
+            parents[k] = parents.get(k, 0) + 1
+    return held, parents, children, root_keys

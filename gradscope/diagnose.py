@@ -688,9 +688,7 @@ def _saved_storages(roots: list[Any], key_of: Any) -> dict[int, tuple[int, None]
         if id(fn) in seen:
             continue
         seen.add(id(fn))
-        for attr in dir(fn):
-            if not attr.startswith("_saved_"):
-                continue
+        for attr, _raw in _compat.saved_tensor_attributes(fn):
             try:
                 v = getattr(fn, attr)
             except (RuntimeError, AttributeError):  # freed by a backward without retain_graph

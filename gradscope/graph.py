@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from gradscope import _compat, _names
-from gradscope._walk import node_name, walk
+from gradscope._walk import node_name, plain_pack, plain_unpack, walk
 from gradscope.errors import GradscopeError
 from gradscope.recording import Edge, Kind, Node, Recording, SavedTensor, Where, format_bytes
 
@@ -119,22 +119,6 @@ def _leaf_module(leaf: str | None) -> str | None:
     return None
 
 
-def _pack_plain(t: torch.Tensor) -> Any:
-    """A pair equivalent to no hooks (see :func:`_saved_tensors`): the data, and its version."""
-    return (t.detach(), t._version)
-
-
-def _unpack_plain(p: Any) -> torch.Tensor:
-    t, version = p
-    if t._version != version:
-        raise RuntimeError(
-            "one of the variables needed for gradient computation has been modified by an inplace "
-            f"operation: [{t.type()} {list(t.shape)}] is at version {t._version}; expected version "
-            f"{version} instead. (Checked by gradscope, as PyTorch does without saved-tensor hooks.)"
-        )
-    return t  # type: ignore[no-any-return]
-
-
 def _saved_tensors(fn: Any, counts: dict[str, int]) -> list[tuple[str, torch.Tensor]]:
     """A node's saved tensors, read through whatever saved_tensors_hooks packed them, except
     those of non-reentrant checkpoint: unpacking one outside backward recomputes the whole segment
@@ -148,7 +132,9 @@ def _saved_tensors(fn: Any, counts: dict[str, int]) -> list[tuple[str, torch.Ten
         for raw in _compat.raw_saved(fn, raw_attr):
             hook = _compat.unpack_hook_of(raw)
             if hook is _compat.NOT_VISIBLE:
-                if _compat.probe_saved(raw, _pack_plain, _unpack_plain) == "hooked":
+                # registering a pair is the only question that torch answers; under a dispatch
+                # mode its answer may leave the save half-hooked, so nothing is read there
+                if _compat.dispatch_modes_active() or _compat.probe_saved(raw, plain_pack, plain_unpack) == "hooked":
                     counts["hooked"] += 1
                     skip = True
             elif hook is not None and getattr(hook, "__module__", "") == "torch.utils.checkpoint":

@@ -378,43 +378,54 @@ def _quiet_stderr() -> Iterator[None]:
 # --------------------------------------------------------------------------------------
 # The online tracker (budgets, meta-device prediction)
 # --------------------------------------------------------------------------------------
+_MODE_CLASS: Any = None
+
+
 def _make_tracker_mode(source: TrackerSource) -> Any:
-    base = _compat.torch_dispatch_mode()
+    """The tracker's dispatch mode (its class made once: a class per recording would pile up)."""
+    global _MODE_CLASS
+    if _MODE_CLASS is None:
+        base = _compat.torch_dispatch_mode()
 
-    class _TrackerMode(base):  # type: ignore[misc, valid-type]
-        @classmethod
-        def ignore_compile_internals(cls) -> bool:
-            """NOTE [ the tracker and torch.compile ]: a compiled function called while a dispatch
-            mode that does not ignore compile internals is active is skipped by Dynamo for good:
-            it runs eagerly from then on, also after the block (other numerics, other memory).
-            Ignoring them, compiled code stays compiled; allocations inside it are not seen by the
-            tracker (the recording says so; the profiler source sees them). On a torch without
-            this switch the recording says that compiled code ran eagerly."""
-            return True
+        class _TrackerMode(base):  # type: ignore[misc, valid-type]
+            def __init__(self, src: TrackerSource) -> None:
+                super().__init__()
+                self.source = src
 
-        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            src = source
-            src._drain()
-            kwargs = kwargs or {}
-            in_keys: set[int] = set()
-            for a in _compat.tree_leaves((args, kwargs)):
-                if isinstance(a, torch.Tensor):
-                    k = _compat.storage_key(a)
-                    if k is not None:
-                        in_keys.add(k)
-            out = func(*args, **kwargs)
-            try:
-                for t in _compat.tree_leaves(out):
-                    if isinstance(t, torch.Tensor):
-                        src._observe(t, in_keys, func)
-            except MemoryBudgetExceeded:
-                raise
-            except Exception as e:  # observing must never break the user's operation
-                if len(src.failures) < 10:
-                    src.failures.append(f"{_op_label(func)}: {e!r}")
-            return out
+            @classmethod
+            def ignore_compile_internals(cls) -> bool:
+                """NOTE [ the tracker and torch.compile ]: a compiled function called while a
+                dispatch mode that does not ignore compile internals is active is skipped by Dynamo
+                for good: it runs eagerly from then on, also after the block (other numerics, other
+                memory). Ignoring them, compiled code stays compiled; allocations inside it are not
+                seen by the tracker (the recording says so; the profiler source sees them). On a
+                torch without this switch the recording says that compiled code ran eagerly."""
+                return True
 
-    return _TrackerMode()
+            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+                src = self.source
+                src._drain()
+                kwargs = kwargs or {}
+                in_keys: set[int] = set()
+                for a in _compat.tree_leaves((args, kwargs)):
+                    if isinstance(a, torch.Tensor):
+                        k = _compat.storage_key(a)
+                        if k is not None:
+                            in_keys.add(k)
+                out = func(*args, **kwargs)
+                try:
+                    for t in _compat.tree_leaves(out):
+                        if isinstance(t, torch.Tensor):
+                            src._observe(t, in_keys, func)
+                except MemoryBudgetExceeded:
+                    raise
+                except Exception as e:  # observing must never break the user's operation
+                    if len(src.failures) < 10:
+                        src.failures.append(f"{_op_label(func)}: {e!r}")
+                return out
+
+        _MODE_CLASS = _TrackerMode
+    return _MODE_CLASS(source)
 
 
 class TrackerSource:
@@ -458,6 +469,7 @@ class TrackerSource:
         mode, self._mode = self._mode, None
         if mode is not None:
             mode.__exit__(None, None, None)
+            mode.source = None  # the mode object may be cached by torch: never keep the source
         self._drain()
         self.stopped = True
         # The finalizers on tensors made in the block (gradients, optimizer state) keep this source
@@ -470,6 +482,15 @@ class TrackerSource:
     def live(self) -> int:
         self._drain()
         return self._live
+
+    def __del__(self) -> None:
+        # weak references still held (storages alive when the source goes): let go of them
+        try:
+            for _, ref in self._known.values():
+                _compat.free_weak_ref(ref)
+            self._known.clear()
+        except Exception:  # interpreter shutdown
+            pass
 
     def call_enter(self, kind: str, index: int, label: str) -> Any:
         prev = self._call
@@ -530,6 +551,10 @@ class TrackerSource:
         if entry is None:
             return
         nbytes, ref = entry
+        if self.stopped:  # nothing is counted any more: only let go of the weak reference
+            del self._known[key]
+            _compat.free_weak_ref(ref)
+            return
         if not _compat.weak_ref_expired(ref):
             # NOTE [ frees are checked at the next operator ]: a finalizer runs while the dying
             # tensor still holds its storage, so the check is repeated at the next operator

@@ -14,7 +14,7 @@ The hooks only append rows to a :class:`~gradscope._trace.Trace`; the passes of
 from analysis ] in :mod:`gradscope._trace`).
 
 NOTE [ which node saved a tensor ]: a node's sequence number is taken from the thread's counter
-before the op saves its inputs/outputs, so in the pack hook ``_get_sequence_nr() - 1`` is the
+before the op saves its inputs/outputs, so in the pack hook the counter minus one is the
 saving node. The attribute name comes from the node's raw saved variables when the graph is
 walked: a class with one saved tensor names all of its saves; otherwise each raw variable shows
 the value our pack hook returned (``SavedTensor.data``; older torch: reading the attribute calls
@@ -145,6 +145,31 @@ def _func_guard(orig: Callable[..., Any]) -> Callable[..., Any]:
             _compat.push_saved_tensors_hooks(owner._pack, owner._unpack)
 
     return guard
+
+
+# NOTE [ other pairs on an older torch ]: a torch without ``SavedTensor.unpack_hook`` (<= 2.8)
+# cannot say who packed a saved variable. There, while a block runs, the push and pop of every
+# other saved_tensors_hooks pair (a user's, save_on_cpu, non-reentrant checkpoint) are watched
+# (see NOTE [ shared patches ]): nodes made while one was innermost had their saves packed by it.
+def _pair_enter(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def enter(self: Any) -> Any:
+        out = orig(self)
+        rec = _patch_users.get(threading.get_ident())
+        if rec is not None and getattr(self, "pack_hook", None) is not rec._pack:
+            rec._other_pair(True)
+        return out
+
+    return enter
+
+
+def _pair_exit(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def exit_(self: Any, *exc: Any) -> Any:
+        rec = _patch_users.get(threading.get_ident())
+        if rec is not None and getattr(self, "pack_hook", None) is not rec._pack:
+            rec._other_pair(False)
+        return orig(self, *exc)
+
+    return exit_
 
 
 class _State:
@@ -300,9 +325,8 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                                  t0_ns=time.time_ns(), seq0=_compat.sequence_nr(),
                                  max_events=self._max_events, deep_graph_trap=caps.nodes_persist,
                                  modules_given=bool(self._given), torch_version=torch.__version__)
-        for name, value in (("sequence_nr", caps.sequence_nr), ("saved_data", caps.saved_data or caps.unpack_hook)):
-            if not value:
-                tr.notes.append(_compat.MISSING_NOTES[name])
+        if not caps.sequence_nr:
+            tr.notes.append(_compat.MISSING_NOTES["sequence_nr"])
         self._roots: list[Any] = []  # weak references to results that may root a graph
         self._root_mods: list[Any] = []  # weak references to root modules (by root index)
         self._root_index: dict[int, int] = {}
@@ -313,6 +337,8 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         self._packed_seqs: set[int] = set()
         self._func_seq: list[list[int]] = []  # [seq0, seq1] of regions where we stepped aside
         self._hooking = True
+        self._other_seq: list[list[int]] = []  # see NOTE [ other pairs on an older torch ]
+        self._other_depth = 0
         self._source: MemorySource | None = None
         self._pack, self._unpack = self._make_pack()
 
@@ -386,6 +412,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         saves, events = trace.saves, trace.events
         saves_append, events_append = saves.append, events.append
         seq = _compat.sequence_nr_fn()
+        key_of, weak_of, version_of = _compat.storage_cdata, _compat.storage_weak, _compat.tensor_version
         time_ns = time.time_ns
         memory = self._memory
         need_ptr = memory == "cpu" or (memory == "cuda" and self._history)  # matched with allocations by address
@@ -406,16 +433,16 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
             try:
                 s = t.untyped_storage()
                 sid = len(saves)
-                saves_append((seq() - 1, s._cdata, s.data_ptr() if need_ptr else 0, s.nbytes(), t.shape, t.dtype,
+                saves_append((seq() - 1, key_of(s), s.data_ptr() if need_ptr else 0, s.nbytes(), t.shape, t.dtype,
                               t.device, time_ns() if need_time else sid, t.grad_fn is None))
                 if need_weak:
-                    weak_append(s._weak_ref())  # type: ignore[arg-type]  # an int handle at run time
+                    weak_append(weak_of(s))  # type: ignore[arg-type]  # an int handle at run time
                 # NOTE [ pack a detached tensor ]: a node that saves its own output (exp, tanh)
                 # would hold the output, whose grad_fn is that node: a cycle through C++ that
                 # Python's collector cannot break. Unpack rebuilds autograd metadata from the saved
                 # variable, not from the tensor the hook returns, so keeping only the data (as
                 # PyTorch does without hooks) is exact.
-                return (t.detach(), sid, t._version)
+                return (t.detach(), sid, version_of(t))
             except Exception as e:  # observing must never break the model: save the tensor as is
                 internal(e)
                 return t
@@ -428,7 +455,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
             # that a saved tensor was left unmodified (measured: no error, silently different
             # gradients), so a program that fails without gradscope would run with wrong
             # gradients under it. The check is made here, with PyTorch's words.
-            if t._version != p[2]:
+            if version_of(t) != p[2]:
                 raise _inplace_error(t, p[2])
             if st.bw is not None:
                 sid = p[1]
@@ -498,6 +525,18 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         del saves[n:]
         return ours
 
+    def _other_pair(self, entering: bool) -> None:
+        """See NOTE [ other pairs on an older torch ]: [seq0, seq1) while another pair is on top."""
+        seqs = self._other_seq
+        if entering:
+            self._other_depth += 1
+            if self._other_depth == 1:
+                seqs.append([_compat.sequence_nr(), -1])
+        elif self._other_depth > 0:
+            self._other_depth -= 1
+            if self._other_depth == 0 and seqs:
+                seqs[-1][1] = _compat.sequence_nr()
+
     def _func_enter(self) -> None:
         st = self._state
         st.func_depth += 1
@@ -512,8 +551,8 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
 
     # ------------------------------------------------------------------ modules and optimizers
     def _mod_pre(self, module: nn.Module, args: Any) -> None:
-        if threading.get_ident() != self._tid:
-            return
+        if _compat.is_compiling() or threading.get_ident() != self._tid:
+            return  # see NOTE [ hooks inside compiled modules ] in gradscope._compat
         try:
             st = self._state
             calls = self._trace.calls
@@ -537,8 +576,8 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
             self._internal(e)
 
     def _mod_post(self, module: nn.Module, args: Any, output: Any) -> None:
-        if threading.get_ident() != self._tid:
-            return
+        if _compat.is_compiling() or threading.get_ident() != self._tid:
+            return  # see NOTE [ hooks inside compiled modules ] in gradscope._compat
         try:
             st = self._state
             src = self._source
@@ -550,7 +589,8 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                     src.call_exit(token, type(m).__name__)
                 if m is module:
                     break
-            if isinstance(output, torch.Tensor) and output.grad_fn is not None:
+            # plain tensors only: a compiler tracing the module (fake tensors) makes no graph of ours
+            if type(output) is torch.Tensor and output.grad_fn is not None:
                 self._roots.append(weakref.ref(output))
         except Exception as e:
             self._internal(e)
@@ -591,10 +631,13 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         ag = _compat.engine_entry_module()
         if ag is not None:  # see NOTE [ shared patches ]
             self._undo.append(lambda: _leave_patches(self))
-            patches: list[tuple[Any, str, Callable[[Any], Any]]] = [(ag, "_engine_run_backward", _engine_dispatch)]
+            patches: list[tuple[Any, str, Callable[[Any], Any]]] = [(ag, _compat.ENGINE_ENTRY, _engine_dispatch)]
             agg = _compat.disable_hooks_module()
             if agg is not None:
                 patches.append((agg, "disable_saved_tensors_hooks", _func_guard))
+            if not self._caps.saved_hook:  # see NOTE [ other pairs on an older torch ]
+                pairs = _compat.hooks_class()
+                patches += [(pairs, "__enter__", _pair_enter), (pairs, "__exit__", _pair_exit)]
             _join_patches(self, patches)
         else:  # a torch without the shared entry point: wrap the two public functions
             import torch.autograd as agm
@@ -622,13 +665,16 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
     def _run_backward(self, orig: Callable[..., Any], t_outputs: Any, args: tuple[Any, ...],
                       kwargs: dict[str, Any]) -> Any:
         st = self._state
-        if threading.get_ident() != self._tid or st.bw is not None or st.func_depth:
-            # Another thread, a backward started from inside a node (reentrant checkpoint), or a
-            # torch.func region: run it unobserved (its nodes are still found later).
+        if threading.get_ident() != self._tid or st.bw is not None or st.func_depth or _compat.is_compiling():
+            # Another thread, a backward started from inside a node (reentrant checkpoint), a
+            # torch.func region, or a compiler tracing a graph: run it unobserved (the nodes of the
+            # user's graph are still found later).
             return orig(t_outputs, *args, **kwargs)
+        outputs = list(t_outputs) if isinstance(t_outputs, list | tuple) else [t_outputs]
+        if any(type(t) is not torch.Tensor and _compat.is_fake(t) for t in outputs):
+            return orig(t_outputs, *args, **kwargs)  # a compiler tracing a backward: not the user's
         call = _compat.engine_call(args, kwargs)
         trace = self._trace
-        outputs = list(t_outputs) if isinstance(t_outputs, list | tuple) else [t_outputs]
         row = BackwardRow(api="backward" if call.accumulate_grad else "autograd.grad",
                           create_graph=call.create_graph, retain_graph=call.retain_graph, roots=[],
                           inputs=[], seq0=_compat.sequence_nr(), t0_ns=time.time_ns(),
@@ -724,7 +770,6 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                                 self._name_saves(fn, key, attrs)
                             elif key >= seq0:
                                 self._count_unseen(fn, key, attrs)
-                                ours = key in packed  # a probe may have made them ours (torch <= 2.8)
                         except Exception as e:  # a node whose saves cannot be read: noted, the walk goes on
                             self._internal(e)
                 if not hooking:
@@ -800,10 +845,12 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         block hides saves from our pack hook. A node made in the block with saved variables but
         no save of ours had them packed by another pair, or saved while hooks were set aside (a
         torch.func region), or saved as None. The raw saved variable names its unpack hook
-        without unpacking (torch >= 2.9); on older torch, registering a pair on it says which of
-        the three it is (PyTorch refuses a second pair, and a None). Saves of other pairs are
-        counted for the notes and are never unpacked by us (their unpack may recompute a
-        checkpointed segment or copy to a device)."""
+        without unpacking (torch >= 2.9): saves of other pairs are counted for the notes and are
+        never unpacked by us (their unpack may recompute a checkpointed segment or copy to a
+        device). An older torch cannot say who packed a save without unpacking or changing it:
+        there the nodes made while another pair was on top are known (see NOTE [ other pairs on
+        an older torch ]) and their saved variables are counted, Nones included, and the note
+        says so."""
         for lo, hi in self._func_seq:
             if lo <= seq and (hi < 0 or seq < hi):
                 return  # see NOTE [ torch.func and our hooks ]: said in the notes already
@@ -812,27 +859,10 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
             for raw in _compat.raw_saved(fn, raw_attr):
                 hook = _compat.unpack_hook_of(raw)
                 if hook is _compat.NOT_VISIBLE:
-                    state = _compat.probe_saved(raw, self._probe_pack(seq), self._unpack)
-                    if state == "hooked":
-                        trace.foreign_saves += 1
-                    elif state == "registered":
-                        self._packed_seqs.add(seq)
+                    if any(lo <= seq and (hi < 0 or seq < hi) for lo, hi in self._other_seq):
+                        trace.unseen_saves += 1
                 elif hook is not None and hook is not self._unpack:
                     trace.foreign_saves += 1
-
-    def _probe_pack(self, seq: int) -> Callable[[torch.Tensor], Any]:
-        """A pack hook that records a save for a known node (see :meth:`_count_unseen`)."""
-        pack = self._pack
-        saves = self._trace.saves
-
-        def probe_pack(t: torch.Tensor) -> Any:
-            n = len(saves)
-            out = pack(t)
-            if len(saves) > n:
-                saves[n] = (seq,) + saves[n][1:]
-            return out
-
-        return probe_pack
 
     def _hook(self, fn: Any, i: int, name: str, post: bool) -> None:
         if i in self._hooked:
@@ -970,7 +1000,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         for t in tensors:
             try:
                 s = t.untyped_storage()
-                keys.append((index, int(s._cdata), int(s.data_ptr()), row.t1_ns))
+                keys.append((index, int(_compat.storage_cdata(s)), int(s.data_ptr()), row.t1_ns))
             except (RuntimeError, NotImplementedError):
                 pass
         if row.create_graph:
@@ -994,7 +1024,7 @@ def _type_info(fn: Any) -> tuple[str, tuple[tuple[str, str], ...], bool, str | N
 def _inplace_error(t: torch.Tensor, expected: int) -> RuntimeError:
     return RuntimeError(
         "one of the variables needed for gradient computation has been modified by an inplace "
-        f"operation: [{t.type()} {list(t.shape)}] is at version {t._version}; expected version "
+        f"operation: [{t.type()} {list(t.shape)}] is at version {_compat.tensor_version(t)}; expected version "
         f"{expected} instead. (Checked by gradscope, as PyTorch does without saved-tensor hooks.) "
         "Hint: remove the in-place operation, or clone the tensor first."
     )

@@ -47,11 +47,18 @@ N_NODES = 11
 def leftovers() -> list[str]:
     """Everything gradscope could have left behind in this process; empty when clean."""
     left = []
-    if torch._C._autograd._top_saved_tensors_default_hooks(False) is not None:
+    top = gcompat.top_saved_tensors_hooks()
+    if top is not gcompat.NOT_VISIBLE and top is not None:
         left.append("saved_tensors_hooks on the stack")
-    # A pack test: an op that saves its result must save it without any hook.
+    # A pack test: an op that saves its result must save it without any hook (a torch that
+    # cannot show a save's hook says so by refusing a second pair).
     x = torch.ones(2, requires_grad=True)
-    if x.exp().grad_fn._raw_saved_result.unpack_hook is not None:
+    y = x.exp()
+    raw = y.grad_fn._raw_saved_result
+    hook = gcompat.unpack_hook_of(raw)
+    if hook is gcompat.NOT_VISIBLE:
+        hook = gcompat.probe_saved(raw, lambda t: t.detach(), lambda t: t) == "hooked" or None
+    if hook is not None:
         left.append("pack hook still applied")
     if torch._C._len_torch_dispatch_stack():
         left.append("dispatch mode")
@@ -396,7 +403,10 @@ def test_observed_tensors_are_freed_when_dropped(memory: str, how: str) -> None:
     # the loss's graph, with x's AccumulateGrad ("raised": the discarded second call's graph
     # is already gone when the block ends)
     assert len(recording.nodes) == N_NODES + 1
-    assert recording.saved_bytes > 0
+    if how != "graph" or gcompat.capabilities().saved_hook:
+        assert recording.saved_bytes > 0
+    else:  # a torch that cannot show who packed a save: gs.graph reads none packed by hooks
+        assert any("were not unpacked" in n for n in recording.notes)
     assert _alive(refs) > 0  # the user still holds them
     del x, h1, h2, out, loss, model
     assert _alive(refs) == 0
