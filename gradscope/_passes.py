@@ -95,17 +95,14 @@ class Graph:
 
 def graph_pass(trace: Trace) -> Graph:
     """Node ids are discovery order; edges are resolved from node keys (unknown keys dropped)."""
-    index = trace.node_index
-    if len(index) != len(trace.nodes):  # a hand-made trace: index the rows
-        index = {row[N_KEY]: i for i, row in enumerate(trace.nodes)}
+    index: Mapping[Any, int] = {row[N_KEY]: i for i, row in enumerate(trace.nodes) if isinstance(row[N_KEY], int)}
+    n = len(trace.nodes)
     src: list[int] = []
     dst: list[int] = []
-    get = index.get
     for a, b in trace.edges:
-        ia, ib = get(a), get(b)
-        if ia is not None and ib is not None:
-            src.append(ia)
-            dst.append(ib)
+        if 0 <= a < n and 0 <= b < n:
+            src.append(a)
+            dst.append(b)
     leaves = [i for i, row in enumerate(trace.nodes) if not isinstance(row[N_KEY], int)]
     return Graph(trace.nodes, Table(Edge, {"src": src, "dst": dst}), index, leaves)
 

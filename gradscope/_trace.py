@@ -22,7 +22,7 @@ Row layouts (tuples, fields by position; the constants below name them):
   ``AccumulateGrad`` (see NOTE [ node identity ] in :mod:`gradscope._walk`); ``leaf`` is
   ``(root, path in root)`` for a parameter of a root module, ``"input"`` for other leaves, None
   for other nodes.
-- ``edges``: ``(src key, dst key)``, ``src`` being one of ``dst``'s ``next_functions``.
+- ``edges``: ``(src, dst)`` node indices, ``src`` being one of ``dst``'s ``next_functions``.
 - ``gradient_keys``: ``(backward, skey, ptr, t_ns)`` for each gradient a pass produced (the
   ``.grad`` it accumulated into, or a result of ``autograd.grad``), read when the pass ended.
 - ``calls``: module calls, ``[root, rel, seq0, seq1, t0_ns, t1_ns, index, class name]`` (a
@@ -107,7 +107,7 @@ class Trace:
     seq_attr: dict[int, str] = field(default_factory=dict)  # node seq -> its one attribute
     nodes: list[tuple[Any, ...]] = field(default_factory=list)
     node_index: dict[Hashable, int] = field(default_factory=dict)
-    edges: dict[tuple[Hashable, Hashable], None] = field(default_factory=dict)
+    edges: dict[tuple[int, int], None] = field(default_factory=dict)
     gradient_keys: list[tuple[int, int, int, int]] = field(default_factory=list)
     roots: list[tuple[str, str | None]] = field(default_factory=list)  # (class, given name)
     root_names: dict[int, str] = field(default_factory=dict)  # root -> user's variable name

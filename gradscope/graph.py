@@ -127,11 +127,18 @@ def _saved_tensors(fn: Any, counts: dict[str, int]) -> list[tuple[str, torch.Ten
     skipped there (``counts["hooked"]``); one without hooks is given a pair equivalent to none
     (data and version check), the only way that torch has of asking."""
     out: list[tuple[str, torch.Tensor]] = []
+    ours: bool | None = None  # packed by the gs.record block around this call (its pair reads them)
     for attr, raw_attr in _compat.saved_tensor_attributes(fn):
         skip = False
         for raw in _compat.raw_saved(fn, raw_attr):
             hook = _compat.unpack_hook_of(raw)
             if hook is _compat.NOT_VISIBLE:
+                if ours is None:
+                    from gradscope.record import packed_here
+
+                    ours = packed_here(fn)
+                if ours:
+                    continue
                 # registering a pair is the only question that torch answers; under a dispatch
                 # mode its answer may leave the save half-hooked, so nothing is read there
                 if _compat.dispatch_modes_active() or _compat.probe_saved(raw, plain_pack, plain_unpack) == "hooked":

@@ -76,6 +76,17 @@ from gradscope.recording import Recording
 __all__ = ["record"]
 
 _active = threading.local()
+
+
+def packed_here(fn: Any) -> bool:
+    """Whether the ``gs.record`` block running on this thread packed ``fn``'s saved tensors (its
+    own pair: reading them unpacks through it). For :func:`gradscope.graph` on a torch that
+    cannot show which pair packed a save (<= 2.8)."""
+    rec = getattr(_active, "rec", None)
+    if rec is None:
+        return False
+    return rec._packed(_compat.node_sequence_nr(fn))
+
 # NOTE [ shared patches ]: the engine's entry point and torch.func's hooks guard are process-wide,
 # but recordings are per thread and may end in any order (a widget re-measuring in a background
 # thread while a cell records). One dispatcher per patched name is installed while any recording
@@ -332,6 +343,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         self._root_index: dict[int, int] = {}
         self._param_by_id: dict[int, tuple[Any, int, str]] = {}
         self._hooked: set[int] = set()  # nodes with a pre hook for the whole block
+        self._leaf_hooks: dict[int, Any] = {}  # see NOTE [ AccumulateGrad nodes come and go ]
         self._acc_vars: dict[int, Any] = {}  # AccumulateGrad node -> weak ref to its leaf
         self._packed_upto = 0
         self._packed_seqs: set[int] = set()
@@ -685,6 +697,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         token = src.call_enter("backward", index, "") if src is not None and src.marks_calls else None
         temporary: list[Any] = []
         result: Any = None
+        done = False
         try:
             try:
                 roots = roots_of(outputs)
@@ -705,6 +718,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
             row.seq0 = _compat.sequence_nr()
             row.ev0 = len(trace.events)
             result = orig(t_outputs, *args, **kwargs)
+            done = True
             return result
         finally:
             try:
@@ -724,24 +738,36 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                     src.call_exit(token, "")
                 except Exception as e:
                     self._internal(e)
-            if result is not None:
-                # After a create_graph=True pass, the nodes it made are found from its results.
+            if done:
+                # The gradients it made; after a create_graph=True pass, the nodes it made are
+                # found from them too.
                 try:
                     self._gradient_keys(index, row, result)
                 except Exception as e:
                     self._internal(e)
 
     # ------------------------------------------------------------------ graph discovery
+    def _packed(self, seq: int) -> bool:
+        """Whether this recording's pack hook saved for the node numbered ``seq``."""
+        saves = self._trace.saves
+        if self._packed_upto < len(saves):
+            self._packed_seqs.update([r[S_SEQ] for r in saves[self._packed_upto:]])
+            self._packed_upto = len(saves)
+        return seq in self._packed_seqs
+
     def _discover(self, roots: list[Any]) -> None:
         """Walk from ``roots`` through nodes not walked before, appending node and edge rows,
         naming saves and hooking the nodes whose steps the unpack hook cannot see."""
         trace = self._trace
-        saves = trace.saves
-        if self._packed_upto < len(saves):
-            self._packed_seqs.update([r[S_SEQ] for r in saves[self._packed_upto:]])
-            self._packed_upto = len(saves)
+        self._packed(-1)
         packed = self._packed_seqs
         nodes, index, edges = trace.nodes, trace.node_index, trace.edges
+        for i, ref in list(self._acc_vars.items()):
+            if ref() is None:  # a leaf that died: its id() may name a new leaf now
+                index.pop(nodes[i][0], None)
+                del self._acc_vars[i]
+        pending_edges: list[tuple[Any, int]] = []
+        acc_known: list[tuple[Any, Any]] = []  # (parent node, known AccumulateGrad key)
         src = self._source
         hook_all = src is not None and src.node_hooks
         off = self._memory == "off"
@@ -757,7 +783,9 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                 info = _type_info(fn)
             name, attrs, custom, single = info
             for k in kids:
-                edges[(k, key)] = None
+                pending_edges.append((k, i))
+                if type(k) is tuple and k in index and hooking:
+                    acc_known.append((fn, k))
             if isinstance(key, int):
                 nodes.append((key, key, name, None, None, custom))
                 ours = key in packed
@@ -792,7 +820,13 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                     pass
                 nodes.append((key, _compat.ACC_SEQ, name, leaf, leaf_shape, custom))
                 if hooking:
-                    self._hook(fn, i, name=name, post=hook_all)
+                    self._hook_leaf(fn, i, name, post=hook_all)
+        for k, i in pending_edges:  # every key of this walk is indexed now
+            j = index.get(k)
+            if j is not None:
+                edges[(j, i)] = None
+        for fn, k in acc_known:
+            self._rehook_leaf(fn, k, post=hook_all)
 
     def _name_saves(self, fn: Any, seq: int, attrs: tuple[tuple[str, str], ...]) -> None:
         """Attribute names of one node's saves (see NOTE [ which node saved a tensor ])."""
@@ -864,6 +898,31 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                 elif hook is not None and hook is not self._unpack:
                     trace.foreign_saves += 1
 
+    def _hook_leaf(self, fn: Any, i: int, name: str, post: bool) -> None:
+        """NOTE [ AccumulateGrad nodes come and go ]: a leaf's AccumulateGrad node lives only while
+        a graph points at it; the next forward makes a new one for the same leaf (one node of the
+        recording, its key being the leaf). Its hooks are kept per node index, and a leaf whose
+        hooked node died gets its new node hooked when a walk meets it (see _rehook_leaf)."""
+        pre = fn.register_prehook(self._make_pre(i, name))
+        self._handles.append(pre)
+        self._leaf_hooks[i] = pre
+        if post:
+            self._handles.append(fn.register_hook(self._make_post(i)))
+
+    def _rehook_leaf(self, parent: Any, key: Any, post: bool) -> None:
+        i = self._trace.node_index.get(key)
+        if i is None:
+            return
+        h = self._leaf_hooks.get(i)
+        if h is not None and h.hooks_dict_ref() is not None:
+            return  # the node we hooked is the leaf's node still (one lives at a time)
+        from gradscope._walk import node_key
+
+        for nxt, _ in parent.next_functions:
+            if nxt is not None and node_key(nxt) == key:
+                self._hook_leaf(nxt, i, self._trace.nodes[i][2], post)
+                return
+
     def _hook(self, fn: Any, i: int, name: str, post: bool) -> None:
         if i in self._hooked:
             return
@@ -883,7 +942,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         names = self._trace.nodes
         for fn, key, _kids in walk(roots, stop=stop):
             i = index.get(key)
-            if i is not None and i not in self._hooked:
+            if i is not None and i not in self._hooked and i not in self._leaf_hooks:
                 into.append(fn.register_prehook(self._make_pre(i, names[i][2])))
 
     def _make_pre(self, i: int, name: str) -> Callable[[Any], None]:
