@@ -20,14 +20,19 @@ from gradscope.recording import Recording, load
 __all__ = [
     "Comparison",
     "GradscopeError",
+    "Job",
     "MemoryBudgetExceeded",
     "Recording",
     "compare",
     "diagnose",
+    "gather",
     "graph",
     "load",
+    "load_ranks",
     "load_ipython_extension",
+    "load_snapshot",
     "predict",
+    "predict_job",
     "record",
     "release",
     "show",
@@ -54,6 +59,11 @@ for _name, _module in (("compare", "gradscope.compare"), ("diagnose", "gradscope
 
 _LAZY = {
     "Comparison": "gradscope.compare",
+    "Job": "gradscope.job",
+    "gather": "gradscope.distributed",
+    "load_ranks": "gradscope.job",
+    "predict_job": "gradscope.distributed",
+    "load_snapshot": "gradscope.snapshot",
     "show": "gradscope.widget",
     "strategies": "gradscope.strategies",
 }
@@ -61,7 +71,10 @@ _LAZY = {
 if TYPE_CHECKING:
     from gradscope.compare import Comparison, compare
     from gradscope.diagnose import diagnose
+    from gradscope.distributed import gather, predict_job
+    from gradscope.job import Job, load_ranks
     from gradscope.predict import predict
+    from gradscope.snapshot import load_snapshot
     from gradscope.widget import show
 
 

@@ -256,6 +256,11 @@ def engine_entry_module() -> Any:
     return ag if hasattr(ag, ENGINE_ENTRY) else None
 
 
+def queue_engine_callback(fn: Callable[[], None]) -> None:
+    """Run ``fn`` when the backward pass now running ends (FSDP's use of the engine's queue)."""
+    torch.autograd.Variable._execution_engine.queue_callback(fn)  # type: ignore[attr-defined]
+
+
 @dataclass(frozen=True)
 class EngineCall:
     """The arguments of one call into the autograd engine, read from ``_engine_run_backward``'s
@@ -317,8 +322,9 @@ def profiler_enabled() -> bool:
     return bool(torch.autograd.profiler._is_profiler_enabled) or bool(torch._C._autograd._profiler_enabled())
 
 
-def start_node_profiler() -> None:
-    """Start PyTorch's profiler with memory events and only node and user scopes.
+def start_node_profiler(ops: bool = False) -> None:
+    """Start PyTorch's profiler with memory events and only node and user scopes (and op scopes
+    too with ``ops``).
 
     NOTE [ a lean profiler ]: ``torch.profiler.profile`` records a scope for every aten op; on
     graphs of small ops that doubles the profiler's own cost and, worse, the event tree gradscope
@@ -327,6 +333,8 @@ def start_node_profiler() -> None:
     scopes, so the CPU source asks for node scopes (``BACKWARD_FUNCTION``: one per executed node,
     with its sequence number) and user scopes (``record_function``: gradscope's marks, the
     optimizer's ``Optimizer.step#...``) only; forward allocations are then labelled by module.
+    In a process of a ``torch.distributed`` job, op scopes are recorded too: communication ops
+    (``c10d::_allgather_base_`` ...) then label the memory they allocate (see the job view).
     """
     from torch._C._profiler import (
         ProfilerActivity,
@@ -340,7 +348,8 @@ def start_node_profiler() -> None:
     activities = {ProfilerActivity.CPU}
     torch._C._autograd._prepare_profiler(cfg, activities)
     torch._C._autograd._enable_profiler(  # type: ignore[call-arg]
-        cfg, activities, {RecordScope.BACKWARD_FUNCTION, RecordScope.USER_SCOPE}
+        cfg, activities,
+        {RecordScope.BACKWARD_FUNCTION, RecordScope.USER_SCOPE, *((RecordScope.FUNCTION,) if ops else ())},
     )
 
 

@@ -2,8 +2,10 @@
 
 NOTE [ what is live at the failing moment ]: the allocation table says, for every allocation
 made inside the block, when it was made and freed. The allocations alive at the peak (or, when an
-out-of-memory stopped the block, after the last event: the failing allocation itself was refused
-and never recorded) are what held the memory then. Each is described by what the recording knows
+out-of-memory stopped the block, after the last event before the refused allocation, which was
+never recorded) are what held the memory then. The exception unwinding frees what only its frames
+held (a list comprehension's list), so a source that refuses allocations itself (a budget) says
+how many events it had recorded then; for a real out-of-memory the last event is the moment. Each is described by what the recording knows
 about it: a saved tensor (node, module, order, attribute), a gradient, optimizer state, something
 made during backward, or a forward result no node saved (held by a variable, or a temporary).
 Only numbers and names: read by ``gs.diagnose``.

@@ -906,7 +906,8 @@ def build(trace: Trace, *, complete: bool = True, error: str | None = None) -> R
                 saved_by_alloc.setdefault(found, k)
         held = _held.held_pass(
             nodes, step_table, mem.allocations, saved, saved_by_alloc, mt.key_kind, failed=trace.failed_oom,
-            peak_position=mem.peak_position, n_events=mem.events_positions,
+            peak_position=mem.peak_position,
+            n_events=mem.events_positions if mt.failed_at is None else mt.failed_at,
         )
     calls = backward_calls_pass(trace, graph, steps)
     created = max(trace.seq1 - trace.seq0, 0)

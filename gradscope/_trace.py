@@ -89,6 +89,9 @@ class MemoryTrace:
     reserved_peak: int | None = None
     total: int | None = None
     failures: list[str] = field(default_factory=list)
+    # events recorded when the source refused an allocation (a budget); what came after is
+    # the exception unwinding (see NOTE [ what is live at the failing moment ] in gradscope._held)
+    failed_at: int | None = None
 
 
 @dataclass

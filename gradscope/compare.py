@@ -1,8 +1,9 @@
 """``gs.compare``: run several ways of computing the same thing, side by side, from identical state.
 
-Each candidate is a zero-argument callable. It runs once unrecorded to find the state it involves,
-once under :class:`gradscope.record` (peak bytes, saved bytes, the full recording) and ``repeat - 1``
-more times without recording; the time is the median of the last ``repeat`` runs. Before
+Each candidate is a zero-argument callable. It runs once unrecorded to find the state it involves
+(this run also warms caches up and is not timed), once under :class:`gradscope.record` (peak bytes,
+saved bytes, the full recording; not timed either: recording costs time) and ``repeat`` more times
+without recording; the time is the median of those ``repeat`` runs, with their min and max. Before
 every run the state is put back: the torch RNG (CPU, and CUDA when initialized), the parameters,
 buffers, train/eval flags and ``requires_grad`` flags of the modules involved, and the ``.grad`` of every
 leaf involved (cleared). After the comparison everything is restored to how it was before the call.
@@ -55,9 +56,10 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from gradscope.errors import GradscopeError
+from gradscope.figures import PEAK, SAVED_TOTAL, saved_activation_bytes
 from gradscope.recording import Recording, format_bytes
 
-__all__ = ["Comparison", "Row", "compare", "tolerance"]
+__all__ = ["SPREAD_LIMIT", "Comparison", "Row", "compare", "saved_total", "tolerance"]
 
 STATUSES = ("ok", "wrong", "raised")
 
@@ -95,13 +97,18 @@ class Row:
             tolerance, a ``None`` where the reference has a tensor, a shape mismatch) or ``"raised"``.
         peak_bytes: peak of memory allocated inside the recorded run (None with ``memory="off"``).
         saved_bytes: bytes kept alive by tensors saved for backward (storage-deduplicated).
-        time_s: median wall time over the runs (None when the candidate raised).
+        time_s: median wall time over the timed runs (None when the candidate raised).
         max_abs_error: largest absolute difference from the reference over outputs and gradients
             (0.0 for the reference itself; None when it cannot be computed).
         message: why the status is not ``ok`` (the exception's type and message for ``raised``).
         recording: the recording of the measured run.
-        times_s: every run's time, the recorded run first.
+        times_s: every timed run's time (after the warm-up; the recorded run is not timed).
         reference: whether this row is the reference.
+        time_min_s: the fastest timed run.
+        time_max_s: the slowest timed run.
+        threads: ``torch.get_num_threads()`` while the candidate ran.
+        run: which measurement round produced this row (1 for :func:`compare`, then one more per
+            :meth:`Comparison.rerun`); rows of older rounds are stale next to newer ones.
     """
 
     name: str
@@ -114,6 +121,17 @@ class Row:
     recording: Recording | None
     times_s: tuple[float, ...] = ()
     reference: bool = False
+    time_min_s: float | None = None
+    time_max_s: float | None = None
+    threads: int | None = None
+    run: int = 1
+
+    @property
+    def time_spread(self) -> float | None:
+        """Slowest over fastest timed run (None with fewer than two timed runs)."""
+        if len(self.times_s) < 2 or not min(self.times_s) > 0:
+            return None
+        return max(self.times_s) / min(self.times_s)
 
 
 def compare(
@@ -133,8 +151,8 @@ def compare(
             tensor, ``None``, or a tuple / list / dict of those. The ``.grad`` of the leaves it touches
             (parameters included) is checked as well.
         reference: the candidate the others are checked against; the first one when omitted.
-        repeat: runs per candidate; the time is the median (the recorded run plus ``repeat - 1``
-            runs without recording).
+        repeat: timed runs per candidate, after a warm-up run and the recorded run (neither is
+            timed); the time is their median, with min and max (``Row.time_min_s``/``time_max_s``).
         modules: modules whose state must be reset between candidates, as a module, an iterable, or
             a ``{"name": module}`` dict (names label the gradients in messages). Modules whose forward
             runs are found by themselves; see NOTE [ how compare finds the state to restore ].
@@ -221,6 +239,7 @@ class Comparison:
         self._ref_outputs: list[tuple[str, torch.Tensor | None]] | None = None
         self._ref_grads: dict[int, tuple[str, torch.Tensor | None]] = {}
         self._rows: dict[str, Row] = {}
+        self._round = 1  # the measurement round; see Row.run
 
     # ----- public ------------------------------------------------------------------------
     @property
@@ -242,15 +261,17 @@ class Comparison:
             )
         return self._rows[name]
 
-    def rerun(self, names: Iterable[str]) -> None:
-        """Measure the named candidates again, in place, from the state captured by :func:`compare`.
+    def rerun(self, names: Iterable[str] | None = None) -> None:
+        """Measure the named candidates (all of them when ``names`` is None) again, in place, from
+        the state captured by :func:`compare`.
 
         Every run starts from the modules, RNG and gradients as they were when :func:`compare` first
         saw them; afterwards the current state (the model may have been trained since) is given back.
         Safe to call from a background thread while the notebook is idle; calls are serialized.
-        Re-running the reference refreshes the values the others were checked against.
+        Re-running the reference refreshes the values the others were checked against. The rows
+        re-measured get the next round number (``Row.run``); rows left out are :meth:`stale`.
         """
-        names = [names] if isinstance(names, str) else list(names)
+        names = list(self._candidates) if names is None else [names] if isinstance(names, str) else list(names)
         unknown = [n for n in names if n not in self._candidates]
         if unknown:
             raise GradscopeError(
@@ -258,6 +279,7 @@ class Comparison:
                 f"candidates: {', '.join(map(repr, self.names))}."
             )
         with self._lock:
+            self._round += 1
             held = self._state.hold()
             try:
                 # the reference first, so that the others are checked against its fresh values
@@ -266,6 +288,18 @@ class Comparison:
             finally:
                 self._state.restore_original()  # what this rerun saw first...
                 self._state.give_back(held)  # ...and what existed before it, as it was then
+
+    def stale(self) -> list[str]:
+        """Candidates measured in an earlier round than the newest row: after re-running some
+        candidates only, these would compare an old run with a new one."""
+        rows = self.rows
+        latest = max((r.run for r in rows), default=1)
+        return [r.name for r in rows if r.run < latest]
+
+    def best(self) -> dict[str, list[str]]:
+        """Per column (``peak``, ``saved``, ``time``), the candidates with the best (lowest) value
+        among those whose status is ``ok`` and that are not :meth:`stale`; ties share it."""
+        return _best(self)
 
     def summary(self) -> str:
         """The comparison as a text table (deterministic apart from the times)."""
@@ -323,13 +357,11 @@ class Comparison:
         error: BaseException | None = None
         outputs: Any = None
         times: list[float] = []
+        threads = torch.get_num_threads()
         try:
             with rec:
-                _sync()
-                t0 = time.perf_counter()
                 outputs = fn()
                 _sync()
-                times.append(time.perf_counter() - t0)
         except GradscopeError as e:
             if "gs.record blocks cannot be nested" in str(e):
                 raise
@@ -340,7 +372,10 @@ class Comparison:
         peak, saved = _memory_of(recording)
         if error is not None:
             message = f"{type(error).__name__}: {error}"
-            self._rows[name] = Row(name, "raised", peak, saved, None, None, message, recording, (), is_ref)
+            self._rows[name] = Row(
+                name, "raised", peak, saved, None, None, message, recording, (), is_ref,
+                threads=threads, run=self._round,
+            )
             if is_ref:
                 self._ref_outputs = None
                 self._ref_grads = {}
@@ -363,7 +398,10 @@ class Comparison:
         else:
             status, err, message = self._check(flat, grads)
         del flat, grads
-        for _ in range(self.repeat - 1):
+        # NOTE [ what is timed ]: the first run warms caches up and the recorded run pays for the
+        # recording (1.1x to 7x on small ops), so neither is timed: the time is the median of
+        # `repeat` plain runs after them, kept with its min and max so a busy machine shows.
+        for _ in range(self.repeat):
             state.reset(known=seen)
             try:
                 _sync()
@@ -375,11 +413,13 @@ class Comparison:
             except Exception as e:  # a candidate that raises only sometimes
                 message = f"{type(e).__name__}: {e} (in a timing run)"
                 self._rows[name] = Row(
-                    name, "raised", peak, saved, None, None, message, recording, tuple(times), is_ref
+                    name, "raised", peak, saved, None, None, message, recording, tuple(times), is_ref,
+                    threads=threads, run=self._round,
                 )
                 return
         self._rows[name] = Row(
-            name, status, peak, saved, statistics.median(times), err, message, recording, tuple(times), is_ref
+            name, status, peak, saved, statistics.median(times), err, message, recording, tuple(times), is_ref,
+            time_min_s=min(times), time_max_s=max(times), threads=threads, run=self._round,
         )
 
     def _check(
@@ -749,29 +789,72 @@ def _sync() -> None:
 
 
 # ----- text -------------------------------------------------------------------------------------
+SPREAD_LIMIT = 2.0  # slowest / fastest timed run above this: the time is not trustworthy
+
+
+def saved_total(row: Row) -> int | None:
+    """:data:`gradscope.figures.SAVED_TOTAL` of a row's recorded run (None without a recording)."""
+    if row.recording is None:
+        return None
+    return saved_activation_bytes(row.recording)
+
+
+def _best(cmp: Comparison) -> dict[str, list[str]]:
+    stale = set(cmp.stale())
+    rows = [r for r in cmp.rows if r.status == "ok" and r.name not in stale]
+    out: dict[str, list[str]] = {"peak": [], "saved": [], "time": []}
+    if len(cmp.rows) < 2:
+        return out
+    getters: tuple[tuple[str, Callable[[Row], float | None]], ...] = (
+        ("peak", lambda r: r.peak_bytes),
+        ("saved", saved_total),
+        ("time", lambda r: r.time_s),
+    )
+    for col, get in getters:
+        vals = [(v, r.name) for r in rows if (v := get(r)) is not None]
+        if vals:
+            low = min(v for v, _ in vals)
+            out[col] = [n for v, n in vals if v == low]
+    return out
+
+
 def _summary_text(cmp: Comparison) -> str:
     rows = cmp.rows
     ref = next((r for r in rows if r.name == cmp.reference), None)
     ref_peak = ref.peak_bytes if ref is not None and ref.status != "raised" else None
     ref_time = ref.time_s if ref is not None else None
-    header = ["candidate", "status", "peak", "vs ref", "saved", "time", "vs ref", "max abs error"]
+    best = _best(cmp)
+    stale = cmp.stale()
+
+    def mark(text: str, col: str, name: str) -> str:
+        return text + ("*" if name in best[col] else " ")
+
+    header = ["candidate", "status", PEAK.label, "vs ref", SAVED_TOTAL.label, "time (median)", "min-max",
+              "vs ref", "max abs error"]
     table = [header]
     for r in rows:
+        spread = "-" if r.time_min_s is None or r.time_max_s is None else (
+            f"{_fmt_time(r.time_min_s)}-{_fmt_time(r.time_max_s)}"
+        )
         table.append(
             [
-                r.name + (" (ref)" if r.reference else ""),
+                r.name + (" (ref)" if r.reference else "") + (" (stale)" if r.name in stale else ""),
                 r.status,
-                format_bytes(r.peak_bytes),
+                mark(format_bytes(r.peak_bytes), "peak", r.name),
                 _ratio(r.peak_bytes, ref_peak),
-                format_bytes(r.saved_bytes),
-                _fmt_time(r.time_s),
+                mark(format_bytes(saved_total(r)), "saved", r.name),
+                mark(_fmt_time(r.time_s), "time", r.name),
+                spread,
                 _ratio(r.time_s, ref_time),
                 "-" if r.max_abs_error is None else f"{r.max_abs_error:.3g}",
             ]
         )
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    threads = sorted({r.threads for r in rows if r.threads is not None})
+    thread_text = "/".join(str(t) for t in threads) if threads else "?"
     lines = [
-        f"gs.compare: {len(rows)} candidates, reference {cmp.reference!r}, time = median of {cmp.repeat} run(s)"
+        f"gs.compare: {len(rows)} candidates, reference {cmp.reference!r}, time = median (min-max) of "
+        f"{cmp.repeat} run(s) after a warm-up, {thread_text} torch thread(s)"
     ]
     for i, row in enumerate(table):
         lines.append(
@@ -781,6 +864,24 @@ def _summary_text(cmp: Comparison) -> str:
         )
         if i == 0:
             lines.append("  ".join("-" * w for w in widths))
+    if any(best.values()):
+        lines.append("* best value among the candidates that are ok")
+    lines.append(f"{PEAK.label}: {PEAK.definition}")
+    lines.append(f"{SAVED_TOTAL.label}: {SAVED_TOTAL.definition}")
+    for r in rows:
+        spread_r = r.time_spread
+        if spread_r is not None and spread_r > SPREAD_LIMIT:
+            lines.append(
+                f"{r.name}: times vary {spread_r:.1f}x between runs ({_fmt_time(r.time_min_s)} to "
+                f"{_fmt_time(r.time_max_s)}): too wide to trust. The machine was probably busy; re-run, "
+                "or time with torch.set_num_threads(1)."
+            )
+    if stale:
+        newest = max(r.run for r in rows)
+        lines.append(
+            f"stale: {', '.join(stale)} measured in an earlier round than run {newest}; "
+            "cmp.rerun() re-measures every candidate as one set."
+        )
     for r in rows:
         if r.message:
             lines.append(f"{r.name}: {r.message}")

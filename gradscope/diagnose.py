@@ -4,8 +4,10 @@ The recording says what was live then (see NOTE [ what is live at the failing mo
 ``gradscope._held``): saved tensors with their node, module and order; gradients; what backward
 made; forward results nobody saved. The user's namespace (by default the caller's variables; the
 notebook passes its user namespace) adds what only the live objects know: which variable holds
-which graphs, which optimizer owns which state, which models still require grad outside an
-optimizer. Patterns found:
+this recording's graphs, which optimizer owns which state, which models still require grad
+outside an optimizer (models are matched by identity, see NOTE [ modules by identity ]). All
+recorder data is read through one accessor (see NOTE [ one accessor for what the recording
+held ]). Patterns found:
 
 - ``create_graph``: a backward with ``create_graph=True`` built nodes of order >= 1 that keep the
   forward activations alive (mixed second derivatives through a frozen model: forward AD);
@@ -33,7 +35,6 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
 import html
 import sys
 from collections.abc import Iterable, Mapping
@@ -100,7 +101,12 @@ class GraphHolder:
 
 @dataclass(frozen=True)
 class Finding:
-    """One pattern found, with its culprit and what to do."""
+    """One pattern found, with its culprit and what to do.
+
+    ``bytes`` is what the culprit held at the diagnosed moment; ``saves_bytes`` the predicted drop
+    of the peak if the fix is applied (None where it is not predicted yet: the scenario suite in
+    ``tests/scenarios`` holds the measured savings it must come within 25 % of).
+    """
 
     pattern: str
     bytes: int
@@ -109,6 +115,7 @@ class Finding:
     code: str
     variable: str | None = None
     module: str | None = None
+    saves_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -202,6 +209,8 @@ class Diagnosis:
             for i, f in enumerate(self.findings, 1):
                 lines.append(f"  {i}. [{f.pattern}] {f.message}")
                 lines.append(f"     suggestion: {f.suggestion}")
+                if f.saves_bytes is not None:
+                    lines.append(f"     saves: {format_bytes(f.saves_bytes)} of the peak ({f.saves_bytes} bytes)")
                 if f.code:
                     lines.append(f"     code: {f.code}")
         else:
@@ -257,23 +266,114 @@ def diagnose(
     return _Analysis(rec, namespace, top).run()
 
 
+# ----------------------------------------------------------------------------------------------
+# NOTE [ one accessor for what the recording held ]: everything the analysis knows about the
+# diagnosed moment comes from `_read`, which turns the recorder's data into the small frozen rows
+# below. Today that data is `Recording.held` (the allocations alive at the moment),
+# `Recording.backward_calls` and `Recording.oom`, read through their JSON forms; moving to the
+# typed allocation table changes only `_read`.
+@dataclass(frozen=True)
+class _Row:
+    """One allocation made inside the block and alive at the diagnosed moment."""
+
+    key: int  # storage key (tracker) or address (allocators), to match the user's live tensors
+    bytes: int
+    what: str  # "saved" | "gradient" | "backward" | "forward"
+    module: str | None = None
+    node_name: str | None = None
+    order: int = 0
+    shape: tuple[int, ...] | None = None
+    dtype: str | None = None
+    saved_kind: str = "activation"  # for saved rows: activation | parameter | input | buffer
+    reused: bool = False  # the key was allocated again after the moment: never match it
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One backward call made inside the block."""
+
+    api: str  # "backward" | "autograd.grad"
+    create_graph: bool
+    retain_graph: bool
+
+
+@dataclass(frozen=True)
+class _Held:
+    """What `_read` gives the analysis (see NOTE [ one accessor for what the recording held ])."""
+
+    moment: str  # "failure" | "peak" | "none"
+    live_bytes: int
+    rows: tuple[_Row, ...]
+    by_storage: bool  # keys are storage keys (tracker) rather than addresses
+    omitted: int  # smaller rows not listed one by one, summed below
+    omitted_by_kind: tuple[tuple[str, int], ...]
+    omitted_by_module: tuple[tuple[str, int], ...]
+    calls: tuple[_Call, ...]
+    budget: int | None = None
+    requested: int | None = None
+    where: str | None = None
+    budget_resident: int = 0
+    error: str | None = None  # why the recorder could not list live tensors
+
+
+def _read(rec: Recording) -> _Held:
+    """The one place that reads the recorder's data about the diagnosed moment."""
+    held = rec.held.to_dict() if rec.held is not None else {}
+    oom = rec.oom.to_dict() if rec.oom is not None else {}
+    moment = held.get("moment", "none") if "rows" in held else "none"
+    if oom:
+        moment = "failure"  # even when it failed before anything was allocated
+    rows = tuple(
+        _Row(
+            key=int(r["key"]),
+            bytes=int(r["bytes"]),
+            what=str(r.get("what", "forward")),
+            module=r.get("module"),
+            node_name=r.get("node_name"),
+            order=int(r.get("order") or 0),
+            shape=None if r.get("shape") is None else tuple(int(d) for d in r["shape"]),
+            dtype=r.get("dtype"),
+            saved_kind=str(r.get("saved_kind") or "activation"),
+            reused=bool(r.get("reused")),
+        )
+        for r in held.get("rows", ())
+    )
+    calls = tuple(
+        _Call(c.api, c.create_graph, c.retain_graph)
+        for c in rec.backward_calls
+    )
+    return _Held(
+        moment=moment,
+        live_bytes=int(held.get("live_bytes", 0)),
+        rows=rows,
+        by_storage=held.get("key_kind", "storage") == "storage",
+        omitted=int(held.get("omitted", 0)),
+        omitted_by_kind=tuple((str(k), int(b)) for k, b in (held.get("omitted_by_kind") or {}).items()),
+        omitted_by_module=tuple((str(k), int(b)) for k, b in (held.get("omitted_by_module") or {}).items()),
+        calls=calls,
+        budget=oom.get("budget"),
+        requested=oom.get("requested"),
+        where=oom.get("where"),
+        budget_resident=int(oom.get("resident", 0)),
+        error=held.get("error"),
+    )
+
+
 class _Analysis:
     def __init__(self, rec: Recording, namespace: Mapping[str, Any], top: int) -> None:
         self.rec = rec
         self.ns = {k: v for k, v in namespace.items() if isinstance(k, str) and not k.startswith("_")}
         self.top = top
-        held = rec.held.to_dict() if rec.held is not None else {}
-        self.moment = held.get("moment", "none") if "rows" in held else "none"
-        if rec.oom is not None:
-            self.moment = "failure"  # even when it failed before anything was allocated
-        self.rows: list[dict[str, Any]] = list(held.get("rows", ()))
-        self.by_storage = held.get("key_kind", "storage") == "storage"
-        self.live = int(held.get("live_bytes", 0))
-        self.omitted = int(held.get("omitted", 0))
-        self.calls: list[dict[str, Any]] = [dataclasses.asdict(c) for c in rec.backward_calls]
+        self.held = _read(rec)
+        self.moment = self.held.moment
+        self.rows = self.held.rows
+        self.by_storage = self.held.by_storage
+        self.live = self.held.live_bytes
+        self.omitted = self.held.omitted
+        self.calls = self.held.calls
         self.notes: list[str] = []
-        if "error" in held:
-            self.notes.append(f"the recorder could not list live tensors: {held['error']}")
+        if self.held.error is not None:
+            self.notes.append(f"the recorder could not list live tensors: {self.held.error}")
 
     # ----- namespace ---------------------------------------------------------------------------
     def _key(self, t: torch.Tensor) -> int | None:
@@ -298,12 +398,10 @@ class _Analysis:
             elif isinstance(v, torch.optim.Optimizer):
                 self.optimizers.append((name, v))
         self.resident: dict[str, dict[int, int]] = {"parameters": {}, "gradients": {}, "optimizer state": {}}
-        leaves = {n.leaf for n in self.rec.nodes if n.leaf and n.leaf != "input"}
-        roots = {_top(n.module) for n in self.rec.nodes if n.module}
+        self.roots = _root_names(self.rec)
         for name, m in self.modules:
-            params = list(m.named_parameters())
-            if name not in roots and _prefix_of(name, m, params, leaves) is None:
-                continue  # a model that took no part in this recording
+            if name not in self.roots:
+                continue  # a model that took no part in this recording (see NOTE [ modules by identity ])
             for t in (*m.parameters(), *m.buffers()):
                 k = self._key(t)
                 if k is not None:
@@ -328,17 +426,23 @@ class _Analysis:
                             self.resident["optimizer state"][k] = int(t.untyped_storage().nbytes())
 
     def _holders(self) -> list[GraphHolder]:
-        live_keys = {r["key"]: r["bytes"] for r in self.rows if not r.get("reused")}
+        """Variables whose graphs save tensors this recording allocated and that were alive at the
+        diagnosed moment. A variable from an earlier cell holding graphs of its own (``dfdz: 8
+        graphs``) is not a holder of this recording: none of its saved storages can be one of
+        this block's live allocations, since both would be alive at once under one key."""
+        live_keys = {r.key: r.bytes for r in self.rows if not r.reused}
         out: list[GraphHolder] = []
         for name in sorted(self.ns):
             roots = _graph_roots(self.ns[name])
             if not roots:
                 continue
             saved = _saved_storages(roots, self._key)
-            for k, (_nbytes, _) in saved.items():
+            mine = {k: b for k, b in saved.items() if live_keys.get(k) == b}
+            if not mine:
+                continue
+            for k in mine:
                 self.via.setdefault(k, name)
-            live = sum(b for k, (b, _) in saved.items() if live_keys.get(k) == b)
-            out.append(GraphHolder(name, len(roots), sum(b for b, _ in saved.values()), live))
+            out.append(GraphHolder(name, len(roots), sum(saved.values()), sum(mine.values())))
         out.sort(key=lambda h: (-h.live_bytes, -h.saved_bytes, h.variable))
         return out
 
@@ -346,41 +450,39 @@ class _Analysis:
     def run(self) -> Diagnosis:
         rec = self.rec
         self._namespace_objects()
-        holders = [h for h in self._holders() if h.saved_bytes > 0]
+        holders = self._holders()
         kinds: dict[str, int] = {}
         modules: dict[str, int] = {}
         held: list[HeldTensor] = []
         for r in self.rows:
             kind = self._kind(r)
-            kinds[kind] = kinds.get(kind, 0) + r["bytes"]
-            mod = r.get("module") or "(no module)"
-            modules[mod] = modules.get(mod, 0) + r["bytes"]
-            shape = r.get("shape")
+            kinds[kind] = kinds.get(kind, 0) + r.bytes
+            mod = r.module or "(no module)"
+            modules[mod] = modules.get(mod, 0) + r.bytes
             held.append(
                 HeldTensor(
-                    bytes=r["bytes"],
+                    bytes=r.bytes,
                     kind=kind,
-                    shape=None if shape is None else tuple(shape),
-                    dtype=r.get("dtype"),
-                    module=r.get("module"),
-                    node=r.get("node_name"),
-                    order=r.get("order"),
-                    variable=self.names.get(r["key"]) if self._matchable(r) else None,
-                    via=None if r.get("reused") else self.via.get(r["key"]),
+                    shape=r.shape,
+                    dtype=r.dtype,
+                    module=r.module,
+                    node=r.node_name,
+                    order=r.order if r.node_name is not None else None,
+                    variable=self.names.get(r.key) if self._matchable(r) else None,
+                    via=None if r.reused else self.via.get(r.key),
                 )
             )
         if self.omitted:
-            held_extra = self.rec.held.to_dict() if self.rec.held is not None else {}
-            for k, b in (held_extra.get("omitted_by_kind") or {}).items():
-                kinds[k] = kinds.get(k, 0) + int(b)
-            for m, b in (held_extra.get("omitted_by_module") or {}).items():
-                modules[m] = modules.get(m, 0) + int(b)
+            for k, b in self.held.omitted_by_kind:
+                kinds[k] = kinds.get(k, 0) + b
+            for m, b in self.held.omitted_by_module:
+                modules[m] = modules.get(m, 0) + b
             self.notes.append(
                 f"{self.omitted} smaller live tensors are counted by kind and module but "
                 "not listed one by one."
             )
         by_kind = tuple(sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0])))
-        inside = {r["key"] for r in self.rows if not r.get("reused")}
+        inside = {r.key for r in self.rows if not r.reused}
         resident = tuple(
             (k, sum(b for key, b in v.items() if key not in inside)) for k, v in self.resident.items()
         )
@@ -389,15 +491,14 @@ class _Analysis:
         resident = tuple((k, b) for k, b in resident if b > 0) if self.moment == "failure" else ()
         by_module = tuple(sorted(modules.items(), key=lambda kv: (-kv[1], kv[0]))[: self.top])
         findings = self._findings(kinds, holders)
-        oom = rec.oom.to_dict() if rec.oom is not None else {}
         return Diagnosis(
             label=rec.label,
             moment=self.moment,
             live_bytes=self.live,
             resident_bytes=rec.baseline_bytes,
-            budget=oom.get("budget"),
-            requested=oom.get("requested"),
-            where=oom.get("where"),
+            budget=self.held.budget,
+            requested=self.held.requested,
+            where=self.held.where,
             error=rec.error,
             by_kind=by_kind,
             by_module=by_module,
@@ -406,44 +507,42 @@ class _Analysis:
             holders=tuple(holders[: self.top]),
             findings=tuple(findings),
             notes=tuple(self.notes),
-            budget_resident=int(oom.get("resident", 0)),
+            budget_resident=self.held.budget_resident,
         )
 
-    def _matchable(self, r: dict[str, Any]) -> bool:
+    def _matchable(self, r: _Row) -> bool:
         """Whether a row's key may be matched with the user's live tensors: only at a failure
         (nothing ran after it) and only if the key was not allocated again after the moment.
         After a peak, storages made outside any operator (``torch.tensor``) may reuse a key
         without any event saying so."""
-        return self.moment == "failure" and not r.get("reused")
+        return self.moment == "failure" and not r.reused
 
-    def _kind(self, r: dict[str, Any]) -> str:
-        named = self.kind_of_key.get(r["key"]) if self._matchable(r) else None
+    def _kind(self, r: _Row) -> str:
+        named = self.kind_of_key.get(r.key) if self._matchable(r) else None
         if named is not None:
             return named
-        what = r.get("what", "forward")
-        if what == "saved":
-            if (r.get("order") or 0) >= 1:
+        if r.what == "saved":
+            if r.order >= 1:
                 return "saved_order1"
-            sk = r.get("saved_kind", "activation")
-            return "saved" if sk == "activation" else f"saved_{sk}"
-        return str(what)
+            return "saved" if r.saved_kind == "activation" else f"saved_{r.saved_kind}"
+        return r.what
 
     def _findings(self, kinds: dict[str, int], holders: list[GraphHolder]) -> list[Finding]:
         out: list[Finding] = []
         rec = self.rec
         live = max(self.live, 1)
         # create_graph: nodes of order >= 1 and the forward activations they keep.
-        created = [c for c in self.calls if c.get("create_graph")]
+        created = [c for c in self.calls if c.create_graph]
         high = [n for n in rec.nodes if n.order >= 1]
         if created or high:
-            top_mods = _top_modules(r.get("module") for r in self.rows if (r.get("order") or 0) >= 1)
+            top_mods = _top_modules(r.module for r in self.rows if r.order >= 1)
             if not top_mods:
                 top_mods = _top_modules(n.module for n in high)
             mod = top_mods[0] if top_mods else None
             in_mod = sum(
-                r["bytes"]
+                r.bytes
                 for r in self.rows
-                if r.get("what") == "saved" and mod is not None and _top(r.get("module")) == mod
+                if r.what == "saved" and mod is not None and _top(r.module) == mod
             )
             order1 = kinds.get("saved_order1", 0)
             held_bytes = max(in_mod, order1)
@@ -503,7 +602,8 @@ class _Analysis:
         out.extend(f for f in self._params_without_grads() if f.module not in flagged)
         # gradients and optimizer state dominate
         opt_bytes, grad_bytes = kinds.get("optimizer", 0), kinds.get("gradient", 0)
-        if opt_bytes + grad_bytes >= 0.5 * live and opt_bytes > 0:
+        # (state no larger than the gradients is SGD momentum's one copy: nothing leaner to advise)
+        if opt_bytes + grad_bytes >= 0.5 * live and opt_bytes > grad_bytes:
             name = self.optimizers[0][0] if self.optimizers else "opt"
             kind = type(self.optimizers[0][1]).__name__ if self.optimizers else "the optimizer"
             out.append(
@@ -524,7 +624,7 @@ class _Analysis:
                 )
             )
         # retain_graph
-        retained = [c for c in self.calls if c.get("retain_graph") and not c.get("create_graph")]
+        retained = [c for c in self.calls if c.retain_graph and not c.create_graph]
         if retained:
             saved_live = sum(v for k, v in kinds.items() if k.startswith("saved"))
             out.append(
@@ -548,9 +648,9 @@ class _Analysis:
         if acts >= 0.5 * live and not out:
             per: dict[str, int] = {}
             for r in self.rows:
-                if r.get("what") == "saved":
-                    m = _block(r.get("module"))
-                    per[m] = per.get(m, 0) + r["bytes"]
+                if r.what == "saved":
+                    m = _block(r.module)
+                    per[m] = per.get(m, 0) + r.bytes
             block, b = min(per.items(), key=lambda kv: (-kv[1], kv[0]))
             out.append(
                 Finding(
@@ -576,7 +676,7 @@ class _Analysis:
         accumulates into ``.grad``) and that were not among its inputs: they required grad for
         nothing, and the inputs of their layers were saved to compute weight gradients nobody asked
         for. Known from the recording alone (no namespace needed)."""
-        if not self.calls or any(c.get("api") != "autograd.grad" for c in self.calls):
+        if not self.calls or any(c.api != "autograd.grad" for c in self.calls):
             return []
         per: dict[str, list[str]] = {}
         for n in self.rec.nodes:
@@ -585,7 +685,7 @@ class _Analysis:
         out: list[Finding] = []
         for mod, leaves in sorted(per.items()):
             saved = sum(
-                r["bytes"] for r in self.rows if r.get("what") == "saved" and _top(r.get("module")) == mod
+                r.bytes for r in self.rows if r.what == "saved" and _top(r.module) == mod
             )
             out.append(
                 Finding(
@@ -609,11 +709,10 @@ class _Analysis:
         for _, opt in self.optimizers:
             for g in opt.param_groups:
                 trained.update(id(p) for p in g["params"])
-        leaves = {n.leaf for n in self.rec.nodes if n.leaf and n.leaf != "input"}
         mods_with_saves: dict[str, int] = {}
         for r in self.rows:
-            if r.get("what") == "saved" and r.get("module"):
-                mods_with_saves[r["module"]] = mods_with_saves.get(r["module"], 0) + r["bytes"]
+            if r.what == "saved" and r.module:
+                mods_with_saves[r.module] = mods_with_saves.get(r.module, 0) + r.bytes
         seen: set[int] = set()
         for name, m in self.modules:
             if id(m) in seen:
@@ -626,14 +725,10 @@ class _Analysis:
             eval_mode = not m.training
             if not (untrained or eval_mode):
                 continue
-            prefix = _prefix_of(name, m, params, leaves)
-            if prefix is None:
-                continue  # it did not take part in this recording's graph
-            saved = sum(
-                b
-                for mod, b in mods_with_saves.items()
-                if prefix == "" or mod == prefix or mod.startswith(prefix + ".")
-            )
+            if name not in self.roots:
+                continue  # it did not take part in this recording (see NOTE [ modules by identity ])
+            prefix = name
+            saved = sum(b for mod, b in mods_with_saves.items() if mod == prefix or mod.startswith(prefix + "."))
             grads = sum(p.numel() * p.element_size() for _, p in params)
             why = "no optimizer trains its parameters" if untrained else "it is in eval() mode"
             out.append(
@@ -661,7 +756,8 @@ class _Analysis:
 # ----- helpers ---------------------------------------------------------------------------------
 def _graph_roots(v: Any) -> list[Any]:
     """Distinct grad_fn nodes of the tensors a variable holds (itself, or items of a list,
-    tuple or dict); the nodes are returned only for the walk and never stored."""
+    tuple or dict); the nodes are returned only for the walk and never stored. The node objects
+    are held while they are compared (see NOTE [ walking a graph by node objects ])."""
     items: Iterable[Any]
     if isinstance(v, torch.Tensor):
         items = (v,)
@@ -678,16 +774,25 @@ def _graph_roots(v: Any) -> list[Any]:
     return list(roots.values())
 
 
-def _saved_storages(roots: list[Any], key_of: Any) -> dict[int, tuple[int, None]]:
-    """Storages saved by the nodes reachable from ``roots`` (iterative walk; each storage once)."""
-    out: dict[int, tuple[int, None]] = {}
-    seen: set[int] = set()
+# NOTE [ walking a graph by node objects ]: on some PyTorch versions the Python object of a C++
+# autograd node exists only while something references it: `next_functions` makes a new one at each
+# call, and once it is dropped its `id()` can be given to the next one. A walk that remembers
+# visited nodes by `id()` alone then takes a new node for one it has seen and skips it (a list of
+# losses was reported holding 132,608 bytes instead of 4,103,680). So the walk keeps every node
+# object it visits until it ends: while one is held, the same C++ node gives back the same object,
+# and no other object can have its `id()`. The objects are dropped in the order they were found
+# (roots first), which PyTorch frees safely.
+def _saved_storages(roots: list[Any], key_of: Any) -> dict[int, int]:
+    """Bytes of the storages saved by the nodes reachable from ``roots``, by key (iterative
+    walk; each storage once; see NOTE [ walking a graph by node objects ])."""
+    out: dict[int, int] = {}
+    seen: dict[int, Any] = {}  # id -> the node object itself, held until the walk ends
     stack = list(roots)
     while stack and len(seen) < _MAX_NODES:
         fn = stack.pop()
         if id(fn) in seen:
             continue
-        seen.add(id(fn))
+        seen[id(fn)] = fn
         for attr, _raw in _compat.saved_tensor_attributes(fn):
             try:
                 v = getattr(fn, attr)
@@ -697,7 +802,7 @@ def _saved_storages(roots: list[Any], key_of: Any) -> dict[int, tuple[int, None]
                 if isinstance(t, torch.Tensor):
                     k = key_of(t)
                     if k is not None:
-                        out[k] = (int(t.untyped_storage().nbytes()), None)
+                        out[k] = int(t.untyped_storage().nbytes())
         for nxt, _ in fn.next_functions:
             if nxt is not None and id(nxt) not in seen:
                 stack.append(nxt)
@@ -725,14 +830,19 @@ def _block(module: str | None) -> str:
     return ".".join(parts[:-1]) if len(parts) > 1 else module
 
 
-def _prefix_of(name: str, m: nn.Module, params: list[tuple[str, Any]], leaves: set[str]) -> str | None:
-    """The prefix the recording gives this module's parameters (the variable name when the
-    recording was told it, else its class name, else none when it was the only root)."""
-    for prefix in (name, type(m).__name__, ""):
-        full = [f"{prefix}.{n}" if prefix else n for n, _ in params]
-        if any(f in leaves for f in full):
-            return prefix
-    return None
+# NOTE [ modules by identity ]: a variable of the user's is taken for one of the recording's
+# models only when the recording names a root module by that very variable: the recorder names
+# roots by identity (the object given with ``modules={"G": G}``, which the notebook extension passes
+# for every model in the namespace, or found among the variables where the block ends). Never by
+# class name (``cnn`` and ``big`` are both ``Sequential``: a cell using only ``big`` once reported
+# "``cnn`` looks frozen") and never by parameter names alone (every ``nn.Sequential`` has a
+# ``0.weight``). A root the recorder could not name by a variable (a class name such as
+# ``Sequential``, or the paths of a single unnamed root) is matched with no variable.
+def _root_names(rec: Recording) -> set[str]:
+    """The first components of the recording's module paths and parameter names."""
+    out = {_top(n.module) for n in rec.nodes if n.module}
+    out |= {n.leaf.split(".")[0] for n in rec.nodes if n.leaf and n.leaf != "input" and "." in n.leaf}
+    return {r for r in out if r}
 
 
 def _held_order(t: HeldTensor) -> tuple[Any, ...]:

@@ -24,9 +24,12 @@ class MemoryBudgetExceeded(torch.OutOfMemoryError):
         self.live = live
         self.budget = budget
         self.where = where
+        from gradscope.recording import format_bytes  # here: recording imports this module
+
         msg = (
-            f"gradscope: simulated device out of memory: tried to allocate {requested} bytes "
-            f"with {live} bytes live of a {budget}-byte budget"
+            f"gradscope: simulated device out of memory: tried to allocate {format_bytes(requested)} "
+            f"({requested} bytes) with {format_bytes(live)} live ({live} bytes) of a "
+            f"{format_bytes(budget)} budget ({budget} bytes)"
         )
         if where:
             msg += f" (in {where})"

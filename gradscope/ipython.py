@@ -29,8 +29,10 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,14 +41,24 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from gradscope.errors import GradscopeError
+from gradscope.errors import GradscopeError, MemoryBudgetExceeded
 from gradscope.memory import parse_size
-from gradscope.recording import Recording
+from gradscope.recording import Recording, format_bytes
 
-__all__ = ["GradscopeMagics", "last_diagnosis", "load_ipython_extension", "unload_ipython_extension"]
+__all__ = [
+    "RECORDING_NAME",
+    "GradscopeMagics",
+    "last_diagnosis",
+    "load_ipython_extension",
+    "unload_ipython_extension",
+]
 
 _MEMORY_CHOICES = ("auto", "cpu", "cuda", "off", "tracker")
 _RECORDING_MARKERS = ("%%gradscope", "gs.record(", "gradscope.record(")
+
+#: Where a cell's recording is kept in the user namespace when ``%%gradscope`` has no ``-o NAME``
+#: and where ``%gradscope oom on`` keeps the recording of a cell that ran out of memory.
+RECORDING_NAME = "_gs_recording"
 
 
 @dataclass
@@ -69,6 +81,7 @@ class _State:
     cell_budget: tuple[int, int] | None = None  # (the budget asked for, bytes resident before the cell)
     finished: Any = None  # Recording finished by the exception handler, for the cell magic
     last: Any = None  # the last Diagnosis shown
+    recording_name: str = RECORDING_NAME  # where the running cell's recording will be kept
 
 
 _STATES: weakref.WeakKeyDictionary[Any, _State] = weakref.WeakKeyDictionary()
@@ -148,17 +161,19 @@ class GradscopeMagics(Magics):
         except GradscopeError as e:
             raise UsageError(str(e)) from None
         st.cell_budget = None if budget is None else (budget, resident)
+        st.recording_name = args.output or RECORDING_NAME
         shown = st.last
-        recording = _run_recorded(shell, st, rec, cell)
-        if args.output:
-            shell.user_ns[args.output] = recording
+        with _oom_handler_installed(shell):
+            recording = _run_recorded(shell, st, rec, cell)
+        shell.user_ns[st.recording_name] = recording
         _show(recording, widget=not args.no_widget)
         if st.last is shown and recording.oom is not None:
-            # an OOM the handler did not diagnose (oom off): diagnose it after the traceback
+            # an OOM the handler could not diagnose (the user has an exception handler of their
+            # own, which one shell cannot share): diagnose it after the traceback
             from gradscope.diagnose import diagnose
 
             st.last = diagnose(recording, namespace=shell.user_ns)
-            print(st.last.text())
+            print(st.last.text() + "\n" + _where_it_is(st.recording_name))
 
     @magic_arguments()
     @argument("command", nargs="?", default="", help="oom")
@@ -298,8 +313,8 @@ def _cell_budget(budget: int | None, memory: str, ns: dict[str, Any]) -> tuple[i
     resident = _resident_cpu_bytes(ns)
     if resident >= budget:
         raise UsageError(
-            f"gradscope: your variables already hold {resident} bytes of CPU tensors, more than the "
-            f"{budget}-byte budget; give a larger --budget or free some variables."
+            f"gradscope: your variables already hold {_size(resident)} of CPU tensors, more than the "
+            f"{_size(budget)} budget; give a larger --budget or free some variables."
         )
     return budget - resident, resident
 
@@ -310,6 +325,12 @@ def _resident_cpu_bytes(ns: dict[str, Any]) -> int:
     from gradscope._compat import storage_key
 
     seen: dict[int, int] = {}
+
+    def add_with_grad(t: Any) -> None:
+        add(t)
+        # only a leaf has a .grad to count; reading it on another tensor makes PyTorch warn
+        if isinstance(t, torch.Tensor) and t.is_leaf:
+            add(t.grad)
 
     def add(t: Any) -> None:
         if isinstance(t, torch.Tensor) and t.device.type == "cpu":
@@ -322,15 +343,13 @@ def _resident_cpu_bytes(ns: dict[str, Any]) -> int:
             continue
         if isinstance(v, torch.nn.Module):
             for t in (*v.parameters(), *v.buffers()):
-                add(t)
-                add(t.grad)
+                add_with_grad(t)
         elif isinstance(v, torch.optim.Optimizer):
             for state in v.state.values():
                 for t in state.values() if isinstance(state, dict) else ():
                     add(t)
         elif isinstance(v, torch.Tensor):
-            add(v)
-            add(v.grad)
+            add_with_grad(v)
         elif isinstance(v, list | tuple | dict):
             try:
                 for t in list(v.values() if isinstance(v, dict) else v)[:10_000]:
@@ -388,7 +407,7 @@ def _oom_status(st: _State) -> str:
     if not st.oom:
         return "gradscope: OOM diagnosis is off. Turn it on with %gradscope oom on [--budget SIZE]."
     dev = (
-        f"a simulated {st.oom_budget}-byte device"
+        f"a simulated {_size(st.oom_budget)} device"
         if st.oom_budget is not None
         else "the CUDA allocator"
         if st.oom_memory == "cuda"
@@ -467,22 +486,24 @@ def _make_pre(shell: Any) -> Any:
             return
         st.active, st.finished, st.watching = rec, None, True
         st.cell_budget = None if st.oom_budget is None else (st.oom_budget, resident)
+        st.recording_name = RECORDING_NAME
 
     return pre_run_cell
 
 
-def _users_recording(value: BaseException, ns: dict[str, Any]) -> Any:
+def _users_recording(value: BaseException, ns: dict[str, Any]) -> tuple[str, Recording] | None:
     """For a cell that recorded on its own (``with gs.record(budget=...) as rec``): the
-    recording in the user's variables that ended with this very exception."""
+    recording in the user's variables that ended with this very exception, and how the user
+    reaches it (``rec.recording``)."""
     from gradscope.record import record
 
     error = f"{type(value).__name__}: {value}"
-    for name, v in list(ns.items()):
+    for name, v in sorted(ns.items()):
         if name.startswith("_"):
             continue
         r = v.recording if isinstance(v, record) else v if isinstance(v, Recording) else None
         if isinstance(r, Recording) and r.error == error:
-            return r
+            return (f"{name}.recording" if isinstance(v, record) else name), r
     return None
 
 
@@ -496,6 +517,46 @@ def _make_post(shell: Any) -> Any:
     return post_run_cell
 
 
+def _size(n: int) -> str:
+    """A size for a sentence: binary units, the exact bytes in parentheses (``50.0 MiB (52428800
+    bytes)``); under 1 KiB the bytes alone."""
+    return format_bytes(n) if abs(n) < 1024 else f"{format_bytes(n)} ({n} bytes)"
+
+
+def _where_it_is(name: str) -> str:
+    """The line after a diagnosis that says where its recording is, under the user's own name."""
+    how = "" if not name.startswith("_") else " (name it yourself with %%gradscope -o NAME)"
+    return f"gradscope: the recording is `{name}`{how}: gs.show({name}), gs.diagnose({name})."
+
+
+def _name_the_recording(value: BaseException, name: str) -> None:
+    """A budget failure's message names the recording as the user can reach it (the recorder,
+    raising it deep inside the cell, cannot know the variable)."""
+    if isinstance(value, MemoryBudgetExceeded) and value.args:
+        value.args = (str(value.args[0]).replace("gs.diagnose(rec.recording)", f"gs.diagnose({name})"),)
+
+
+@contextlib.contextmanager
+def _oom_handler_installed(shell: Any) -> Iterator[None]:
+    """The OOM handler for the duration of one recorded cell, so that its diagnosis comes before
+    the traceback as with ``%gradscope oom on``. A shell has one custom exception handler: when
+    the user installed one of their own, it is left alone."""
+    if shell.custom_exceptions:  # ours (oom on) or the user's
+        yield
+        return
+    was_instance = "CustomTB" in shell.__dict__
+    saved_tb = shell.__dict__.get("CustomTB")
+    shell.set_custom_exc((torch.OutOfMemoryError,), _oom_handler)
+    try:
+        yield
+    finally:
+        shell.custom_exceptions = ()
+        if was_instance:
+            shell.CustomTB = saved_tb
+        else:
+            shell.__dict__.pop("CustomTB", None)
+
+
 def _oom_handler(
     shell: Any, etype: type[BaseException], value: BaseException, tb: Any, tb_offset: int | None = None
 ) -> list[str]:
@@ -505,17 +566,25 @@ def _oom_handler(
     text = None
     if st is not None:
         rec = st.active
+        name = st.recording_name
+        recording: Recording | None
         if rec is not None:
             recording = _finish(st, rec, value, shell.user_ns)
+            if recording is not None:
+                shell.user_ns[name] = recording  # reachable now, also if the cell magic never returns
+        elif st.finished is not None:
+            recording = st.finished
         else:
-            recording = st.finished or _users_recording(value, shell.user_ns)
+            found = _users_recording(value, shell.user_ns)
+            name, recording = found if found is not None else (name, None)
         if recording is not None:
             from gradscope.diagnose import diagnose
 
+            _name_the_recording(value, name)
             try:
                 d = diagnose(recording, namespace=shell.user_ns)
                 st.last = d
-                text = d.text()
+                text = d.text() + "\n" + _where_it_is(name)
             except Exception as e:  # a diagnosis must never hide the user's traceback
                 text = f"gradscope: could not diagnose this OOM ({type(e).__name__}: {e})"
         else:

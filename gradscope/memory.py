@@ -29,6 +29,7 @@ from typing import Any, NamedTuple, Protocol
 import torch
 
 from gradscope import _compat
+from gradscope._stderr import LineFilter
 from gradscope._trace import MemoryTrace
 from gradscope.errors import GradscopeError, MemoryBudgetExceeded
 
@@ -229,6 +230,7 @@ class ProfilerSource:
     def __init__(self) -> None:
         self._running = False
         self._clock_ns = 0
+        self._noise = LineFilter()
 
     def start(self) -> None:
         """NOTE [ one profiler at a time ]: PyTorch runs one profiler session per process. A
@@ -247,14 +249,16 @@ class ProfilerSource:
             _profiler_busy = True
         try:
             with _quiet_stderr():
-                _compat.start_node_profiler()
+                _compat.start_node_profiler(ops=_in_distributed_job())
             self._running = True
+            self._noise.start()  # see NOTE [ the profiler's free warning ] in gradscope._stderr
             # NOTE [ profiler clock ]: the profiler stamps events with its own clock; one scope
             # opened right here, beside a time.time_ns() reading, gives the offset to ours.
             handle = _compat.record_scope_enter(_CLOCK)
             self._clock_ns = time.time_ns()
             _compat.record_scope_exit(handle)
         except BaseException:
+            self._noise.stop()
             if self._running:
                 self._running = False
                 with _quiet_stderr():
@@ -272,6 +276,7 @@ class ProfilerSource:
             with _quiet_stderr():
                 results = _compat.stop_profiler()
         finally:
+            self._noise.stop()
             _profiler_busy = False
         out.events, out.scopes = self._parse(_compat.results_event_tree(results))
         return out
@@ -349,6 +354,13 @@ class ProfilerSource:
         if len(events) > 1 and any(events[i].t_ns > events[i + 1].t_ns for i in range(len(events) - 1)):
             events.sort(key=_t_ns)
         return _inside_only(events), scopes
+
+
+def _in_distributed_job() -> bool:
+    """Whether this process is a rank of a ``torch.distributed`` job (see NOTE [ a lean profiler ]
+    in :mod:`gradscope._compat`)."""
+    dist = torch.distributed
+    return bool(dist.is_available() and dist.is_initialized())
 
 
 def _t_ns(e: AllocEvent) -> int:
@@ -457,6 +469,7 @@ class TrackerSource:
         self._holders: dict[int, int] = {}
         self._orphans: set[int] = set()
         self.failures: list[str] = []  # errors while observing (the first 10), for the notes
+        self.failed_at: int | None = None  # events recorded when the budget refused an allocation
         self._mode: Any = None
         self._call: int | None = None
         self.stopped = False
@@ -477,7 +490,7 @@ class TrackerSource:
         # whole recorder (its graph bookkeeping) alive with it.
         self.context = _no_context
         return MemoryTrace(source=self.name, device=self.device_type, online=True, key_kind="storage",
-                           events=list(self.events), failures=list(self.failures))
+                           events=list(self.events), failures=list(self.failures), failed_at=self.failed_at)
 
     def live(self) -> int:
         self._drain()
@@ -528,6 +541,8 @@ class TrackerSource:
             return
         label = _op_label(func)
         if self.budget is not None and self._live + nbytes > self.budget:
+            if self.failed_at is None:
+                self.failed_at = len(self.events)
             raise MemoryBudgetExceeded(nbytes, self._live, self.budget, where=label)
         self._live += nbytes
         step, _ = self.context()

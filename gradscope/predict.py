@@ -490,9 +490,17 @@ def _run(
     del memo
     resident = _resident_bytes(meta_args)
     rec = record(memory="tracker", label=label, modules=modules or None, tracker_device="meta")
+    outside = torch.get_default_device()
     try:
-        # Factory calls inside the step (torch.zeros, torch.arange) make meta tensors too.
-        with rec, torch.device("meta"), _kernel_choices(device), _InPlaceAccumulation(rec):
+        # Factory calls inside the step (torch.zeros, torch.arange) make meta tensors too, except
+        # inside optimizer steps: see NOTE [ optimizer steps keep the default device ].
+        with (
+            rec,
+            torch.device("meta"),
+            _kernel_choices(device),
+            _InPlaceAccumulation(rec),
+            _optimizer_steps_on(outside),
+        ):
             fn(*meta_args)
     except GradscopeError:
         raise
@@ -687,6 +695,50 @@ class _InPlaceAccumulation(_compat.torch_dispatch_mode()):  # type: ignore[misc]
         return func(*args, **kwargs)
 
 
+@contextlib.contextmanager
+def _optimizer_steps_on(default: torch.device) -> Iterator[None]:
+    """While this thread runs an optimizer's ``step``, factory calls make tensors on ``default``.
+
+    NOTE [ optimizer steps keep the default device ]: optimizers keep their per-parameter step
+    counter as a 0-dim tensor made by ``torch.tensor(0.0)`` and read it with ``.item()`` (Adam,
+    AdamW, RMSprop, ... without ``capturable``). Newer PyTorch places it with ``device="cpu"``;
+    torch 2.6 to 2.8 leave the device to the default, which inside a prediction is ``meta``, and
+    ``.item()`` on meta fails. A real step makes that counter on the default device whatever device
+    the parameters are on, so inside ``Optimizer.step`` the user's default device (the one outside
+    the prediction) is put back. State made from the parameters (``zeros_like(p)``: exp_avg,
+    momentum buffers) still follows them onto meta and is counted; the counters are on the default
+    device and, as in the real run's numbers from the tracker, not counted (4 bytes each). For the
+    same reason the copy of an optimizer that has stepped before (or made its state in its
+    constructor: Adagrad, ASGD) keeps its 0-dim state tensors as private copies with their values
+    (see :func:`_optimizer_scalars`), not as meta tensors.
+    The step hooks are global, so they act only on the thread that runs the prediction; a context
+    a raising step left entered is exited here, innermost first, before the meta device context.
+    """
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+    me = threading.get_ident()
+    entered: list[torch.device] = []
+
+    def pre(optimizer: Any, args: Any, kwargs: Any) -> None:
+        if threading.get_ident() == me:
+            ctx = torch.device(default)
+            ctx.__enter__()
+            entered.append(ctx)
+
+    def post(optimizer: Any, args: Any, kwargs: Any) -> None:
+        if threading.get_ident() == me and entered:
+            entered.pop().__exit__(None, None, None)
+
+    handles = [register_optimizer_step_pre_hook(pre), register_optimizer_step_post_hook(post)]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+        while entered:
+            entered.pop().__exit__(None, None, None)
+
+
 def _dense(t: torch.Tensor) -> bool:
     return _compat.non_overlapping_and_dense(t)
 
@@ -806,10 +858,13 @@ def _to_meta(args: Any) -> tuple[Any, dict[int, Any]]:
     objects (and their memory) are never duplicated or modified."""
     tensors: dict[int, torch.Tensor] = {}
     _collect_tensors(args, tensors, set())
+    counters = _optimizer_scalars(args)
     memo: dict[int, Any] = {}
     for i, t in tensors.items():
         if t.device.type == "meta":
             memo[i] = t
+        elif i in counters:
+            memo[i] = t.detach().clone()  # see NOTE [ optimizer steps keep the default device ]
         else:
             memo[i] = _meta_like(t.detach() if not t.is_leaf else t)
             if not t.is_leaf and t.requires_grad:
@@ -821,6 +876,19 @@ def _to_meta(args: Any) -> tuple[Any, dict[int, Any]]:
             f"gradscope: could not copy the step's arguments to the meta device ({type(e).__name__}: {e}). "
             "Pass modules, tensors and optimizers, or build them in make_args(batch_size)."
         ) from e
+
+
+def _optimizer_scalars(args: Any) -> set[int]:
+    """ids of the 0-dim tensors in the state of the optimizers among ``args`` (step counters,
+    ASGD's eta and mu): a real step reads them with ``.item()``, so the copy keeps their values
+    on their own device instead of making them meta."""
+    out: set[int] = set()
+    for o in _flat(args):
+        if isinstance(o, torch.optim.Optimizer):
+            for st in o.state.values():
+                if isinstance(st, Mapping):
+                    out.update(id(v) for v in st.values() if isinstance(v, torch.Tensor) and v.dim() == 0)
+    return out
 
 
 def _module_names(args: Sequence[Any], frame: Any) -> dict[int, str]:

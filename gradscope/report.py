@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
-from gradscope.recording import Recording, format_bytes
+from gradscope.figures import (
+    ALIVE_AT_PEAK,
+    PARAMETERS_SAVED,
+    SAVED_ACTIVATIONS,
+    alive_at_peak_by_module,
+    parameters_saved_bytes,
+    saved_activation_bytes,
+    saved_activations_by_module,
+    step_number,
+)
+from gradscope.recording import Kind, Recording, format_bytes
 
 __all__ = ["summary_text"]
 
@@ -45,8 +55,15 @@ def summary_text(rec: Recording, top: int = 5) -> str:
             f"  saved tensors: {len(rec.saved)} in {n_storages} storages, {format_bytes(rec.saved_bytes)} "
             f"({rec.saved_bytes} bytes)" + (f": {kinds}" if kinds else "")
         )
+        if rec.saved:
+            act_total, params = saved_activation_bytes(rec), parameters_saved_bytes(rec)
+            lines.append(
+                f"    of which {SAVED_ACTIVATIONS.label} {format_bytes(act_total)} (allocated in the block); "
+                f"{PARAMETERS_SAVED.label} {format_bytes(params)} (existed before: no new memory)"
+            )
         passes = "pass" if rec.backward_passes == 1 else "passes"
-        lines.append(f"  backward: {rec.backward_passes} {passes}, {len(rec.steps)} node steps")
+        lines.append(f"  backward: {rec.backward_passes} {passes}, {len(rec.steps)} node steps"
+                     + _backward_calls_text(rec))
     if rec.where.memory_source == "off":
         lines.append("  memory: not measured (memory='off')")
     else:
@@ -57,6 +74,8 @@ def summary_text(rec: Recording, top: int = 5) -> str:
         if rec.peak is not None:
             p = rec.peak
             at = f"  peak at: {p.phase.value}"
+            if p.step is not None:
+                at += f", step {step_number(p.step)}"
             if p.node is not None and 0 <= p.node < len(rec.nodes):
                 at += f", node {p.node} {rec.nodes[p.node].name}"
             if p.label:
@@ -72,8 +91,13 @@ def summary_text(rec: Recording, top: int = 5) -> str:
         if rec.reserved_peak_bytes is not None:
             lines.append(f"  CUDA reserved peak: {format_bytes(rec.reserved_peak_bytes)}")
     if rec.saved:
-        lines.append(f"top saved tensors (of {len(rec.saved)}):")
-        ranked = sorted(rec.saved, key=lambda s: (-s.bytes, s.node, s.attribute))
+        acts = [s for s in rec.saved if s.kind is Kind.ACTIVATION]
+        if acts:
+            lines.append(f"top saved tensors allocated in the block (activations, of {len(acts)}):")
+        else:
+            lines.append(f"top saved tensors: none allocated in the block; {len(rec.saved)} saved "
+                         "parameters, inputs or buffers")
+        ranked = sorted(acts, key=lambda s: (-s.bytes, s.node, s.attribute))
         for i, s in enumerate(ranked[:top], 1):
             node = rec.nodes[s.node].name if 0 <= s.node < len(rec.nodes) else "?"
             shape = "[" + ", ".join(str(d) for d in s.shape) + "]"
@@ -83,8 +107,10 @@ def summary_text(rec: Recording, top: int = 5) -> str:
                 f"  {i}. {format_bytes(s.bytes):>10}  {s.dtype} {shape}  {s.kind.value}{name}  "
                 f"{node}.{s.attribute}{where_m}"
             )
-        mods = rec.saved_bytes_by_module()
-        lines.append("top modules by saved bytes:")
+    alive = alive_at_peak_by_module(rec)
+    figure, mods = (ALIVE_AT_PEAK, alive) if alive else (SAVED_ACTIVATIONS, saved_activations_by_module(rec))
+    if mods:
+        lines.append(f"top modules, {figure.label} ({figure.definition}):")
         for i, (m, b) in enumerate(list(mods.items())[:top], 1):
             lines.append(f"  {i}. {format_bytes(b):>10}  {_one_line(m, 100)}")
     if rec.timeline_dropped:
@@ -93,3 +119,15 @@ def summary_text(rec: Recording, top: int = 5) -> str:
     for n in rec.notes:
         lines.append("note: " + _one_line(n, 300))
     return "\n".join(lines)
+
+
+def _backward_calls_text(rec: Recording) -> str:
+    """Which backward calls kept their graph (create_graph / retain_graph), e.g. ``; backward 1
+    with create_graph=True``."""
+    kept = []
+    for i, c in enumerate(rec.backward_calls, 1):
+        if c.create_graph:
+            kept.append(f"backward {i} with create_graph=True")
+        elif c.retain_graph:
+            kept.append(f"backward {i} with retain_graph=True")
+    return ("; " + ", ".join(kept) + " (the graph was kept)") if kept else ""

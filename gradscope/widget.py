@@ -20,9 +20,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from gradscope import figures as F
 from gradscope.errors import GradscopeError
-from gradscope.layout import GraphLayout, layout_recording
-from gradscope.recording import Recording, format_bytes
+from gradscope.layout import GraphLayout, layout_levels
+from gradscope.recording import Phase, Recording, format_bytes
 
 __all__ = [
     "MAX_TIMELINE_POINTS",
@@ -39,7 +40,7 @@ __all__ = [
 ]
 
 MAX_TIMELINE_POINTS = 6000
-PAYLOAD_VERSION = 1
+PAYLOAD_VERSION = 2
 _STATIC = Path(__file__).resolve().parent / "static"
 
 try:  # The widget stack is optional: payloads and the HTML page work without it.
@@ -130,6 +131,8 @@ def _round_t(v: float | None) -> float | None:
 # ``data`` trait: columns instead of row objects, strings interned in one table, coordinates
 # rounded to pixels, the timeline thinned to MAX_TIMELINE_POINTS keeping its extremes. A
 # 48-layer encoder's graph is about 0.55 MB; state changes (a click, a step) are small traits.
+# Every figure comes from gradscope.figures, with its definition (see NOTE [ one definition per
+# figure ]), so the widget, the page and the text summary show the same numbers.
 def recording_payload(
     rec: Recording,
     *,
@@ -142,11 +145,13 @@ def recording_payload(
 
     Strings are interned into one table (``strings``); columns hold indexes (-1 for none). The
     timeline is thinned to at most about ``max_timeline_points`` points, keeping the peak.
+    ``levels`` holds the graph's layouts, finest first (see NOTE [ levels of detail ]); with
+    ``layout`` given, only that one.
     """
     if not isinstance(rec, Recording):
         raise GradscopeError(f"gradscope: expected a Recording, got {type(rec).__name__}.")
     S = _Strings()
-    lay = layout if layout is not None else layout_recording(rec, collapse=collapse, engine=engine)
+    levels = [layout] if layout is not None else layout_levels(rec, collapse=collapse, engine=engine)
     n = len(rec.nodes)
     node_storages: list[dict[int, int]] = [{} for _ in range(n)]
     saved_count = [0] * n
@@ -154,7 +159,9 @@ def recording_payload(
         if 0 <= s.node < n:
             node_storages[s.node][s.storage] = s.bytes
             saved_count[s.node] += 1
-    nodes = {
+    largest = F.largest_saved_by_node(rec)
+    alive_nodes = F.alive_at_peak_by_node(rec)
+    nodes: dict[str, Any] = {
         "name": [S(x.name) for x in rec.nodes],
         "order": [x.order for x in rec.nodes],
         "module": [S(x.module) for x in rec.nodes],
@@ -163,7 +170,12 @@ def recording_payload(
         "executed": [x.executed for x in rec.nodes],
         "saved_bytes": [sum(d.values()) for d in node_storages],
         "saved_count": saved_count,
+        "act_bytes": F.saved_activations_by_node(rec),
+        "largest": [S(None if t is None else _shape_text(t.shape)) for t in largest],
+        "largest_kind": [S(None if t is None else t.kind.value) for t in largest],
     }
+    if alive_nodes is not None:
+        nodes["alive"] = [alive_nodes.get(i, 0) for i in range(n)]
     saved = {
         "node": [s.node for s in rec.saved],
         "attribute": [S(s.attribute) for s in rec.saved],
@@ -188,10 +200,12 @@ def recording_payload(
     }
     tl = rec.timeline
     keep = _decimate([p.live for p in tl], max_timeline_points)
+    phase_code = {ph: k for k, ph in enumerate(Phase)}
+    cats = F.memory_by_category(rec)
     timeline = {
         "t": [_round_t(tl[i].t_s) for i in keep],
         "live": [tl[i].live for i in keep],
-        "phase": [1 if getattr(tl[i].phase, "value", tl[i].phase) == "backward" else 0 for i in keep],
+        "phase": [phase_code.get(tl[i].phase, len(phase_code) - 1) for i in keep],
         "label": [S(tl[i].label) for i in keep],
         "module": [S(tl[i].module) for i in keep],
         "step": [tl[i].step for i in keep],
@@ -202,6 +216,12 @@ def recording_payload(
             else {}
         ),
         "dropped": rec.timeline_dropped + (len(tl) - len(keep)),
+        # memory by category at each kept point, computed on the whole timeline first so that
+        # thinning keeps every kept value exact (see NOTE [ categories from deltas ])
+        "categories": [c.value for c in cats.categories],
+        # one category is all of live: not sent twice (the front end uses live)
+        "by_category": [] if len(cats.values) == 1 else [[col[i] for i in keep] for col in cats.values],
+        "category_note": cats.note,
     }
     peak = None
     if rec.peak is not None:
@@ -215,8 +235,22 @@ def recording_payload(
             "module": p.module,
             "step": p.step,
         }
-    graph = lay.to_payload()
-    graph["groups"]["key"] = [str(k) for k in graph["groups"]["key"]]  # type: ignore[index]
+    pi = F.peak_index(rec)
+    if peak is not None and pi >= 0 and cats.values:
+        peak["breakdown"] = cats.at(pi)
+    alive_mods = F.alive_at_peak_by_module(rec)
+    act_mods = F.saved_activations_by_module(rec)
+    names = sorted(
+        set(act_mods) | set(alive_mods or {}),
+        key=lambda m: (-(alive_mods or {}).get(m, 0), -act_mods.get(m, 0), m),
+    )
+    modules = {
+        "name": [S(m) for m in names],
+        "alive_at_peak": None if alive_mods is None else [alive_mods.get(m, 0) for m in names],
+        "saved_activations": [act_mods.get(m, 0) for m in names],
+    }
+    level_payloads = [_level_payload(rec, lay, alive_mods is not None) for lay in levels]
+    backward_calls = [{"create_graph": c.create_graph, "retain_graph": c.retain_graph} for c in rec.backward_calls]
     return {
         "version": PAYLOAD_VERSION,
         "kind": "recording",
@@ -226,22 +260,43 @@ def recording_payload(
             "edges": len(rec.edges),
             "saved": len(rec.saved),
             "saved_bytes": rec.saved_bytes,
+            "saved_activations": F.saved_activation_bytes(rec),
+            "parameters_saved": F.parameters_saved_bytes(rec),
             "peak_bytes": rec.peak_bytes,
             "baseline_bytes": rec.baseline_bytes,
             "steps": len(rec.steps),
             "device": rec.where.device,
+            "memory": rec.where.memory_source != "off" or bool(rec.timeline),
             "complete": rec.complete,
             "error": rec.error,
         },
         "peak": peak,
+        "figures": {f.name: {"label": f.label, "definition": f.definition} for f in F.FIGURES.values()},
+        "category_labels": F.CATEGORY_LABELS,
+        "phases": [ph.value for ph in Phase],
         "strings": S.table,
         "nodes": nodes,
         "edges": [v for e in rec.edges if 0 <= e.src < n and 0 <= e.dst < n for v in (e.src, e.dst)],
         "saved": saved,
         "steps": steps,
+        "backward_calls": backward_calls,
         "timeline": timeline,
-        "graph": graph,
+        "modules": modules,
+        "levels": level_payloads,
+        "level": 0,
     }
+
+
+def _level_payload(rec: Recording, lay: GraphLayout, measured: bool) -> dict[str, Any]:
+    """One level of detail: its layout and, per module box, the same figures as the module list."""
+    graph = lay.to_payload()
+    groups: Any = graph["groups"]
+    groups["key"] = [str(k) for k in groups["key"]]
+    by_group = F.saved_activations_by_module(rec, groups=lay.group)
+    groups["act"] = [by_group.get(str(g), 0) for g in range(len(lay.groups))]
+    alive = F.alive_at_peak_by_module(rec, lay.depth) if measured and lay.depth is not None else None
+    groups["alive"] = None if alive is None else [alive.get(k, 0) for k in groups["key"]]
+    return graph
 
 
 def _is_comparison(obj: Any) -> bool:
@@ -254,32 +309,66 @@ def _finite(v: Any) -> Any:
     return v
 
 
+def _ratio(a: Any, b: Any) -> float | None:
+    if not isinstance(a, int | float) or not isinstance(b, int | float) or not b:
+        return None
+    return _finite(a / b)
+
+
 def comparison_payload(cmp: Any) -> dict[str, Any]:
-    """The front end's data for a comparison: one row per candidate and its recording."""
+    """The front end's data for a comparison: one row per candidate and its recording, with
+    ratios to the reference, the best value per column, and which rows are stale (measured in an
+    earlier round than the newest)."""
     if not _is_comparison(cmp):
         raise GradscopeError(f"gradscope: expected a Comparison (from gs.compare), got {type(cmp).__name__}.")
+    from gradscope.compare import SPREAD_LIMIT
+
+    reference = getattr(cmp, "reference", None)
+    rows_in = list(cmp.rows)
+    latest = max((int(getattr(r, "run", 1)) for r in rows_in), default=1)
+    ref = next((r for r in rows_in if r.name == reference), None)
+    ref_peak = ref.peak_bytes if ref is not None and str(getattr(ref.status, "value", ref.status)) != "raised" else None
+    ref_time = ref.time_s if ref is not None else None
     rows = []
     recordings: list[dict[str, Any] | None] = []
-    for r in cmp.rows:
+    for r in rows_in:
         status = getattr(r.status, "value", r.status)
+        rec = getattr(r, "recording", None)
+        t_min, t_max = getattr(r, "time_min_s", None), getattr(r, "time_max_s", None)
+        spread = t_max / t_min if isinstance(t_min, float) and isinstance(t_max, float) and t_min > 0 else None
         rows.append(
             {
                 "name": str(r.name),
                 "status": str(status),
                 "peak_bytes": r.peak_bytes,
                 "saved_bytes": r.saved_bytes,
+                "saved_total": F.saved_activation_bytes(rec) if isinstance(rec, Recording) else None,
                 "time_s": _finite(r.time_s),
+                "time_min_s": _finite(t_min),
+                "time_max_s": _finite(t_max),
+                "runs": len(getattr(r, "times_s", ()) or ()),
+                "spread_too_wide": spread is not None and spread > SPREAD_LIMIT,
+                "threads": getattr(r, "threads", None),
+                "peak_ratio": _ratio(r.peak_bytes, ref_peak),
+                "time_ratio": _ratio(r.time_s, ref_time),
                 "max_abs_error": _finite(r.max_abs_error),
                 "message": "" if r.message is None else str(r.message),
+                "run": int(getattr(r, "run", 1)),
+                "stale": int(getattr(r, "run", 1)) < latest,
             }
         )
-        rec = getattr(r, "recording", None)
         recordings.append(recording_payload(rec) if isinstance(rec, Recording) else None)
-    reference = getattr(cmp, "reference", None)
+    best_of = getattr(cmp, "best", None)
+    best = best_of() if callable(best_of) else {}
     return {
         "version": PAYLOAD_VERSION,
         "kind": "comparison",
         "reference": None if reference is None else str(reference),
+        "repeat": getattr(cmp, "repeat", None),
+        "round": latest,
+        "best": {k: list(v) for k, v in best.items()},
+        "figures": {f.name: {"label": f.label, "definition": f.definition} for f in F.FIGURES.values()},
+        "spread_limit": SPREAD_LIMIT,
         "rows": rows,
         "recordings": recordings,
     }

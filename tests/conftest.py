@@ -77,6 +77,40 @@ def profiler_peak(step: Any) -> int:
     return peak
 
 
+def saved_tensors_hooks_active() -> bool:
+    """Whether a tensor saved now would be packed by some ``saved_tensors_hooks`` pair.
+
+    A probe that works on every supported PyTorch (``_top_saved_tensors_default_hooks`` is absent
+    before 2.7, ``SavedTensor.unpack_hook`` before 2.9): an op saves its result, and registering
+    hooks on that saved tensor fails exactly when default hooks already packed it.
+    """
+    x = torch.ones(2, requires_grad=True)
+    y = x.exp()  # ExpBackward0 saves its result; y keeps it alive while we look
+    assert y.grad_fn is not None
+    try:
+        y.grad_fn._raw_saved_result.register_hooks(lambda t: t, lambda t: t)
+    except RuntimeError as e:
+        if "hooks have already been set" in str(e):
+            return True
+        raise
+    return False
+
+
+def count_packs(hooks: torch.autograd.graph.saved_tensors_hooks) -> list[int]:
+    """Make a user's ``saved_tensors_hooks`` pair (``save_on_cpu()`` ...) count the tensors it
+    packs, before it is entered; the count is the returned list's one element. Tells, on every
+    PyTorch, whether that pair is the one applied to what is saved now."""
+    count = [0]
+    pack = hooks.pack_hook
+
+    def counting_pack(t: torch.Tensor) -> Any:
+        count[0] += 1
+        return pack(t)
+
+    hooks.pack_hook = counting_pack
+    return count
+
+
 def no_gradscope_left() -> list[str]:
     """What gradscope might have left installed; empty when everything was removed."""
     import torch.autograd as ag
@@ -86,7 +120,7 @@ def no_gradscope_left() -> list[str]:
     from gradscope import _compat
 
     top = _compat.top_saved_tensors_hooks()
-    if top is not None and top is not _compat.NOT_VISIBLE:
+    if (top is not None and top is not _compat.NOT_VISIBLE) or saved_tensors_hooks_active():
         left.append("saved_tensors_hooks")
     if mod._global_forward_hooks or mod._global_forward_pre_hooks:
         left.append("module hooks")

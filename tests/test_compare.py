@@ -201,7 +201,7 @@ def test_candidates_see_identical_rng_and_module_state():
     cmp = gs.compare({"a": run, "b": run}, memory="off", repeat=2)
     assert [r.status for r in cmp.rows] == ["ok", "ok"]
     assert cmp.row("b").max_abs_error == 0.0
-    assert len(draws) == 6 and len(set(draws)) == 1  # (1 discovery + 2 measured runs) x 2
+    assert len(draws) == 8 and len(set(draws)) == 1  # (warm-up + recorded + 2 timed runs) x 2
     # everything is back as it was: buffers, parameters, no gradients
     for k, v in net.state_dict().items():
         assert torch.equal(v, before[k]), k
@@ -392,3 +392,81 @@ def test_named_modules_name_the_recordings() -> None:
         leaves = {n.leaf for n in row.recording.nodes if n.leaf}
         assert leaves == {"G.0.weight", "G.0.bias"}
         assert {n.module for n in row.recording.nodes if n.name == "AddmmBackward0"} == {"G.0"}
+
+
+def test_time_is_the_median_of_plain_runs_after_warm_up_and_recording():
+    import time as _time
+
+    calls: list[int] = []
+    # warm-up, recorded run, then three timed runs: only the last three are timed
+    naps = [0.0, 0.5, 0.02, 0.1, 0.05]
+    x = torch.ones(3, requires_grad=True)
+
+    def napper():
+        _time.sleep(naps[len(calls)])
+        calls.append(1)
+        return x * 2
+
+    cmp = gs.compare({"nap": napper}, memory="off", repeat=3)
+    r = cmp.row("nap")
+    assert len(calls) == 5 and len(r.times_s) == 3
+    assert r.time_min_s == min(r.times_s) and r.time_max_s == max(r.times_s)
+    assert r.time_s == sorted(r.times_s)[1]
+    # the 0.5 s recorded run is not among them; the 20, 50 and 100 ms runs are
+    assert 0.02 <= r.time_min_s and 0.05 <= r.time_s and 0.1 <= r.time_max_s < 0.45
+    assert r.threads == torch.get_num_threads()
+    assert r.time_spread == pytest.approx(r.time_max_s / r.time_min_s)
+    text = cmp.summary()
+    assert f"{torch.get_num_threads()} torch thread(s)" in text
+    assert "median (min-max) of 3 run(s) after a warm-up" in text
+    # 100 ms / 20 ms is a spread of about 5x: flagged as too wide to trust
+    assert "nap: times vary" in text and "too wide to trust" in text
+
+
+def test_rerunning_part_of_a_set_marks_the_rest_stale_and_best_skips_it():
+    x = torch.randn(64, requires_grad=True)
+
+    def small():
+        return x.exp()
+
+    def big():
+        return torch.cat([x, x, x, x]).exp()[:64]
+
+    cmp = gs.compare({"small": small, "big": big}, memory="cpu", repeat=1)
+    assert [r.run for r in cmp.rows] == [1, 1] and cmp.stale() == []
+    # 'small' saves 256 bytes of exp's result, 'big' 1 KiB: small wins peak and saved
+    assert cmp.best()["saved"] == ["small"] and cmp.best()["peak"] == ["small"]
+    assert cmp.row("big").status == "ok"
+    cmp.rerun(["big"])
+    assert [r.run for r in cmp.rows] == [1, 2]
+    assert cmp.stale() == ["small"]
+    assert cmp.best()["saved"] == ["big"]  # the stale row competes no more
+    assert "stale: small measured in an earlier round than run 2" in cmp.summary()
+    assert "small (ref) (stale)" in cmp.summary()
+    cmp.rerun()  # everything, as one set
+    assert [r.run for r in cmp.rows] == [3, 3] and cmp.stale() == []
+    assert cmp.best()["saved"] == ["small"]
+
+
+def test_summary_names_peak_at_once_apart_from_saved_total_with_ratios():
+    f, G, z, y = _mixed_setup()
+    cmp = gs.compare(
+        {m: (lambda m=m: mixed_grad(f, G, z, y, method=m)) for m in ("create_graph", "forward_ad")},
+        memory="cpu",
+        repeat=1,
+    )
+    from gradscope.compare import saved_total
+    from gradscope.figures import PEAK, SAVED_TOTAL, saved_activation_bytes
+    from gradscope.recording import format_bytes
+
+    text = cmp.summary()
+    header = text.splitlines()[1]
+    assert "peak (at once)" in header and "saved (total)" in header and "min-max" in header
+    assert f"{PEAK.label}: {PEAK.definition}" in text and f"{SAVED_TOTAL.label}: {SAVED_TOTAL.definition}" in text
+    ref, fwd = cmp.rows
+    assert saved_total(fwd) == saved_activation_bytes(fwd.recording)
+    # the saved total leaves G's weights out: create_graph saves each weight, forward AD none
+    assert saved_total(ref) < ref.saved_bytes
+    line = next(ln for ln in text.splitlines() if ln.startswith("forward_ad"))
+    assert f"{fwd.peak_bytes / ref.peak_bytes:.2f}x" in line
+    assert format_bytes(fwd.peak_bytes) + "*" in line  # the lower peak is marked best

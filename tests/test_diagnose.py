@@ -129,7 +129,11 @@ def test_pretrained_extractor_left_trainable_names_the_model_and_no_grad() -> No
     assert "no optimizer trains its parameters" in f.message
     assert "torch.no_grad()" in f.suggestion
     assert f.code.startswith("with torch.no_grad(): feats = backbone(x)")
-    saved_in_backbone = sum(b for m, b in d.by_module if m.startswith("backbone"))
+    # what the backbone's nodes saved and still held at the refused allocation (by_module also
+    # counts the backward temporaries of its steps)
+    held = rec.recording.held
+    assert held is not None and held.omitted == 0
+    saved_in_backbone = sum(r.bytes for r in held.rows if r.what == "saved" and (r.module or "").startswith("backbone"))
     assert f.bytes == saved_in_backbone > 0
     # the head is trained: not flagged
     assert not any(x.variable == "head" for x in d.findings)
@@ -298,3 +302,114 @@ def test_addresses_reused_after_the_peak_are_not_matched_with_live_variables(mem
         assert kinds.get("saved", 0) == sum(r["bytes"] for r in rows if r["what"] == "saved")
         assert "optimizer" not in kinds
         assert d.resident == ()  # at a peak, what the variables hold now is not "before the block"
+
+
+# ----- names and holders by identity; the graph walk keeps its node objects ----------------------
+def test_a_model_is_named_by_identity_never_by_class_name_or_parameter_names() -> None:
+    torch.manual_seed(0)
+    used = nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 512))
+    unused = nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 512)).eval()  # same class, same names
+    opt = torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1)  # trains neither model
+    outs: list[torch.Tensor] = []
+
+    def fill(net: nn.Module) -> gs.Recording:
+        # no modules=: the recording names the root by the variable it has where the block ends
+        # ("net", a name the diagnosed namespace does not have)
+        with pytest.raises(gs.MemoryBudgetExceeded):
+            with gs.record(budget="2MiB") as rec:
+                for _ in range(20):
+                    outs.append(net(torch.randn(128, 64)))
+        return rec.recording
+
+    r = fill(used)
+    assert r.nodes[0].module is not None and r.nodes[0].module.startswith("net.")
+    d = gs.diagnose(r, namespace={"used": used, "unused": unused, "opt": opt, "outs": outs})
+    # neither model is claimed: the recording did not name its root by a variable of the namespace
+    assert not any(f.pattern == "frozen_trainable" for f in d.findings)
+    assert dict(d.resident).get("parameters") is None
+    assert [h.variable for h in d.holders] == ["outs"]
+    # named by the variable it was given as, the same recording's model is found, and only it
+    outs.clear()
+    with pytest.raises(gs.MemoryBudgetExceeded):
+        with gs.record(budget="2MiB", modules={"used": used}) as rec:
+            for _ in range(20):
+                outs.append(used(torch.randn(128, 64)))
+    d = gs.diagnose(rec.recording, namespace={"used": used, "unused": unused, "opt": opt, "outs": outs})
+    flagged = {f.variable for f in d.findings if f.pattern == "frozen_trainable"}
+    assert flagged == {"used"}  # trained by no optimizer here: the rule is the next engineer's
+    params = sum(p.numel() * 4 for p in used.parameters())
+    assert dict(d.resident)["parameters"] == params
+
+
+def test_variables_holding_graphs_of_other_recordings_are_not_holders() -> None:
+    torch.manual_seed(0)
+    G = nn.Sequential(nn.Linear(16, 256), nn.Tanh(), nn.Linear(256, 64))  # noqa: N806
+    zs = [torch.randn(32, 16, requires_grad=True) for _ in range(8)]
+    dfdz = [torch.autograd.grad(G(z).square().sum(), z, create_graph=True)[0] for z in zs]  # before
+    losses = []
+    with pytest.raises(gs.MemoryBudgetExceeded):
+        with gs.record(budget="1MiB", modules={"G": G}) as rec:
+            for _ in range(100):
+                losses.append(G(torch.randn(128, 16)).square().mean())
+    d = gs.diagnose(rec.recording, namespace={"G": G, "dfdz": dfdz, "losses": losses})
+    assert [h.variable for h in d.holders] == ["losses"]
+    assert "dfdz" not in d.text()
+    assert len(dfdz) == 8
+
+
+class _RecycledNode:
+    """A node object as some PyTorch versions make them: ``next_functions`` wraps the child anew at
+    each call, and a wrapper nobody holds any more is recycled for the next one made, so that its
+    ``id()`` comes back for another node."""
+
+    pool: list[_RecycledNode] = []
+
+    def __init__(self, depth: int, chain: list[torch.Tensor]) -> None:
+        self.depth, self.chain = depth, chain
+        self._saved_self = chain[depth]
+        self._raw_saved_self = None  # as a real node: each saved tensor also has its raw variable
+
+    def __del__(self) -> None:
+        _RecycledNode.pool.append(self)
+
+    @property
+    def next_functions(self) -> tuple[tuple[_RecycledNode, int], ...]:
+        if self.depth + 1 >= len(self.chain):
+            return ()
+        child = _RecycledNode.pool.pop() if _RecycledNode.pool else _RecycledNode.__new__(_RecycledNode)
+        child.__init__(self.depth + 1, self.chain)  # type: ignore[misc]
+        return ((child, 0),)
+
+
+def test_the_graph_walk_holds_its_node_objects_so_ids_are_never_reused() -> None:
+    import sys
+
+    walk = sys.modules["gradscope.diagnose"]._saved_storages
+    chain = [torch.zeros(10 + i) for i in range(50)]
+    try:
+        found = walk([_RecycledNode(0, chain)], lambda t: int(t.untyped_storage().data_ptr()))
+    finally:
+        _RecycledNode.pool.clear()
+    assert len(found) == 50  # a walk that forgot its nodes found 3: the fourth reused the second's id
+    assert sum(found.values()) == sum(t.untyped_storage().nbytes() for t in chain) == 6900
+
+
+def test_the_budget_error_gives_sizes_in_binary_units_with_bytes_in_parentheses() -> None:
+    e = gs.MemoryBudgetExceeded(65536, 224288, 52428800, where="aten::tanh")
+    assert str(e) == (
+        "gradscope: simulated device out of memory: tried to allocate 64.0 KiB (65536 bytes) with "
+        "219.0 KiB live (224288 bytes) of a 50.0 MiB budget (52428800 bytes) (in aten::tanh). "
+        "Call gs.diagnose(rec.recording) to see what held the memory."
+    )
+    assert (e.requested, e.live, e.budget) == (65536, 224288, 52428800)
+
+
+def test_at_a_failure_the_live_bytes_are_those_at_the_refused_allocation() -> None:
+    torch.manual_seed(0)
+    with pytest.raises(gs.MemoryBudgetExceeded) as info:
+        with gs.record(budget="253KiB") as rec:
+            big = nn.Sequential(nn.Linear(8, 256), nn.Tanh(), nn.Linear(256, 8))
+            [big(torch.randn(64, 8)) for _ in range(100)]  # the list dies with the error
+    assert info.value.live == 224288  # the model's 17 KiB and two iterations' outputs and saves
+    d = gs.diagnose(rec.recording, namespace={})
+    assert d.live_bytes == info.value.live  # not 85,024: the two iterations freed while unwinding

@@ -38,7 +38,7 @@ def test_recording_page_is_one_self_contained_file(tmp_path: Path):
     assert data["kind"] == "recording"
     assert data["summary"]["nodes"] == 6
     assert data["summary"]["saved_bytes"] == rec.saved_bytes == 832
-    assert len(data["graph"]["x"]) == 6
+    assert len(data["levels"][0]["x"]) == 6
 
 
 def test_hostile_text_cannot_close_the_script():

@@ -103,7 +103,7 @@ _PRIVATE = {
     "_record_function_enter_new", "_record_function_exit", "_snapshot", "_record_memory_history",
     "_fused_sdp_choice", "_prims_common", "_current_autograd_node", "_weak_ref", "_expired",
     "_free_weak_ref", "_cdata", "_version", "_is_view", "_is_zerotensor", "_pytree",
-    "_disable_current_modes", "unpack_hook",
+    "_disable_current_modes", "unpack_hook", "_execution_engine",
 }
 _SAVED = ("_raw_saved", "_saved_")  # a node's saved variables, read as attributes
 
@@ -118,10 +118,12 @@ def _private_uses(path: Path) -> list[str]:
             name = node.attr
         elif isinstance(node, ast.Name):
             name = node.id
-        elif isinstance(node, ast.alias):
-            name = node.name.rsplit(".", 1)[-1]
-        elif isinstance(node, ast.ImportFrom):
-            name = next((p for p in (node.module or "").split(".") if p in _PRIVATE), None)
+        elif isinstance(node, ast.Import):
+            name = next((a.name.rsplit(".", 1)[-1] for a in node.names
+                         if a.name.startswith("torch") and a.name.rsplit(".", 1)[-1] in _PRIVATE), None)
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("torch"):
+            parts = [*(node.module or "").split("."), *(a.name for a in node.names)]
+            name = next((p for p in parts if p in _PRIVATE), None)
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
             name = node.value if node.value in _PRIVATE else None
         if name is not None and (name in _PRIVATE or (isinstance(node, ast.Attribute) and name.startswith(_SAVED))
@@ -131,8 +133,8 @@ def _private_uses(path: Path) -> list[str]:
 
 
 def test_private_torch_apis_only_in_compat() -> None:
-    """Every private PyTorch touchpoint lives in gradscope._compat (strategies are plain PyTorch
-    code owned elsewhere and are checked there)."""
-    offenders = [u for p in sorted(PKG.glob("*.py")) if p.name != "_compat.py" for u in _private_uses(p)]
+    """Every private PyTorch touchpoint of the package (subpackages included) lives in
+    gradscope._compat."""
+    offenders = [u for p in sorted(PKG.rglob("*.py")) if p.name != "_compat.py" for u in _private_uses(p)]
     assert offenders == []
     assert len(_private_uses(PKG / "_compat.py")) > 20  # the checker does see them where they are

@@ -132,8 +132,16 @@ def test_cell_magic_budget_failure_is_recorded_and_diagnosed(ip: Any, capsys: An
 
 def test_a_budget_smaller_than_the_variables_is_a_usage_error(ip: Any) -> None:
     resident = gsi._resident_cpu_bytes(ip.user_ns)
-    with pytest.raises(UsageError, match=f"your variables already hold {resident} bytes"):
+    with pytest.raises(UsageError, match=f"your variables already hold {resident} B of CPU tensors, more than the {resident - 1} B budget"):
         ip.run_cell_magic("gradscope", f"--budget {resident - 1}", "x = 1\n")
+    ip.user_ns["big"] = torch.zeros(3 * 1024 * 1024 // 4)
+    try:
+        total = gsi._resident_cpu_bytes(ip.user_ns)
+        expected = rf"already hold 3\.0 MiB \({total} bytes\) of CPU tensors, more than the 2\.0 MiB \(2097152 bytes\) budget"
+        with pytest.raises(UsageError, match=expected):
+            ip.run_cell_magic("gradscope", "--budget 2MiB", "x = 1\n")
+    finally:
+        del ip.user_ns["big"]
 
 
 @pytest.mark.parametrize(
@@ -296,3 +304,109 @@ def test_resident_bytes_count_each_storage_once() -> None:
     opt.step()  # one momentum buffer per parameter: 80 bytes
     ns = {"lin": lin, "xs": [t, t.view(4, 4)], "d": {"a": t}, "opt": opt, "_hidden": torch.ones(1000)}
     assert gsi._resident_cpu_bytes(ns) == 80 + 80 + 64 + 80
+
+
+# ----- friction: the diagnosis first, the recording named, units, no warnings of ours --------------
+def test_a_budget_cell_shows_the_diagnosis_before_the_traceback_and_names_its_recording(
+    ip: Any, capsys: Any
+) -> None:
+    res = ip.run_cell(
+        "%%gradscope --budget 2KiB -o r --no-widget\nxs = [model(torch.randn(64, 8)) for i in range(10)]\n"
+    )
+    assert isinstance(res.error_in_exec, gs.MemoryBudgetExceeded)
+    out = capsys.readouterr().out
+    assert out.count("gradscope diagnosis") == 1
+    assert out.index("gradscope diagnosis") < out.index("MemoryBudgetExceeded")
+    assert "the recording is `r`: gs.show(r), gs.diagnose(r)." in out
+    assert "Call gs.diagnose(r) to see what held the memory." in out  # the error names it too
+    assert "rec.recording" not in out
+    assert ip.custom_exceptions == ()  # the handler was there for the cell only
+    assert isinstance(ip.user_ns["r"], gs.Recording)
+
+
+def test_without_a_name_the_recording_is_kept_under_a_documented_one(ip: Any, capsys: Any) -> None:
+    ip.user_ns.pop(gsi.RECORDING_NAME, None)
+    ip.run_cell("%%gradscope --budget 2KiB --no-widget\nxs = [model(torch.randn(64, 8)) for i in range(10)]\n")
+    out = capsys.readouterr().out
+    r = ip.user_ns.pop(gsi.RECORDING_NAME)
+    assert isinstance(r, gs.Recording) and not r.complete
+    assert gsi.RECORDING_NAME == "_gs_recording"
+    assert (
+        "the recording is `_gs_recording` (name it yourself with %%gradscope -o NAME): "
+        "gs.show(_gs_recording), gs.diagnose(_gs_recording)." in out
+    )
+    assert "Call gs.diagnose(_gs_recording)" in out
+    # a cell that fits keeps its recording there as well
+    ip.run_cell("%%gradscope --memory off --no-widget\nmodel(torch.randn(2, 8)).sum()\n")
+    assert ip.user_ns.pop(gsi.RECORDING_NAME).complete
+
+
+def test_the_oom_watch_names_the_recording_and_the_users_own_recording(ip: Any, capsys: Any) -> None:
+    ip.run_line_magic("gradscope", "oom on --budget 64KiB")
+    assert "a simulated 64.0 KiB (65536 bytes) device" in capsys.readouterr().out
+    ip.run_cell("xs = [model(torch.randn(64, 8)).square().mean() for i in range(100)]\n")
+    out = capsys.readouterr().out
+    assert "gs.diagnose(_gs_recording)" in out and "rec.recording" not in out
+    assert isinstance(ip.user_ns.pop(gsi.RECORDING_NAME), gs.Recording)
+    ip.run_cell(
+        "losses = []\n"
+        "with gs.record(budget='16KiB', modules={'model': model}) as my_rec:\n"
+        "    for i in range(100):\n"
+        "        losses.append(model(torch.randn(32, 8)).square().mean())\n"
+    )
+    out = capsys.readouterr().out
+    assert "the recording is `my_rec.recording`: gs.show(my_rec.recording)" in out
+    assert "Call gs.diagnose(my_rec.recording) to see what held the memory." in out
+    ip.user_ns.pop("my_rec", None)
+
+
+def test_gradscope_triggers_no_pytorch_warnings(ip: Any, capsys: Any) -> None:
+    import warnings
+
+    # a non-leaf tensor and a model whose buffer is computed from a tensor requiring grad
+    ip.run_cell("h = model(torch.randn(4, 8))\n")
+    ip.run_line_magic("gradscope", "oom on --budget 64KiB")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ip.run_cell("xs = [model(torch.randn(64, 8)).square().mean() for i in range(100)]\n")
+        ip.run_cell("%%gradscope --budget 4KiB -o r --no-widget\nys = [model(torch.randn(64, 8)) for i in range(10)]\n")
+    capsys.readouterr()
+    assert [str(w.message) for w in caught] == []
+    for name in ("h", "xs", "ys"):
+        ip.user_ns.pop(name, None)
+
+
+def test_models_are_matched_by_identity_never_by_class_name(ip: Any, capsys: Any) -> None:
+    # `cnn` (an nn.Sequential in eval mode, from an earlier cell) is not used by the failing cell;
+    # `big`, made in that cell, is an nn.Sequential too and so is recorded by its class name
+    ip.run_cell("cnn = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.ReLU()).eval()\n")
+    ip.run_line_magic("gradscope", "oom on --budget 256KiB")
+    ip.run_cell(
+        "big = torch.nn.Sequential(torch.nn.Linear(8, 256), torch.nn.Tanh(), torch.nn.Linear(256, 8))\n"
+        "outs = []\n"
+        "for i in range(100):\n"
+        "    outs.append(big(torch.randn(64, 8)))\n"
+    )
+    out = capsys.readouterr().out
+    d = gsi.last_diagnosis(ip)
+    assert d is not None and d.moment == "failure"
+    assert not any(f.variable == "cnn" or f.module == "cnn" for f in d.findings)
+    assert "cnn" not in out.split("Traceback")[0]
+    assert d.findings[0].variable == "outs"
+    for name in ("cnn", "big", "outs"):
+        ip.user_ns.pop(name, None)
+
+
+def test_graphs_of_earlier_cells_are_not_holders_of_a_later_recording(ip: Any, capsys: Any) -> None:
+    ip.run_cell(
+        "zs = [torch.randn(4, 8, requires_grad=True) for i in range(8)]\n"
+        "dfdz = [torch.autograd.grad(model(z).square().sum(), z, create_graph=True)[0] for z in zs]\n"
+    )
+    ip.run_line_magic("gradscope", "oom on --budget 64KiB")
+    ip.run_cell("xs = []\nfor i in range(100):\n    xs.append(model(torch.randn(64, 8)).square().mean())\n")
+    out = capsys.readouterr().out
+    d = gsi.last_diagnosis(ip)
+    assert [h.variable for h in d.holders] == ["xs"]
+    assert "dfdz" not in out.split("Traceback")[0]
+    for name in ("zs", "dfdz", "xs"):
+        ip.user_ns.pop(name, None)

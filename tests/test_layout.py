@@ -145,3 +145,54 @@ def test_auto_engine_falls_back_to_sugiyama_when_dot_fails(monkeypatch):
     assert layout_recording(tiny_recording()).engine == "sugiyama"
     with pytest.raises(GradscopeError, match="dot failed"):
         layout_recording(tiny_recording(), engine="dot")
+
+
+def _create_graph_recording(depth: int = 8):
+    import torch
+
+    import gradscope as gs
+    from gradscope.strategies import mixed_grad
+
+    torch.manual_seed(0)
+    G = torch.nn.Sequential(*[m for _ in range(depth) for m in (torch.nn.Linear(64, 64), torch.nn.Tanh())]).eval()
+    z, y = torch.randn(8, 64), torch.randn(8, 64, requires_grad=True)
+    with gs.record(memory="off", modules={"G": G}) as r:
+        mixed_grad(lambda a, b: ((a + b) ** 3).sum(), G, z, y, method="create_graph")
+    return r.recording
+
+
+@pytest.mark.parametrize("engine", ["dot", "sugiyama"])
+def test_create_graph_nodes_sit_beside_what_they_differentiate(engine):
+    if engine == "dot" and shutil.which("dot") is None:
+        pytest.skip("Graphviz dot is not installed")
+    rec = _create_graph_recording(8)
+    assert {n.order for n in rec.nodes} == {0, 1}
+    lay = layout_recording(rec, collapse=False, engine=engine)
+    order = [n.order for n in rec.nodes]
+    up = down = 0
+    for e in rec.edges:
+        if order[e.src] == order[e.dst] == 1:
+            assert lay.y[e.dst] < lay.y[e.src], e  # gradients' chain runs upwards
+            up += 1
+        elif order[e.src] == order[e.dst] == 0:
+            assert lay.y[e.dst] > lay.y[e.src], e  # forward runs down
+            down += 1
+    assert up >= 16 and down >= 32
+    if engine == "dot":
+        # no edge spans the drawing: the create_graph chain is not hung below the forward one
+        spans = sorted(abs(lay.y[e.dst] - lay.y[e.src]) for e in rec.edges)
+        assert spans[-1] < lay.height / 6  # three ranks at most, here
+        # compact: a few columns (forward chain, leaves, create_graph chain), not one per long edge
+        # (before: 1,892 px for this graph, 2,706 px for the 24-layer demo)
+        assert lay.width <= 7 * (NODE_W + 20), lay.width
+
+
+def test_small_graphs_travel_with_a_folded_level():
+    from gradscope.layout import layout_levels
+
+    rec = _create_graph_recording(8)
+    levels = layout_levels(rec)
+    assert [lv.depth for lv in levels] == [None, 2]
+    assert levels[1].visible_count < len(rec.nodes) * 0.75
+    assert [lv.depth for lv in layout_levels(rec, collapse=False)] == [None]
+    assert [lv.depth for lv in layout_levels(layered_recording(8))] == [3]  # big: folded only

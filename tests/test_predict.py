@@ -287,6 +287,78 @@ def test_optimizer_step_state_is_predicted() -> None:
     assert 0 <= rec.recording.peak_bytes - p.peak_bytes <= 64
 
 
+OPTIMIZERS = {
+    "SGD-momentum": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
+    "Adam": torch.optim.Adam,
+    "AdamW": torch.optim.AdamW,
+    "RMSprop": torch.optim.RMSprop,
+    "Adagrad": torch.optim.Adagrad,  # makes its state (and step counters) in its constructor
+    "NAdam": torch.optim.NAdam,
+    "RAdam": torch.optim.RAdam,
+    "Adamax": torch.optim.Adamax,
+    "Adadelta": torch.optim.Adadelta,
+    "Rprop": torch.optim.Rprop,
+}
+
+
+def _train_step(model, opt, x):  # type: ignore[no-untyped-def]
+    opt.zero_grad()
+    model(x).square().mean().backward()
+    opt.step()
+
+
+@pytest.mark.parametrize("stepped_before", [False, True], ids=["fresh", "stepped"])
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_optimizer_steps_are_predicted_like_the_real_step(name: str, stepped_before: bool) -> None:
+    # The optimizers read their 0-dim step counters with .item(): on torch 2.6-2.8 the counter
+    # follows the default device (meta inside a prediction), and an optimizer that has stepped
+    # before holds counters the copy must keep with their values.
+    torch.manual_seed(0)
+    model, x = nn.Linear(64, 64), torch.randn(8, 64)
+    opt = OPTIMIZERS[name](model.parameters())
+    if stepped_before:
+        _train_step(model, opt, x)
+    state = copy.deepcopy(opt.state_dict())
+    p = gs.predict(_train_step, model, opt, x, device="cpu")
+    after = opt.state_dict()
+    assert after["state"].keys() == state["state"].keys()
+    for k, st in state["state"].items():  # the user's optimizer was not stepped
+        for key, v in st.items():
+            assert torch.equal(after["state"][k][key], v) if isinstance(v, torch.Tensor) else after["state"][k][key] == v
+    m2 = copy.deepcopy(model)
+    o2 = OPTIMIZERS[name](m2.parameters())
+    o2.load_state_dict(copy.deepcopy(state))
+    with gs.record(memory="cpu") as rec:
+        _train_step(m2, o2, x)
+    assert rec.recording is not None
+    real = rec.recording.peak_bytes
+    # the optimizer's state and temporaries (a weight-sized buffer at least) are in both peaks
+    assert real > 64 * 64 * 4 * (2 if name == "SGD-momentum" and not stepped_before else 1)
+    # step counters and Python numbers wrapped as 0-dim tensors: a few bytes the meta run does not count
+    assert 0 <= real - p.peak_bytes <= 64
+    assert torch.tensor(0.0).device.type == "cpu"
+
+
+def test_an_optimizer_step_that_raises_leaves_the_default_device_alone() -> None:
+    model, x = nn.Linear(8, 8), torch.randn(4, 8)
+    opt = torch.optim.Adam(model.parameters())
+
+    def step(model, opt, x):  # type: ignore[no-untyped-def]
+        def closure():  # type: ignore[no-untyped-def]
+            model(x).sum().backward()
+            raise ValueError("user code failed inside the optimizer step")
+
+        opt.step(closure)
+
+    with pytest.raises(gs.GradscopeError, match="user code failed inside the optimizer step"):
+        gs.predict(step, model, opt, x, device="cpu")
+    assert torch.get_default_device().type == "cpu"
+    assert torch.tensor(0.0).device.type == "cpu" and torch.zeros(3).device.type == "cpu"
+    # and a later prediction with a plain step still runs on meta, with no hook left over
+    assert gs.predict(_train_step, model, opt, x, device="cpu").peak_bytes > 0
+    assert torch.tensor(0.0).device.type == "cpu"
+
+
 # ----- the allocator model --------------------------------------------------------------------
 def test_allocator_rounds_to_512_and_uses_pools() -> None:
     e = estimate_cuda_allocator([(1, 1)])

@@ -7,6 +7,7 @@ import copy
 
 import pytest
 import torch
+from conftest import count_packs, saved_tensors_hooks_active
 from torch import nn
 from torch.func import functional_call
 
@@ -435,12 +436,16 @@ def test_jacobian_runs_under_saved_tensor_hooks_and_puts_them_back(method):
     net = _mlp()
     x = torch.randn(3, 5, dtype=torch.float64)
     want = jacobian(net, x, method="loop", batch_dim=0)
-    with torch.autograd.graph.save_on_cpu():
-        top = torch._C._autograd._top_saved_tensors_default_hooks(False)
+    hooks = torch.autograd.graph.save_on_cpu()
+    packs = count_packs(hooks)
+    with hooks:
         got = jacobian(net, x, method=method, batch_dim=0)
-        assert torch._C._autograd._top_saved_tensors_default_hooks(False) == top
+        before = packs[0]
+        y = torch.ones(2, requires_grad=True).exp()  # saves its result: the user's pack hook runs
+        assert packs[0] == before + 1, "the user's hooks are no longer the innermost pair"
+        del y
     assert torch.allclose(got, want, rtol=1e-12, atol=1e-14)
-    assert torch._C._autograd._top_saved_tensors_default_hooks(False) is None
+    assert not saved_tensors_hooks_active()
 
 
 @pytest.mark.parametrize("method", ["stacked", "two_pass"])

@@ -48,20 +48,37 @@ def test_recording_payload_columns():
     assert p["steps"]["live_after"] == [1000, 1600, 1100, 900]
     assert p["steps"]["freed"] == [0, 64, 512, 256]
     assert p["timeline"]["phase"] == [0, 0, 0, 1, 1, 1, 1]
+    assert p["phases"] == ["forward", "backward", "optimizer", "other"]
     assert p["timeline"]["step"] == [None, None, None, 0, 1, 2, 3]
+    # every point of the hand-made timeline is "other": one band equal to live
+    assert p["timeline"]["categories"] == ["other"]
+    assert p["timeline"]["by_category"] == []  # one category is all of live: sent once
+    # what each node holds: activations only (node 1's 64-byte weight and node 3's input are not
+    # memory of the block), and its largest saved tensor
+    assert p["nodes"]["act_bytes"] == [0, 512, 512, 0, 0, 0]
+    assert [S[i] if i >= 0 else None for i in p["nodes"]["largest"]] == [None, "16 × 8", "16 × 8", "16 × 4", None, None]
+    assert [S[i] if i >= 0 else None for i in p["nodes"]["largest_kind"]][3] == "input"
+    assert "alive" not in p["nodes"]  # nothing measured at the peak in a hand-made recording
+    assert [S[i] for i in p["modules"]["name"]] == ["0", "1"]
+    assert p["modules"]["saved_activations"] == [512, 512] and p["modules"]["alive_at_peak"] is None
     assert p["summary"] == {
         "nodes": 6,
         "edges": 5,
         "saved": 4,
         "saved_bytes": 832,
+        "saved_activations": 512,
+        "parameters_saved": 320,
         "peak_bytes": 1600,
         "baseline_bytes": 4096,
         "steps": 4,
         "device": "cpu",
+        "memory": True,
         "complete": True,
         "error": None,
     }
     assert p["peak"]["node"] == 1 and p["peak"]["phase"] == "backward"
+    assert p["peak"]["breakdown"] == {"other": 1600}
+    assert [lv["depth"] for lv in p["levels"]] == [None]  # six nodes: nothing to fold
     assert json.loads(payload_json(rec)) == json.loads(json.dumps(p))
 
 
@@ -273,9 +290,9 @@ def test_rerun_with_a_real_comparison():
 def test_gs_show_is_the_widget_entry_point_and_collapse_passes_through():
     assert gs.show is show
     rec = layered_recording(4)
-    folded = json.loads(show(rec, collapse=2).data)["graph"]
+    folded = json.loads(show(rec, collapse=2).data)["levels"][0]
     assert len(folded["groups"]["key"]) == 4 and folded["depth"] == 2
-    flat = json.loads(show(rec, collapse=False).data)["graph"]
+    flat = json.loads(show(rec, collapse=False).data)["levels"][0]
     assert flat["groups"]["key"] == [] and set(flat["group"]) == {-1}
 
 

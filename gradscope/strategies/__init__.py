@@ -3,11 +3,16 @@
 =========================================  ==================================================
 pattern                                    functions
 =========================================  ==================================================
-mixed second derivative, frozen model      :func:`mixed_grad` (``create_graph`` / ``forward_ad`` / ``split``)
+mixed second derivative, frozen model      :func:`mixed_grad` (``create_graph`` / ``forward_ad`` / ``split``),
+                                           :func:`grad_of_input_grads` (the same, over many ``z_i``)
 loss over many outputs of one model        :func:`many_inputs_backward` (``stacked`` / ``two_pass``)
-hypergradient through optimizer steps      :func:`hypergradient`, :func:`unrolled_params`
-early release of penalty branches          :class:`PenaltyBranches` (``early`` / ``retain_graph`` / ``joint``)
-Jacobians                                  :func:`jacobian` (``loop`` / ``batched`` / ``jacrev`` / ``jacfwd`` / ``vmap``)
+hypergradient through optimizer steps      :func:`hypergradient` (``unrolled`` / ``finite_difference`` /
+                                           ``inplace``), :func:`unrolled_params` (``truncate=``),
+                                           :func:`finite_difference_grad`
+early release of penalty branches          :class:`PenaltyBranches` (``early`` / ``retain_graph`` / ``joint``),
+                                           ``backward(loss, scale=)``
+Jacobians                                  :func:`jacobian` (``loop`` / ``batched`` / ``repeat`` /
+                                           ``double_vjp`` / ``jacrev`` / ``jacfwd`` / ``vmap``)
 =========================================  ==================================================
 
 Example:
@@ -20,21 +25,36 @@ Example:
 
 from __future__ import annotations
 
-from gradscope.strategies.hyper import HYPERGRAD_METHODS, OPTIMIZERS, hypergradient, unrolled_params
+from gradscope.strategies.hyper import (
+    HYPERGRAD_METHODS,
+    OPTIMIZERS,
+    finite_difference_grad,
+    hypergradient,
+    unrolled_params,
+)
 from gradscope.strategies.jacobian import JACOBIAN_METHODS, jacobian
 from gradscope.strategies.many_inputs import MANY_INPUTS_METHODS, many_inputs_backward
-from gradscope.strategies.mixed import MIXED_GRAD_METHODS, frozen, mixed_grad
+from gradscope.strategies.mixed import (
+    INPUT_GRADS_METHODS,
+    MIXED_GRAD_METHODS,
+    frozen,
+    grad_of_input_grads,
+    mixed_grad,
+)
 from gradscope.strategies.penalties import PENALTY_METHODS, PenaltyBranches
 
 __all__ = [
     "HYPERGRAD_METHODS",
+    "INPUT_GRADS_METHODS",
     "JACOBIAN_METHODS",
     "MANY_INPUTS_METHODS",
     "MIXED_GRAD_METHODS",
     "OPTIMIZERS",
     "PENALTY_METHODS",
     "PenaltyBranches",
+    "finite_difference_grad",
     "frozen",
+    "grad_of_input_grads",
     "hypergradient",
     "jacobian",
     "many_inputs_backward",

@@ -54,3 +54,30 @@ def _need_scalar(func: str, what: str, value: Any) -> torch.Tensor:
 def _need_method(func: str, method: str, allowed: tuple[str, ...]) -> None:
     if method not in allowed:
         raise _fail(func, f"`method` must be one of {', '.join(repr(m) for m in allowed)}, got {method!r}.")
+
+
+# (rtol, atol) against the largest magnitude of the reference, per dtype
+_CLOSE: dict[torch.dtype, tuple[float, float]] = {
+    torch.float64: (1e-9, 1e-12),
+    torch.float32: (1e-5, 1e-7),
+    torch.float16: (1e-2, 1e-4),
+    torch.bfloat16: (4e-2, 1e-3),
+}
+
+
+def _outputs_close(got: torch.Tensor, want: torch.Tensor) -> str:
+    """'' when ``got`` equals ``want`` to a dtype tolerance, otherwise what differs."""
+    if got.shape != want.shape or got.dtype != want.dtype:
+        return f"shape/dtype {tuple(got.shape)} {got.dtype} vs {tuple(want.shape)} {want.dtype}"
+    if torch.equal(got, want):
+        return ""
+    if not got.is_floating_point():
+        return "values differ"
+    rtol, atol = _CLOSE.get(want.dtype, (1e-5, 1e-7))
+    g64, w64 = got.double(), want.double()
+    if not torch.equal(torch.isnan(g64), torch.isnan(w64)):
+        return "NaN in one and not the other"
+    finite = ~torch.isnan(w64)
+    err = (g64 - w64).abs()[finite].max().item() if finite.any() else 0.0
+    limit = atol + rtol * (w64.abs()[finite].max().item() if finite.any() else 0.0)
+    return "" if err <= limit else f"max abs difference {err:.3g}, tolerance {limit:.3g}"

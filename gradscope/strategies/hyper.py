@@ -9,6 +9,18 @@ The forum thread's failure mode is kept as ``method="inplace"``: the update runs
 ``torch.no_grad()`` (what ``optimizer.step()`` does), which cuts the graph from ``θ_K`` back to ``λ``;
 ``autograd.grad(val, λ)`` then raises "One of the differentiated Tensors appears to not have been used
 in the graph", and with ``allow_unused=True`` it returns ``None``.
+
+NOTE [ three ways to pay for a hypergradient ]: unrolling keeps every step's graph (and the graph of its
+gradient) until the end, so memory grows linearly with the steps. Two ways out, each with its price:
+  * truncation (``truncate=T``): the first ``K - T`` steps run without a graph (values only, Adam's
+    moments too) and only the last ``T`` are differentiated. Memory is that of ``T`` steps; the result
+    is biased, since the influence of ``λ`` on the early steps is dropped (exact when ``T = K``);
+  * finite differences (``method="finite_difference"``, what the thread's author ended with): train
+    with ``λ_i ± h`` for every element ``i`` and difference the validation losses. No graph at all, so
+    memory is one training step's; it costs ``2 · numel(λ)`` trainings and its error is of order
+    ``h²`` plus rounding over ``h`` (``h = ε^(1/3) · max(1, |λ_i|)`` by default, ``ε`` the dtype's).
+:func:`finite_difference_grad` does the same for any zero-argument function, for pipelines that
+:func:`hypergradient` does not cover (train one model, let it label data for another, train that one).
 """
 
 from __future__ import annotations
@@ -20,9 +32,9 @@ from torch import nn
 
 from gradscope.strategies._checks import _fail, _need_method, _need_scalar
 
-__all__ = ["HYPERGRAD_METHODS", "OPTIMIZERS", "hypergradient", "unrolled_params"]
+__all__ = ["HYPERGRAD_METHODS", "OPTIMIZERS", "finite_difference_grad", "hypergradient", "unrolled_params"]
 
-HYPERGRAD_METHODS = ("unrolled", "inplace")
+HYPERGRAD_METHODS = ("unrolled", "finite_difference", "inplace")
 OPTIMIZERS = ("sgd", "adam")
 
 _F = "hypergradient"
@@ -38,6 +50,7 @@ def unrolled_params(
     lr: float | torch.Tensor = 0.1,
     betas: tuple[float, float] = (0.9, 0.999),
     eps: float = 1e-8,
+    truncate: int | None = None,
 ) -> Params:
     """The parameters after ``steps`` differentiable optimizer steps, as a name -> tensor dict.
 
@@ -54,6 +67,8 @@ def unrolled_params(
         lr: learning rate, a float or a tensor (then it can be a hyperparameter too).
         betas: Adam's moment decay rates.
         eps: Adam's epsilon.
+        truncate: differentiate only the last ``truncate`` steps (``None``: all of them; ``0``: none,
+            plain training). See NOTE [ three ways to pay for a hypergradient ].
 
     Returns:
         ``{name: tensor}`` after the last step.
@@ -78,6 +93,9 @@ def unrolled_params(
         raise _fail(_F, f"`steps` must be a positive int, got {steps!r}.")
     if optimizer not in OPTIMIZERS:
         raise _fail(_F, f"`optimizer` must be one of {OPTIMIZERS}, got {optimizer!r}.")
+    if truncate is not None and (not isinstance(truncate, int) or isinstance(truncate, bool) or truncate < 0):
+        raise _fail(_F, f"`truncate` must be None or an int >= 0 (steps to differentiate), got {truncate!r}.")
+    first_graph = 1 if truncate is None else max(1, steps - truncate + 1)
     params: Params = {n: p.detach().clone().requires_grad_(True) for n, p in model.named_parameters()}
     if not params:
         raise _fail(_F, "`model` has no parameters to unroll.")
@@ -86,8 +104,15 @@ def unrolled_params(
     m = {n: torch.zeros_like(p) for n, p in params.items()}
     v = {n: torch.zeros_like(p) for n, p in params.items()}
     for k in range(1, steps + 1):
+        graph = k >= first_graph
         loss = _need_scalar(_F, "`train_loss`", train_loss(params))
-        grads = torch.autograd.grad(loss, [params[n] for n in names], create_graph=True, allow_unused=True)
+        if not loss.requires_grad:  # nothing in the model is used: no step to take
+            grads: Sequence[torch.Tensor | None] = [None] * len(names)
+        else:
+            grads = torch.autograd.grad(
+                loss, [params[n] for n in names], create_graph=graph, allow_unused=True
+            )
+        del loss
         new: Params = {}
         for n, gr in zip(names, grads, strict=True):
             p = params[n]
@@ -103,6 +128,10 @@ def unrolled_params(
                 # sqrt has an infinite derivative at 0; a zero gradient entry would turn it into NaN.
                 # The 1e-30 shift is far below float32 resolution of any non-zero v_hat.
                 new[n] = p - lr * m_hat / (torch.sqrt(v_hat + 1e-30) + eps)
+        if not graph:  # a truncated step: values only, see NOTE [ three ways to pay for a hypergradient ]
+            new = {n: t.detach().requires_grad_(True) for n, t in new.items()}
+            m = {n: t.detach() for n, t in m.items()}
+            v = {n: t.detach() for n, t in v.items()}
         params = new
     return params
 
@@ -118,6 +147,8 @@ def hypergradient(
     method: str = "unrolled",
     betas: tuple[float, float] = (0.9, 0.999),
     eps: float = 1e-8,
+    truncate: int | None = None,
+    fd_step: float | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor | None, ...] | None:
     """``d val_loss(θ_K) / d hyper`` through ``steps`` optimizer steps on ``train_loss``.
 
@@ -131,10 +162,15 @@ def hypergradient(
         steps: number of unrolled steps ``K``.
         optimizer: ``"sgd"`` or ``"adam"``.
         lr: learning rate (float or tensor).
-        method: ``"unrolled"`` (functional, correct) or ``"inplace"`` (the thread's in-place
-            ``no_grad`` update through ``torch.optim``; the graph is cut and the result is ``None``).
+        method: ``"unrolled"`` (functional, exact; memory grows with ``steps``),
+            ``"finite_difference"`` (central differences, no graph: memory flat in ``steps``, cost
+            ``2 · numel(hyper)`` trainings) or ``"inplace"`` (the thread's in-place ``no_grad`` update
+            through ``torch.optim``; the graph is cut and the result is ``None``).
         betas: Adam's moment decay rates.
         eps: Adam's epsilon.
+        truncate: with ``"unrolled"``, differentiate only the last ``truncate`` steps (biased, memory of
+            ``truncate`` steps); see NOTE [ three ways to pay for a hypergradient ].
+        fd_step: with ``"finite_difference"``, the step ``h`` (default: ``ε^(1/3) · max(1, |λ_i|)``).
 
     Returns:
         One tensor shaped like ``hyper`` (a tuple for a sequence of hyperparameters); ``None`` entries
@@ -172,10 +208,26 @@ def hypergradient(
             raise _fail(_F, f"`{name}` must require grad; call `.requires_grad_()` on it first.")
     if not callable(val_loss):
         raise _fail(_F, f"`val_loss` must be callable as val_loss(params), got {type(val_loss).__name__}.")
+    if truncate is not None and method != "unrolled":
+        raise _fail(_F, f"`truncate` applies to method='unrolled', not {method!r}.")
+    if fd_step is not None and method != "finite_difference":
+        raise _fail(_F, f"`fd_step` applies to method='finite_difference', not {method!r}.")
+    grads: list[torch.Tensor | None]
     if method == "unrolled":
-        params = unrolled_params(model, train_loss, steps, optimizer, lr, betas, eps)
+        params = unrolled_params(model, train_loss, steps, optimizer, lr, betas, eps, truncate)
         val = _need_scalar(_F, "`val_loss`", val_loss(params))
-        grads: list[torch.Tensor | None] = list(torch.autograd.grad(val, hypers, allow_unused=True))
+        if not val.requires_grad:
+            grads = [None] * len(hypers)
+        else:
+            grads = list(torch.autograd.grad(val, hypers, allow_unused=True))
+    elif method == "finite_difference":
+
+        def trained_val() -> torch.Tensor:
+            params = unrolled_params(model, train_loss, steps, optimizer, lr, betas, eps, truncate=0)
+            with torch.no_grad():
+                return _need_scalar(_F, "`val_loss`", val_loss(params))
+
+        grads = list(finite_difference_grad(trained_val, hypers, step=fd_step))
     else:
         grads = _inplace(model, hypers, train_loss, val_loss, steps, optimizer, lr, betas, eps)
     return grads[0] if single else tuple(grads)
@@ -223,3 +275,77 @@ def _inplace(
                 value, grad = saved[n]
                 p.copy_(value)
                 p.grad = grad
+
+
+_FD = "finite_difference_grad"
+
+
+def finite_difference_grad(
+    fn: Callable[[], torch.Tensor], inputs: torch.Tensor | Sequence[torch.Tensor], step: float | None = None
+) -> tuple[torch.Tensor, ...]:
+    """Central-difference gradient of a scalar ``fn()`` with respect to ``inputs``, moved in place.
+
+    ``fn`` takes no argument and reads the ``inputs`` it closes over (a pipeline's hyperparameters);
+    each element is moved by ``±h`` in turn and put back exactly afterwards, also on error. Costs
+    ``2 · numel`` calls of ``fn``, keeps no graph.
+
+    Args:
+        fn: returns a scalar tensor (or a float).
+        inputs: the tensor(s) to differentiate with respect to (leaves; ``requires_grad`` not needed).
+        step: ``h``; default ``ε^(1/3) · max(1, |x_i|)`` with ``ε`` the machine epsilon of the dtype.
+
+    Returns:
+        One gradient per input, shaped like it.
+
+    Example:
+        >>> import torch
+        >>> a = torch.tensor([1.0, 2.0], dtype=torch.float64)
+        >>> (g,) = finite_difference_grad(lambda: (a ** 3).sum(), a)
+        >>> torch.allclose(g, 3 * a ** 2, rtol=1e-8)
+        True
+    """
+    if not callable(fn):
+        raise _fail(_FD, f"`fn` must be a zero-argument callable, got {type(fn).__name__}.")
+    xs = [inputs] if isinstance(inputs, torch.Tensor) else list(inputs)
+    for i, x in enumerate(xs):
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+            raise _fail(_FD, f"`inputs[{i}]` must be a floating-point tensor.")
+    out = []
+    for x in xs:
+        held = x.detach()  # shares x's storage: writes move x itself
+        saved = held.clone()
+        grad = torch.zeros(x.shape, dtype=torch.float64)
+        for idx in _indices(tuple(x.shape)):
+            h = step if step is not None else _default_step(x.dtype, float(saved[idx]))
+            vals = []
+            try:
+                for sign in (1.0, -1.0):
+                    with torch.no_grad():
+                        held[idx] = saved[idx] + sign * h
+                    vals.append(_fd_value(fn))
+            finally:
+                with torch.no_grad():
+                    held[idx] = saved[idx]
+            grad[idx] = (vals[0] - vals[1]) / (2 * h)
+        out.append(grad.to(dtype=x.dtype, device=x.device))
+    return tuple(out)
+
+
+def _indices(shape: tuple[int, ...]) -> list[tuple[int, ...]]:
+    out: list[tuple[int, ...]] = [()]
+    for size in shape:
+        out = [(*i, j) for i in out for j in range(size)]
+    return out
+
+
+def _default_step(dtype: torch.dtype, value: float) -> float:
+    return float(torch.finfo(dtype).eps) ** (1 / 3) * max(1.0, abs(value))
+
+
+def _fd_value(fn: Callable[[], torch.Tensor]) -> float:
+    value = fn()
+    if isinstance(value, torch.Tensor):
+        return float(_need_scalar(_FD, "`fn`", value).detach())
+    if isinstance(value, (int, float)):
+        return float(value)
+    raise _fail(_FD, f"`fn` must return a scalar tensor or a float, got {type(value).__name__}.")

@@ -18,6 +18,18 @@ first pass and must leave the model exactly as the stacked run would. So:
   * during the recompute every norm layer in train mode gets ``track_running_stats = False``: it then
     normalizes with the batch statistics (as in the first pass) but neither reads nor updates the
     running statistics. The flags are restored afterwards, also on error.
+
+NOTE [ two-pass refuses state that changes during the recompute ]: batch norm is the one kind of state
+the recompute knows how to hold still. Anything else that a forward updates (``spectral_norm``'s power
+iteration writes its ``u``/``v`` vectors and a new ``weight`` on every training-mode forward; a call
+counter; a cache) makes the recompute a different function from the first pass, and its gradients
+silently wrong (measured: ``spectral_norm`` gave a gradient error of 6.7e-4 and left its ``u`` buffer
+3.5e-2 away from the stacked run's). Rather than trust a list of layer types, the recompute snapshots
+the whole state of every module that ran in the first pass (see NOTE [ what counts as a module's state ]),
+and after each recomputed forward, before its backward, compares: any difference puts the state back
+and raises, naming what changed. As a second guard the recomputed output must equal the first pass's
+(to a dtype tolerance: eval-mode fast paths may round differently under ``no_grad``), which also
+catches state held outside any module.
 """
 
 from __future__ import annotations
@@ -30,7 +42,8 @@ import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _NormBase
 
-from gradscope.strategies._checks import _fail, _need_callable, _need_method, _need_scalar
+from gradscope.strategies._checks import _fail, _need_callable, _need_method, _need_scalar, _outputs_close
+from gradscope.strategies._modules import StateSnapshot, modules_run, with_submodules
 
 __all__ = ["MANY_INPUTS_METHODS", "many_inputs_backward"]
 
@@ -117,10 +130,12 @@ def _two_pass(
     start = _get_rng(devices)
     marks: list[int] = []
     zs = []
-    with torch.no_grad():
+    with torch.no_grad(), modules_run() as ran:
         for i, x in enumerate(inputs):
             marks.append(_rng_hash(devices))
             zs.append(_output(f, x, i))
+    own: list[tuple[str | None, nn.Module]] = [("f", f)] if isinstance(f, nn.Module) else []
+    names = with_submodules(own + [(None, m) for m in ran])
     zs_leaf = _stack(zs).requires_grad_(True)
     del zs
     L = _need_scalar(_F, "`g`", g(zs_leaf))
@@ -128,10 +143,12 @@ def _two_pass(
     after = _get_rng(devices)  # where the stacked run leaves the RNG: after f on every input, then g
     dL_dz = zs_leaf.grad
     assert dL_dz is not None
+    first = zs_leaf.detach()  # see NOTE [ two-pass refuses state that changes during the recompute ]
     del zs_leaf
     try:
         _set_rng(start)
-        with _batch_stats_only(f):
+        with _batch_stats_only(list(names)):
+            state = StateSnapshot(names)
             for i, x in enumerate(inputs):
                 if _rng_hash(devices) != marks[i]:
                     raise _fail(
@@ -141,11 +158,37 @@ def _two_pass(
                         "reproduce the first pass. Use method='stacked'.",
                     )
                 z = _output(f, x, i)
+                _check_recompute(state, i, z, first[i])
                 z.backward(dL_dz[i])
                 del z
     finally:
         _set_rng(after)
     return L.detach()
+
+
+def _check_recompute(state: StateSnapshot, i: int, z: torch.Tensor, first: torch.Tensor) -> None:
+    changes = state.changes()
+    if changes:
+        state.restore()
+        listed = "; ".join(map(str, changes[:6])) + (
+            f" (and {len(changes) - 6} more)" if len(changes) > 6 else ""
+        )
+        raise _fail(
+            _F,
+            f"recomputing `f(inputs[{i}])` changed the model's state: {listed}. A forward that updates "
+            "state (spectral_norm's power iteration, a counter, a cache) is not the same function when "
+            "run again, so the two-pass gradients would be wrong. Use method='stacked', or put the "
+            "modules named above in eval mode if their state may stay fixed. The state is as the first "
+            "pass left it; gradients already accumulated by this call are incomplete.",
+        )
+    problem = _outputs_close(z.detach(), first)
+    if problem:
+        raise _fail(
+            _F,
+            f"recomputing `f(inputs[{i}])` gave a different output than the first pass ({problem}): "
+            "something the forward reads changed in between (state kept outside the modules, a "
+            "non-deterministic kernel). Use method='stacked'.",
+        )
 
 
 def _cuda_devices(inputs: Sequence[torch.Tensor], f: Any) -> list[int]:
@@ -172,13 +215,9 @@ def _set_rng(state: tuple[torch.Tensor, list[tuple[int, torch.Tensor]]]) -> None
 
 
 @contextlib.contextmanager
-def _batch_stats_only(f: Any) -> Iterator[None]:
+def _batch_stats_only(modules: list[nn.Module]) -> Iterator[None]:
     """Norm layers in train mode use batch statistics without touching running ones (see NOTE above)."""
-    changed: list[_NormBase] = []
-    if isinstance(f, nn.Module):
-        for m in f.modules():
-            if isinstance(m, _NormBase) and m.training and m.track_running_stats:
-                changed.append(m)
+    changed = [m for m in modules if isinstance(m, _NormBase) and m.training and m.track_running_stats]
     try:
         for m in changed:
             m.track_running_stats = False

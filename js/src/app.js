@@ -1,29 +1,57 @@
 // The views: a recording (graph, details, step-through, timeline) and a comparison (strategy
 // toggles, side-by-side figures, overlaid timelines). Shared by the widget and the HTML page.
 // See NOTE [ text is data ] in dom.js: no user text ever goes through innerHTML.
+// Every figure shown comes with its definition (gradscope.figures, in the payload).
 
-import { decodeRecording, findNodes, modulesBySavedBytes, nodeLabel } from "./data.js";
+import { decodeRecording, figureOf, findNodes, nodeLabel } from "./data.js";
 import { clear, h } from "./dom.js";
-import { formatBytes, formatError, formatSeconds } from "./format.js";
+import { formatBytes, formatError, formatRatio, formatSeconds, formatSecondsRange, stepText } from "./format.js";
 import { GraphView } from "./graph.js";
-import { clampStep, nodeReleaseSteps, stepState, stepTime } from "./stepper.js";
+import { legendItems } from "./legend.js";
+import { zoomAnchor } from "./lod.js";
+import { breakdownAt, argmax } from "./series.js";
+import { clampStep, nodeReleaseSteps, stepState, stepTime, whyNothingFreed } from "./stepper.js";
 import { CSS } from "./style.js";
-import { renderTimeline } from "./timeline.js";
-import { COLORS } from "./color.js";
+import { renderMemory, renderOverlay } from "./timeline.js";
 import { zoomAt } from "./viewport.js";
 
 const ORDER_TEXT = ["forward (order 0)", "created by create_graph (order 1)", "created by a second create_graph (order 2)"];
 
-function legend() {
-  const sw = (style) => h("span", { class: "gs-swatch", style });
-  return h("div", { class: "gs-legend" }, [
-    h("span", {}, [sw("background: rgb(255,247,214)"), "few saved bytes"]),
-    h("span", {}, [sw("background: rgb(190,30,45)"), "many"]),
-    h("span", {}, [sw(`background: ${COLORS.leaf}`), "leaf (parameter)"]),
-    h("span", {}, [sw(`border: 2px dashed ${COLORS.order1}`), "order 1 (create_graph)"]),
-    h("span", {}, [sw(`border: 2px dotted ${COLORS.order2}`), "order 2"]),
-    h("span", {}, [sw("border: 3px double #52606d; background:#fff"), "module (click to expand)"]),
-  ]);
+function legend(rec, level) {
+  const box = h("div", { class: "gs-legend" });
+  for (const it of legendItems(rec, level)) {
+    box.appendChild(
+      h("span", { class: `gs-legend-item gs-legend-${it.key}`, dataset: { key: it.key } }, [
+        it.arrow ? h("span", { class: "gs-arrow", text: "→" }) : h("span", { class: "gs-swatch", style: it.style }),
+        it.text,
+      ]),
+    );
+  }
+  return box;
+}
+
+function levelName(level, i) {
+  if (level.depth === null || level.depth === undefined) return "every node";
+  return `modules folded (depth ${level.depth})`;
+}
+
+/** The sentence under the timeline: what memory was made of at the peak. */
+function peakBreakdownText(rec) {
+  const p = rec.peak;
+  const tl = rec.timeline;
+  if (!p) return null;
+  const base = rec.summary.baseline_bytes || 0;
+  const where = [p.step !== null && p.step !== undefined ? stepText(p.step) : null, p.label || null, p.module ? `in ${p.module}` : null].filter((x) => x);
+  let text = `At the peak (${p.phase}${where.length ? `, ${where.join(", ")}` : ""}): ${formatBytes(p.bytes)} allocated in the block`;
+  const labels = rec.categoryLabels || {};
+  if (p.breakdown && Object.keys(p.breakdown).length > 1) {
+    text += ": " + Object.entries(p.breakdown).map(([c, b]) => `${labels[c] || c} ${formatBytes(b)}`).join(" · ");
+  } else if (tl.categories.length > 1) {
+    const i = argmax(tl.live);
+    if (i >= 0) text += ": " + breakdownAt(tl, i).map(([c, b]) => `${labels[c] || c} ${formatBytes(b)}`).join(" · ");
+  }
+  if (base) text += `; on top of ${formatBytes(base)} of parameters and inputs that existed before it`;
+  return `${text}.`;
 }
 
 /** One recording: graph + side panel + stepper + timeline. */
@@ -35,25 +63,34 @@ export class RecordingView {
     parent.appendChild(this.root);
     const rec = this.rec;
     const s = rec.summary;
-    const parts = [
-      `${s.nodes} nodes`,
-      `${s.saved} saved tensors (${formatBytes(s.saved_bytes)})`,
-      `peak ${formatBytes(s.peak_bytes)} above a baseline of ${formatBytes(s.baseline_bytes)}`,
-      `${s.steps} backward steps`,
-      `device ${s.device}`,
-    ];
-    if (!s.complete) parts.push("incomplete");
+    const F = (name) => figureOf(rec, name);
     this.root.appendChild(h("h3", { class: "gs-title", text: `gradscope · ${rec.label || "recording"}` }));
-    this.root.appendChild(h("div", { class: "gs-summary", text: parts.join(" · ") }));
+    const parts = [`${s.nodes} nodes`];
+    if (s.memory !== false) parts.push(`peak ${formatBytes(s.peak_bytes)} at once, above ${formatBytes(s.baseline_bytes)} of parameters and inputs`);
+    parts.push(`${F("saved_activations").label} ${formatBytes(s.saved_activations ?? s.saved_bytes)} in total`);
+    if (s.parameters_saved) parts.push(`parameters and inputs saved ${formatBytes(s.parameters_saved)} (no new memory)`);
+    parts.push(`${s.steps} backward steps`, `device ${s.device}`);
+    if (!s.complete) parts.push("incomplete");
+    this.root.appendChild(
+      h("div", {
+        class: "gs-summary",
+        text: parts.join(" · "),
+        title: `${F("peak").label}: ${F("peak").definition}\n${F("saved_total").label}: ${F("saved_total").definition}`,
+      }),
+    );
     if (s.error) this.root.appendChild(h("div", { class: "gs-error", text: `error: ${s.error}` }));
     if (rec.peak) {
       const p = rec.peak;
-      const where = [p.phase, p.label, p.module ? `module ${p.module}` : null].filter((x) => x).join(" · ");
+      const where = [p.phase, p.step !== null && p.step !== undefined ? stepText(p.step) : null, p.label, p.module ? `module ${p.module}` : null]
+        .filter((x) => x)
+        .join(" · ");
       this.root.appendChild(h("div", { class: "gs-summary gs-peak", text: `peak ${formatBytes(p.bytes)}: ${where}` }));
     }
     const tb = h("div", { class: "gs-toolbar" });
+    this.legendBox = h("div", { class: "gs-legend-wrap" });
     const body = h("div", { class: "gs-body" });
     this.root.appendChild(tb);
+    this.root.appendChild(this.legendBox);
     this.root.appendChild(body);
     this.releaseStep = nodeReleaseSteps(rec);
     this.graph = new GraphView(body, rec, {
@@ -61,18 +98,31 @@ export class RecordingView {
         this.showNode(id);
         this.hooks.onSelect?.(id);
       },
+      onLevel: () => this._levelChanged(),
     });
     this.side = h("div", { class: "gs-side" });
     body.appendChild(this.side);
-    const btn = (text, fn, cls) => h("button", { class: cls, text, on: { click: fn } });
-    tb.appendChild(btn("Fit", () => this.graph.fit(), "gs-fit"));
-    tb.appendChild(btn("Whole graph", () => this.graph.fitAll(), "gs-fit-all"));
-    tb.appendChild(btn("+", () => this._zoom(1.4), "gs-zoom-in"));
-    tb.appendChild(btn("−", () => this._zoom(1 / 1.4), "gs-zoom-out"));
-    if (rec.graph.groups.key.length) {
-      tb.appendChild(btn("Expand all modules", () => this.graph.expandAll(), "gs-expand-all"));
-      tb.appendChild(btn("Collapse all", () => this.graph.collapseAll(), "gs-collapse-all"));
+    const btn = (text, fn, cls, title) => h("button", { class: cls, text, title, on: { click: fn } });
+    tb.appendChild(btn("Fit", () => this.graph.fit(), "gs-fit", "the whole graph if names fit, else its top"));
+    tb.appendChild(btn("Whole graph", () => this.graph.fitAll(), "gs-fit-all", "the whole graph, however small"));
+    tb.appendChild(btn("+", () => this._zoom(1.4), "gs-zoom-in", "zoom in (towards the selected node or the drawing)"));
+    tb.appendChild(btn("−", () => this._zoom(1 / 1.4), "gs-zoom-out", "zoom out"));
+    if (rec.levels.length > 1) {
+      this.levelSel = h("select", { class: "gs-level", "aria-label": "level of detail", title: "level of detail" });
+      rec.levels.forEach((lv, i) => {
+        const o = h("option", { text: levelName(lv, i) });
+        o.value = String(i);
+        this.levelSel.appendChild(o);
+      });
+      this.levelSel.addEventListener("change", () => this.graph.setLevel(Number(this.levelSel.value)));
+      tb.appendChild(h("span", { class: "gs-muted", text: "show:" }));
+      tb.appendChild(this.levelSel);
     }
+    this.expandBtns = h("span", { class: "gs-expand-btns" }, [
+      btn("Open all modules", () => this.graph.expandAll(), "gs-expand-all"),
+      btn("Fold all", () => this.graph.collapseAll(), "gs-collapse-all"),
+    ]);
+    tb.appendChild(this.expandBtns);
     // find a node by class, parameter or module; Enter again goes to the next match
     const find = h("input", { type: "search", class: "gs-find", placeholder: "find node or module…", "aria-label": "find node or module" });
     const found = h("span", { class: "gs-found gs-muted" });
@@ -97,31 +147,69 @@ export class RecordingView {
     });
     tb.appendChild(find);
     tb.appendChild(found);
-    tb.appendChild(legend());
+    this._levelChanged();
     this.selected = -1;
     this.step = null;
     this.showOverview();
     this._buildStepper();
     this.timelineDiv = h("div", { class: "gs-timeline" });
-    this.root.appendChild(h("div", { class: "gs-section" }, [this.timelineDiv]));
+    const section = h("div", { class: "gs-section" }, [this.timelineDiv]);
+    this.root.appendChild(section);
     if (rec.timeline.t.length) {
-      // the graph paints first; the timeline follows in the next task
-      this._timelineTimer = setTimeout(() => {
-        this._timelineTimer = null;
-        this.timeline = renderTimeline(this.timelineDiv, [{ name: rec.label || "live bytes", rec }], {
-          onPickStep: (k) => this.setStep(k, true),
+      const text = peakBreakdownText(rec);
+      if (text) section.appendChild(h("div", { class: "gs-peak-breakdown", text }));
+      if (rec.timeline.categoryNote) section.appendChild(h("div", { class: "gs-muted gs-category-note", text: `Memory by category: ${rec.timeline.categoryNote}.` }));
+      this.showBaseline = true;
+      const draw = () => {
+        this.timeline?.destroy();
+        this.timeline = renderMemory(this.timelineDiv, rec, { onPickStep: (k) => this.setStep(k, true), baseline: this.showBaseline });
+        if (this.step) this.timeline.setStep(this._stepX(this.step.index));
+      };
+      if (s.baseline_bytes) {
+        const box = h("input", { type: "checkbox", class: "gs-baseline-toggle" });
+        box.checked = true;
+        box.addEventListener("change", () => {
+          this.showBaseline = box.checked;
+          draw();
         });
-        if (this.step) this.timeline.setStep(stepTime(rec, this.step.index));
-      }, 0);
+        section.insertBefore(
+          h("label", { class: "gs-muted gs-baseline" }, [box, ` include the ${formatBytes(s.baseline_bytes)} of parameters and inputs from before the block (bottom band)`]),
+          this.timelineDiv,
+        );
+      }
+      // the graph paints first; the timeline follows once that frame is on screen
+      const later = () => {
+        this._timelineTimer = setTimeout(() => {
+          this._timelineTimer = null;
+          draw();
+        }, 0);
+      };
+      if (typeof requestAnimationFrame !== "undefined") requestAnimationFrame(later);
+      else later();
     } else {
       this.timelineDiv.appendChild(h("div", { class: "gs-muted", text: "No memory timeline (recorded with memory='off')." }));
     }
   }
 
+  _stepX(k) {
+    const t = stepTime(this.rec, k);
+    return t === null ? null : t * 1e3;
+  }
+
+  _levelChanged() {
+    if (!this.graph || !this.legendBox || !this.expandBtns) return; // during construction: called again after
+    const lv = this.graph.layout;
+    clear(this.legendBox);
+    this.legendBox.appendChild(legend(this.rec, lv));
+    if (this.levelSel) this.levelSel.value = String(this.graph.levelIndex);
+    this.expandBtns.style.display = lv.groups.key.length ? "" : "none";
+  }
+
   _zoom(f) {
     const g = this.graph;
     g.touched = true;
-    g.view = zoomAt(g.view, f, g.width / 2, g.height / 2);
+    const a = zoomAnchor(g.view, g.vis.bounds, g.width, g.height, g.focusPoint());
+    g.view = zoomAt(g.view, f, a.x, a.y);
     g.draw();
   }
 
@@ -144,6 +232,9 @@ export class RecordingView {
     wrap.appendChild(h("button", { class: "gs-last", text: "»", title: "last step", on: { click: () => go(n - 1) } }));
     this.stepLabel = h("span", { class: "gs-steplabel gs-muted", text: `${n} steps; press ▶ (or → on the graph) to step through backward` });
     wrap.appendChild(this.stepLabel);
+    this.stepWhy = h("div", { class: "gs-step-why" });
+    this.stepWhy.style.display = "none";
+    this.root.appendChild(this.stepWhy);
     // arrow keys step while the graph has the focus
     this.graph.canvas.addEventListener("keydown", (e) => {
       if (e.key === "ArrowRight" || e.key === "ArrowLeft") {
@@ -165,11 +256,15 @@ export class RecordingView {
     const node = this.rec.nodes[st.node];
     this.stepLabel.className = "gs-steplabel";
     this.stepLabel.dataset.step = String(k);
-    this.stepLabel.textContent = `step ${k + 1}/${n} · ${node ? nodeLabel(node) : "?"} · live ${formatBytes(st.liveAfter)} · freed ${formatBytes(st.freedBytes)}`;
+    const where = node && node.module ? ` in ${node.module}` : "";
+    this.stepLabel.textContent = `${stepText(k)}/${n} · ${node ? nodeLabel(node) : "?"} #${st.node}${where} · live ${formatBytes(st.liveAfter)} · freed ${formatBytes(st.freedBytes)}`;
+    const why = whyNothingFreed(this.rec, k);
+    this.stepWhy.textContent = why || "";
+    this.stepWhy.style.display = why ? "" : "none";
     this.graph.setStep(st, this.releaseStep);
     this.graph.reveal(st.node);
     this.graph.draw();
-    this.timeline?.setStep(stepTime(this.rec, k));
+    this.timeline?.setStep(this._stepX(k));
     this.showNode(st.node);
     if (notify) this.hooks.onStep?.(k);
   }
@@ -177,24 +272,49 @@ export class RecordingView {
   showOverview() {
     const side = this.side;
     clear(side);
-    side.appendChild(h("h4", { text: "Saved bytes by module" }));
-    const mods = modulesBySavedBytes(this.rec.saved).slice(0, 15);
-    if (!mods.length) side.appendChild(h("div", { class: "gs-muted", text: "No saved tensors." }));
-    const ol = h("ol", { class: "gs-modlist" });
-    for (const [m, b] of mods) {
-      const li = h("li", { class: "gs-module", text: `${m}: ${formatBytes(b)}`, title: "show in the graph" });
-      li.addEventListener("click", () => this.showModule(m));
-      ol.appendChild(li);
+    delete side.dataset.node;
+    const rec = this.rec;
+    const alive = figureOf(rec, "alive_at_peak");
+    const act = figureOf(rec, "saved_activations");
+    const measured = rec.modules.some((m) => m.alive !== null);
+    side.appendChild(h("h4", { text: "Memory by module" }));
+    const mods = rec.modules.filter((m) => (m.alive || 0) > 0 || m.act > 0).slice(0, 15);
+    if (!mods.length) {
+      side.appendChild(h("div", { class: "gs-muted", text: "No module made or saved memory in the block." }));
+    } else {
+      const tbl = h("table", { class: "gs-table gs-modtable" });
+      tbl.appendChild(
+        h("tr", {}, [
+          h("th", { text: "module" }),
+          measured ? h("th", { class: "gs-num", text: alive.label, title: alive.definition }) : null,
+          h("th", { class: "gs-num", text: act.label, title: act.definition }),
+        ]),
+      );
+      for (const m of mods) {
+        const tr = h("tr", { class: "gs-module", title: "show in the graph", dataset: { module: m.name } }, [
+          h("td", { class: "gs-module-name", text: m.name, title: m.name }),
+          measured ? h("td", { class: "gs-num gs-module-alive", text: formatBytes(m.alive) }) : null,
+          h("td", { class: "gs-num gs-module-act", text: formatBytes(m.act) }),
+        ]);
+        tr.addEventListener("click", () => this.showModule(m.name));
+        tbl.appendChild(tr);
+      }
+      side.appendChild(tbl);
+      const defs = h("div", { class: "gs-muted gs-defs" });
+      if (measured) defs.appendChild(h("div", { text: `${alive.label}: ${alive.definition}.` }));
+      defs.appendChild(h("div", { text: `${act.label}: ${act.definition}.` }));
+      side.appendChild(defs);
     }
-    side.appendChild(ol);
-    side.appendChild(h("div", { class: "gs-muted", text: "Click a node to see its saved tensors; click a module box to expand it." }));
+    side.appendChild(h("div", { class: "gs-muted", text: "Click a node to see its saved tensors; click a module box to open it." }));
   }
 
   /** Show a module's largest saver in the graph (expanding its folded box) and its details. */
   showModule(m) {
     let best = -1;
-    for (const n of this.rec.nodes) {
-      if (n.module === m && (best < 0 || n.savedBytes > this.rec.nodes[best].savedBytes)) best = n.id;
+    const nodes = this.rec.nodes;
+    for (const n of nodes) {
+      if (n.module !== m) continue;
+      if (best < 0 || n.actBytes > nodes[best].actBytes || (n.actBytes === nodes[best].actBytes && n.savedBytes > nodes[best].savedBytes)) best = n.id;
     }
     if (best < 0) return;
     this.revealNode(best);
@@ -204,13 +324,13 @@ export class RecordingView {
   /** Open the node's module if it is folded, centre the node and show its details. */
   revealNode(id) {
     if (!this.rec.nodes[id]) return;
-    const g = this.rec.graph.group[id];
+    const g = this.graph.layout.group[id];
     if (g >= 0 && !this.graph.expanded.has(g)) this.graph.toggleGroup(g, true);
     this.graph.focusNode(id);
     this.showNode(id);
   }
 
-  /** The side panel for node `id`: what it is, its module, its saved tensors. */
+  /** The side panel for node `id`: what it is, its module, what it holds, its saved tensors. */
   showNode(id) {
     const node = this.rec.nodes[id];
     if (!node) return;
@@ -221,15 +341,18 @@ export class RecordingView {
     side.dataset.node = String(id);
     side.appendChild(h("h4", { class: "gs-node-title", text: `${node.name} #${id}` }));
     const kv = h("div", { class: "gs-kv" });
-    const row = (k, v, cls) => {
-      kv.appendChild(h("span", { text: k }));
-      kv.appendChild(h("span", { class: cls, text: v }));
+    const row = (k, v, cls, title) => {
+      kv.appendChild(h("span", { text: k, title }));
+      kv.appendChild(h("span", { class: cls, text: v, title }));
     };
+    const act = figureOf(this.rec, "saved_activations");
     row("module", node.module ?? "(none)", "gs-node-module");
-    if (node.leaf) row("parameter", `${node.leaf}${node.leafShape ? ` ${node.leafShape}` : ""}`, "gs-node-leaf");
+    if (node.leaf) row(node.leaf === "input" ? "input" : "parameter", `${node.leaf}${node.leafShape ? ` ${node.leafShape}` : ""} (existed before the block)`, "gs-node-leaf");
     row("order", ORDER_TEXT[Math.min(node.order, 2)] ?? String(node.order));
     row("executed", `${node.executed}×`);
-    row("saved", `${node.savedCount} tensors, ${formatBytes(node.savedBytes)}`);
+    if (!node.leaf) row(act.label, `${formatBytes(node.actBytes)}${node.largest && node.actBytes > 0 ? ` (largest ${node.largest})` : ""}`, "gs-node-act", act.definition);
+    row("saved", `${node.savedCount} tensor${node.savedCount === 1 ? "" : "s"}, ${formatBytes(node.savedBytes)} with parameters and inputs`);
+    if (node.alive !== null) row("alive at peak", formatBytes(node.alive), "gs-node-alive", figureOf(this.rec, "alive_at_peak").definition);
     side.appendChild(kv);
     const idx = this.rec.savedByNode[id];
     if (!idx.length) {
@@ -256,7 +379,7 @@ export class RecordingView {
             h("td", { text: `${t.shape} ${t.dtype}` }),
             h("td", { class: "gs-num", text: formatBytes(t.bytes) }),
             h("td", { text: t.name && t.kind !== "activation" ? `${t.kind} (${t.name})` : t.kind }),
-            h("td", { class: "gs-num", text: t.freedAt === null || t.freedAt === undefined ? "—" : `step ${t.freedAt + 1}` }),
+            h("td", { class: "gs-num", text: t.freedAt === null || t.freedAt === undefined ? "—" : stepText(t.freedAt) }),
           ]),
         );
       }
@@ -266,12 +389,12 @@ export class RecordingView {
     side.appendChild(h("button", { class: "gs-overview", text: "Back to modules", on: { click: () => this.showOverview() } }));
   }
 
-  /** The saved tensors released at the current step (any node's), greyed out. */
+  /** The saved tensors released at the current step (any node's), greyed out; or why none. */
   _releasedList(side) {
     const st = this.step;
-    side.appendChild(h("h4", { text: `Released at step ${st.index + 1}: ${formatBytes(st.freedBytes)}` }));
+    side.appendChild(h("h4", { text: `Released at ${stepText(st.index)}: ${formatBytes(st.freedBytes)}` }));
     if (!st.freedNow.length) {
-      side.appendChild(h("div", { class: "gs-muted", text: "No saved tensor was released at this step." }));
+      side.appendChild(h("div", { class: "gs-muted gs-released-none", text: whyNothingFreed(this.rec, st.index) || "No saved tensor was released at this step." }));
       return;
     }
     const tbl = h("table", { class: "gs-table gs-released" });
@@ -307,6 +430,7 @@ export class ComparisonView {
     parent.appendChild(this.root);
     this.current = null;
     this.unchecked = new Set(); // candidates the user switched off survive redraws
+    this.xMode = "normalized";
     this._pending = false;
     this.render();
   }
@@ -335,22 +459,34 @@ export class ComparisonView {
     this.recView = null;
     this.tl?.destroy();
     this.tl = null;
+    const figs = p.figures || {};
+    const fig = (k, fallback) => figs[k] || { label: fallback, definition: "" };
+    const peakF = fig("peak", "peak");
+    const savedF = fig("saved_total", "saved");
     this.root.appendChild(h("h3", { text: `gradscope · comparison (reference: ${p.reference ?? "none"})` }));
+    const best = p.best || {};
+    const isBest = (col, name) => (best[col] || []).includes(name);
+    const threads = [...new Set(p.rows.map((r) => r.threads).filter((t) => t !== null && t !== undefined))];
     const tbl = h("table", { class: "gs-table gs-cmp-table" });
+    const th = (text, cls, title) => h("th", { class: cls, text, title });
     tbl.appendChild(
       h("tr", {}, [
-        h("th", { text: "run" }),
-        h("th", { text: "candidate" }),
-        h("th", { text: "status" }),
-        h("th", { class: "gs-num", text: "peak" }),
-        h("th", { class: "gs-num", text: "saved" }),
-        h("th", { class: "gs-num", text: "time" }),
-        h("th", { class: "gs-num", text: "max abs error" }),
-        h("th", { text: "message" }),
+        th("run"),
+        th("candidate"),
+        th("status"),
+        th(peakF.label, "gs-num", peakF.definition),
+        th("vs ref", "gs-num", "peak divided by the reference's peak"),
+        th(savedF.label, "gs-num", savedF.definition),
+        th("time (median)", "gs-num", `median of ${p.repeat ?? "the"} timed runs after a warm-up (the recorded run is not timed)`),
+        th("min–max", "gs-num", "fastest and slowest timed run"),
+        th("vs ref", "gs-num", "median time divided by the reference's"),
+        th("max abs error", "gs-num", "largest absolute difference from the reference over outputs and gradients"),
+        th("message"),
       ]),
     );
     const running = new Set(this.model.get("running") || []);
     this.boxes = [];
+    const cell = (text, cls, best, title) => h("td", { class: [cls, best ? "gs-best" : ""].join(" ").trim(), text, title });
     p.rows.forEach((r) => {
       const box = h("input", { type: "checkbox", class: "gs-toggle", "aria-label": `run ${r.name}` });
       box.checked = !this.unchecked.has(r.name);
@@ -360,27 +496,50 @@ export class ComparisonView {
         else this.unchecked.add(r.name);
       });
       this.boxes.push(box);
+      const isRef = r.name === p.reference;
+      const spread = r.time_min_s === null || r.time_min_s === undefined ? "—" : formatSecondsRange(r.time_min_s, r.time_max_s);
+      const msg = [r.stale ? `stale: measured in round ${r.run}, the others in round ${p.round}; re-run all to compare` : "", r.message || ""].filter((x) => x).join(" · ");
       tbl.appendChild(
-        h("tr", { class: "gs-cmp-row", dataset: { name: r.name, status: r.status } }, [
-          h("td", {}, [box]),
-          h("td", { class: "gs-cmp-name", text: r.name }),
-          h("td", { class: `gs-status-${r.status}`, text: running.has(r.name) ? "running…" : r.status }),
-          h("td", { class: "gs-num", text: formatBytes(r.peak_bytes) }),
-          h("td", { class: "gs-num", text: formatBytes(r.saved_bytes) }),
-          h("td", { class: "gs-num", text: formatSeconds(r.time_s) }),
-          h("td", { class: "gs-num", text: formatError(r.max_abs_error) }),
-          h("td", { class: "gs-cmp-message", text: r.message || "" }),
-        ]),
+        h(
+          "tr",
+          {
+            class: ["gs-cmp-row", r.stale ? "gs-stale" : "", isRef ? "gs-ref" : ""].join(" ").trim(),
+            dataset: { name: r.name, status: r.status, stale: r.stale ? "1" : "0", run: r.run },
+          },
+          [
+            h("td", {}, [box]),
+            h("td", { class: "gs-cmp-name", text: r.name }),
+            h("td", { class: `gs-status-${r.status}`, text: running.has(r.name) ? "running…" : r.status }),
+            cell(formatBytes(r.peak_bytes), "gs-num gs-cmp-peak", isBest("peak", r.name)),
+            cell(isRef ? "ref" : formatRatio(r.peak_ratio), "gs-num gs-cmp-peak-ratio"),
+            cell(formatBytes(r.saved_total), "gs-num gs-cmp-saved", isBest("saved", r.name)),
+            cell(formatSeconds(r.time_s), "gs-num gs-cmp-time", isBest("time", r.name)),
+            cell(spread + (r.spread_too_wide ? " ⚠" : ""), `gs-num gs-cmp-spread${r.spread_too_wide ? " gs-warn" : ""}`, false, r.spread_too_wide ? `slowest / fastest above ${p.spread_limit}: too wide to trust (a busy machine?)` : undefined),
+            cell(isRef ? "ref" : formatRatio(r.time_ratio), "gs-num gs-cmp-time-ratio"),
+            cell(formatError(r.max_abs_error), "gs-num"),
+            h("td", { class: "gs-cmp-message", text: msg }),
+          ],
+        ),
       );
     });
-    this.root.appendChild(tbl);
+    // a narrow notebook scrolls the table sideways rather than squeezing its columns
+    this.root.appendChild(h("div", { class: "gs-scroll" }, [tbl]));
+    const notes = h("div", { class: "gs-muted gs-cmp-notes" });
+    if (Object.values(best).some((v) => v && v.length)) notes.appendChild(h("div", { text: "Highlighted: the best value per column among the candidates that are ok (and not stale)." }));
+    notes.appendChild(h("div", { text: `${peakF.label}: ${peakF.definition}.` }));
+    notes.appendChild(h("div", { text: `${savedF.label}: ${savedF.definition}.` }));
+    if (threads.length) notes.appendChild(h("div", { class: "gs-cmp-threads", text: `Timed with ${threads.join("/")} torch thread(s); time = median of ${p.repeat ?? "?"} runs after a warm-up.` }));
+    this.root.appendChild(notes);
     const bar = h("div", { class: "gs-toolbar" });
-    this.rerunBtn = h("button", { class: "gs-rerun", text: "Re-run selected", on: { click: () => this.rerun() } });
-    if (this.opts.standalone) {
-      this.rerunBtn.disabled = true;
-      this.rerunBtn.title = "Re-running needs the live widget in a notebook.";
-    } else if (running.size) this.rerunBtn.disabled = true;
-    bar.appendChild(this.rerunBtn);
+    this.rerunBtn = h("button", { class: "gs-rerun", text: "Re-run selected", on: { click: () => this.rerun(false) } });
+    this.rerunAllBtn = h("button", { class: "gs-rerun-all", text: "Re-run all", title: "measure every candidate again, as one set", on: { click: () => this.rerun(true) } });
+    for (const b of [this.rerunBtn, this.rerunAllBtn]) {
+      if (this.opts.standalone) {
+        b.disabled = true;
+        b.title = "Re-running needs the live widget in a notebook.";
+      } else if (running.size) b.disabled = true;
+      bar.appendChild(b);
+    }
     const count = this.model.get("rerun_count") || 0;
     const err = this.model.get("rerun_error") || "";
     this.status = h("span", {
@@ -395,12 +554,38 @@ export class ComparisonView {
     this.root.appendChild(bar);
     if (err) this.root.appendChild(h("div", { class: "gs-error", text: err }));
 
+    // the overlay compares one round only: stale rows are left out, and said so
     const series = [];
     const decoded = p.recordings.map((r) => (r ? decodeRecording(r) : null));
-    p.rows.forEach((r, i) => decoded[i] && series.push({ name: r.name, rec: decoded[i] }));
+    const left = [];
+    p.rows.forEach((r, i) => {
+      if (!decoded[i]) return;
+      if (r.stale) left.push(r.name);
+      else series.push({ name: r.name, rec: decoded[i] });
+    });
     const tlDiv = h("div", { class: "gs-timeline gs-cmp-timeline" });
-    this.root.appendChild(h("div", { class: "gs-section" }, [h("h4", { text: "Live bytes, overlaid" }), tlDiv]));
-    if (series.length) this.tl = renderTimeline(tlDiv, series, { height: 260 });
+    const modeBtn = (mode, text) =>
+      h("button", {
+        class: `gs-xmode${this.xMode === mode ? " gs-on" : ""}`,
+        text,
+        dataset: { mode },
+        on: {
+          click: () => {
+            this.xMode = mode;
+            this.render();
+          },
+        },
+      });
+    const head = h("div", { class: "gs-toolbar" }, [
+      h("h4", { text: "Memory allocated in the block, overlaid" }),
+      h("span", { class: "gs-muted", text: "time axis:" }),
+      modeBtn("normalized", "each run 0–100 %"),
+      modeBtn("ms", "milliseconds"),
+    ]);
+    const section = h("div", { class: "gs-section" }, [head, tlDiv]);
+    if (left.length) section.appendChild(h("div", { class: "gs-muted gs-cmp-left-out", text: `Not drawn (stale, from an earlier round): ${left.join(", ")}. Re-run all to compare them.` }));
+    this.root.appendChild(section);
+    if (series.length) this.tl = renderOverlay(tlDiv, series, { height: 280, x: this.xMode });
 
     const names = p.rows.map((r) => r.name).filter((_, i) => p.recordings[i]);
     if (!names.length) return;
@@ -433,10 +618,11 @@ export class ComparisonView {
     setModel(this.model, { selected: this.current });
   }
 
-  rerun() {
-    const names = this.boxes.filter((b) => b.checked).map((b) => b.dataset.name);
+  rerun(all) {
+    const names = all ? this.p.rows.map((r) => r.name) : this.boxes.filter((b) => b.checked).map((b) => b.dataset.name);
     if (!names.length) return;
     this.rerunBtn.disabled = true;
+    this.rerunAllBtn.disabled = true;
     this.status.textContent = `running: ${names.join(", ")}…`;
     this.model.send({ type: "rerun", names });
   }

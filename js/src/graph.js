@@ -1,13 +1,24 @@
 // The autograd graph on a canvas: pan (drag), zoom (wheel, buttons), click a node to select it,
 // click a module box to expand it and a module frame's header to collapse it. A canvas draws
 // 20,000 boxes in a few tens of milliseconds where SVG needs seconds.
+//
+// Boxes carry their name and what they hold (bytes of saved activations, largest saved shape),
+// drawn at a fixed size on screen whenever the box is big enough (see NOTE [ names at first
+// paint ] in lod.js). Arrows point the way data flows; the colour is the memory a node's saved
+// activations take (memory allocated in the block); parameters and inputs are drawn as leaves
+// outside that scale, since they existed before the block.
 
 import { COLORS, bytesColor, orderStroke, textOn } from "./color.js";
-import { boxCount, groupBytes, visibleLayout } from "./collapse.js";
+import { boxCount, visibleLayout } from "./collapse.js";
 import { nodeLabel } from "./data.js";
-import { formatBytes, truncate, truncateStart } from "./format.js";
-import { centerOn, fitView, hitTest, initialView, panBy, toScreen, toWorld, zoomAt } from "./viewport.js";
 import { h } from "./dom.js";
+import { formatBytes } from "./format.js";
+import { boundsWithTop, chooseLevel, FONT_PX, fitText, labelMode, topView, NAMES } from "./lod.js";
+import { centerOn, fitView, hitTest, panBy, toScreen, toWorld, zoomAt } from "./viewport.js";
+
+const ARROW_PX = 7; // arrowhead length on screen
+const FONT_FAMILY = "system-ui, -apple-system, Segoe UI, sans-serif";
+const EDGE_UP = "#b9a3e3"; // edges into create_graph nodes (drawn upwards)
 
 function maxOf(values) {
   let m = 1;
@@ -15,24 +26,46 @@ function maxOf(values) {
   return m;
 }
 
+/** "64 × 512" -> "64×512": shapes take less room inside a box. */
+export function compactShape(shape) {
+  return String(shape).replace(/ × /g, "×");
+}
+
+/** The second line of a node box: what it holds. */
+export function nodeDetail(node) {
+  if (node.leaf) {
+    const what = node.leaf === "input" ? "input" : "parameter";
+    return node.leafShape ? `${what} · ${compactShape(node.leafShape)}` : what;
+  }
+  if (node.actBytes > 0) return node.largest ? `${formatBytes(node.actBytes)} · ${compactShape(node.largest)}` : formatBytes(node.actBytes);
+  if (node.savedCount > 0) return `0 B new · saves ${node.largestKind || "a tensor"}`;
+  return "saves nothing";
+}
+
+/** Where an edge from box a to box b starts and ends: borders facing each other. */
+export function edgeEnds(a, b) {
+  if (b.y - b.h / 2 >= a.y + a.h / 2) return [a.x, a.y + a.h / 2, b.x, b.y - b.h / 2]; // downwards
+  if (b.y + b.h / 2 <= a.y - a.h / 2) return [a.x, a.y - a.h / 2, b.x, b.y + b.h / 2]; // upwards
+  return b.x >= a.x ? [a.x + a.w / 2, a.y, b.x - b.w / 2, b.y] : [a.x - a.w / 2, a.y, b.x + b.w / 2, b.y];
+}
+
 export class GraphView {
   /**
    * @param {HTMLElement} parent where the canvas goes
    * @param {object} rec a decoded recording (data.js)
-   * @param {{onSelect?: Function, onExpand?: Function}} hooks
+   * @param {{onSelect?: Function, onExpand?: Function, onLevel?: Function}} hooks
    */
   constructor(parent, rec, hooks = {}) {
     this.rec = rec;
     this.hooks = hooks;
+    this.levelIndex = rec.level;
+    this.layout = rec.levels[this.levelIndex];
     this.expanded = new Set();
     this.selected = -1;
     this.current = -1;
     this.releaseStep = null;
     this.stepIndex = -1;
-    this.nodeBytes = rec.nodes.map((n) => n.savedBytes);
-    this.maxBytes = maxOf(this.nodeBytes);
-    this.groupBytes = groupBytes(rec.graph, this.nodeBytes);
-    this.maxGroupBytes = maxOf(this.groupBytes);
+    this.maxBytes = maxOf(rec.nodes.map((n) => n.actBytes));
     this.wrap = h("div", { class: "gs-graph" });
     this.canvas = h("canvas", { class: "gs-canvas", tabindex: "0", "aria-label": "autograd graph" });
     this.wrap.appendChild(this.canvas);
@@ -45,21 +78,53 @@ export class GraphView {
     this.width = 0;
     this.height = 0;
     this._frame = 0;
+    this._pointer = null;
+    this._widths = new Map();
+    this._measure = document.createElement("canvas").getContext("2d");
     this._relayout();
     this._bind();
     // Test and automation hooks: where a node is on screen, in client pixels.
     this.canvas.gsNodeCenter = (id) => this.nodeClientCenter(id);
     this.canvas.gsGroupCenter = (key) => this.groupClientCenter(key);
+    this.canvas.gsView = () => ({ ...this.view, level: this.levelIndex, width: this.width, height: this.height });
+    // what the last frame drew for a node (its text lines and fill), for tests
+    this.canvas.gsNodeDrawn = (id) => this._drawn.get(id) || null;
+    this._drawn = new Map();
     this.resize();
   }
 
+  _groupFigures() {
+    const G = this.layout.groups;
+    const n = G.key.length;
+    this.groupAct = G.act || new Array(n).fill(0);
+    this.groupAlive = G.alive || null;
+    this.maxGroupBytes = maxOf(this.groupAct);
+  }
+
   _relayout() {
-    this.vis = visibleLayout(this.rec.graph, this.rec.edges, this.expanded);
+    this._groupFigures();
+    this.vis = visibleLayout(this.layout, this.rec.edges, this.expanded);
     const ds = this.wrap.dataset;
     ds.nodeCount = String(this.rec.nodes.length);
     ds.visibleCount = String(boxCount(this.vis.items));
-    ds.groupCount = String(this.rec.graph.groups.key.length);
+    ds.groupCount = String(this.layout.groups.key.length);
     ds.expandedCount = String(this.expanded.size);
+    ds.level = String(this.levelIndex);
+    ds.depth = this.layout.depth === null || this.layout.depth === undefined ? "" : String(this.layout.depth);
+  }
+
+  /** Show level of detail `i` (0 = the finest) and fit it as at first paint. */
+  setLevel(i, fit = true) {
+    if (i < 0 || i >= this.rec.levels.length) return;
+    this.levelIndex = i;
+    this.layout = this.rec.levels[i];
+    this._levelChosen = true;
+    this._pinned = true; // the user's choice survives resizes
+    this.expanded.clear();
+    this._relayout();
+    this.hooks.onLevel?.(i);
+    if (fit) this.fit();
+    else this.draw();
   }
 
   _bind() {
@@ -70,8 +135,9 @@ export class GraphView {
       c.setPointerCapture?.(e.pointerId);
     };
     const onMove = (e) => {
+      this._pointer = { x: e.clientX, y: e.clientY };
       if (!drag) {
-        this._hover(e);
+        this._hover();
         return;
       }
       const dx = e.clientX - drag.x;
@@ -98,6 +164,7 @@ export class GraphView {
       this.draw();
     };
     const onLeave = () => {
+      this._pointer = null;
       this.tip.style.display = "none";
     };
     c.addEventListener("pointerleave", onLeave);
@@ -117,11 +184,43 @@ export class GraphView {
     };
   }
 
-  /** A tooltip naming what is under the pointer (text only, see NOTE [ text is data ]). */
-  _hover(e) {
+  /** Tooltip text for a visible item (text only, see NOTE [ text is data ]). */
+  tipText(it) {
+    const F = this.rec.figures;
+    const def = (name) => (F[name] ? F[name].definition : "");
+    if (it.kind === "node") {
+      const n = this.rec.nodes[it.id];
+      const lines = [`${n.name} #${n.id}`];
+      if (n.leaf) lines.push(`${n.leaf === "input" ? "input" : "parameter"} ${n.leaf}${n.leafShape ? ` (${n.leafShape})` : ""}: existed before the block`);
+      lines.push(`module ${n.module ?? "(none)"}`);
+      if (!n.leaf) {
+        lines.push(`saved activations: ${formatBytes(n.actBytes)}${n.largest && n.actBytes > 0 ? `, largest ${n.largest}` : ""}`);
+        const others = n.savedBytes - n.actBytes;
+        if (n.savedCount) lines.push(`${n.savedCount} saved tensor${n.savedCount === 1 ? "" : "s"}${others > 0 ? ` (${formatBytes(others)} of them parameters or inputs: no new memory)` : ""}`);
+        else lines.push("saved nothing");
+      }
+      if (n.alive !== null && n.alive > 0) lines.push(`alive at peak: ${formatBytes(n.alive)}`);
+      if (!n.leaf) lines.push(`(saved activations: ${def("saved_activations")})`);
+      return lines.join("\n");
+    }
+    const G = this.layout.groups;
+    const g = it.id;
+    const open = this.expanded.has(g);
+    const lines = [`module ${G.key[g]}`, `${G.count[g]} nodes`, `saved activations: ${formatBytes(this.groupAct[g])}`];
+    if (this.groupAlive) lines.push(`alive at peak: ${formatBytes(this.groupAlive[g])}`);
+    lines.push(open ? "open: click the header to fold it" : "folded: click to open");
+    lines.push(`(saved activations: ${def("saved_activations")})`);
+    if (this.groupAlive) lines.push(`(alive at peak: ${def("alive_at_peak")})`);
+    return lines.join("\n");
+  }
+
+  /** A tooltip naming what is under the pointer; refreshed after a click changes the drawing. */
+  _hover() {
+    const p = this._pointer;
+    if (!p) return;
     const r = this.canvas.getBoundingClientRect();
-    const sx = e.clientX - r.left;
-    const sy = e.clientY - r.top;
+    const sx = p.x - r.left;
+    const sy = p.y - r.top;
     const w = toWorld(this.view, sx, sy);
     const i = hitTest(this.vis.items, w.x, w.y);
     const it = i >= 0 ? this.vis.items[i] : null;
@@ -129,19 +228,10 @@ export class GraphView {
       this.tip.style.display = "none";
       return;
     }
-    let text;
-    if (it.kind === "node") {
-      const n = this.rec.nodes[it.id];
-      text = `${n.name} #${n.id}${n.leaf ? `\nparameter ${n.leaf}` : ""}\nmodule ${n.module ?? "(none)"}\n${n.savedCount} saved, ${formatBytes(n.savedBytes)}`;
-    } else {
-      const G = this.rec.graph.groups;
-      const verb = it.kind === "group" ? "click to expand" : "click the header to collapse";
-      text = `module ${G.key[it.id]}\n${G.count[it.id]} nodes, ${formatBytes(this.groupBytes[it.id])} saved\n${verb}`;
-    }
-    this.tip.textContent = text;
+    this.tip.textContent = this.tipText(it);
     this.tip.style.display = "block";
-    this.tip.style.left = `${Math.min(sx + 14, Math.max(0, this.width - 260))}px`;
-    this.tip.style.top = `${sy + 14}px`;
+    this.tip.style.left = `${Math.min(sx + 14, Math.max(0, this.width - 340))}px`;
+    this.tip.style.top = `${Math.min(sy + 14, Math.max(0, this.height - 120))}px`;
   }
 
   _click(e) {
@@ -158,6 +248,7 @@ export class GraphView {
     } else if (it.kind === "frame") {
       this.toggleGroup(it.id, false);
     }
+    this._hover();
   }
 
   /** Expand (open=true) or collapse a module group, keeping it where it is on screen. */
@@ -169,9 +260,9 @@ export class GraphView {
     this._relayout();
     const after = this.vis.items[this._itemOfGroup(g)];
     if (open && after) {
-      // show the opened module: all of it when it fits legibly, else its top at a legible scale
+      // show the opened module: all of it when names fit, else its top with names
       const b = { minX: after.x - after.w / 2, minY: after.y - after.h / 2, maxX: after.x + after.w / 2, maxY: after.y + after.h / 2 };
-      this.view = initialView(b, this.width, this.height);
+      this.view = chooseLevel([b], this.width, this.height).view;
     } else if (before && after) {
       const topBefore = before.y - before.h / 2;
       const topAfter = after.y - after.h / 2;
@@ -182,7 +273,7 @@ export class GraphView {
   }
 
   expandAll() {
-    for (let g = 0; g < this.rec.graph.groups.key.length; g++) this.expanded.add(g);
+    for (let g = 0; g < this.layout.groups.key.length; g++) this.expanded.add(g);
     this._relayout();
     this.fit();
   }
@@ -223,7 +314,7 @@ export class GraphView {
     }
   }
 
-  /** Centre the view on a node at a legible scale. */
+  /** Centre the view on a node at a scale where its name shows. */
   focusNode(id) {
     const it = this.vis.items[this.vis.itemOfNode[id]];
     if (!it) return;
@@ -233,6 +324,14 @@ export class GraphView {
     this.draw();
   }
 
+  /** The selected (or running) node's centre in world coordinates, when it is drawn. */
+  focusPoint() {
+    const id = this.selected >= 0 ? this.selected : this.current;
+    if (id < 0) return null;
+    const it = this.vis.items[this.vis.itemOfNode[id]];
+    return it ? { x: it.x, y: it.y } : null;
+  }
+
   nodeClientCenter(id) {
     const it = this.vis.items[this.vis.itemOfNode[id]];
     if (!it) return null;
@@ -240,7 +339,7 @@ export class GraphView {
   }
 
   groupClientCenter(key) {
-    const g = this.rec.graph.groups.key.indexOf(key);
+    const g = this.layout.groups.key.indexOf(key);
     const i = g < 0 ? -1 : this._itemOfGroup(g);
     if (i < 0) return null;
     const it = this.vis.items[i];
@@ -253,15 +352,42 @@ export class GraphView {
     return { x: r.left + s.x, y: r.top + s.y, visible: s.x >= 0 && s.y >= 0 && s.x <= this.width && s.y <= this.height };
   }
 
-  /** Show the whole graph, or its top at a legible scale when it is too big for that. */
+  /** The first view: the finest level of detail whose names fit (see NOTE [ names at first paint ]). */
+  firstView() {
+    if (this.expanded.size === 0 && !this._levelChosen) {
+      this._levelChosen = true;
+      const bounds = this.rec.levels.map((lv, i) => {
+        const vis = i === this.levelIndex ? this.vis : visibleLayout(lv, this.rec.edges, new Set());
+        return boundsWithTop(vis.bounds, vis.items);
+      });
+      const pick = chooseLevel(bounds, this.width, this.height);
+      if (pick.level !== this.levelIndex) {
+        this.levelIndex = pick.level;
+        this.layout = this.rec.levels[pick.level];
+        this._relayout();
+        this.hooks.onLevel?.(pick.level);
+      }
+      this.view = pick.view;
+      return;
+    }
+    this.view = chooseLevel([boundsWithTop(this.vis.bounds, this.vis.items)], this.width, this.height).view;
+  }
+
+  /** Show the whole graph when names fit, else its top with names. */
   fit() {
-    this.view = initialView(this.vis.bounds, this.width, this.height);
+    this.view = chooseLevel([boundsWithTop(this.vis.bounds, this.vis.items)], this.width, this.height).view;
     this.draw();
   }
 
   /** Show the whole graph however small. */
   fitAll() {
     this.view = fitView(this.vis.bounds, this.width, this.height, 20, 1.2);
+    this.draw();
+  }
+
+  /** The top of the drawing at a scale where names show. */
+  top() {
+    this.view = topView(this.vis.bounds, this.width, this.height, Math.max(NAMES, Math.min(1, this.view.scale)));
     this.draw();
   }
 
@@ -279,9 +405,86 @@ export class GraphView {
     this.canvas.height = Math.round(hgt * dpr);
     this.canvas.style.width = `${w}px`;
     this.canvas.style.height = `${hgt}px`;
-    // until the user pans or zooms, keep the whole first view in sight as the panel settles
-    if (first || !this.touched) this.fit();
-    else this.draw();
+    // until the user pans or zooms, keep a readable first view as the panel settles
+    if (first || !this.touched) {
+      if (!this.touched && !this._pinned) this._levelChosen = false;
+      this.firstView();
+      this.draw();
+    } else this.draw();
+  }
+
+  _drawEdges(ctx, w0, w1, scale) {
+    const items = this.vis.items;
+    const nodes = this.rec.nodes;
+    const E = this.vis.edges;
+    const head = ARROW_PX / scale;
+    const half = head * 0.45;
+    const showHeads = ARROW_PX / scale < 40; // arrowheads vanish only when boxes are specks
+    const paths = [new Path2D(), new Path2D()];
+    const heads = [new Path2D(), new Path2D()];
+    let arrows = 0;
+    for (let k = 0; k < E.length; k += 2) {
+      const a = items[E[k]];
+      const b = items[E[k + 1]];
+      const [ax, ay, bx, by] = edgeEnds(a, b);
+      if ((ax < w0.x && bx < w0.x) || (ax > w1.x && bx > w1.x) || (ay < w0.y && by < w0.y) || (ay > w1.y && by > w1.y)) continue;
+      const up = b.kind === "node" && nodes[b.id].order % 2 === 1 ? 1 : 0;
+      paths[up].moveTo(ax, ay);
+      paths[up].lineTo(bx, by);
+      if (showHeads) {
+        const dx = bx - ax;
+        const dy = by - ay;
+        const len = Math.hypot(dx, dy) || 1;
+        const ux = dx / len;
+        const uy = dy / len;
+        const hx = bx - ux * head;
+        const hy = by - uy * head;
+        heads[up].moveTo(bx, by);
+        heads[up].lineTo(hx - uy * half, hy + ux * half);
+        heads[up].lineTo(hx + uy * half, hy - ux * half);
+        heads[up].closePath();
+        arrows++;
+      }
+    }
+    ctx.lineWidth = 1.2 / scale;
+    [COLORS.edge, EDGE_UP].forEach((color, i) => {
+      ctx.strokeStyle = color;
+      ctx.stroke(paths[i]);
+      ctx.fillStyle = color === COLORS.edge ? "#7b8794" : "#8b6cc9";
+      ctx.fill(heads[i]);
+    });
+    this.wrap.dataset.arrows = String(arrows);
+  }
+
+  /** Width in screen pixels of `text` at the label size (measured once per text and style). */
+  _width(text, style) {
+    const key = `${style}\u0000${text}`;
+    let w = this._widths.get(key);
+    if (w === undefined) {
+      const m = this._measure;
+      m.font = `${style}${FONT_PX}px ${FONT_FAMILY}`;
+      w = m.measureText(text).width;
+      this._widths.set(key, w);
+    }
+    return w;
+  }
+
+  /** Draw `text` centred at (x, y), cut with an ellipsis to `availPx` screen pixels. */
+  _text(ctx, text, x, y, scale, availPx, opts = {}) {
+    const style = `${opts.italic ? "italic " : ""}${opts.bold ? "600 " : ""}`;
+    let t = String(text);
+    let w = this._width(t, style);
+    if (w > availPx) {
+      let n = Math.max(1, Math.floor((t.length * availPx) / w));
+      do {
+        t = fitText(String(text), n, !!opts.keepEnd);
+        w = this._width(t, style);
+        n--;
+      } while (w > availPx && n > 1);
+    }
+    ctx.font = `${style}${FONT_PX / scale}px ${FONT_FAMILY}`;
+    ctx.fillText(t, x, y);
+    return t;
   }
 
   draw() {
@@ -298,30 +501,16 @@ export class GraphView {
     const items = this.vis.items;
     const nodes = this.rec.nodes;
     const px = 1 / scale;
+    const line = FONT_PX / scale; // one line of text, in world units
+    this._drawn.clear();
 
-    // Edges: one path, from the bottom of the producer to the top of the consumer.
-    ctx.beginPath();
-    const E = this.vis.edges;
-    for (let k = 0; k < E.length; k += 2) {
-      const a = items[E[k]];
-      const b = items[E[k + 1]];
-      const ax = a.x;
-      const ay = a.y + a.h / 2;
-      const bx = b.x;
-      const by = b.y - b.h / 2;
-      if ((ax < w0.x && bx < w0.x) || (ax > w1.x && bx > w1.x) || (ay < w0.y && by < w0.y) || (ay > w1.y && by > w1.y)) continue;
-      ctx.moveTo(ax, ay);
-      ctx.lineTo(bx, by);
-    }
-    ctx.strokeStyle = COLORS.edge;
-    ctx.lineWidth = Math.max(px, 1);
-    ctx.stroke();
+    this._drawEdges(ctx, w0, w1, scale);
 
-    const labels = scale >= 0.6; // 12px text is at least 7px on screen
-    ctx.font = "12px system-ui, -apple-system, Segoe UI, sans-serif";
     ctx.textAlign = "center";
     ctx.textBaseline = "middle";
-    const keys = this.rec.graph.groups.key;
+    const keys = this.layout.groups.key;
+    const counts = this.layout.groups.count;
+    let labelled = 0;
     for (let i = 0; i < items.length; i++) {
       const it = items[i];
       if (!inView(it)) continue;
@@ -336,48 +525,69 @@ export class GraphView {
         ctx.strokeRect(left, top, it.w, it.h);
         ctx.setLineDash([]);
         ctx.fillStyle = "#e4e7eb";
-        ctx.fillRect(left, top, it.w, 22);
-        if (labels) {
+        const band = Math.max(22, line + 8 * px);
+        ctx.fillRect(left, top, it.w, band);
+        const lm = labelMode(it.w, 22, scale);
+        if (lm.mode !== "none" || it.w * scale > 60) {
           ctx.fillStyle = COLORS.text;
           ctx.textAlign = "left";
-          ctx.fillText(`▾ ${truncate(keys[it.id], Math.floor(it.w / 7) - 4)}`, left + 6, top + 11);
+          this._text(ctx, `▾ ${keys[it.id]} · ${counts[it.id]} nodes`, left + 6 * px, top + band / 2, scale, it.w * scale - 12, { bold: true });
           ctx.textAlign = "center";
         }
         continue;
       }
       if (it.kind === "group") {
-        const active = this.current >= 0 && this.rec.graph.group[this.current] === it.id && !this.expanded.has(it.id);
-        const fill = bytesColor(this.groupBytes[it.id], this.maxGroupBytes);
+        const active = this.current >= 0 && this.layout.group[this.current] === it.id && !this.expanded.has(it.id);
+        const fill = bytesColor(this.groupAct[it.id], this.maxGroupBytes);
         ctx.fillStyle = fill;
         ctx.fillRect(left, top, it.w, it.h);
         ctx.strokeStyle = active ? COLORS.current : COLORS.border;
         ctx.lineWidth = active ? 4 * Math.max(px, 1) : Math.max(px, 1.5);
         ctx.strokeRect(left, top, it.w, it.h);
         ctx.strokeRect(left + 3, top + 3, it.w - 6, it.h - 6);
-        if (labels) {
+        const lm = labelMode(it.w, it.h, scale);
+        if (lm.mode !== "none") {
+          labelled++;
           ctx.fillStyle = textOn(fill);
-          ctx.fillText(`▸ ${truncate(keys[it.id], 24)}`, it.x, it.y - 7);
-          ctx.fillText(`${this.rec.graph.groups.count[it.id]} nodes · ${formatBytes(this.groupBytes[it.id])}`, it.x, it.y + 9);
+          const avail = it.w * scale - 10;
+          const name = `▸ ${keys[it.id]}`;
+          if (lm.mode === "full") {
+            this._text(ctx, name, it.x, it.y - line * 0.6, scale, avail, { bold: true, keepEnd: true });
+            this._text(ctx, `${counts[it.id]} nodes · ${formatBytes(this.groupAct[it.id])} saved`, it.x, it.y + line * 0.6, scale, avail);
+          } else {
+            this._text(ctx, name, it.x, it.y, scale, avail, { bold: true, keepEnd: true });
+          }
         }
         continue;
       }
       const node = nodes[it.id];
       const released = this.releaseStep && this.stepIndex >= 0 && this.releaseStep[it.id] >= 0 && this.releaseStep[it.id] <= this.stepIndex;
       ctx.globalAlpha = released ? 0.35 : 1;
-      const fill = node.leaf ? COLORS.leaf : bytesColor(node.savedBytes, this.maxBytes);
+      const fill = node.leaf ? COLORS.leaf : bytesColor(node.actBytes, this.maxBytes);
       ctx.fillStyle = fill;
       ctx.fillRect(left, top, it.w, it.h);
       const st = orderStroke(node.order);
-      ctx.setLineDash(st.dash);
+      ctx.setLineDash(st.dash.map((d) => d * Math.max(1, px)));
       ctx.strokeStyle = st.color;
       ctx.lineWidth = Math.max(px, st.width);
       ctx.strokeRect(left, top, it.w, it.h);
       ctx.setLineDash([]);
-      if (labels) {
+      const lm = labelMode(it.w, it.h, scale);
+      if (lm.mode !== "none") {
+        labelled++;
         ctx.fillStyle = textOn(fill);
-        ctx.font = node.leaf ? "italic 12px system-ui, sans-serif" : "12px system-ui, sans-serif";
         // parameter names keep their end (the module path is what the frame already says)
-        ctx.fillText(node.leaf ? truncateStart(node.leaf, 21) : truncate(nodeLabel(node), 21), it.x, it.y);
+        const avail = it.w * scale - 8;
+        const style = { italic: !!node.leaf, bold: !node.leaf, keepEnd: !!node.leaf };
+        if (lm.mode === "full") {
+          const a = this._text(ctx, nodeLabel(node), it.x, it.y - line * 0.6, scale, avail, style);
+          const b = this._text(ctx, nodeDetail(node), it.x, it.y + line * 0.6, scale, avail);
+          this._drawn.set(it.id, { lines: [a, b], fill });
+        } else {
+          this._drawn.set(it.id, { lines: [this._text(ctx, nodeLabel(node), it.x, it.y, scale, avail, style)], fill });
+        }
+      } else {
+        this._drawn.set(it.id, { lines: [], fill });
       }
       ctx.globalAlpha = 1;
       if (it.id === this.current || it.id === this.selected) {
@@ -387,6 +597,8 @@ export class GraphView {
       }
     }
     this.wrap.dataset.drawn = String(++this._frame);
+    this.wrap.dataset.labelled = String(labelled);
+    this.wrap.dataset.scale = scale.toFixed(3);
     if (this._frame === 1 && typeof requestAnimationFrame !== "undefined") {
       // when the first frame with the graph has been painted (benchmarks read it)
       requestAnimationFrame(() =>

@@ -73,3 +73,34 @@ export function stepTime(rec, k) {
   const x = s.start - t0;
   return x >= 0 && x <= tl.t[tl.t.length - 1] - t0 + 1 ? x : null;
 }
+
+/**
+ * Why step k released nothing, as a sentence; null when it released something. Checked in this
+ * order: the backward call kept its graph (create_graph / retain_graph), the node saved nothing,
+ * it saved only tensors that existed before the block (parameters, inputs), its saves are shared
+ * with a node that runs later, or something else still holds them.
+ */
+export function whyNothingFreed(rec, k) {
+  const s = rec.steps[k];
+  if (!s || s.freedBytes > 0) return null;
+  const call = (rec.backwardCalls || [])[s.backward];
+  const nth = `backward call ${s.backward + 1}`;
+  if (call && call.create_graph) {
+    return `Nothing freed: ${nth} ran with create_graph=True, which keeps the graph and its saved tensors alive (a later derivative goes through them).`;
+  }
+  if (call && call.retain_graph) {
+    return `Nothing freed: ${nth} ran with retain_graph=True, which keeps the graph's saved tensors until the graph itself is dropped.`;
+  }
+  const mine = rec.savedByNode[s.node] || [];
+  if (!mine.length) return "Nothing freed: this node saved no tensors.";
+  if (mine.every((j) => rec.saved[j].kind !== "activation")) {
+    return "Nothing freed: this node saved only parameters or inputs, which existed before the block and stay alive.";
+  }
+  const storages = new Set(mine.filter((j) => rec.saved[j].kind === "activation").map((j) => rec.saved[j].storage));
+  for (const t of rec.saved) {
+    if (t.node !== s.node && storages.has(t.storage) && (t.freedAt === null || t.freedAt === undefined || t.freedAt > k)) {
+      return `Nothing freed: its saved activation is also saved by node #${t.node}, which still needs it.`;
+    }
+  }
+  return "Nothing freed: its saved tensors are still referenced elsewhere (a variable, or an output).";
+}

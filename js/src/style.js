@@ -1,7 +1,8 @@
 // The widget's stylesheet, scoped under .gs-root (a notebook page holds other content).
 export const CSS = `
 .gs-root { font: 13px/1.4 system-ui, -apple-system, "Segoe UI", sans-serif; color: #1f2933; background: #fff;
-  border: 1px solid #d9e2ec; border-radius: 6px; padding: 10px; box-sizing: border-box; max-width: 100%; }
+  border: 1px solid #d9e2ec; border-radius: 6px; padding: 10px; box-sizing: border-box; max-width: 100%;
+  container-type: inline-size; container-name: gs; }
 .gs-root * { box-sizing: border-box; }
 .gs-root h3 { font-size: 15px; margin: 0 0 4px 0; }
 .gs-root h4 { font-size: 13px; margin: 6px 0 4px 0; overflow-wrap: anywhere; }
@@ -11,14 +12,21 @@ export const CSS = `
 .gs-root button:hover { background: #e4e7eb; }
 .gs-root button:disabled { opacity: 0.5; cursor: default; }
 .gs-find { font: inherit; padding: 2px 6px; border: 1px solid #9aa5b1; border-radius: 4px; width: 180px; }
-.gs-legend { display: flex; gap: 10px; color: #52606d; font-size: 12px; flex-wrap: wrap; }
+.gs-legend { display: flex; gap: 4px 12px; color: #52606d; font-size: 12px; flex-wrap: wrap; margin: 2px 0 6px 0; }
+.gs-arrow { display: inline-block; margin-right: 3px; font-weight: 700; color: #52606d; }
+.gs-level { font: inherit; padding: 1px 4px; }
 .gs-swatch { display: inline-block; width: 14px; height: 10px; margin-right: 3px; vertical-align: middle; border: 1px solid #52606d; }
 .gs-body { display: flex; gap: 10px; align-items: stretch; }
-.gs-graph { position: relative; flex: 1 1 auto; min-width: 0; height: 460px; border: 1px solid #d9e2ec; border-radius: 4px; background: #fbfcfd; overflow: hidden; }
+/* narrow (a notebook beside Lab's sidebar, a 1000 px window): the details go below the graph */
+@container gs (max-width: 1080px) {
+  .gs-body { flex-direction: column; }
+  .gs-side { flex: 0 0 auto !important; max-width: 100% !important; height: auto !important; max-height: 300px; }
+}
+.gs-graph { position: relative; flex: 1 1 auto; min-width: 0; height: 520px; border: 1px solid #d9e2ec; border-radius: 4px; background: #fbfcfd; overflow: hidden; }
 .gs-tip { position: absolute; pointer-events: none; background: #1f2933; color: #fff; font-size: 12px; padding: 4px 7px;
-  border-radius: 4px; max-width: 260px; white-space: pre-wrap; overflow-wrap: anywhere; z-index: 2; }
+  border-radius: 4px; max-width: 330px; white-space: pre-wrap; overflow-wrap: anywhere; z-index: 2; }
 .gs-canvas { display: block; cursor: grab; touch-action: none; outline: none; }
-.gs-side { flex: 0 0 380px; max-width: 45%; height: 460px; overflow: auto; border: 1px solid #d9e2ec; border-radius: 4px; padding: 6px 8px; }
+.gs-side { flex: 0 0 330px; max-width: 40%; height: 520px; overflow: auto; border: 1px solid #d9e2ec; border-radius: 4px; padding: 6px 8px; }
 .gs-kv { display: grid; grid-template-columns: auto 1fr; gap: 1px 8px; }
 .gs-kv > span:nth-child(odd) { color: #52606d; }
 .gs-kv > span { overflow-wrap: anywhere; white-space: pre-wrap; }
@@ -39,7 +47,20 @@ export const CSS = `
 .gs-cmp-status { margin-left: 8px; color: #52606d; }
 .gs-section { margin-top: 10px; }
 .gs-error { color: #b91c1c; white-space: pre-wrap; overflow-wrap: anywhere; }
-.gs-modlist li { overflow-wrap: anywhere; white-space: pre-wrap; cursor: pointer; }
-.gs-modlist li:hover { text-decoration: underline; }
-.gs-modlist { padding-left: 18px; margin: 2px 0; }
+.gs-modtable tr.gs-module { cursor: pointer; }
+.gs-modtable td.gs-module-name { max-width: 190px; overflow: hidden; text-overflow: ellipsis; white-space: nowrap; overflow-wrap: normal; }
+.gs-modtable tr.gs-module:hover td { background: #f0f4f8; text-decoration: underline; }
+.gs-defs { font-size: 11px; margin: 4px 0; }
+.gs-step-why { margin: 2px 0 6px 0; padding: 4px 8px; background: #fef9c3; border-left: 3px solid #ca8a04; border-radius: 3px; }
+.gs-peak-breakdown { margin: 2px 0; color: #1f2933; overflow-wrap: anywhere; }
+.gs-table td.gs-best { background: #dcfce7; font-weight: 700; }
+.gs-table tr.gs-stale td { color: #7b8794; font-style: italic; }
+.gs-table tr.gs-ref td.gs-cmp-name { font-weight: 600; }
+.gs-table td.gs-cmp-name { white-space: nowrap; overflow-wrap: normal; }
+.gs-table td.gs-warn { color: #b45309; }
+.gs-cmp-notes { font-size: 12px; margin: 4px 0; }
+.gs-scroll { overflow-x: auto; max-width: 100%; }
+.gs-table td.gs-cmp-message { min-width: 200px; }
+.gs-root button.gs-on { background: #dbeafe; border-color: #2563eb; }
+.gs-toolbar h4 { margin: 0 8px 0 0; }
 `;

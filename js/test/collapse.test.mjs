@@ -57,12 +57,12 @@ test("expanding both modules keeps them apart", () => {
 
 test("payload graph: collapsed and expanded counts", () => {
   const p = tinyPayload();
-  assert.equal(boxCount(visibleLayout(p.graph, p.edges, new Set()).items), 3);
-  assert.equal(boxCount(visibleLayout(p.graph, p.edges, new Set([0])).items), 5);
-  assert.deepEqual(groupBytes(p.graph, p.nodes.saved_bytes), [768]);
+  assert.equal(boxCount(visibleLayout(p.levels[0], p.edges, new Set()).items), 3);
+  assert.equal(boxCount(visibleLayout(p.levels[0], p.edges, new Set([0])).items), 5);
+  assert.deepEqual(groupBytes(p.levels[0], p.nodes.saved_bytes), [768]);
 });
 
 test("unknown group indexes are ignored", () => {
   const p = tinyPayload();
-  assert.equal(boxCount(visibleLayout(p.graph, p.edges, new Set([7, -1])).items), 3);
+  assert.equal(boxCount(visibleLayout(p.levels[0], p.edges, new Set([7, -1])).items), 3);
 });

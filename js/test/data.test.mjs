@@ -35,8 +35,9 @@ test("hover text names the op and escapes markup", () => {
   const rec = decodeRecording(tinyPayload());
   rec.timeline.label[0] = "<b>x</b>";
   const t = hoverTexts(rec.timeline);
-  assert.equal(t[0], "&lt;b&gt;x&lt;/b&gt; · a<br>256 B live · forward");
-  assert.equal(t[3], "MmBackward0 · b<br>1.6 KiB live · backward · step 1");
+  assert.equal(t[0], "&lt;b&gt;x&lt;/b&gt; · a<br>256 B live · forward<br>  activation: 256 B");
+  // steps are numbered from 1 everywhere: the data's step 1 is "step 2", as on the slider
+  assert.equal(t[3], "MmBackward0 · b<br>1.6 KiB live · backward · step 2<br>  activation: 768 B<br>  other: 832 B");
 });
 
 test("colours: zero bytes is the empty colour, more bytes is darker", () => {
@@ -69,4 +70,34 @@ test("findNodes matches class, parameter and module, biggest savers first", asyn
   assert.deepEqual(findNodes(rec.nodes, "relu"), [2]);
   assert.deepEqual(findNodes(rec.nodes, "backward").length, 4); // every class but AccumulateGrad
   assert.deepEqual(findNodes(rec.nodes, "  "), []);
+});
+
+test("decodeRecording reads the figures, modules, levels and categories", () => {
+  const rec = decodeRecording(tinyPayload());
+  assert.equal(rec.nodes[1].actBytes, 512);
+  assert.equal(rec.nodes[1].largest, "16 × 8");
+  assert.equal(rec.nodes[1].alive, null);
+  assert.deepEqual(rec.modules, [
+    { name: "a", alive: null, act: 768 },
+    { name: "b", alive: null, act: 512 },
+  ]);
+  assert.equal(rec.levels.length, 1);
+  assert.equal(rec.level, 0);
+  assert.deepEqual(rec.timeline.categories, ["activation", "other"]);
+  // the categories add up to the live bytes at every point
+  rec.timeline.live.forEach((v, i) => assert.equal(rec.timeline.byCategory[0][i] + rec.timeline.byCategory[1][i], v));
+  assert.equal(rec.backwardCalls.length, 1);
+});
+
+test("a payload with four phases names them all", () => {
+  const p = tinyPayload();
+  p.timeline.phase = [0, 1, 2, 3, 3];
+  assert.deepEqual(decodeRecording(p).timeline.phase, ["forward", "backward", "optimizer", "other", "other"]);
+});
+
+test("a single category is the live bytes, sent once", () => {
+  const p = tinyPayload();
+  p.timeline.categories = ["other"];
+  p.timeline.by_category = [];
+  assert.deepEqual(decodeRecording(p).timeline.byCategory, [p.timeline.live]);
 });

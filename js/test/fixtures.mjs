@@ -2,7 +2,7 @@
 export function tinyPayload() {
   // nodes: 0 Sum, 1 Mm (module "b"), 2 Relu (module "a"), 3 Mm (module "a"), 4 leaf a.weight (module "a")
   return {
-    version: 1,
+    version: 2,
     kind: "recording",
     label: "tiny",
     summary: { nodes: 5, edges: 4, saved: 3, saved_bytes: 832, peak_bytes: 1600, baseline_bytes: 0, steps: 3, device: "cpu", complete: true, error: null },
@@ -17,6 +17,9 @@ export function tinyPayload() {
       executed: [1, 1, 1, 1, 1],
       saved_bytes: [0, 512, 512, 256, 0],
       saved_count: [0, 1, 1, 1, 0],
+      act_bytes: [0, 512, 512, 256, 0],
+      largest: [-1, 9, 9, 9, -1],
+      largest_kind: [-1, 12, 12, 12, -1],
     },
     edges: [1, 0, 2, 1, 3, 2, 4, 3],
     saved: {
@@ -33,8 +36,31 @@ export function tinyPayload() {
       freed: [0, 1, null],
     },
     steps: { node: [0, 1, 2], backward: [0, 0, 0], start: [0.01, 0.011, 0.012], duration: [0.001, 0.001, 0.001], live_before: [1000, 1000, 1600], live_after: [1000, 1600, 1100], freed: [0, 512, 512] },
-    timeline: { t: [0, 0.002, 0.01, 0.011, 0.012], live: [256, 768, 1000, 1600, 1100], phase: [0, 0, 1, 1, 1], label: [14, 14, 0, 1, 3], module: [4, 4, -1, 2, 4], step: [null, null, 0, 1, 2], dropped: 0 },
-    graph: {
+    phases: ["forward", "backward", "optimizer", "other"],
+    backward_calls: [{ create_graph: false, retain_graph: false }],
+    figures: {
+      saved_activations: { label: "saved activations", definition: "bytes of tensors saved for backward that were allocated inside the block" },
+      alive_at_peak: { label: "alive at peak", definition: "bytes allocated inside the block by this module and still alive at the peak" },
+    },
+    category_labels: { baseline: "parameters and inputs (before the block)", activation: "saved activations", other: "other (results, temporaries)" },
+    modules: { name: [4, 2], alive_at_peak: null, saved_activations: [768, 512] },
+    timeline: {
+      t: [0, 0.002, 0.01, 0.011, 0.012],
+      live: [256, 768, 1000, 1600, 1100],
+      phase: [0, 0, 1, 1, 1],
+      label: [14, 14, 0, 1, 3],
+      module: [4, 4, -1, 2, 4],
+      step: [null, null, 0, 1, 2],
+      dropped: 0,
+      categories: ["activation", "other"],
+      by_category: [
+        [256, 768, 768, 768, 768],
+        [0, 0, 232, 832, 332],
+      ],
+      category_note: null,
+    },
+    level: 0,
+    levels: [{
       engine: "sugiyama",
       node_w: 150,
       node_h: 30,
@@ -45,7 +71,7 @@ export function tinyPayload() {
       x: [100, 100, 100, 100, 100],
       y: [300, 200, 30, 90, 150],
       group: [-1, -1, 0, 0, 0],
-      groups: { key: ["a"], count: [3], x: [100], y: [100], w: [190], h: [44], iw: [200], ih: [200] },
-    },
+      groups: { key: ["a"], count: [3], x: [100], y: [100], w: [190], h: [44], iw: [200], ih: [200], act: [768], alive: null },
+    }],
   };
 }
