@@ -449,13 +449,27 @@ def fused_sdp_choice(*args: Any, **kwargs: Any) -> int | None:
     return int(f(*args, **kwargs))
 
 
-def non_overlapping_and_dense(t: torch.Tensor) -> bool:
+def _probe_dense() -> Callable[[torch.Tensor], bool] | None:
     try:
-        from torch._prims_common import is_non_overlapping_and_dense_or_false
+        import torch._prims_common as pc
+    except Exception:
+        return None
+    # ``..._or_false`` (newer) also answers for symbolic shapes; the plain one (2.6) for ours
+    return getattr(pc, "is_non_overlapping_and_dense_or_false", None) or getattr(pc, "is_non_overlapping_and_dense", None)
 
-        return bool(is_non_overlapping_and_dense_or_false(t))
-    except Exception:  # a private helper that may move: contiguity is the common case
-        return t.is_contiguous()
+
+_DENSE = _probe_dense()
+
+
+def non_overlapping_and_dense(t: torch.Tensor) -> bool:
+    """Whether ``t``'s elements fill its storage span without gaps or overlaps in some order
+    (a transposed tensor is; a strided slice is not)."""
+    if _DENSE is not None:
+        try:
+            return bool(_DENSE(t))
+        except Exception:
+            pass
+    return t.is_contiguous()  # a private helper that moved: contiguity is the common case
 
 
 # ----------------------------------------------------------------------------- node objects
