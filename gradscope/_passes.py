@@ -353,6 +353,8 @@ def saves_pass(trace: Trace, graph: Graph, prefixes: Sequence[str]) -> Saves:
     storage_ids: dict[int, int] = {}
     by_seq_get = graph.by_seq.get
     save_attr_get, seq_attr_get, param_get = trace.save_attr.get, trace.seq_attr.get, trace.param_keys.get
+    seq_order = trace.seq_order
+    position: dict[int, int] = {}  # saves of a node in seq_order seen so far
     kind_of = {"parameter": Kind.PARAMETER, "buffer": Kind.BUFFER}
     input_kind, activation = Kind.INPUT, Kind.ACTIVATION
     for sid, s in enumerate(trace.saves):
@@ -362,7 +364,13 @@ def saves_pass(trace: Trace, graph: Graph, prefixes: Sequence[str]) -> Saves:
             continue
         sids.append(sid)
         nodes.append(node)
-        attrs.append(save_attr_get(sid) or seq_attr_get(seq) or f"saved[{len(sids) - 1}]")
+        attr = save_attr_get(sid) or seq_attr_get(seq)
+        if attr is None and seq in seq_order:  # see NOTE [ pack order ] in gradscope.record
+            k = position.get(seq, 0)
+            position[seq] = k + 1
+            order = seq_order[seq]
+            attr = order[k] if k < len(order) else None
+        attrs.append(attr or f"saved[{len(sids) - 1}]")
         skey = s[S_SKEY]
         named = param_get(skey)
         if named is not None:
@@ -642,28 +650,32 @@ def _saves_to_allocations(trace: Trace, saves: Saves, allocs: _AllocColumns,
     profiler's clock and ``time.time_ns()`` differ by microseconds: times are compared with
     :data:`_CLOCK_SLACK_NS` of slack (an output is packed microseconds after it is allocated).
     Returns (save index -> allocation, allocation -> the first node that saved it)."""
-    by_key: dict[int, list[int]] = {}
+    a_t, a_free_t = allocs.t, allocs.free_t
+    # per key, its allocations and their times (allocation order is time order); an address
+    # the allocator reuses has thousands: the candidate is found by bisection
+    by_key: dict[int, tuple[list[int], list[int]]] = {}
     for i, k in enumerate(allocs.key):
-        by_key.setdefault(k, []).append(i)
+        got = by_key.get(k)
+        if got is None:
+            got = by_key[k] = ([], [])
+        got[0].append(i)
+        got[1].append(a_t[i])
     key_field = S_SKEY if key_kind == "storage" else S_PTR
     slack = 0 if key_kind == "storage" else _CLOCK_SLACK_NS
     out: dict[int, int] = {}
     saver: dict[int, int] = {}
-    a_t, a_free_t = allocs.t, allocs.free_t
+    right = bisect.bisect_right
+    tsaves = trace.saves
     for sid, node in zip(saves.sid, saves.node, strict=True):
-        s = trace.saves[sid]
+        s = tsaves[sid]
         cands = by_key.get(s[key_field])
-        if not cands:
+        if cands is None:
             continue
         t = s[S_T]
-        best = None
-        for i in cands:
-            if a_t[i] <= t + slack:
-                best = i
-            else:
-                break
-        if best is None:
+        j = right(cands[1], t + slack) - 1
+        if j < 0:
             continue
+        best = cands[0][j]
         ft = a_free_t[best]
         if ft is not None and ft < t - slack:
             continue

@@ -108,6 +108,8 @@ class Trace:
     saves: list[tuple[Any, ...]] = field(default_factory=list)
     save_attr: dict[int, str] = field(default_factory=dict)  # save index -> attribute
     seq_attr: dict[int, str] = field(default_factory=dict)  # node seq -> its one attribute
+    # node seq -> the attributes of its saves in pack order (see NOTE [ pack order ] in record)
+    seq_order: dict[int, tuple[str, ...]] = field(default_factory=dict)
     nodes: list[tuple[Any, ...]] = field(default_factory=list)
     node_index: dict[Hashable, int] = field(default_factory=dict)
     edges: dict[tuple[int, int], None] = field(default_factory=dict)

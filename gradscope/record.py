@@ -42,8 +42,10 @@ profiler at a time ]); nesting blocks in one thread is refused.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import gc
+import operator
 import sys
 import threading
 import time
@@ -346,7 +348,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         self._leaf_hooks: dict[int, Any] = {}  # see NOTE [ AccumulateGrad nodes come and go ]
         self._acc_vars: dict[int, Any] = {}  # AccumulateGrad node -> weak ref to its leaf
         self._packed_upto = 0
-        self._packed_seqs: set[int] = set()
+        self._packed_seqs: collections.Counter[int] = collections.Counter()  # node seq -> saves we packed
         self._func_seq: list[list[int]] = []  # [seq0, seq1] of regions where we stepped aside
         self._hooking = True
         self._other_seq: list[list[int]] = []  # see NOTE [ other pairs on an older torch ]
@@ -751,7 +753,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         """Whether this recording's pack hook saved for the node numbered ``seq``."""
         saves = self._trace.saves
         if self._packed_upto < len(saves):
-            self._packed_seqs.update([r[S_SEQ] for r in saves[self._packed_upto:]])
+            self._packed_seqs.update(map(_SEQ_OF, saves[self._packed_upto:]))
             self._packed_upto = len(saves)
         return seq in self._packed_seqs
 
@@ -773,7 +775,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         off = self._memory == "off"
         hooking = self._hooking
         seq0 = trace.seq0
-        seq_attr = trace.seq_attr
+        seq_attr, seq_order = trace.seq_attr, trace.seq_order
         types = _TYPES
         for fn, key, kids in walk(roots, stop=index):
             i = len(nodes)
@@ -792,10 +794,12 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                 if attrs:
                     if ours and single is not None:
                         seq_attr[key] = single  # see NOTE [ which node saved a tensor ]
+                    elif ours and (order := _ORDERS.get(type(fn))) is not None and packed[key] == len(order):
+                        seq_order[key] = order  # see NOTE [ pack order ]
                     else:
                         try:
                             if ours:
-                                self._name_saves(fn, key, attrs)
+                                self._learn_order(fn, self._name_saves(fn, key, attrs), len(attrs))
                             elif key >= seq0:
                                 self._count_unseen(fn, key, attrs)
                         except Exception as e:  # a node whose saves cannot be read: noted, the walk goes on
@@ -828,8 +832,9 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         for fn, k in acc_known:
             self._rehook_leaf(fn, k, post=hook_all)
 
-    def _name_saves(self, fn: Any, seq: int, attrs: tuple[tuple[str, str], ...]) -> None:
-        """Attribute names of one node's saves (see NOTE [ which node saved a tensor ])."""
+    def _name_saves(self, fn: Any, seq: int, attrs: tuple[tuple[str, str], ...]) -> list[tuple[int, str]] | None:
+        """Attribute names of one node's saves (see NOTE [ which node saved a tensor ]); the
+        ``(save index, label)`` pairs it named, None when a list attribute was among them."""
         trace = self._trace
         if len(attrs) == 1 and type(fn) not in _LISTS:
             raw = getattr(fn, attrs[0][1], None)
@@ -839,23 +844,50 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                 if type(fn) in _TYPES:
                     _TYPES[type(fn)] = _TYPES[type(fn)][:3] + (attrs[0][0],)
                 trace.seq_attr[seq] = attrs[0][0]
-                return
+                return None
         names = trace.save_attr
         caps = self._caps
+        named: list[tuple[int, str]] | None = []
         for attr, raw_attr in attrs:
             raws = _compat.raw_saved(fn, raw_attr)
             many = isinstance(getattr(fn, raw_attr, None), list | tuple) and attr != "saved_tensors" or len(raws) > 1
+            if many:
+                named = None
             for k, raw in enumerate(raws):
                 label = f"{attr}[{k}]" if many else attr
                 if caps.saved_data:
                     if _compat.unpack_hook_of(raw) is self._unpack:
                         v = _compat.packed_value(raw)
                         names[v[1]] = label
+                        if named is not None:
+                            named.append((v[1], label))
                 else:
-                    self._read_by_unpacking(fn, attr, label if not many else None, names)
+                    got = self._read_by_unpacking(fn, attr, label if not many else None, names)
+                    if named is not None:
+                        named += got
                     break
+        return named
 
-    def _read_by_unpacking(self, fn: Any, attr: str, label: str | None, names: dict[int, str]) -> None:
+    def _learn_order(self, fn: Any, named: list[tuple[int, str]] | None, n_attrs: int) -> None:
+        """NOTE [ pack order ]: PyTorch's generated code saves a node's tensors in one fixed order
+        per node class, so once a node of a class has had all its saved tensors packed and read
+        (one per attribute, no lists), the k-th save of any node of that class with as many saves
+        is that attribute: naming it needs no read of the node's saved variables (a few
+        microseconds per node). Nodes with fewer saves (optional ones were undefined) are read.
+        The order is trusted after two nodes agree; a class whose nodes disagree is always read."""
+        cls = type(fn)
+        if cls in _ORDERS or cls in _NO_ORDER or named is None or len(named) != n_attrs:
+            return
+        order = tuple(label for _, label in sorted(named))
+        seen = _ORDER_SEEN.get(cls)
+        if seen is None:
+            _ORDER_SEEN[cls] = order
+        elif seen == order:
+            _ORDERS[cls] = order
+        else:
+            _NO_ORDER.add(cls)
+
+    def _read_by_unpacking(self, fn: Any, attr: str, label: str | None, names: dict[int, str]) -> list[tuple[int, str]]:
         """Older torch: read the attribute; our unpack hook notes which saves it returned. Only
         nodes whose saves we packed get here, so no other pair's unpack hook runs."""
         st = self._state
@@ -869,9 +901,12 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         finally:
             st.reading = None
         del value
+        out = []
         for k, sid in enumerate(read):
             names[sid] = label if label is not None else (attr if len(read) == 1 and attr != "saved_tensors"
                                                           else f"{attr}[{k}]")
+            out.append((sid, names[sid]))
+        return out
 
     def _count_unseen(self, fn: Any, seq: int, attrs: tuple[tuple[str, str], ...]) -> None:
         """NOTE [ saves packed by other hooks ]: only the innermost saved_tensors_hooks pair
@@ -1070,6 +1105,12 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
 # exactly one non-list saved tensor, learnt from the first node of the class whose saves we read).
 _TYPES: dict[type, tuple[str, tuple[tuple[str, str], ...], bool, str | None]] = {}
 _LISTS: set[type] = set()  # classes whose single saved attribute is a list of tensors
+# See NOTE [ pack order ]: per class, the attributes of its saves in pack order (trusted), the
+# first order seen (to be confirmed), and classes whose nodes disagreed.
+_ORDERS: dict[type, tuple[str, ...]] = {}
+_ORDER_SEEN: dict[type, tuple[str, ...]] = {}
+_NO_ORDER: set[type] = set()
+_SEQ_OF = operator.itemgetter(S_SEQ)
 
 
 def _type_info(fn: Any) -> tuple[str, tuple[tuple[str, str], ...], bool, str | None]:
