@@ -34,6 +34,7 @@ __all__ = [
     "predict",
     "predict_job",
     "record",
+    "release",
     "show",
     "unload_ipython_extension",
 ]
@@ -44,6 +45,7 @@ __version__ = "0.1.0"
 # attribute is always the function (``gs.record(...)``) and never the module, whatever imports
 # ``gradscope.record`` later. Their modules import only torch. The rest load on first use, so that
 # `import gradscope` needs no IPython or widget stack.
+from gradscope._walk import release  # noqa: E402
 from gradscope.graph import graph  # noqa: E402
 from gradscope.record import record  # noqa: E402
 

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from gradscope import _compat
 from gradscope.errors import GradscopeError
 from gradscope.recording import Recording, format_bytes
 
@@ -276,9 +277,9 @@ def diagnose(
 # ----------------------------------------------------------------------------------------------
 # NOTE [ one accessor for what the recording held ]: everything the analysis knows about the
 # diagnosed moment comes from `_read`, which turns the recorder's data into the small frozen rows
-# below. Today that data is `Recording.extra["held"]` (rows of the allocations alive at the
-# moment), `extra["backward_calls"]` and `extra["oom"]`; when the recorder's typed allocation table
-# and backward-call facts replace them, only `_read` changes.
+# below. Today that data is `Recording.held` (the allocations alive at the moment),
+# `Recording.backward_calls` and `Recording.oom`, read through their JSON forms; moving to the
+# typed allocation table changes only `_read`.
 @dataclass(frozen=True)
 class _Row:
     """One allocation made inside the block and alive at the diagnosed moment."""
@@ -325,8 +326,8 @@ class _Held:
 
 def _read(rec: Recording) -> _Held:
     """The one place that reads the recorder's data about the diagnosed moment."""
-    held = rec.extra.get("held") or {}
-    oom = rec.extra.get("oom") or {}
+    held = rec.held.to_dict() if rec.held is not None else {}
+    oom = rec.oom.to_dict() if rec.oom is not None else {}
     moment = held.get("moment", "none") if "rows" in held else "none"
     if oom:
         moment = "failure"  # even when it failed before anything was allocated
@@ -346,8 +347,8 @@ def _read(rec: Recording) -> _Held:
         for r in held.get("rows", ())
     )
     calls = tuple(
-        _Call(str(c.get("api", "backward")), bool(c.get("create_graph")), bool(c.get("retain_graph")))
-        for c in rec.extra.get("backward_calls", ())
+        _Call(c.api, c.create_graph, c.retain_graph)
+        for c in rec.backward_calls
     )
     return _Held(
         moment=moment,
@@ -387,9 +388,7 @@ class _Analysis:
         try:
             st = t.untyped_storage()
             if self.by_storage:
-                from torch.multiprocessing.reductions import StorageWeakRef
-
-                return int(StorageWeakRef(st).cdata)
+                return _compat.storage_key(t)
             return int(st.data_ptr())
         except (RuntimeError, NotImplementedError, TypeError):
             return None
@@ -611,7 +610,8 @@ class _Analysis:
         out.extend(f for f in self._params_without_grads() if f.module not in flagged)
         # gradients and optimizer state dominate
         opt_bytes, grad_bytes = kinds.get("optimizer", 0), kinds.get("gradient", 0)
-        if opt_bytes + grad_bytes >= 0.5 * live and opt_bytes > 0:
+        # (state no larger than the gradients is SGD momentum's one copy: nothing leaner to advise)
+        if opt_bytes + grad_bytes >= 0.5 * live and opt_bytes > grad_bytes:
             name = self.optimizers[0][0] if self.optimizers else "opt"
             kind = type(self.optimizers[0][1]).__name__ if self.optimizers else "the optimizer"
             out.append(
@@ -801,9 +801,7 @@ def _saved_storages(roots: list[Any], key_of: Any) -> dict[int, int]:
         if id(fn) in seen:
             continue
         seen[id(fn)] = fn
-        for attr in dir(fn):
-            if not attr.startswith("_saved_"):
-                continue
+        for attr, _raw in _compat.saved_tensor_attributes(fn):
             try:
                 v = getattr(fn, attr)
             except (RuntimeError, AttributeError):  # freed by a backward without retain_graph

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from gradscope import _compat
 from gradscope.errors import GradscopeError
 from gradscope.job import Job, RankEntry, RankStatus
 from gradscope.recording import Recording
@@ -676,8 +677,9 @@ def _resident(meta_model: torch.nn.Module, batch: Any, opt: Any, sim: _FsdpSim |
             tensors.extend(v for v in st.values() if isinstance(v, torch.Tensor))
     seen: dict[int, int] = {}
     for t in tensors:
-        st = t.untyped_storage()
-        seen[int(st._cdata)] = st.nbytes()
+        key = _compat.storage_key(t)
+        if key is not None:
+            seen[key] = t.untyped_storage().nbytes()
     return sum(seen.values())
 
 
@@ -778,7 +780,7 @@ class _FsdpSim:
     def _pre_backward(self, u: _Unit) -> None:
         if not self.callback_queued:
             self.callback_queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._final)
+            _compat.queue_engine_callback(self._final)
         if u.started:
             return
         u.started = True

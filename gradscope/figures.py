@@ -216,7 +216,7 @@ def saved_activations_by_module(
 
 # ----- alive at the peak ---------------------------------------------------------------------
 def _held_rows(rec: Recording) -> tuple[list[Mapping[str, Any]], Mapping[str, Any]] | None:
-    held = rec.extra.get("held") if isinstance(rec.extra, Mapping) else None
+    held = rec.held.to_dict() if rec.held is not None else None
     if not isinstance(held, Mapping) or not isinstance(held.get("rows"), list):
         return None
     rows = [r for r in held["rows"] if isinstance(r, Mapping) and isinstance(r.get("bytes"), int)]

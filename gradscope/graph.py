@@ -8,14 +8,13 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.multiprocessing.reductions import StorageWeakRef
 
+from gradscope import _compat, _names
+from gradscope._walk import node_name, plain_pack, plain_unpack, walk
 from gradscope.errors import GradscopeError
 from gradscope.recording import Edge, Kind, Node, Recording, SavedTensor, Where, format_bytes
 
 __all__ = ["graph", "to_dot"]
-
-_ACC = 18446744073709551615
 
 
 def graph(tensor: torch.Tensor | tuple[torch.Tensor, ...] | list[torch.Tensor], *,
@@ -58,72 +57,60 @@ def graph(tensor: torch.Tensor | tuple[torch.Tensor, ...] | list[torch.Tensor], 
                 "parameter; inside torch.no_grad() no graph is built."
             )
         roots.append(t.grad_fn)
-    names = _param_names(modules)
-    ids: dict[Any, int] = {}
-    infos: list[dict[str, Any]] = []
-    edges: dict[tuple[int, int], None] = {}
+    names = _names.parameter_names(modules)
+    storage_names: dict[int, tuple[str, str]] = {}
+    for _prefix, m in _names.modules_arg(modules):
+        for t in (*m.parameters(), *m.buffers()):
+            k = _compat.storage_key(t)
+            if k is not None and id(t) in names:
+                storage_names.setdefault(k, names[id(t)])
+    nodes: list[Node] = []
+    index: dict[Any, int] = {}
+    edge_keys: list[tuple[Any, Any]] = []
     saved: list[SavedTensor] = []
     storages: dict[int, int] = {}
-    keep: list[Any] = []  # node objects, alive only during this walk
-
-    def node_id(fn: Any) -> int:
-        seq = fn._sequence_nr()
-        key: Any = ("acc", id(fn.variable)) if seq == _ACC else seq
-        i = ids.get(key)
-        if i is None:
-            i = len(infos)
-            ids[key] = i
-            name = fn.name().rsplit("::", 1)[-1]
-            info: dict[str, Any] = {"name": name, "leaf": None, "leaf_shape": None, "fn": fn}
-            if seq == _ACC:
-                var = fn.variable
-                info["leaf"] = names.get(id(var), (None, "input"))[1]
-                info["leaf_shape"] = tuple(var.shape)
-            infos.append(info)
-            keep.append(fn)
-        return i
-
-    stack = list(roots)
-    walked: set[int] = set()
-    while stack:
-        fn = stack.pop()
-        i = node_id(fn)
-        if i in walked:
-            continue
-        walked.add(i)
-        for nxt, _ in fn.next_functions:
-            if nxt is not None:
-                j = node_id(nxt)
-                edges[(j, i)] = None
-                if j not in walked:
-                    stack.append(nxt)
-    foreign = [0]
-    for i, info in enumerate(infos):
-        for attr, t in _saved_tensors(info["fn"], foreign):
+    counts = {"checkpoint": 0, "hooked": 0}
+    kinds = {"parameter": Kind.PARAMETER, "buffer": Kind.BUFFER}
+    for fn, key, kids in walk(roots):
+        i = len(nodes)
+        index[key] = i
+        leaf = leaf_shape = None
+        if not isinstance(key, int):  # AccumulateGrad
+            var = fn.variable
+            leaf = names.get(id(var), ("", "input"))[1]
+            leaf_shape = tuple(var.shape)
+        nodes.append(Node(id=i, name=node_name(fn), leaf=leaf, leaf_shape=leaf_shape, module=_leaf_module(leaf)))
+        edge_keys.extend((k, key) for k in kids)
+        for attr, t in _saved_tensors(fn, counts):
+            key_s = _compat.storage_key(t)
             try:
-                storage = t.untyped_storage()
-                key = int(StorageWeakRef(storage).cdata)
-                nbytes = int(storage.nbytes())
+                nbytes = int(t.untyped_storage().nbytes())
             except (RuntimeError, NotImplementedError, TypeError):
-                key, nbytes = -(len(saved) + 1), t.numel() * t.element_size()
-            sid = storages.setdefault(key, len(storages))
-            named = names.get(("storage", key))
-            kind = named[0] if named else (Kind.INPUT if t.grad_fn is None else Kind.ACTIVATION)
+                key_s, nbytes = None, t.numel() * t.element_size()
+            if key_s is None:
+                key_s = -(len(saved) + 1)
+            sid = storages.setdefault(key_s, len(storages))
+            named = storage_names.get(key_s)
+            kind = kinds[named[0]] if named else (Kind.INPUT if t.grad_fn is None else Kind.ACTIVATION)
             saved.append(SavedTensor(
                 node=i, attribute=attr, shape=tuple(t.shape), dtype=str(t.dtype).replace("torch.", ""),
                 device=str(t.device), bytes=nbytes, storage=sid, kind=kind,
                 name=named[1] if named else None,
             ))
-    keep.clear()
-    nodes = tuple(Node(id=i, name=info["name"], leaf=info["leaf"], leaf_shape=info["leaf_shape"],
-                       module=_leaf_module(info["leaf"]))
-                  for i, info in enumerate(infos))
-    return Recording(nodes=nodes, edges=tuple(Edge(a, b) for a, b in edges), saved=tuple(saved),
+            del t
+    edges = tuple(dict.fromkeys(Edge(index[a], index[b]) for a, b in edge_keys if a in index and b in index))
+    notes = ["from gs.graph: no backward ran; module paths need gs.record"]
+    if counts["checkpoint"]:
+        notes.append(f"{counts['checkpoint']} saved tensors of non-reentrant checkpoint segments were not unpacked "
+                     "(that would recompute the segment once per tensor), so they are not listed.")
+    if counts["hooked"]:
+        notes.append(f"{counts['hooked']} saved tensors of non-reentrant checkpoint segments were not unpacked (or of "
+                     "other saved_tensors_hooks pairs: this torch cannot tell which, and reading a checkpoint's "
+                     "would recompute its segment), so they are not listed.")
+    return Recording(nodes=tuple(nodes), edges=edges, saved=tuple(saved),
                      where=Where(device=str(tensors[0].device), memory_source="off",
                                  torch_version=torch.__version__),
-                     label=label, notes=("from gs.graph: no backward ran; module paths need gs.record",)
-                     + ((f"{foreign[0]} saved tensors of non-reentrant checkpoint segments were not unpacked "
-                         "(that would recompute the segment once per tensor), so they are not listed.",) if foreign[0] else ()))
+                     label=label, notes=tuple(notes))
 
 
 def _leaf_module(leaf: str | None) -> str | None:
@@ -132,53 +119,40 @@ def _leaf_module(leaf: str | None) -> str | None:
     return None
 
 
-def _param_names(modules: nn.Module | Mapping[str, nn.Module] | None) -> dict[Any, Any]:
-    out: dict[Any, Any] = {}
-    if modules is None:
-        return out
-    if isinstance(modules, nn.Module):
-        items = [("", modules)]
-    elif isinstance(modules, Mapping):
-        items = list(modules.items())
-    else:
-        raise GradscopeError(
-            f"gradscope: modules= takes an nn.Module or a dict {{'name': module}}, got {type(modules).__name__}."
-        )
-    for prefix, m in items:
-        if not isinstance(m, nn.Module):
-            raise GradscopeError(f"gradscope: modules[{prefix!r}] is not an nn.Module.")
-        for kind, named in ((Kind.PARAMETER, m.named_parameters()), (Kind.BUFFER, m.named_buffers())):
-            for name, p in named:
-                full = f"{prefix}.{name}" if prefix else name
-                out[id(p)] = (kind, full)
-                try:
-                    out.setdefault(("storage", int(StorageWeakRef(p.untyped_storage()).cdata)), (kind, full))
-                except (RuntimeError, NotImplementedError):
-                    pass
-    return out
-
-
-def _saved_tensors(fn: Any, foreign: list[int] | None = None) -> list[tuple[str, torch.Tensor]]:
+def _saved_tensors(fn: Any, counts: dict[str, int]) -> list[tuple[str, torch.Tensor]]:
     """A node's saved tensors, read through whatever saved_tensors_hooks packed them, except
     those of non-reentrant checkpoint: unpacking one outside backward recomputes the whole segment
-    (once per tensor read), so they are counted in ``foreign`` and skipped."""
-    from gradscope.record import _saved_attrs, _unpack
-
-    attrs = ["saved_tensors"] if isinstance(fn, torch.autograd.function.BackwardCFunction) else _saved_attrs(fn)
+    (once per tensor read), so they are counted and skipped. A torch that cannot name a saved
+    variable's hooks (<= 2.8) cannot tell a checkpoint's from other pairs': every hooked save is
+    skipped there (``counts["hooked"]``); one without hooks is given a pair equivalent to none
+    (data and version check), the only way that torch has of asking."""
     out: list[tuple[str, torch.Tensor]] = []
-    for attr in attrs:
-        raw = getattr(fn, "_raw" + attr if attr.startswith("_saved_") else "_raw_saved_tensors", None)
-        hooks = [getattr(r, "unpack_hook", None) for r in (raw if isinstance(raw, list | tuple) else (raw,))]
-        hidden = sum(1 for h in hooks if h is not None and h is not _unpack
-                     and getattr(h, "__module__", "") == "torch.utils.checkpoint")
-        if hidden:
-            if foreign is not None:
-                foreign[0] += hidden
+    ours: bool | None = None  # packed by the gs.record block around this call (its pair reads them)
+    for attr, raw_attr in _compat.saved_tensor_attributes(fn):
+        skip = False
+        for raw in _compat.raw_saved(fn, raw_attr):
+            hook = _compat.unpack_hook_of(raw)
+            if hook is _compat.NOT_VISIBLE:
+                if ours is None:
+                    from gradscope.record import packed_here
+
+                    ours = packed_here(fn)
+                if ours:
+                    continue
+                # registering a pair is the only question that torch answers; under a dispatch
+                # mode its answer may leave the save half-hooked, so nothing is read there
+                if _compat.dispatch_modes_active() or _compat.probe_saved(raw, plain_pack, plain_unpack) == "hooked":
+                    counts["hooked"] += 1
+                    skip = True
+            elif hook is not None and getattr(hook, "__module__", "") == "torch.utils.checkpoint":
+                counts["checkpoint"] += 1
+                skip = True
+        if skip:
             continue
         try:
             v = getattr(fn, attr)
         except (RuntimeError, AttributeError) as e:
-            if "backward through the graph a second time" in str(e):
+            if "backward through the graph a second time" in str(e) or "has been freed" in str(e):
                 raise GradscopeError(
                     "gradscope: this graph's saved tensors were already freed by a backward pass; "
                     "call gs.graph before backward, or run backward with retain_graph=True."

@@ -169,7 +169,7 @@ class GradscopeMagics(Magics):
             recording = _run_recorded(shell, st, rec, cell)
         shell.user_ns[st.recording_name] = recording
         _show(recording, widget=not args.no_widget)
-        if st.last is shown and recording.extra.get("oom") is not None:
+        if st.last is shown and recording.oom is not None:
             # an OOM the handler could not diagnose (the user has an exception handler of their
             # own, which one shell cannot share): diagnose it after the traceback
             from gradscope.diagnose import diagnose
@@ -331,7 +331,7 @@ def _cell_budget(budget: int | None, memory: str, ns: dict[str, Any]) -> tuple[i
 def _resident_cpu_bytes(ns: dict[str, Any]) -> int:
     """Bytes of distinct CPU storages reachable from the user's variables: tensors (also inside
     lists, tuples and dicts), models' parameters, buffers and gradients, optimizers' state."""
-    from torch.multiprocessing.reductions import StorageWeakRef
+    from gradscope._compat import storage_key
 
     seen: dict[int, int] = {}
 
@@ -343,11 +343,9 @@ def _resident_cpu_bytes(ns: dict[str, Any]) -> int:
 
     def add(t: Any) -> None:
         if isinstance(t, torch.Tensor) and t.device.type == "cpu":
-            try:
-                st = t.untyped_storage()
-                seen[int(StorageWeakRef(st).cdata)] = int(st.nbytes())
-            except (RuntimeError, NotImplementedError, TypeError):
-                pass
+            key = storage_key(t)
+            if key is not None:
+                seen[key] = int(t.untyped_storage().nbytes())
 
     for name, v in list(ns.items()):
         if name.startswith("_"):
@@ -374,15 +372,14 @@ def _with_resident(recording: Any, cell_budget: tuple[int, int] | None) -> Any:
     """The recording, its budget failure restated for the whole simulated device."""
     if recording is None or cell_budget is None:
         return recording
-    oom = recording.extra.get("oom")
-    if not oom:
+    oom = recording.oom
+    if oom is None:
         return recording
     budget, resident = cell_budget
-    extra = dict(recording.extra)
-    extra["oom"] = {**oom, "budget": budget, "cell_budget": oom.get("budget"), "resident": resident}
     import dataclasses
 
-    return dataclasses.replace(recording, extra=extra)
+    oom = dataclasses.replace(oom, budget=budget, cell_budget=oom.budget, resident=resident)
+    return dataclasses.replace(recording, oom=oom)
 
 
 def _add_namespace_roots(rec: Any, ns: dict[str, Any]) -> None:

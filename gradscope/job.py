@@ -1104,9 +1104,8 @@ class JobDiagnosis:
 
 
 def _oom(r: Recording) -> Mapping[str, Any] | None:
-    oom = r.extra.get("oom") if isinstance(r.extra, Mapping) else None
-    if isinstance(oom, Mapping):
-        return oom
+    if r.oom is not None:
+        return r.oom.to_dict()
     if r.error and ("OutOfMemoryError" in r.error or "out of memory" in r.error.lower()):
         return {}
     return None

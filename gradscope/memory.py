@@ -1,4 +1,4 @@
-"""Memory sources: where a recording's bytes come from.
+"""Memory sources: where a recording's bytes come from, behind one small protocol.
 
 - ``cpu``: PyTorch's profiler allocation events. They come from the CPU allocator itself, so they
   include memory that kernels allocate internally (CPU convolution's temporaries), which a tracker
@@ -10,8 +10,10 @@
 - ``cuda``: the caching allocator's statistics (allocated, reserved; with ``history=True`` its
   event history) and NVML totals through ``nvidia-ml-py`` when present.
 
-Every source yields the same :class:`AllocEvent` list, so the recorder turns any of them into one
-timeline. Sources keep no tensors alive: only sizes, addresses and weak references.
+Every source implements :class:`MemorySource` and hands over a
+:class:`~gradscope._trace.MemoryTrace` (the same :class:`AllocEvent` rows for all of them), so the
+recorder and the passes never ask which source they have. Sources keep no tensors alive: only
+sizes, addresses and weak references.
 """
 
 from __future__ import annotations
@@ -22,51 +24,92 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
+from gradscope import _compat
 from gradscope._stderr import LineFilter
+from gradscope._trace import MemoryTrace
 from gradscope.errors import GradscopeError, MemoryBudgetExceeded
 
-__all__ = ["AllocEvent", "cuda_stats", "nvml_device_totals", "parse_size", "resolve_memory"]
+__all__ = [
+    "AllocEvent",
+    "CudaSource",
+    "EvalScope",
+    "MemorySource",
+    "ProfilerSource",
+    "TrackerSource",
+    "cuda_stats",
+    "make_source",
+    "nvml_device_totals",
+    "parse_size",
+    "resolve_memory",
+]
 
 _MODES = ("auto", "cpu", "cuda", "tracker", "off")
 
 
-@dataclass
-class AllocEvent:
+class AllocEvent(NamedTuple):
     """One allocation (``size > 0``) or free (``size < 0``) inside the block.
 
-    ``t_ns`` is on the ``time.time_ns()`` clock. ``eval_index`` is, for the profiler source, the
-    index of the engine's ``evaluate_function`` scope it happened in (None outside backward);
-    ``step`` is a recorder step index when the source knows it online.
+    ``t_ns`` is on the ``time.time_ns()`` clock (the profiler's clock is converted to it by
+    PyTorch). ``key`` names the block or storage (see :attr:`MemoryTrace.key_kind`). ``scope`` is,
+    for the profiler source, the index of the engine's ``evaluate_function`` scope it happened in
+    (None outside backward); ``step`` is, for online sources, the position in the trace's step
+    events when it happened; ``call`` the module call running; ``hint`` ``"optimizer"`` or
+    ``"other"`` when the source saw it inside an optimizer step or a ``zero_grad``.
     """
 
     t_ns: int
     size: int
     key: int
     label: str
-    eval_index: int | None = None
+    scope: int | None = None
     step: int | None = None
     reserved: int | None = None
-    module_call: int | None = None
+    call: int | None = None
+    hint: str | None = None
+    backward: int | None = None
 
 
-MODULE_MARK = "gradscope.module#"
+class EvalScope(NamedTuple):
+    """One node's scope seen by the profiler (``TanhBackward0``, with the node's number).
 
-
-@dataclass
-class EvalScope:
-    """One ``autograd::engine::evaluate_function`` scope seen by the profiler."""
+    ``backward`` is the index of the gradscope backward marker it ran under (None: a backward
+    gradscope did not observe); ``nested`` is True for scopes inside another node's scope (a
+    reentrant backward, e.g. reentrant checkpointing).
+    """
 
     name: str
     seq: int
     start_ns: int
     end_ns: int
+    backward: int | None
+    nested: bool
+
+
+class MemorySource(Protocol):
+    """What the recorder asks of a memory source, and nothing more.
+
+    ``online``: it knows the live total at any moment (budgets, bytes around each step).
+    ``node_hooks``: it wants every node's start and end (it reads the allocator there).
+    ``marks_calls``: it wants :meth:`call_enter` / :meth:`call_exit` at module calls and
+    backward passes. ``marks_steps``: it wants :meth:`mark` at step boundaries.
+    """
+
+    name: str
+    online: bool
+    node_hooks: bool
+    marks_calls: bool
+    marks_steps: bool
+
+    def start(self) -> None: ...
+    def stop(self) -> MemoryTrace: ...
+    def live(self) -> int | None: ...
+    def call_enter(self, kind: str, index: int, label: str) -> Any: ...
+    def call_exit(self, token: Any, label: str) -> None: ...
+    def mark(self, label: str) -> None: ...
 
 
 def parse_size(size: int | str | None) -> int | None:
@@ -117,40 +160,87 @@ def resolve_memory(memory: str, budget: int | None) -> str:
     return memory
 
 
+def make_source(memory: str, *, budget: int | None = None, device_type: str = "cpu",
+                history: bool = False, context: Callable[[], tuple[int | None, int | None]] | None = None
+                ) -> MemorySource | None:
+    """The source for a resolved ``memory`` name (None for ``"off"``). ``context`` returns the
+    recorder's (step event position, module call) at any moment, for online sources."""
+    if memory == "cpu":
+        return ProfilerSource()
+    if memory == "tracker":
+        return TrackerSource(device_type, budget, context=context)
+    if memory == "cuda":
+        if not torch.cuda.is_available():
+            raise GradscopeError(
+                "gradscope: memory='cuda' but CUDA is not available here; use memory='cpu', or "
+                "gs.predict(..., device='cuda') to estimate CUDA memory without a GPU."
+            )
+        return CudaSource(history=history, context=context)
+    return None
+
+
+def _no_context() -> tuple[int | None, int | None]:
+    return None, None
+
+
+def _inside_only(events: list[AllocEvent]) -> list[AllocEvent]:
+    """Drop frees of memory allocated before the block (the profiler reports them with a size when
+    an earlier profiling session saw the allocation): they are baseline, not the block's memory."""
+    live: dict[int, int] = {}
+    out: list[AllocEvent] = []
+    for e in events:
+        if e.size > 0:
+            live[e.key] = e.size
+            out.append(e)
+        elif live.pop(e.key, None) is not None:
+            out.append(e)
+    return out
+
+
 # --------------------------------------------------------------------------------------
 # CPU: the profiler's allocation events
 # --------------------------------------------------------------------------------------
 _profiler_lock = threading.Lock()
 _profiler_busy = False  # see NOTE [ one profiler at a time ]
+MARK = "gradscope."
+_CLOCK = "gradscope.clock#0"
+_OPT_STEP = "Optimizer.step#"
+_ZERO_GRAD = ("Optimizer.zero_grad#", "Module.zero_grad")
 
 
 class ProfilerSource:
-    """NOTE [ CPU bytes come from the allocator ]: the profiler with ``profile_memory=True`` gets a
+    """NOTE [ CPU bytes come from the allocator ]: the profiler with memory profiling gets a
     report from the CPU allocator for every allocation and free, including buffers that kernels
     allocate internally. The running sum of those events from the block's start is the block's
     live memory; frees of memory allocated before the block come without a size and are ignored,
-    so pre-existing tensors never count toward ``peak_bytes``.
+    so pre-existing tensors never count toward ``peak_bytes``. The profiler runs lean (see NOTE
+    [ a lean profiler ] in :mod:`gradscope._compat`).
+
+    NOTE [ profiler marks ]: the recorder opens a profiler scope per module call and per backward
+    pass (``gradscope.module#3``, ``gradscope.backward#0``), so that each allocation knows its
+    module and each node scope its backward pass from the event tree itself, without comparing
+    clocks.
     """
 
     name = "cpu"
     online = False
+    node_hooks = False
+    marks_calls = True
+    marks_steps = False
 
     def __init__(self) -> None:
-        self._prof: Any = None
+        self._running = False
+        self._clock_ns = 0
         self._noise = LineFilter()
-        self.events: list[AllocEvent] = []
-        self.scopes: list[EvalScope] = []
 
     def start(self) -> None:
         """NOTE [ one profiler at a time ]: PyTorch runs one profiler session per process. A
         second one started in another thread crashes the process when both stop (segmentation
         fault), and one started inside a user's ``torch.profiler`` session ends theirs (it records
         nothing more). So a busy profiler is refused with a GradscopeError before anything starts."""
-        from torch.profiler import ProfilerActivity, profile
-
         global _profiler_busy
         with _profiler_lock:
-            if _profiler_busy or torch.autograd.profiler._is_profiler_enabled:
+            if _profiler_busy or _compat.profiler_enabled():
                 raise GradscopeError(
                     "gradscope: memory='cpu' reads PyTorch's profiler, and a profiler session is "
                     "already running (your torch.profiler, or a recording in another thread); "
@@ -159,70 +249,123 @@ class ProfilerSource:
                 )
             _profiler_busy = True
         try:
-            self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
             with _quiet_stderr():
-                self._prof.__enter__()
+                _compat.start_node_profiler(ops=_in_distributed_job())
+            self._running = True
             self._noise.start()  # see NOTE [ the profiler's free warning ] in gradscope._stderr
+            # NOTE [ profiler clock ]: the profiler stamps events with its own clock; one scope
+            # opened right here, beside a time.time_ns() reading, gives the offset to ours.
+            handle = _compat.record_scope_enter(_CLOCK)
+            self._clock_ns = time.time_ns()
+            _compat.record_scope_exit(handle)
         except BaseException:
-            self._prof = None
+            self._noise.stop()
+            if self._running:
+                self._running = False
+                with _quiet_stderr():
+                    _compat.stop_profiler()
             _profiler_busy = False
             raise
 
-    def stop(self) -> None:
+    def stop(self) -> MemoryTrace:
         global _profiler_busy
-        prof, self._prof = self._prof, None
-        if prof is None:
-            return
+        running, self._running = self._running, False
+        out = MemoryTrace(source=self.name, device="cpu", online=False, key_kind="address")
+        if not running:
+            return out
         try:
             with _quiet_stderr():
-                prof.__exit__(None, None, None)
+                results = _compat.stop_profiler()
         finally:
             self._noise.stop()
             _profiler_busy = False
-        self._parse(prof.profiler.kineto_results.experimental_event_tree())
+        out.events, out.scopes = self._parse(_compat.results_event_tree(results))
+        return out
 
     def live(self) -> int | None:
         return None
 
-    def _parse(self, roots: Any) -> None:
-        from torch._C._profiler import _EventType
+    def call_enter(self, kind: str, index: int, label: str) -> Any:
+        return _compat.record_scope_enter(f"{MARK}{kind}#{index}")
 
-        alloc_tag = _EventType.Allocation
+    def call_exit(self, token: Any, label: str) -> None:
+        if token is not None:
+            _compat.record_scope_exit(token)
+
+    def mark(self, label: str) -> None:
+        pass
+
+    def _parse(self, roots: Any) -> tuple[list[AllocEvent], list[EvalScope]]:
+        """Allocation events and node scopes from the profiler's event tree, each allocation with
+        the node scope, module mark and backward mark it happened under. The walk is iterative
+        (deep trees must not hit the recursion limit) and reads each event's fields once: with
+        tens of thousands of events, every attribute read through the bindings counts."""
+        alloc_tag = _compat.allocation_tag()
+        node_scope = _compat.node_scope()
+        check_device = torch.cuda.is_available()  # without CUDA every allocation is the CPU's
         events: list[AllocEvent] = []
         scopes: list[EvalScope] = []
-        # Iterative walk (deep trees must not hit the recursion limit); children are pushed in
-        # reverse so that events come out in time order within a scope.
-        stack: list[tuple[Any, str, int | None, int | None]] = [(r, "", None, None) for r in reversed(roots)]
+        offset = 0
+        for r in roots:
+            if r.name == _CLOCK:
+                offset = r.start_time_ns - self._clock_ns
+                break
+        new_event = tuple.__new__
+        append = events.append
+        # Stack rows: (event, label, node scope, module call, backward mark, hint); children
+        # are pushed in reverse so that events come out in time order within a scope.
+        stack: list[tuple[Any, str, int | None, int | None, int | None, str | None]] = [
+            (r, "", None, None, None, None) for r in reversed(roots)
+        ]
+        pop, push = stack.pop, stack.append
         while stack:
-            ev, label, scope, call = stack.pop()
-            if ev.tag == alloc_tag:
-                ef = ev.extra_fields
-                if ef.device.type != "cpu":
+            ev, label, scope, call, bw, hint = pop()
+            tag, ef = ev.typed
+            if tag == alloc_tag:
+                if check_device and ef.device.type != "cpu":
                     continue
-                events.append(AllocEvent(ev.start_time_ns, int(ef.alloc_size), int(ef.ptr), label, scope,
-                                         module_call=call))
+                append(new_event(AllocEvent, (ev.start_time_ns - offset, ef.alloc_size, ef.ptr, label, scope, None,
+                                              None, call, hint, bw)))
                 continue
             name = ev.name
-            if name.startswith(MODULE_MARK):
-                # NOTE [ module markers ]: the recorder opens a profiler scope per module call, so
-                # each allocation knows the module it happened in without comparing clocks.
+            if name.startswith(MARK):
+                kind, _, idx = name[len(MARK):].partition("#")
                 try:
-                    call = int(name[len(MODULE_MARK):])
+                    if kind == "module":
+                        call = int(idx)
+                    elif kind == "backward":
+                        bw = int(idx)
                 except ValueError:
                     pass
-            elif name.startswith("autograd::engine::evaluate_function: "):
-                scope = len(scopes)
-                node_name = name[len("autograd::engine::evaluate_function: ") :]
-                seq = getattr(ev.extra_fields, "sequence_number", -1)
-                scopes.append(EvalScope(_node_name(node_name), int(seq), ev.start_time_ns, ev.end_time_ns))
-                label = _node_name(node_name)
-            elif scope is None or label == "":
-                label = name
-            for c in reversed(ev.children):
-                stack.append((c, label, scope, call))
-        events.sort(key=lambda e: e.t_ns)
-        self.events = _inside_only(events)
-        self.scopes = scopes
+            elif ef.scope == node_scope:
+                node = name.rsplit("::", 1)[-1]
+                scopes.append(EvalScope(node, int(getattr(ef, "sequence_number", -1)), ev.start_time_ns - offset,
+                                        ev.end_time_ns - offset, bw, scope is not None))
+                scope = len(scopes) - 1
+                label = node
+            elif name.startswith(_OPT_STEP):
+                hint, label = "optimizer", name
+            elif name.startswith(_ZERO_GRAD):
+                hint, label = "other", name
+            elif scope is None:
+                label = name  # a user's record_function
+            children = ev.children
+            for i in range(len(children) - 1, -1, -1):
+                push((children[i], label, scope, call, bw, hint))
+        if len(events) > 1 and any(events[i].t_ns > events[i + 1].t_ns for i in range(len(events) - 1)):
+            events.sort(key=_t_ns)
+        return _inside_only(events), scopes
+
+
+def _in_distributed_job() -> bool:
+    """Whether this process is a rank of a ``torch.distributed`` job (see NOTE [ a lean profiler ]
+    in :mod:`gradscope._compat`)."""
+    dist = torch.distributed
+    return bool(dist.is_available() and dist.is_initialized())
+
+
+def _t_ns(e: AllocEvent) -> int:
+    return e.t_ns
 
 
 @contextlib.contextmanager
@@ -245,62 +388,57 @@ def _quiet_stderr() -> Iterator[None]:
         os.close(saved)
 
 
-def _inside_only(events: list[AllocEvent]) -> list[AllocEvent]:
-    """Drop frees of memory allocated before the block (the profiler reports them with a size when
-    an earlier profiling session saw the allocation): they are baseline, not the block's memory."""
-    live: dict[int, int] = {}
-    out: list[AllocEvent] = []
-    for e in events:
-        if e.size > 0:
-            live[e.key] = e.size
-            out.append(e)
-        elif live.pop(e.key, None) is not None:
-            out.append(e)
-    return out
-
-
-def _node_name(name: str) -> str:
-    return name.rsplit("::", 1)[-1]
-
-
 # --------------------------------------------------------------------------------------
 # The online tracker (budgets, meta-device prediction)
 # --------------------------------------------------------------------------------------
-class _TrackerMode(TorchDispatchMode):
-    def __init__(self, source: TrackerSource) -> None:
-        super().__init__()
-        self.source = source
+_MODE_CLASS: Any = None
 
-    @classmethod
-    def ignore_compile_internals(cls) -> bool:
-        """NOTE [ the tracker and torch.compile ]: a compiled function called while a dispatch mode
-        that does not ignore compile internals is active is skipped by Dynamo for good: it runs
-        eagerly from then on, also after the block (other numerics, other memory). Ignoring them,
-        compiled code stays compiled; allocations inside it are not seen by the tracker (the
-        recording says so; the profiler source sees them)."""
-        return True
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        src = self.source
-        src._drain()
-        kwargs = kwargs or {}
-        in_keys: set[int] = set()
-        for a in tree_leaves((args, kwargs)):
-            if isinstance(a, torch.Tensor):
-                k = _storage_key(a)
-                if k is not None:
-                    in_keys.add(k)
-        out = func(*args, **kwargs)
-        try:
-            for t in tree_leaves(out):
-                if isinstance(t, torch.Tensor):
-                    src._observe(t, in_keys, func)
-        except MemoryBudgetExceeded:
-            raise
-        except Exception as e:  # observing must never break the user's operation
-            if len(src.failures) < 10:
-                src.failures.append(f"{_op_label(func)}: {e!r}")
-        return out
+def _make_tracker_mode(source: TrackerSource) -> Any:
+    """The tracker's dispatch mode (its class made once: a class per recording would pile up)."""
+    global _MODE_CLASS
+    if _MODE_CLASS is None:
+        base = _compat.torch_dispatch_mode()
+
+        class _TrackerMode(base):  # type: ignore[misc, valid-type]
+            def __init__(self, src: TrackerSource) -> None:
+                super().__init__()
+                self.source = src
+
+            @classmethod
+            def ignore_compile_internals(cls) -> bool:
+                """NOTE [ the tracker and torch.compile ]: a compiled function called while a
+                dispatch mode that does not ignore compile internals is active is skipped by Dynamo
+                for good: it runs eagerly from then on, also after the block (other numerics, other
+                memory). Ignoring them, compiled code stays compiled; allocations inside it are not
+                seen by the tracker (the recording says so; the profiler source sees them). On a
+                torch without this switch the recording says that compiled code ran eagerly."""
+                return True
+
+            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+                src = self.source
+                src._drain()
+                kwargs = kwargs or {}
+                in_keys: set[int] = set()
+                for a in _compat.tree_leaves((args, kwargs)):
+                    if isinstance(a, torch.Tensor):
+                        k = _compat.storage_key(a)
+                        if k is not None:
+                            in_keys.add(k)
+                out = func(*args, **kwargs)
+                try:
+                    for t in _compat.tree_leaves(out):
+                        if isinstance(t, torch.Tensor):
+                            src._observe(t, in_keys, func)
+                except MemoryBudgetExceeded:
+                    raise
+                except Exception as e:  # observing must never break the user's operation
+                    if len(src.failures) < 10:
+                        src.failures.append(f"{_op_label(func)}: {e!r}")
+                return out
+
+        _MODE_CLASS = _TrackerMode
+    return _MODE_CLASS(source)
 
 
 class TrackerSource:
@@ -313,16 +451,16 @@ class TrackerSource:
 
     name = "tracker"
     online = True
+    node_hooks = True
+    marks_calls = True
+    marks_steps = True
 
     def __init__(self, device_type: str = "cpu", budget: int | None = None,
-                 step_of: Callable[[], int | None] | None = None,
-                 call_of: Callable[[], int | None] | None = None) -> None:
+                 context: Callable[[], tuple[int | None, int | None]] | None = None) -> None:
         self.device_type = device_type
         self.budget = budget
-        self.step_of = step_of or (lambda: None)
-        self.call_of = call_of or (lambda: None)
+        self.context = context or _no_context
         self.events: list[AllocEvent] = []
-        self.scopes: list[EvalScope] = []
         self._live = 0
         self._known: dict[int, tuple[int, Any]] = {}
         self._pending: list[int] = []
@@ -332,37 +470,60 @@ class TrackerSource:
         self._holders: dict[int, int] = {}
         self._orphans: set[int] = set()
         self.failures: list[str] = []  # errors while observing (the first 10), for the notes
-        self._mode: _TrackerMode | None = None
+        self.failed_at: int | None = None  # events recorded when the budget refused an allocation
+        self._mode: Any = None
+        self._call: int | None = None
         self.stopped = False
 
     def start(self) -> None:
-        self._mode = _TrackerMode(self)
+        self._mode = _make_tracker_mode(self)
         self._mode.__enter__()
 
-    def stop(self) -> None:
+    def stop(self) -> MemoryTrace:
         mode, self._mode = self._mode, None
         if mode is not None:
             mode.__exit__(None, None, None)
+            mode.source = None  # the mode object may be cached by torch: never keep the source
         self._drain()
         self.stopped = True
         # The finalizers on tensors made in the block (gradients, optimizer state) keep this source
-        # alive as long as they live; without the recorder's callbacks they no longer keep the
+        # alive as long as they live; without the recorder's callback they no longer keep the
         # whole recorder (its graph bookkeeping) alive with it.
-        self.step_of = self.call_of = _no_index
+        self.context = _no_context
+        return MemoryTrace(source=self.name, device=self.device_type, online=True, key_kind="storage",
+                           events=list(self.events), failures=list(self.failures), failed_at=self.failed_at)
 
     def live(self) -> int:
         self._drain()
         return self._live
 
+    def __del__(self) -> None:
+        # weak references still held (storages alive when the source goes): let go of them
+        try:
+            for _, ref in self._known.values():
+                _compat.free_weak_ref(ref)
+            self._known.clear()
+        except Exception:  # interpreter shutdown
+            pass
+
+    def call_enter(self, kind: str, index: int, label: str) -> Any:
+        prev = self._call
+        if kind == "module":
+            self._call = index
+        return prev
+
+    def call_exit(self, token: Any, label: str) -> None:
+        self._call = token
+
+    def mark(self, label: str) -> None:
+        self.sweep()
+
     def _observe(self, t: torch.Tensor, in_keys: set[int], func: Any) -> None:
         if t.device.type != self.device_type:
             return
-        try:
-            if t._is_zerotensor():
-                return
-        except (AttributeError, RuntimeError):
-            pass
-        key = _storage_key(t)
+        if _compat.is_zero_tensor(t):
+            return
+        key = _compat.storage_key(t)
         if key is not None and key in self._known and not _mutates(func):
             # A view or alias (``_unsafe_view``) of a tracked storage keeps it alive after the
             # tensor that brought it dies: without its own finalizer the free would only be seen
@@ -381,16 +542,15 @@ class TrackerSource:
             return
         label = _op_label(func)
         if self.budget is not None and self._live + nbytes > self.budget:
+            if self.failed_at is None:
+                self.failed_at = len(self.events)
             raise MemoryBudgetExceeded(nbytes, self._live, self.budget, where=label)
         self._live += nbytes
-        self.events.append(AllocEvent(time.time_ns(), nbytes, key, label, step=self.step_of(),
-                                      module_call=self.call_of()))
-        from torch.multiprocessing.reductions import StorageWeakRef
-
-        ref = StorageWeakRef(storage)
+        step, _ = self.context()
+        self.events.append(AllocEvent(time.time_ns(), nbytes, key, label, None, step, None, self._call))
         # The finalizer is attached to the tensor object (tensors keep their Python object while
-        # C++ holds them); the storage check below decides when its bytes are really gone.
-        self._known[key] = (nbytes, ref)
+        # C++ holds them); the weak reference below decides when its bytes are really gone.
+        self._known[key] = (nbytes, _compat.storage_weak_ref(storage))
         self._holders[key] = 1
         weakref.finalize(t, self._holder_died, key)
 
@@ -407,7 +567,11 @@ class TrackerSource:
         if entry is None:
             return
         nbytes, ref = entry
-        if not ref.expired():
+        if self.stopped:  # nothing is counted any more: only let go of the weak reference
+            del self._known[key]
+            _compat.free_weak_ref(ref)
+            return
+        if not _compat.weak_ref_expired(ref):
             # NOTE [ frees are checked at the next operator ]: a finalizer runs while the dying
             # tensor still holds its storage, so the check is repeated at the next operator
             # (before it allocates) or live() call. A view still holding the storage then has a
@@ -418,11 +582,13 @@ class TrackerSource:
                 self._orphans.add(key)  # see NOTE [ orphaned storages ]
             return
         del self._known[key]
+        _compat.free_weak_ref(ref)
         self._holders.pop(key, None)
         self._orphans.discard(key)
         self._live -= nbytes
         if not self.stopped:
-            self.events.append(AllocEvent(time.time_ns(), -nbytes, key, "free", step=self.step_of()))
+            step, _ = self.context()
+            self.events.append(AllocEvent(time.time_ns(), -nbytes, key, "free", None, step))
 
     def _drain(self) -> None:
         """Check the storages whose tensors died since the last operator (see NOTE above)."""
@@ -441,26 +607,13 @@ class TrackerSource:
             entry = self._known.get(key)
             if entry is None:
                 self._orphans.discard(key)
-            elif entry[1].expired():
+            elif _compat.weak_ref_expired(entry[1]):
                 self._maybe_free(key)
 
 
 def _mutates(func: Any) -> bool:
     schema = getattr(func, "_schema", None)
     return bool(getattr(schema, "is_mutable", True))
-
-
-def _no_index() -> int | None:
-    return None
-
-
-def _storage_key(t: torch.Tensor) -> int | None:
-    try:
-        from torch.multiprocessing.reductions import StorageWeakRef
-
-        return int(StorageWeakRef(t.untyped_storage()).cdata)
-    except (RuntimeError, NotImplementedError, TypeError, AttributeError):
-        return None
 
 
 def _op_label(func: Any) -> str:
@@ -474,7 +627,7 @@ def _op_label(func: Any) -> str:
 class CudaStats(Protocol):
     """The boundary to the CUDA caching allocator: what :class:`CudaSource` reads, nothing more.
 
-    ``torch.cuda`` satisfies it (see :func:`_torch_cuda_stats`); tests on machines without a GPU
+    ``torch.cuda`` satisfies it (see :class:`_TorchCudaStats`); tests on machines without a GPU
     pass a fake with the same methods, so the logic above the boundary is tested everywhere.
     """
 
@@ -515,13 +668,10 @@ class _TorchCudaStats:
         return int(torch.cuda.get_device_properties(device).total_memory)
 
     def start_history(self, max_entries: int) -> None:
-        torch.cuda.memory._record_memory_history(max_entries=max_entries)
+        _compat.cuda_start_history(max_entries)
 
     def stop_history(self, device: Any) -> dict[str, Any]:
-        try:
-            return dict(torch.cuda.memory._snapshot(device))
-        finally:
-            torch.cuda.memory._record_memory_history(enabled=None)
+        return _compat.cuda_stop_history(device)
 
     def dump_snapshot(self, path: str) -> None:
         """The allocator's state and history as PyTorch writes it (``gs.load_snapshot`` and
@@ -546,25 +696,24 @@ class CudaSource:
 
     name = "cuda"
     online = True
+    node_hooks = True
+    marks_calls = True
+    marks_steps = True
 
     def __init__(self, device: torch.device | None = None, history: bool = False,
-                 max_entries: int = 100_000, step_of: Callable[[], int | None] | None = None,
-                 call_of: Callable[[], int | None] | None = None, stats: CudaStats | None = None) -> None:
+                 max_entries: int = 100_000, context: Callable[[], tuple[int | None, int | None]] | None = None,
+                 stats: CudaStats | None = None) -> None:
         self.stats: CudaStats = stats if stats is not None else _TorchCudaStats()
         if device is None:
             device = torch.device("cuda", torch.cuda.current_device())
         self.device = device
         self.history = history
         self.max_entries = max_entries
-        self.step_of = step_of or (lambda: None)
-        self.call_of = call_of or (lambda: None)
+        self.context = context or _no_context
         self.events: list[AllocEvent] = []
-        self.scopes: list[EvalScope] = []
         self.baseline = 0
-        self.peak = 0
-        self.reserved_peak = 0
-        self.total: int | None = None
         self._last = 0
+        self._call: int | None = None
 
     def start(self) -> None:
         st = self.stats
@@ -576,28 +725,46 @@ class CudaSource:
             st.start_history(self.max_entries)
         self._t0 = time.time_ns()
 
-    def sample(self, label: str, step: int | None = None) -> None:
+    def mark(self, label: str) -> None:
         """Add a timeline point with the allocator's current figures (called from the hooks)."""
         if self.history:
             return
         live = self.stats.memory_allocated(self.device) - self.baseline
         delta, self._last = live - self._last, live
-        self.events.append(AllocEvent(time.time_ns(), delta, 0, label,
-                                      step=step if step is not None else self.step_of(),
-                                      module_call=self.call_of(),
-                                      reserved=self.stats.memory_reserved(self.device)))
+        step, _ = self.context()
+        self.events.append(AllocEvent(time.time_ns(), delta, 0, label, None, step,
+                                      self.stats.memory_reserved(self.device), self._call))
 
-    def stop(self) -> None:
+    def call_enter(self, kind: str, index: int, label: str) -> Any:
+        prev = self._call
+        if kind == "module":
+            self._call = index
+            self.mark(label)
+        return prev
+
+    def call_exit(self, token: Any, label: str) -> None:
+        if label:
+            self.mark(label + " done")
+        self._call = token
+
+    def stop(self) -> MemoryTrace:
         st = self.stats
         st.synchronize(self.device)
         if not self.history:
-            self.sample("end of block", None)
-        self.peak = st.max_memory_allocated(self.device) - self.baseline
-        self.reserved_peak = st.max_memory_reserved(self.device)
-        self.total = st.total_memory(self.device)
+            self._call = None
+            self.mark("end of block")
+        peak = st.max_memory_allocated(self.device) - self.baseline
+        reserved_peak = st.max_memory_reserved(self.device)
+        nv = nvml_device_totals(self.device.index or 0)
+        total = nv["total"] if nv else st.total_memory(self.device)
+        events = self.events
         if self.history:
             snap = st.stop_history(self.device)
-            self.events = _events_from_snapshot(snap, self.device.index or 0, self._t0, time.time_ns())
+            events = _events_from_snapshot(snap, self.device.index or 0, self._t0, time.time_ns())
+        return MemoryTrace(source=self.name, device=str(self.device), online=True,
+                           key_kind="address" if self.history else "none", events=events,
+                           marks_calls=not self.history,
+                           baseline=self.baseline, peak=peak, reserved_peak=reserved_peak, total=total)
 
     def live(self) -> int:
         return self.stats.memory_allocated(self.device) - self.baseline
@@ -606,22 +773,21 @@ class CudaSource:
 def _events_from_snapshot(snap: dict[str, Any], index: int, t0_ns: int, t1_ns: int) -> list[AllocEvent]:
     """Allocation and completed-free events of one device, in the allocator's order. Their times
     are used when they fall inside the block; otherwise events are spread evenly over it."""
-    traces = snap.get("device_traces", [])
+    traces = snap.get(_compat.SNAPSHOT_TRACES, [])
     if index >= len(traces):
         return []
     out: list[AllocEvent] = []
     for e in traces[index]:
-        action = e.get("action")
+        action = e.get(_compat.TRACE_ACTION)
         if action not in ("alloc", "free_completed"):
             continue
-        frames = e.get("frames") or []
+        frames = e.get(_compat.TRACE_FRAMES) or []
         label = str(frames[0].get("name", "")) if frames else action
-        size = int(e["size"]) if action == "alloc" else -int(e["size"])
-        out.append(AllocEvent(int(e.get("time_us", 0)) * 1000, size, int(e["addr"]), label))
+        size = int(e[_compat.TRACE_SIZE]) if action == "alloc" else -int(e[_compat.TRACE_SIZE])
+        out.append(AllocEvent(int(e.get(_compat.TRACE_TIME_US, 0)) * 1000, size, int(e[_compat.TRACE_ADDR]), label))
     if not all(t0_ns <= ev.t_ns <= t1_ns for ev in out):
         step = (t1_ns - t0_ns) / max(len(out), 1)
-        for k, ev in enumerate(out):
-            ev.t_ns = t0_ns + int(k * step)
+        out = [ev._replace(t_ns=t0_ns + int(k * step)) for k, ev in enumerate(out)]
     return _inside_only(out)
 
 

@@ -54,10 +54,11 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from gradscope import _compat
+from gradscope._compat import storage_key as _storage_key
 from gradscope.errors import GradscopeError
-from gradscope.memory import _storage_key, parse_size
+from gradscope.memory import parse_size
 from gradscope.recording import Recording, Where, format_bytes
 
 __all__ = ["AllocatorEstimate", "BatchResult", "Prediction", "estimate_cuda_allocator", "predict"]
@@ -488,8 +489,7 @@ def _run(
     modules = {n: memo[i] for i, n in (names or {}).items() if isinstance(memo.get(i), nn.Module)}
     del memo
     resident = _resident_bytes(meta_args)
-    rec = record(memory="tracker", label=label, modules=modules or None)
-    rec._tracker_device = "meta"
+    rec = record(memory="tracker", label=label, modules=modules or None, tracker_device="meta")
     outside = torch.get_default_device()
     try:
         # Factory calls inside the step (torch.zeros, torch.arange) make meta tensors too, except
@@ -518,11 +518,11 @@ def _run(
     # The step's own tensors (parameters, gradients, inputs, optimizer state) are on the device
     # before it starts: the allocator model takes them first, under keys of their own.
     events = [(-1 - i, n) for i, n in enumerate(resident)]
-    events += [(e.key, e.size) for e in rec._source.events] if rec._source is not None else []
+    moves = [(a.alloc_at, a.index, a.bytes) for a in r.allocations]
+    moves += [(a.free_at, a.index, -a.bytes) for a in r.allocations if a.free_at is not None]
+    events += [(index, size) for _, index, size in sorted(moves)]
     notes = list(r.notes)
-    ops = (
-        sorted({lbl for lbl in (e.label for e in rec._source.events) if lbl != "free"}) if rec._source else []
-    )
+    ops = sorted({a.label for a in r.allocations})
     hidden = [o for o in ops if any(h in o for h in _HIDDEN_WORKSPACE_OPS)]
     if hidden:
         notes.append(
@@ -661,7 +661,7 @@ def _patched_dropout(original: Any) -> Any:
     return dropout
 
 
-class _InPlaceAccumulation(TorchDispatchMode):
+class _InPlaceAccumulation(_compat.torch_dispatch_mode()):  # type: ignore[misc]
     """The autograd engine's gradient accumulation, done in place as it is without observers.
 
     NOTE [ observers change gradient accumulation ]: when two gradients reach one input, the
@@ -684,8 +684,7 @@ class _InPlaceAccumulation(TorchDispatchMode):
             func is torch.ops.aten.add.Tensor
             and not kwargs
             and len(args) == 2
-            and getattr(self._rec, "_cur", False) is None  # between a node's post hook and
-            and getattr(self._rec, "_pending", None) is not None  # the next node's pre hook
+            and self._rec.between_nodes()  # between a node's post hook and the next node's pre hook
             and not torch.is_grad_enabled()
             and all(isinstance(a, torch.Tensor) for a in args)
             and args[0].shape == args[1].shape
@@ -741,12 +740,7 @@ def _optimizer_steps_on(default: torch.device) -> Iterator[None]:
 
 
 def _dense(t: torch.Tensor) -> bool:
-    try:
-        from torch._prims_common import is_non_overlapping_and_dense_or_false
-
-        return bool(is_non_overlapping_and_dense_or_false(t))
-    except Exception:  # a private helper that may move: contiguity is the common case
-        return t.is_contiguous()
+    return _compat.non_overlapping_and_dense(t)
 
 
 _PATCH_LOCK = threading.Lock()
@@ -785,7 +779,7 @@ def _attention_on_meta(
         )[0]
     try:
         q, k, v = (_stand_in(t) for t in (query, key, value))
-        choice = torch._fused_sdp_choice(
+        choice = _compat.fused_sdp_choice(
             q, k, v, attn_mask=_stand_in(attn_mask), dropout_p=dropout_p, is_causal=is_causal, scale=scale
         )
     except Exception:  # no answer: let the meta device decide

@@ -1,7 +1,14 @@
 """The data model: one immutable :class:`Recording` that every view reads.
 
 A recording holds numbers and names, never tensors, so keeping it never keeps memory alive.
-It round-trips exactly through JSON (:meth:`Recording.save` / :func:`load`); no pickle.
+It round-trips exactly through JSON (:meth:`Recording.save` / :func:`load`); no pickle. Files of
+schema 1 load through :func:`_migrate_1_to_2`.
+
+NOTE [ one definition per figure ]: every byte figure a view shows is computed here, by one
+method, with a one-line definition in :data:`FIGURES` that views show beside it (tooltips), so
+the summary, the widget, the page and the diagnosis cannot disagree on what a number means.
+This module imports no view: ``summary``, ``to_html`` and ``_repr_mimebundle_`` load theirs
+lazily when called.
 """
 
 from __future__ import annotations
@@ -13,17 +20,24 @@ import math
 import os
 import stat
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar, overload
 
 from gradscope.errors import GradscopeError
 
 __all__ = [
+    "FIGURES",
     "SCHEMA_VERSION",
+    "Allocation",
+    "Table",
+    "BackwardCall",
     "Category",
     "Edge",
+    "Held",
+    "HeldAllocation",
     "Kind",
+    "OomInfo",
     "MemoryPoint",
     "Node",
     "Peak",
@@ -36,7 +50,7 @@ __all__ = [
     "load",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 _FORMAT = "gradscope.recording"
 # Files larger than this are refused by `load` before parsing: a recording of a 200,000-node
 # graph is about 60 MB of JSON.
@@ -76,7 +90,7 @@ class Category(str, enum.Enum):
     OTHER = "other"  # forward results nobody saved, temporaries, anything else
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Node:
     """One autograd node.
 
@@ -100,7 +114,7 @@ class Node:
     executed: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Edge:
     """Data flows from ``src`` to ``dst`` in forward; gradients flow from ``dst`` to ``src``.
 
@@ -111,7 +125,7 @@ class Edge:
     dst: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SavedTensor:
     """A tensor that a node saved for backward.
 
@@ -133,7 +147,7 @@ class SavedTensor:
     freed_at_step: int | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Step:
     """One node executed by a backward pass, in execution order."""
 
@@ -147,7 +161,7 @@ class Step:
     freed_bytes: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class MemoryPoint:
     """Live bytes allocated inside the block after one allocation or free.
 
@@ -166,7 +180,7 @@ class MemoryPoint:
     category: Category = Category.OTHER
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Peak:
     """Where the peak was: phase, node (for backward) and module."""
 
@@ -179,7 +193,7 @@ class Peak:
     step: int | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Where:
     """Where a recording ran."""
 
@@ -189,6 +203,248 @@ class Where:
     rank: int | None = None
     world_size: int | None = None
     hostname: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """One allocation made inside the block (a row of :attr:`Recording.allocations`).
+
+    Attributes:
+        index: position in the allocation table (allocation order).
+        bytes: its size.
+        alloc_at: position of its allocation event in the block's event sequence (the full
+            timeline before any downsampling: ``alloc_at``-th event, counting from 0).
+        free_at: position of its free event, None if it was alive when the block ended.
+        t_s: seconds from the block's start to the allocation.
+        category: what it is (see :class:`Category`).
+        phase: when it was made (forward, backward, optimizer, other).
+        module: the module running when it was made (for backward: the node's module).
+        node: the node that saved it for backward (the first one), if any.
+        step: the backward step that made it, if any (an index into :attr:`Recording.steps`).
+        label: the op (or node) that made it, e.g. ``"aten::addmm"``.
+        key: the memory source's key for it (see :attr:`Recording.allocation_key`).
+    """
+
+    index: int
+    bytes: int
+    alloc_at: int
+    free_at: int | None
+    t_s: float
+    category: Category
+    phase: Phase
+    module: str | None
+    node: int | None
+    step: int | None
+    label: str
+    key: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class BackwardCall:
+    """One call into the autograd engine inside the block (``backward`` or ``autograd.grad``).
+
+    ``roots`` are the node ids of the outputs differentiated; ``inputs`` the node ids named by
+    ``inputs=`` (a leaf's ``AccumulateGrad`` node, or the node of a non-leaf tensor);
+    ``accumulated`` the ``AccumulateGrad`` nodes that ran (the leaves whose ``.grad`` it wrote);
+    ``steps`` the ``[first, last]`` indices into :attr:`Recording.steps` it ran (None: no step
+    seen). ``observed`` is False for a pass gradscope let run unobserved (another's hooks region).
+    """
+
+    index: int
+    api: str
+    create_graph: bool
+    retain_graph: bool
+    roots: tuple[int, ...] = ()
+    inputs: tuple[int, ...] = ()
+    accumulated: tuple[int, ...] = ()
+    first_step: int | None = None
+    last_step: int | None = None
+    observed: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class HeldAllocation:
+    """One allocation alive at the held moment (see :class:`Held`).
+
+    ``what`` is ``"saved"`` (saved for backward: ``node``, ``order``, ``attribute``,
+    ``saved_kind``, ``shape``, ``dtype`` say by whom and what), ``"gradient"``, ``"backward"``
+    (made during backward otherwise), ``"optimizer"`` or ``"forward"`` (a forward result nobody
+    saved: held by a variable, or a temporary). ``reused`` marks a key allocated again after the
+    moment (it then names another storage: do not match it with live tensors).
+    """
+
+    key: int
+    bytes: int
+    label: str
+    what: str
+    allocation: int | None = None
+    node: int | None = None
+    node_name: str | None = None
+    order: int | None = None
+    module: str | None = None
+    shape: tuple[int, ...] | None = None
+    dtype: str | None = None
+    saved_kind: str | None = None
+    attribute: str | None = None
+    reused: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """What held the block's memory at its peak (``moment="peak"``) or at the allocation that
+    failed (``"failure"``): the allocations alive then, largest first (at most 500 rows; the
+    rest summed by kind and module). ``key_kind`` says what ``HeldAllocation.key`` is
+    (``"storage"``: a storage's key, ``"address"``: a block's address)."""
+
+    moment: str
+    live_bytes: int
+    key_kind: str
+    rows: tuple[HeldAllocation, ...] = ()
+    omitted: int = 0
+    omitted_bytes: int = 0
+    omitted_by_kind: tuple[tuple[str, int], ...] = ()
+    omitted_by_module: tuple[tuple[str, int], ...] = ()
+    error: str | None = None
+
+    def by_what(self) -> dict[str, int]:
+        """Bytes by what held them (``saved``, ``saved_order1``, ``gradient``, ``backward``,
+        ``optimizer``, ``forward``), largest first."""
+        out: dict[str, int] = {}
+        for r in self.rows:
+            what = "saved_order1" if r.what == "saved" and (r.order or 0) >= 1 else r.what
+            out[what] = out.get(what, 0) + r.bytes
+        for what, b in self.omitted_by_kind:
+            out[what] = out.get(what, 0) + b
+        return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form (schema 1's ``extra["held"]`` layout, which diagnosis code reads)."""
+        rows = []
+        for r in self.rows:
+            d = {k: v for k, v in dataclasses.asdict(r).items() if v is not None and v is not False}
+            if r.shape is not None:
+                d["shape"] = list(r.shape)
+            rows.append(d)
+        out: dict[str, Any] = {
+            "moment": self.moment, "live_bytes": self.live_bytes, "key_kind": self.key_kind, "rows": rows,
+            "omitted": self.omitted, "omitted_bytes": self.omitted_bytes,
+            "omitted_by_kind": dict(self.omitted_by_kind), "omitted_by_module": dict(self.omitted_by_module),
+        }
+        if self.error is not None:
+            out["error"] = self.error
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class OomInfo:
+    """A simulated out-of-memory that stopped the block: ``requested`` bytes asked for with
+    ``live`` bytes live of a ``budget``; ``where`` the op. In a notebook budget run, ``budget``
+    is the whole simulated device, ``cell_budget`` what was left for the cell and ``resident``
+    what earlier cells held on it."""
+
+    requested: int
+    live: int
+    budget: int
+    where: str = ""
+    cell_budget: int | None = None
+    resident: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+T = TypeVar("T")
+
+
+class Table(Sequence[T], Generic[T]):
+    """An immutable table of rows of one dataclass, kept as columns; a row object is made the
+    first time it is read (then kept).
+
+    NOTE [ tables are columns ]: a recording of a graph of small ops holds tens of thousands of
+    nodes, saves, steps, allocations and timeline points; making a frozen dataclass object for
+    each costs about a microsecond, as much as PyTorch spends on a small op, so the recorder
+    hands its tables over as columns. Read a table as the tuple of rows it stands for (it
+    compares equal to one); :meth:`column` gives one field of every row without making rows
+    (what JSON, the widget and the page need).
+
+    Example:
+        >>> from gradscope.recording import Edge, Table
+        >>> t = Table(Edge, {"src": [1, 2], "dst": [0, 1]})
+        >>> len(t), t[1], t == (Edge(1, 0), Edge(2, 1)), t.column("src")
+        (2, Edge(src=2, dst=1), True, [1, 2])
+    """
+
+    __slots__ = ("_cls", "_cols", "_names", "_n", "_rows")
+
+    def __init__(self, cls: type[T], columns: Mapping[str, Sequence[Any]]) -> None:
+        names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+        cols = [columns[n] for n in names]  # every field, in order: rows are made positionally
+        lengths = {len(c) for c in cols}
+        if len(lengths) > 1:
+            raise ValueError(f"columns of {cls.__name__} have different lengths {sorted(lengths)}")
+        self._cls = cls
+        self._names = names
+        self._cols = cols
+        self._n = lengths.pop() if lengths else 0
+        self._rows: list[T] | None = None
+
+    def _all(self) -> list[T]:
+        rows = self._rows
+        if rows is None:
+            make = self._cls
+            rows = self._rows = [make(*vals) for vals in zip(*self._cols, strict=True)] if self._cols else []
+        return rows
+
+    def __len__(self) -> int:
+        return self._n
+
+    @overload
+    def __getitem__(self, i: int) -> T: ...
+    @overload
+    def __getitem__(self, i: slice) -> tuple[T, ...]: ...
+    def __getitem__(self, i: int | slice) -> T | tuple[T, ...]:
+        if isinstance(i, slice):
+            return tuple(self._all()[i])
+        if self._rows is not None:
+            return self._rows[i]
+        if not -self._n <= i < self._n:
+            raise IndexError("Table index out of range")
+        return self._cls(*(c[i] for c in self._cols))  # one row: the others are not made
+
+    def __iter__(self) -> Iterator[T]:
+        return iter(self._all())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Table | tuple | list):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return repr(tuple(self))
+
+    def column(self, name: str) -> Sequence[Any]:
+        """One field of every row, in row order."""
+        return self._cols[self._names.index(name)]
+
+
+# NOTE [ one definition per figure ]: the definitions views show beside each figure.
+FIGURES: dict[str, str] = {
+    "peak_bytes": "the most bytes allocated inside the block and alive at once",
+    "baseline_bytes": "bytes that existed before the block (parameters, buffers, inputs; CUDA: allocated bytes)",
+    "saved_bytes": "bytes kept alive by tensors saved for backward over the whole block, each storage once",
+    "saved_bytes_at_peak": "bytes of saved tensors made inside the block and still alive at the peak",
+    "module_saved_bytes": "bytes saved for backward by this module's nodes, each storage once (whole block)",
+    "module_alive_at_peak": "bytes allocated inside the block while this module ran (forward: its ops; "
+                            "backward: its nodes) and still alive at the peak",
+    "node_saved_bytes": "bytes this node saved for backward, each storage once",
+    "node_saved_alive_at_peak": "bytes this node saved that were still alive at the peak",
+    "category_at_peak": "bytes alive at the peak by what they are (activation, create_graph, gradient, "
+                        "optimizer, backward_temp, other)",
+    "freed_bytes": "bytes of saved tensors the engine freed when this backward step ended",
+}
 
 
 @dataclass(frozen=True)
@@ -204,11 +460,11 @@ class Recording:
         ['SumBackward0', 'MulBackward0', 'AccumulateGrad']
     """
 
-    nodes: tuple[Node, ...] = ()
-    edges: tuple[Edge, ...] = ()
-    saved: tuple[SavedTensor, ...] = ()
-    steps: tuple[Step, ...] = ()
-    timeline: tuple[MemoryPoint, ...] = ()
+    nodes: Sequence[Node] = ()
+    edges: Sequence[Edge] = ()
+    saved: Sequence[SavedTensor] = ()
+    steps: Sequence[Step] = ()
+    timeline: Sequence[MemoryPoint] = ()
     peak_bytes: int = 0
     baseline_bytes: int = 0
     peak: Peak | None = None
@@ -223,6 +479,13 @@ class Recording:
     device_total_bytes: int | None = None
     timeline_dropped: int = 0
     extra: Mapping[str, Any] = field(default_factory=dict)
+    allocations: Sequence[Allocation] = ()
+    allocation_key: str = "none"
+    backward_calls: tuple[BackwardCall, ...] = ()
+    held: Held | None = None
+    oom: OomInfo | None = None
+    nodes_created: int = 0
+    nodes_created_seen: int = 0
 
     # ----- derived figures -------------------------------------------------------------
     @property
@@ -241,22 +504,8 @@ class Recording:
     def held_at_peak(self) -> dict[str, int]:
         """What the memory allocated inside the block was at the peak (or at the failing
         allocation): bytes by what held it (``saved``, ``saved_order1``, ``gradient``,
-        ``backward``, ``forward``). Empty when memory was not measured."""
-        held = self.extra.get("held") if isinstance(self.extra, Mapping) else None
-        if not isinstance(held, Mapping):
-            return {}
-        out: dict[str, int] = {}
-        try:
-            for r in held.get("rows", ()):
-                what = r.get("what", "forward")
-                if what == "saved" and (r.get("order") or 0) >= 1:
-                    what = "saved_order1"
-                out[what] = out.get(what, 0) + int(r.get("bytes", 0))
-            for what, b in (held.get("omitted_by_kind") or {}).items():
-                out[what] = out.get(what, 0) + int(b)
-            return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
-        except (AttributeError, TypeError, ValueError):  # damaged extra data in a loaded file
-            return {}
+        ``backward``, ``optimizer``, ``forward``). Empty when memory was not measured."""
+        return self.held.by_what() if self.held is not None else {}
 
     @property
     def saved_bytes_at_peak(self) -> int | None:
@@ -267,6 +516,85 @@ class Recording:
         if not held:
             return None
         return held.get("saved", 0) + held.get("saved_order1", 0)
+
+    # ----- the allocation table -----------------------------------------------------------
+    def peak_event(self) -> int | None:
+        """Position in the event sequence of the peak (the first event at which the live bytes
+        reach :attr:`peak_bytes`), from the allocation table; None without one."""
+        events = _events(self.allocations)
+        live = best = 0
+        at: int | None = None
+        for pos, delta in events:
+            live += delta
+            if live > best:
+                best, at = live, pos
+        return at
+
+    def alive_at(self, position: int) -> tuple[Allocation, ...]:
+        """The allocations alive just after the event at ``position``."""
+        return tuple(a for a in self.allocations
+                     if a.alloc_at <= position and (a.free_at is None or a.free_at > position))
+
+    def alive_at_peak(self) -> tuple[Allocation, ...]:
+        """The allocations alive at the peak (see :meth:`peak_event`)."""
+        at = self.peak_event()
+        return () if at is None else self.alive_at(at)
+
+    def replay_peak(self, exclude: Callable[[Allocation], bool] | None = None) -> int:
+        """The peak of the block's live bytes replayed without the allocations ``exclude``
+        selects: what a fix that removed them would save (``peak_bytes - replay_peak(...)``).
+        Pure: events keep their order, nothing else moves. Needs the allocation table (a
+        recording with a memory source).
+
+        Example:
+            >>> from gradscope.recording import Allocation, Category, Phase, Recording
+            >>> a = Allocation(0, 100, 0, 2, 0.0, Category.ACTIVATION, Phase.FORWARD, None, None, None, "x")
+            >>> b = Allocation(1, 50, 1, None, 0.0, Category.OTHER, Phase.FORWARD, None, None, None, "y")
+            >>> r = Recording(allocations=(a, b))
+            >>> r.replay_peak(), r.replay_peak(lambda a: a.category is Category.ACTIVATION)
+            (150, 50)
+        """
+        keep = self.allocations if exclude is None else tuple(a for a in self.allocations if not exclude(a))
+        live = peak = 0
+        for _, delta in _events(keep):
+            live += delta
+            peak = max(peak, live)
+        return peak
+
+    def bytes_at_peak_by_category(self) -> dict[str, int]:
+        """See ``FIGURES["category_at_peak"]``."""
+        out: dict[str, int] = {}
+        for a in self.alive_at_peak():
+            out[a.category.value] = out.get(a.category.value, 0) + a.bytes
+        return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
+
+    def bytes_at_peak_by_module(self) -> dict[str, int]:
+        """See ``FIGURES["module_alive_at_peak"]``; allocations made outside any module are
+        under ``"(no module)"``."""
+        out: dict[str, int] = {}
+        for a in self.alive_at_peak():
+            m = a.module or "(no module)"
+            out[m] = out.get(m, 0) + a.bytes
+        return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
+
+    def node_saved_bytes(self, node_id: int) -> int:
+        """See ``FIGURES["node_saved_bytes"]``."""
+        return sum({s.storage: s.bytes for s in self.saved if s.node == node_id}.values())
+
+    def node_saved_alive_at_peak(self, node_id: int) -> int | None:
+        """See ``FIGURES["node_saved_alive_at_peak"]`` (None without an allocation table)."""
+        if not self.allocations:
+            return None
+        return sum(a.bytes for a in self.alive_at_peak() if a.node == node_id)
+
+    def backward_leaves(self, call: BackwardCall) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """Names of what one backward call differentiated (``inputs=``: leaf names, or node names
+        for non-leaf tensors) and of the leaves whose ``.grad`` it accumulated into."""
+        def name(i: int) -> str:
+            n = self.nodes[i] if 0 <= i < len(self.nodes) else None
+            return "?" if n is None else (n.leaf or n.name)
+
+        return tuple(name(i) for i in call.inputs), tuple(name(i) for i in call.accumulated)
 
     def node(self, node_id: int) -> Node:
         """The node with this id."""
@@ -366,6 +694,13 @@ class Recording:
             "saved": _columns(self.saved, SavedTensor),
             "steps": _columns(self.steps, Step),
             "timeline": _columns(self.timeline, MemoryPoint),
+            "allocations": _columns(self.allocations, Allocation),
+            "allocation_key": self.allocation_key,
+            "backward_calls": _columns(self.backward_calls, BackwardCall),
+            "held": None if self.held is None else self.held.to_dict(),
+            "oom": None if self.oom is None else self.oom.to_dict(),
+            "nodes_created": self.nodes_created,
+            "nodes_created_seen": self.nodes_created_seen,
             "extra": dict(self.extra),
         }
 
@@ -382,11 +717,14 @@ class Recording:
                 f"'{_FORMAT}' field). Load files written by Recording.save()."
             )
         schema = d.get("schema")
+        if schema == 1 and not isinstance(schema, bool):
+            d = _migrate_1_to_2(d)
+            schema = d.get("schema")
         if schema != SCHEMA_VERSION or isinstance(schema, bool):
             raise GradscopeError(
                 f"gradscope: recording schema version {schema!r} is not supported by this gradscope "
-                f"(it reads version {SCHEMA_VERSION}). Re-record with this version, or load it with "
-                "the gradscope version that wrote it."
+                f"(it reads versions 1 and {SCHEMA_VERSION}). Re-record with this version, or load it "
+                "with the gradscope version that wrote it."
             )
         try:
             peak = d.get("peak")
@@ -409,7 +747,14 @@ class Recording:
                 reserved_peak_bytes=_opt_int(d.get("reserved_peak_bytes")),
                 device_total_bytes=_opt_int(d.get("device_total_bytes")),
                 timeline_dropped=_int(d.get("timeline_dropped", 0)),
-                extra=dict(d.get("extra") or {}),
+                extra=_extra(d.get("extra")),
+                allocations=tuple(_rows(d.get("allocations") or {}, Allocation)),
+                allocation_key=str(d.get("allocation_key", "none")),
+                backward_calls=tuple(_rows(d.get("backward_calls") or {}, BackwardCall)),
+                held=_held(d.get("held")),
+                oom=None if d.get("oom") is None else _build(OomInfo, d["oom"]),
+                nodes_created=_int(d.get("nodes_created", 0)),
+                nodes_created_seen=_int(d.get("nodes_created_seen", 0)),
             )
             _check_links(rec)
             return rec
@@ -503,6 +848,8 @@ def _enum_safe(d: dict[str, Any]) -> dict[str, Any]:
 
 def _columns(rows: Iterable[Any], cls: type) -> dict[str, list[Any]]:
     names = [f.name for f in dataclasses.fields(cls)]
+    if isinstance(rows, Table) and rows._rows is None:  # see NOTE [ tables are columns ]
+        return {n: [_json_value(v) for v in rows.column(n)] for n in names}
     cols: dict[str, list[Any]] = {n: [] for n in names}
     for r in rows:
         for n in names:
@@ -517,12 +864,25 @@ def _columns(rows: Iterable[Any], cls: type) -> dict[str, list[Any]]:
     return cols
 
 
+def _json_value(v: Any) -> Any:
+    if isinstance(v, enum.Enum):
+        return v.value
+    if isinstance(v, tuple):
+        return list(v)
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
 _CONVERT: dict[str, Any] = {
     "phase": Phase,
     "kind": Kind,
     "category": Category,
-    "shape": lambda v: tuple(int(x) for x in v),
+    "shape": lambda v: tuple(int(x) for x in v) if isinstance(v, list | tuple) else v,
     "leaf_shape": lambda v: None if v is None else tuple(int(x) for x in v),
+    "roots": lambda v: tuple(v) if isinstance(v, list) else v,
+    "inputs": lambda v: tuple(v) if isinstance(v, list) else v,
+    "accumulated": lambda v: tuple(v) if isinstance(v, list) else v,
 }
 
 
@@ -594,6 +954,20 @@ def _check_links(r: Recording) -> None:
         inside(st.node, n, "step node")
     for p in r.timeline:
         inside(p.step, m, "timeline step")
+    for a in r.allocations:
+        inside(a.node, n, "allocation node")
+        inside(a.step, m, "allocation step")
+        if a.bytes < 0 or a.alloc_at < 0 or (a.free_at is not None and a.free_at <= a.alloc_at):
+            raise ValueError(f"allocation {a.index} has impossible bytes or event positions")
+    for c in r.backward_calls:
+        for i in (*c.roots, *c.inputs, *c.accumulated):
+            inside(i, n, "backward call node")
+        inside(c.first_step, m, "backward call step")
+        inside(c.last_step, m, "backward call step")
+    if r.held is not None:
+        for h in r.held.rows:
+            inside(h.node, n, "held node")
+            inside(h.allocation, len(r.allocations), "held allocation")
     if r.peak is not None:
         inside(r.peak.node, n, "peak node")
         inside(r.peak.step, m, "peak step")
@@ -609,6 +983,87 @@ def _rows(cols: Mapping[str, list[Any]], cls: type) -> list[Any]:
         raise ValueError(f"columns of {cls.__name__} have different lengths {sorted(lengths)}")
     n_rows = lengths.pop() if lengths else 0
     return [_build(cls, {n: cols[n][i] for n in present}) for i in range(n_rows)]
+
+
+def _events(allocations: Iterable[Allocation]) -> list[tuple[int, int]]:
+    """(event position, signed bytes) of an allocation table, in event order."""
+    out = []
+    for a in allocations:
+        out.append((a.alloc_at, a.bytes))
+        if a.free_at is not None:
+            out.append((a.free_at, -a.bytes))
+    out.sort()
+    return out
+
+
+def _extra(v: Any) -> dict[str, Any]:
+    if v is None:
+        return {}
+    if not isinstance(v, Mapping):
+        raise TypeError("extra must be an object")
+    return dict(v)
+
+
+def _held(v: Any) -> Held | None:
+    """A held-at-peak object from its JSON form (see :meth:`Held.to_dict`)."""
+    if v is None:
+        return None
+    if not isinstance(v, Mapping):
+        raise TypeError("held must be an object")
+    if "rows" not in v:  # schema 1 kept {"error": ...} when listing failed
+        return Held(moment="none", live_bytes=0, key_kind="none", error=_opt_str(v.get("error")))
+    rows = []
+    for r in v.get("rows") or ():
+        if not isinstance(r, Mapping):
+            raise TypeError("a held row must be an object")
+        r = dict(r)
+        if r.get("shape") is not None:
+            r["shape"] = tuple(int(x) for x in r["shape"])
+        r.setdefault("what", "forward")
+        r.setdefault("label", "")
+        rows.append(_build(HeldAllocation, r))
+
+    def pairs(m: Any) -> tuple[tuple[str, int], ...]:
+        if not isinstance(m, Mapping):
+            raise TypeError("expected an object of byte counts")
+        return tuple((str(k), _int(b)) for k, b in m.items())
+
+    return Held(
+        moment=str(v.get("moment", "peak")), live_bytes=_int(v.get("live_bytes", 0)),
+        key_kind=str(v.get("key_kind", "storage")), rows=tuple(rows), omitted=_int(v.get("omitted", 0)),
+        omitted_bytes=_int(v.get("omitted_bytes", 0)), omitted_by_kind=pairs(v.get("omitted_by_kind") or {}),
+        omitted_by_module=pairs(v.get("omitted_by_module") or {}), error=_opt_str(v.get("error")),
+    )
+
+
+def _migrate_1_to_2(d: Mapping[str, Any]) -> dict[str, Any]:
+    """Schema 1 kept what is now typed (held tensors, backward calls, the simulated OOM, node
+    counts) as untyped dicts in ``extra``; schema 2 has fields for them. Nothing else changed."""
+    out = dict(d)
+    extra = d.get("extra")
+    extra = dict(extra) if isinstance(extra, Mapping) else extra
+    if isinstance(extra, dict):
+        if "held" in extra:
+            out["held"] = extra.pop("held")
+        if "oom" in extra:
+            out["oom"] = extra.pop("oom")
+        calls = extra.pop("backward_calls", None)
+        if isinstance(calls, list):
+            cols: dict[str, list[Any]] = {"index": [], "api": [], "create_graph": [], "retain_graph": []}
+            for i, c in enumerate(calls):
+                if not isinstance(c, Mapping):
+                    raise TypeError("a backward call must be an object")
+                cols["index"].append(i)
+                cols["api"].append(str(c.get("api", "backward")))
+                cols["create_graph"].append(bool(c.get("create_graph", False)))
+                cols["retain_graph"].append(bool(c.get("retain_graph", False)))
+            out["backward_calls"] = cols
+        for k in ("nodes_created", "nodes_created_seen"):
+            if k in extra:
+                out[k] = extra.pop(k)
+    out["extra"] = extra
+    out["schema"] = 2
+    return out
 
 
 def _int(v: Any) -> int:

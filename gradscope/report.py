@@ -87,7 +87,7 @@ def summary_text(rec: Recording, top: int = 5) -> str:
             lines.append(at)
         held = rec.held_at_peak()
         if held:
-            moment = "at the failure" if rec.extra.get("held", {}).get("moment") == "failure" else "at the peak"
+            moment = "at the failure" if rec.held is not None and rec.held.moment == "failure" else "at the peak"
             parts = ", ".join(f"{_HELD_NAMES.get(k, k)} {format_bytes(v)}" for k, v in held.items())
             lines.append(f"  {moment}: {parts}")
         if rec.reserved_peak_bytes is not None:
@@ -126,16 +126,11 @@ def summary_text(rec: Recording, top: int = 5) -> str:
 def _backward_calls_text(rec: Recording) -> str:
     """Which backward calls kept their graph (create_graph / retain_graph), e.g. ``; backward 1
     with create_graph=True``."""
-    calls = rec.extra.get("backward_calls") if hasattr(rec.extra, "get") else None
-    if not isinstance(calls, list):
-        return ""
     kept = []
-    for i, c in enumerate(calls, 1):
-        if not isinstance(c, dict):
-            continue
-        if c.get("create_graph") is True:
+    for i, c in enumerate(rec.backward_calls, 1):
+        if c.create_graph:
             kept.append(f"backward {i} with create_graph=True")
-        elif c.get("retain_graph") is True:
+        elif c.retain_graph:
             kept.append(f"backward {i} with retain_graph=True")
     return ("; " + ", ".join(kept) + " (the graph was kept)") if kept else ""
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -256,12 +256,7 @@ def recording_payload(
         "saved_activations": [act_mods.get(m, 0) for m in names],
     }
     level_payloads = [_level_payload(rec, lay, alive_mods is not None) for lay in levels]
-    calls = rec.extra.get("backward_calls") if isinstance(rec.extra, Mapping) else None
-    backward_calls = [
-        {"create_graph": c.get("create_graph") is True, "retain_graph": c.get("retain_graph") is True}
-        for c in (calls if isinstance(calls, list) else [])
-        if isinstance(c, dict)
-    ]
+    backward_calls = [{"create_graph": c.create_graph, "retain_graph": c.retain_graph} for c in rec.backward_calls]
     return {
         "version": PAYLOAD_VERSION,
         "kind": "recording",

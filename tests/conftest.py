@@ -117,8 +117,10 @@ def no_gradscope_left() -> list[str]:
     from torch.nn.modules import module as mod
 
     left = []
-    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)  # absent before 2.7
-    if (top is not None and top(False) is not None) or saved_tensors_hooks_active():
+    from gradscope import _compat
+
+    top = _compat.top_saved_tensors_hooks()
+    if (top is not None and top is not _compat.NOT_VISIBLE) or saved_tensors_hooks_active():
         left.append("saved_tensors_hooks")
     if mod._global_forward_hooks or mod._global_forward_pre_hooks:
         left.append("module hooks")

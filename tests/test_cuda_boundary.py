@@ -96,7 +96,7 @@ def test_cuda_source_peak_samples_and_steps(fake_cuda: _FakeAllocator) -> None:
     n_modules = len(list(model.modules()))
     assert len(r.timeline) == 2 * n_modules + 2 * len(r.steps) + 1
     assert {p.phase for p in r.timeline} == {Phase.FORWARD, Phase.BACKWARD}
-    assert any(p.label == "ReLU" and p.module == "1" for p in r.timeline)
+    assert any(p.label == "ReLU" and p.module == "model.1" for p in r.timeline)
     assert all(s.live_before is not None and s.live_after is not None for s in r.steps)
     # samples are exact allocator readings: the last one is the live total at the end
     assert r.timeline[-1].live == fake_cuda.memory_allocated(None) - r.baseline_bytes

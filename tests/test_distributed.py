@@ -214,7 +214,8 @@ def test_the_job_diagnosis_blames_the_imbalance(jobs: dict[str, Any]) -> None:
     f = dg.findings[0]
     rec2 = job.recordings[2]
     assert rec2 is not None
-    oom = rec2.extra["oom"]
+    assert rec2.oom is not None
+    oom = rec2.oom.to_dict()
     assert f.needed_bytes == oom["live"] + oom["requested"] and f.budget == 768 * 1024
     others = [r.peak_bytes for r in job.recordings[:2] if r is not None]
     assert f.others_peak_bytes == max(others) <= 768 * 1024 < f.needed_bytes

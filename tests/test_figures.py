@@ -57,15 +57,23 @@ def test_memory_by_category_flags_frees_tagged_with_another_category():
     assert s.values == () and "other falls below zero" in (s.note or "")
 
 
-def test_untagged_recordings_are_all_other():
-    # the recorder does not tag categories yet: every point is "other", equal to live
+def test_recorded_categories_add_up_to_live():
+    # the recorder tags each point: the bands add up to live at every point, and each band holds
+    # what the graph says: tanh saves its 64x64 result, w's gradient is 64x64, the gradients
+    # flowing through backward are 64x64 temporaries
     w = torch.randn(64, 64, requires_grad=True)
     with gs.record(memory="cpu") as rec:
         (w @ w).tanh().sum().backward()
     r = rec.recording
     s = F.memory_by_category(r)
-    assert s.categories == (OT,)
-    assert list(s.values[0]) == [p.live for p in r.timeline]
+    assert s.note is None
+    assert [sum(v[i] for v in s.values) for i in range(len(r.timeline))] == [p.live for p in r.timeline]
+    band = dict(zip(s.categories, s.values, strict=True))
+    size = 64 * 64 * 4
+    assert max(band[Category.ACTIVATION]) == size and band[Category.ACTIVATION][-1] == 0
+    assert band[Category.GRADIENT][-1] == size == w.grad.numel() * 4
+    assert band[Category.BACKWARD_TEMP][-1] == 0 and max(band[Category.BACKWARD_TEMP]) >= size
+    assert set(s.categories) <= {Category.ACTIVATION, Category.GRADIENT, Category.BACKWARD_TEMP, OT}
 
 
 def test_saved_activation_figures_leave_parameters_out():
@@ -103,11 +111,12 @@ def test_one_module_figure_in_summary_widget_and_diagnosis():
     alive = F.alive_at_peak_by_module(r)
     assert alive is not None
     # independent: the held rows summed by module, as listed in the recording
-    rows = r.extra["held"]["rows"]
+    assert r.held is not None
+    rows = r.held.to_dict()["rows"]
     by_hand: dict[str, int] = {}
     for row in rows:
         by_hand[row.get("module") or "(no module)"] = by_hand.get(row.get("module") or "(no module)", 0) + row["bytes"]
-    for m, b in (r.extra["held"].get("omitted_by_module") or {}).items():
+    for m, b in (r.held.to_dict().get("omitted_by_module") or {}).items():
         by_hand[m] = by_hand.get(m, 0) + b
     assert alive == by_hand
     assert sum(alive.values()) == r.peak_bytes  # everything alive at the peak has one module (or none)

@@ -121,12 +121,12 @@ def test_cell_magic_budget_failure_is_recorded_and_diagnosed(ip: Any, capsys: An
     out = capsys.readouterr().out
     r = ip.user_ns["r"]
     assert not r.complete and r.error.startswith("MemoryBudgetExceeded")
-    assert r.extra["oom"]["budget"] == 2048
+    assert r.oom is not None and r.oom.budget == 2048
     assert "MemoryBudgetExceeded" in out
     assert "gradscope diagnosis" in out and "simulated 2.0 KiB device" in out
     assert gsi.last_diagnosis(ip).budget == 2048
     # the model from an earlier cell is resident on the simulated device
-    assert r.extra["oom"]["resident"] == resident and r.extra["oom"]["cell_budget"] == 2048 - resident
+    assert r.oom.resident == resident and r.oom.cell_budget == 2048 - resident
     assert f"with 0 B live and {resident} B resident from earlier cells" in out
 
 

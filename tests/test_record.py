@@ -41,11 +41,13 @@ def test_leaves_named_by_parameter_and_nodes_by_module() -> None:
     with gs.record(memory="off") as rec:
         _step(model, x)
     r = rec.recording
+    # the root module is named by the variable that holds it where the block ends (`model`)
     leaves = {n.leaf for n in r.nodes if n.leaf}
-    assert leaves == {name for name, _ in model.named_parameters()}
-    assert "layers.0.linear1.weight" in leaves
+    assert leaves == {f"model.{name}" for name, _ in model.named_parameters()}
+    assert "model.layers.0.linear1.weight" in leaves
     modules = {n.module for n in r.nodes if n.name == "AddmmBackward0"}
-    assert {"layers.0.linear1", "layers.0.linear2", "layers.1.linear1", "layers.1.linear2"} <= modules
+    assert {"model.layers.0.linear1", "model.layers.0.linear2", "model.layers.1.linear1",
+            "model.layers.1.linear2"} <= modules
     # the loss nodes were created outside any module
     assert r.nodes[0].name == "MeanBackward0" and r.nodes[0].module is None
 
@@ -75,7 +77,7 @@ def test_double_backward_order_one_count() -> None:
     assert len(r.nodes) == len(nodes)
     assert r.backward_passes == 2
     # nodes created in backward carry the module of the node whose formula made them
-    assert {n.module for n in r.nodes if n.order == 1} - {None} <= {"0", "1", "2", "3", "4"}
+    assert {n.module for n in r.nodes if n.order == 1} - {None} <= {f"model.{i}" for i in range(5)}
 
 
 def _own_saved_bytes(model: nn.Module, x: torch.Tensor) -> int:
@@ -307,7 +309,7 @@ def test_saved_bytes_at_peak_counts_only_live_saves() -> None:
         with gs.record(budget=40_000) as rec:
             model(x).pow(2).mean().backward()
     r = rec.recording
-    assert r.extra["held"]["moment"] == "failure" and r.steps == ()
+    assert r.held is not None and r.held.moment == "failure" and r.steps == ()
     saved_so_far = {s.storage: s.bytes for s in r.saved if s.kind is Kind.ACTIVATION}
     assert r.saved_bytes_at_peak == sum(saved_so_far.values()) > 0
     assert "at the failure: " in r.summary()

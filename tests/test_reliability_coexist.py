@@ -19,6 +19,10 @@ from torch.func import functional_call, grad, jacrev, vmap
 from torch.utils.checkpoint import checkpoint
 
 import gradscope as gs
+from gradscope import _compat
+
+# Whether this torch shows who packed a saved variable (SavedTensor.unpack_hook, torch >= 2.9).
+_SEES_HOOKS = _compat.capabilities().saved_hook
 
 
 def _model(seed: int = 0) -> nn.Module:
@@ -189,6 +193,9 @@ def test_results_bit_identical_with_and_without_recording(case: str, memory: str
     assert "internal error" not in notes
     if case in ("user_saved_tensors_hooks", "save_on_cpu", "checkpoint_non_reentrant"):
         # only the innermost saved_tensors_hooks pair applies: these saves were hidden
+        if not _SEES_HOOKS:  # an older torch cannot tell them apart: it says so (see _compat)
+            assert re.search(r"\d+ saved variables of nodes made while other saved_tensors_hooks", notes), notes
+            return
         m = re.search(r"(\d+) saved tensors were packed by other saved_tensors_hooks", notes)
         assert m is not None, notes
         if case == "user_saved_tensors_hooks":
@@ -225,7 +232,10 @@ def test_user_hooks_hide_exactly_their_saves_and_no_others() -> None:
             h = model[:2](x)  # Linear (saves x), Tanh (saves its result): 2 hidden saves
         model[3:](h).pow(2).mean().backward()
     r = rec.recording
-    assert "2 saved tensors were packed by other saved_tensors_hooks" in _notes(r)
+    if _SEES_HOOKS:
+        assert "2 saved tensors were packed by other saved_tensors_hooks" in _notes(r)
+    else:  # with the None that Linear saves for x (no grad): this torch cannot tell them apart
+        assert "3 saved variables of nodes made while other saved_tensors_hooks" in _notes(r)
     names = {r.nodes[s.node].name for s in r.saved}
     assert "TanhBackward0" not in names and "GeluBackward0" in names
     with gs.record(memory="off") as rec2:
@@ -246,6 +256,16 @@ def test_non_reentrant_checkpoint_is_not_recomputed_by_the_recorder() -> None:
 
 
 # ------------------------------------------------------------------ torch.compile
+def _global_hooks_warning() -> Any:
+    """PyTorch (2.13 and later) warns that a compiled module's global hooks fire once more; an
+    older torch does not."""
+    if hasattr(torch.nn.modules.module, "_has_any_global_hook"):
+        return pytest.warns(UserWarning, match="global hooks on modules")
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
 def _compile_available() -> bool:
     try:
         torch.compile(lambda t: t + 1, backend="aot_eager")(torch.ones(1))
@@ -271,13 +291,17 @@ def test_compiled_module_same_results_stays_compiled_and_says_what_it_hid() -> N
     ref = _grads(model)
     for memory in MEMORY:
         model.zero_grad(set_to_none=True)
-        with pytest.warns(UserWarning, match="global hooks on modules"):
+        with _global_hooks_warning():
             with gs.record(memory=memory) as rec:
                 compiled(x).pow(2).mean().backward()
         for a, b in zip(_grads(model), ref, strict=True):
             assert torch.equal(a, b)
         r = rec.recording
         names = [n.name for n in r.nodes]
+        if memory == "tracker" and not _compat.capabilities().ignore_compile_internals:
+            # this torch cannot tell a dispatch mode to leave compiled code alone: it says so
+            assert "ran eagerly" in _notes(r)
+            continue
         assert "CompiledFunctionBackward" in names and "AddmmBackward0" not in names
         assert r.saved_bytes > 0  # what the compiled forward saved for backward is counted
         assert "torch.compile'd regions" in _notes(r)
@@ -290,13 +314,15 @@ def test_compiled_module_same_results_stays_compiled_and_says_what_it_hid() -> N
 def test_compiled_module_first_compiled_inside_a_recording() -> None:
     if not _compile_available():
         pytest.skip("torch.compile cannot run here; covered by the test above")
+    if not _compat.capabilities().ignore_compile_internals:
+        pytest.skip("this torch runs compiled code eagerly under any dispatch mode (said in the notes)")
     model = _model(3)
     model.eval()
     x = _input()
     model(x).pow(2).mean().backward()
     eager = _grads(model)
     model.zero_grad(set_to_none=True)
-    with pytest.warns(UserWarning, match="global hooks on modules"):
+    with _global_hooks_warning():
         with gs.record(memory="tracker") as rec:
             torch.compile(model, backend="aot_eager")(x).pow(2).mean().backward()
     for a, b in zip(_grads(model), eager, strict=True):  # aot_eager runs the eager kernels

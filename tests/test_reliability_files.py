@@ -73,8 +73,8 @@ def _bad_files(good: str, tmp: Path) -> dict[str, bytes]:
         "wrong_format": json.dumps({**d, "format": "torchviz"}).encode(),
         "duplicate_key_last_wins_wrong": good[:-1].encode() + b',"format":"other"}',
     }
-    for schema in (0, 2, 99, -1, "1", 1.0, None, True, [1]):
-        if schema == 1 and type(schema) is float:  # 1.0 == 1 in Python and JSON: a valid version
+    for schema in (0, 3, 99, -1, "1", 2.0, None, True, [1]):
+        if schema == 2 and type(schema) is float:  # 2.0 == 2 in Python and JSON: a valid version
             continue
         bad[f"schema_{schema!r}"] = json.dumps({**d, "schema": schema}).encode()
     for cut in (1, 2, 10, 100, len(good) // 3, len(good) // 2, len(good) - 100, len(good) - 2,

@@ -58,7 +58,8 @@ class _Hostile(nn.Module):
 def recording() -> gs.Recording:
     torch.manual_seed(0)
     model = _Hostile()
-    with gs.record(memory="tracker", label=HOSTILE[1] + HOSTILE[5]) as rec:
+    # modules= names paths relative to the model itself, so that names start the labels
+    with gs.record(memory="tracker", label=HOSTILE[1] + HOSTILE[5], modules=model) as rec:
         model(torch.randn(3, 4)).pow(2).mean().backward()
     assert leftovers() == []
     return rec.recording

@@ -85,7 +85,8 @@ def test_deep_graph_records_in_linear_memory(memory: str, kib_per_node: int, tmp
     grown = _rss() - rss0
     r = rec.recording
     assert r.complete and "internal error" not in "\n".join(r.notes)
-    assert any("freed in pieces" in n for n in r.notes)  # see NOTE [ freeing deep graphs ]
+    if gs._compat.capabilities().nodes_persist:  # see NOTE [ freeing deep graphs ] in gradscope._walk
+        assert any("gs.release(result)" in n for n in r.notes)
     assert len(r.nodes) == nodes and len(r.steps) == nodes
     assert all(n.executed == 1 for n in r.nodes)
     assert len(r.edges) == nodes - 1  # a tree: every node but the root feeds exactly one
@@ -137,6 +138,9 @@ def test_bounded_timeline_keeps_the_peak_exact(memory: str) -> None:
                                  full.peak.node, full.peak.step, full.peak.module)
     assert cut.timeline[-1].live == full.timeline[-1].live
     assert cut.backward_passes == full.backward_passes == 60
-    assert {p.phase for p in cut.timeline} == {Phase.FORWARD, Phase.BACKWARD}
+    # Adam's steps are the optimizer phase; the profiler also sees zero_grad's frees (other)
+    phases = {Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER} | ({Phase.OTHER} if memory == "cpu" else set())
+    assert {p.phase for p in full.timeline} == phases
+    assert {Phase.FORWARD, Phase.BACKWARD} <= {p.phase for p in cut.timeline} <= phases
     assert "points dropped to stay within max_events" in cut.summary()
     assert leftovers() == []

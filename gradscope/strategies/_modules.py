@@ -26,6 +26,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from gradscope import _compat
+
 __all__: list[str] = []
 
 _MODULE_INTERNALS = frozenset(nn.Module().__dict__) | {"training"}
@@ -95,7 +97,7 @@ class StateSnapshot:
                     self._entries.append((m, path, k, "buffer", (b, b.detach().clone())))
             for k, p in m._parameters.items():
                 if p is not None:
-                    self._entries.append((m, path, k, "parameter", (p, p._version)))
+                    self._entries.append((m, path, k, "parameter", (p, _compat.tensor_version(p))))
             for k, v in m.__dict__.items():
                 if k not in _MODULE_INTERNALS:
                     self._entries.append((m, path, k, "attribute", _freeze(v)))
@@ -117,7 +119,7 @@ class StateSnapshot:
                 old, version = then
                 if now_p is not old:
                     out.append(Change(where, kind, "was replaced"))
-                elif now_p is not None and now_p._version != version:
+                elif now_p is not None and _compat.tensor_version(now_p) != version:
                     out.append(Change(where, kind, "changed in place"))
             else:
                 if key not in m.__dict__:
@@ -167,7 +169,7 @@ class _Frozen:
 
 def _freeze(v: Any, depth: int = 0) -> _Frozen:
     if isinstance(v, torch.Tensor):
-        return _Frozen(v, "tensor", v._version)
+        return _Frozen(v, "tensor", _compat.tensor_version(v))
     if isinstance(v, _PLAIN):
         return _Frozen(v, "plain", v)
     if depth < 3 and isinstance(v, (list, tuple)):
@@ -183,7 +185,7 @@ def _differs(then: _Frozen, now: Any) -> str:
         if not isinstance(now, torch.Tensor):
             return f"was a tensor, now {type(now).__name__}"
         if now is then.original:
-            return "changed in place" if now._version != then.value else ""
+            return "changed in place" if _compat.tensor_version(now) != then.value else ""
         return "" if _same_values(now, then.original) else "replaced by different values"
     if then.kind == "plain":
         if type(now) is type(then.value) and (now == then.value or now != now and then.value != then.value):

@@ -47,6 +47,7 @@ import torch
 from torch import nn
 from torch.func import jacfwd, jacrev, jvp, vjp, vmap
 
+from gradscope import _compat
 from gradscope.strategies._checks import _fail, _need_callable, _need_method
 from gradscope.strategies._modules import modules_run, with_submodules
 
@@ -206,26 +207,18 @@ def _refuse_mixing(out: torch.Tensor, inp: torch.Tensor, what: str, needs: str) 
 @contextlib.contextmanager
 def _hooks_set_aside() -> Iterator[None]:
     """See NOTE [ torch.func under saved-tensor hooks ]."""
-    ag = torch._C._autograd
-    if not all(
-        hasattr(ag, n)
-        for n in (
-            "_top_saved_tensors_default_hooks",
-            "_pop_saved_tensors_default_hooks",
-            "_push_saved_tensors_default_hooks",
-        )
-    ):
+    if _compat.top_saved_tensors_hooks() is _compat.NOT_VISIBLE:
         yield
         return
     stack = []
-    while (top := ag._top_saved_tensors_default_hooks(False)) is not None:
+    while (top := _compat.top_saved_tensors_hooks()) is not None:
         stack.append(top)
-        ag._pop_saved_tensors_default_hooks()
+        _compat.pop_saved_tensors_hooks()
     try:
         yield
     finally:
         for pack, unpack in reversed(stack):
-            ag._push_saved_tensors_default_hooks(pack, unpack)
+            _compat.push_saved_tensors_hooks(pack, unpack)
 
 
 # ----- full Jacobian ---------------------------------------------------------------------------

@@ -1,0 +1,170 @@
+"""Cost of recording graphs made of many small ops, side by side with PyTorch's own tools.
+
+Where ops are tiny (RNN cells in a loop, unrolled optimizer steps, long chains; on a GPU almost
+everything), the cost of observing is set by per-op and per-node work, and PyTorch's own
+observers set the floor: its profiler with ``profile_memory=True`` (what ``memory="cpu"`` reads)
+and a bare ``saved_tensors_hooks`` pack hook (what any saved-tensor accounting needs). Targets
+(issue: recorder core): default recording at most 1.5x the profiler alone, and ``memory="off"``
+at most 1.5x a bare pack hook alone, on each workload. CPU, one thread, thread CPU time, median
+of interleaved runs (drift hits every variant alike).
+
+    python benchmarks/bench_small_ops.py [--repeats 9] [--clock cpu|wall] [--only tanh,lstm]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+
+os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # before torch: the profiler's start/stop lines
+
+import torch  # noqa: E402
+from torch import nn
+from torch.autograd.graph import saved_tensors_hooks
+from torch.func import functional_call
+
+import gradscope as gs
+
+Step = Callable[[], None]
+
+
+def _tanh_chain() -> Step:
+    x = torch.randn(16, requires_grad=True)
+
+    def step() -> None:
+        y = x
+        for _ in range(5000):
+            y = y.tanh()
+        y.sum().backward()
+        x.grad = None
+
+    return step
+
+
+def _rnn_cell(cell: nn.Module, lstm: bool) -> Step:
+    torch.manual_seed(0)
+    xs = torch.randn(200, 4, 16)
+
+    def step() -> None:
+        cell.zero_grad(set_to_none=True)
+        h = torch.zeros(4, 32)
+        c = torch.zeros(4, 32)
+        out = []
+        for t in range(xs.shape[0]):
+            if lstm:
+                h, c = cell(xs[t], (h, c))
+            else:
+                h = cell(xs[t], h)
+            out.append(h)
+        torch.stack(out).pow(2).mean().backward()
+
+    return step
+
+
+def _unrolled_sgd() -> Step:
+    """Seed 002's pattern, scaled down: 20 differentiable SGD steps on a tiny MLP, then the
+    validation loss differentiated back to the learning rate."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+    x, t = torch.randn(32, 8), torch.randn(32, 1)
+    xv, tv = torch.randn(32, 8), torch.randn(32, 1)
+    lr = torch.tensor(0.1, requires_grad=True)
+
+    def step() -> None:
+        params = {k: v.detach().requires_grad_() for k, v in model.named_parameters()}
+        for _ in range(20):
+            loss = ((functional_call(model, params, (x,)) - t) ** 2).mean()
+            grads = torch.autograd.grad(loss, list(params.values()), create_graph=True)
+            params = {k: p - lr * g for (k, p), g in zip(params.items(), grads, strict=True)}
+        val = ((functional_call(model, params, (xv,)) - tv) ** 2).mean()
+        val.backward()
+        lr.grad = None
+
+    return step
+
+
+WORKLOADS: dict[str, Callable[[], Step]] = {
+    "tanh": _tanh_chain,
+    "lstm": lambda: _rnn_cell(nn.LSTMCell(16, 32), lstm=True),
+    "sgd": _unrolled_sgd,
+    "gru": lambda: _rnn_cell(nn.GRUCell(16, 32), lstm=False),
+}
+TITLES = {
+    "tanh": "5,000-op tanh chain",
+    "lstm": "LSTMCell, 200 steps",
+    "sgd": "20 unrolled SGD steps, tiny MLP",
+    "gru": "GRUCell, 200 steps",
+}
+
+
+@contextlib.contextmanager
+def _profiler() -> Iterator[None]:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True):
+        yield
+
+
+def _pack_hook() -> contextlib.AbstractContextManager[None]:
+    return saved_tensors_hooks(lambda t: t, lambda t: t)  # type: ignore[return-value]
+
+
+VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager[object]]] = {
+    "plain": contextlib.nullcontext,
+    "profiler": _profiler,
+    "pack_hook": _pack_hook,
+    "off": lambda: gs.record(memory="off"),
+    "default": lambda: gs.record(memory="cpu"),
+}
+
+
+def measure(step: Step, repeats: int, clock: Callable[[], float]) -> dict[str, float]:
+    times: dict[str, list[float]] = {k: [] for k in VARIANTS}
+    for _ in range(2):  # warm up every path
+        for ctx in VARIANTS.values():
+            with ctx():
+                step()
+    for _ in range(repeats):  # interleaved, so drift hits every variant alike
+        for name, ctx in VARIANTS.items():
+            gc.collect()
+            t0 = clock()
+            with ctx():
+                step()
+            times[name].append(clock() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--clock", choices=["cpu", "wall"], default="cpu")
+    ap.add_argument("--only", default=",".join(WORKLOADS))
+    args = ap.parse_args()
+    clock = time.thread_time if args.clock == "cpu" else time.perf_counter
+    torch.set_num_threads(1)
+    print(f"torch {torch.__version__}, 1 thread, median of {args.repeats} interleaved runs, {args.clock} time")
+    print(f"{'workload':34s} {'plain':>8s} {'profiler':>9s} {'pack hook':>9s} {'off':>7s} {'default':>8s}"
+          f" {'default/profiler':>17s} {'off/pack hook':>14s}")
+    ok = True
+    for name in args.only.split(","):
+        med = measure(WORKLOADS[name](), args.repeats, clock)
+        plain = med["plain"]
+        r = {k: v / plain for k, v in med.items()}
+        d_vs_p = med["default"] / med["profiler"]
+        o_vs_h = med["off"] / med["pack_hook"]
+        ok &= d_vs_p <= 1.5 and o_vs_h <= 1.5
+        print(f"{TITLES[name]:34s} {plain * 1e3:6.1f}ms {r['profiler']:8.2f}x {r['pack_hook']:8.2f}x "
+              f"{r['off']:6.2f}x {r['default']:7.2f}x {d_vs_p:10.2f} {'OK' if d_vs_p <= 1.5 else 'MISS':>4s}"
+              f" {o_vs_h:8.2f} {'OK' if o_vs_h <= 1.5 else 'MISS':>4s}")
+        sys.stdout.flush()
+    return 0 if ok or os.environ.get("GRADSCOPE_BENCH_NO_FAIL") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

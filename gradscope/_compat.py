@@ -1,0 +1,531 @@
+"""The one place where gradscope touches PyTorch's private APIs.
+
+Every private touchpoint (engine entry point, sequence numbers, saved variables, the profiler's
+event tree, storage weak references, dispatch modes, the saved-tensor hook stack, the CUDA
+allocator's snapshot, the fused attention choice, ...) lives here, behind a feature probe: a
+``hasattr`` or a try on a tiny tensor, never a version comparison. Everything else in the package
+imports plain functions from here. Where a capability is missing, :func:`capabilities` says so
+and the recorder writes a note about what it could not see (see :data:`MISSING_NOTES`); no figure
+silently changes.
+
+NOTE [ supported range ]: torch 2.6 through the newest release. Measured gaps inside it:
+``SavedTensor.unpack_hook`` and ``SavedTensor.data`` are absent on 2.8 and older,
+``_top_saved_tensors_default_hooks`` on 2.6, ``TorchDispatchMode.ignore_compile_internals`` on
+2.8; from 2.13 on a node's Python object lives as long as the node (see NOTE [ freeing deep
+graphs ] in :mod:`gradscope.release`), before that it is recreated whenever nobody holds it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import operator
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = [
+    "ACC_SEQ",
+    "MISSING_NOTES",
+    "Capabilities",
+    "capabilities",
+]
+
+# AccumulateGrad's sequence number: every leaf's node has this one (UINT64_MAX).
+ACC_SEQ = 18446744073709551615
+
+
+# ----------------------------------------------------------------------------- sequence numbers
+def _probe_sequence_nr() -> Callable[[], int] | None:
+    fn = getattr(getattr(torch._C, "_autograd", None), "_get_sequence_nr", None)
+    if fn is None:
+        return None
+    try:
+        a = int(fn())
+        x = torch.ones(1, requires_grad=True)
+        (x * 2).grad_fn  # noqa: B018 - creates one node
+        return fn if int(fn()) > a else None
+    except Exception:
+        return None
+
+
+_SEQ = _probe_sequence_nr()
+
+
+def sequence_nr() -> int:
+    """The calling thread's next autograd sequence number (a node made now gets this one)."""
+    if _SEQ is None:
+        return -1
+    return int(_SEQ())
+
+
+def sequence_nr_fn() -> Callable[[], int]:
+    """The raw counter (hooks call it directly: one call less)."""
+    return _SEQ if _SEQ is not None else (lambda: -1)
+
+
+def node_sequence_nr(fn: Any) -> int:
+    """A node's sequence number (``ACC_SEQ`` for ``AccumulateGrad``)."""
+    return int(fn._sequence_nr())
+
+
+# Getters for the hot paths (pack hook, graph walk): C-level callables, no Python frame each.
+node_seq = operator.methodcaller("_sequence_nr")  # a node's sequence number
+tensor_version = operator.attrgetter("_version")  # a tensor's version counter (in-place changes)
+storage_cdata = operator.attrgetter("_cdata")  # a storage's key: see storage_key
+storage_weak = torch.UntypedStorage._weak_ref  # a weak handle to a storage: see storage_weak_ref
+
+
+def is_view(t: torch.Tensor) -> bool:
+    return bool(t._is_view())
+
+
+def current_node() -> Any:
+    """The autograd node being executed on this thread, or None (forward, or no backward)."""
+    f = getattr(torch._C, "_current_autograd_node", None)
+    return None if f is None else f()
+
+
+# ----------------------------------------------------------------------------- storages
+def storage_key(t: torch.Tensor) -> int | None:
+    """An int naming the storage ``t`` uses (its StorageImpl's address): equal for views of one
+    storage, reused only after the storage is freed. None where there is no storage."""
+    try:
+        return int(t.untyped_storage()._cdata)
+    except (RuntimeError, NotImplementedError, TypeError, AttributeError):
+        return None
+
+
+def storage_weak_ref(storage: Any) -> int:
+    """A weak reference to a storage (an int handle); free it with :func:`free_weak_ref`."""
+    return int(storage._weak_ref())
+
+
+def weak_ref_expired(ref: int) -> bool:
+    return bool(torch.UntypedStorage._expired(ref))
+
+
+def free_weak_ref(ref: int) -> None:
+    torch.UntypedStorage._free_weak_ref(ref)
+
+
+def is_zero_tensor(t: torch.Tensor) -> bool:
+    try:
+        return bool(t._is_zerotensor())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+# ----------------------------------------------------------------------------- saved variables
+_SAVED_ATTRS: dict[type, tuple[tuple[str, str], ...]] = {}
+
+
+def saved_tensor_attributes(fn: Any) -> tuple[tuple[str, str], ...]:
+    """``(attribute, raw attribute)`` for each saved *tensor* (or tensor list) of a node's class,
+    e.g. ``(("_saved_self", "_raw_saved_self"), ...)``; custom Functions give
+    ``(("saved_tensors", "_raw_saved_tensors"),)``. Scalars saved by a node have no raw
+    attribute and are left out. Cached per class."""
+    cls = type(fn)
+    attrs = _SAVED_ATTRS.get(cls)
+    if attrs is None:
+        if isinstance(fn, torch.autograd.function.BackwardCFunction):
+            attrs = (("saved_tensors", "_raw_saved_tensors"),)
+        else:
+            names = set(dir(fn))
+            attrs = tuple((a, "_raw" + a) for a in sorted(names)
+                          if a.startswith("_saved_") and "_raw" + a in names)
+        _SAVED_ATTRS[cls] = attrs
+    return attrs
+
+
+def raw_saved(fn: Any, raw_attr: str) -> list[Any]:
+    """The raw saved variables behind one attribute (a list, for tensor lists), never unpacked.
+    Empty when the node's saves were already freed or the attribute does not apply."""
+    try:
+        raw = getattr(fn, raw_attr, None)
+    except (RuntimeError, AttributeError):
+        return []
+    if raw is None:
+        return []
+    return list(raw) if isinstance(raw, list | tuple) else [raw]
+
+
+def _probe_saved_data() -> bool:
+    from torch.autograd.graph import saved_tensors_hooks
+
+    marker = object()
+    try:
+        x = torch.ones(1, requires_grad=True)
+        with saved_tensors_hooks(lambda t: marker, lambda p: x):
+            y = x.exp()
+        return getattr(getattr(y.grad_fn, "_raw_saved_result", None), "data", None) is marker
+    except Exception:
+        return False
+
+
+def _probe_unpack_hook() -> bool:
+    from torch.autograd.graph import saved_tensors_hooks
+
+    def unpack(p: Any) -> Any:
+        return p
+
+    try:
+        x = torch.ones(1, requires_grad=True)
+        with saved_tensors_hooks(lambda t: t, unpack):
+            y = x.exp()
+        return getattr(getattr(y.grad_fn, "_raw_saved_result", None), "unpack_hook", None) is unpack
+    except Exception:
+        return False
+
+
+_NOTHING = object()
+
+
+def packed_value(raw: Any) -> Any:
+    """What the pack hook returned for a raw saved variable, without unpacking it; a sentinel
+    (:data:`NOT_VISIBLE`) where this torch cannot say (see :func:`capabilities`)."""
+    if not capabilities().saved_data:
+        return NOT_VISIBLE
+    try:
+        return raw.data
+    except (RuntimeError, AttributeError):
+        return NOT_VISIBLE
+
+
+NOT_VISIBLE = _NOTHING
+
+
+def unpack_hook_of(raw: Any) -> Any:
+    """The unpack hook attached to a raw saved variable (None: saved without hooks or freed),
+    or :data:`NOT_VISIBLE` where this torch cannot say."""
+    if not capabilities().saved_hook:
+        return NOT_VISIBLE
+    try:
+        return raw.unpack_hook
+    except (RuntimeError, AttributeError):
+        return None
+
+
+def probe_saved(raw: Any, pack: Callable[..., Any], unpack: Callable[..., Any]) -> str:
+    """For a torch that cannot show a saved variable's hooks (<= 2.8): try to register ``pack``
+    and ``unpack`` on it. PyTorch refuses a second pair (``"hooked"``: another pair packed it),
+    a None value (``"none"``) and a freed one (``"freed"``); otherwise the pair is now its own
+    (``"registered"``: ``pack`` ran, as it would have if the save had been made under it)."""
+    try:
+        raw.register_hooks(pack, unpack)
+    except RuntimeError as e:
+        msg = str(e)
+        if "already been set" in msg:
+            return "hooked"
+        if "None" in msg:
+            return "none"
+        return "freed"
+    return "registered"
+
+
+# ----------------------------------------------------------------------------- hook stack
+def top_saved_tensors_hooks() -> Any:
+    """The innermost ``(pack, unpack)`` pair on this thread's stack, None when empty, or
+    :data:`NOT_VISIBLE` where this torch cannot say."""
+    f = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    if f is None:
+        return NOT_VISIBLE
+    return f(False)
+
+
+def pop_saved_tensors_hooks() -> None:
+    torch._C._autograd._pop_saved_tensors_default_hooks()
+
+
+def push_saved_tensors_hooks(pack: Callable[..., Any], unpack: Callable[..., Any]) -> None:
+    torch._C._autograd._push_saved_tensors_default_hooks(pack, unpack)
+
+
+# ----------------------------------------------------------------------------- engine entry
+ENGINE_ENTRY = "_engine_run_backward"
+
+
+def engine_entry_module() -> Any:
+    """The module whose ``_engine_run_backward`` (:data:`ENGINE_ENTRY`) both ``backward`` and
+    ``autograd.grad`` call, or None (then :mod:`gradscope.record` wraps the two public functions)."""
+    import torch.autograd as ag
+
+    return ag if hasattr(ag, ENGINE_ENTRY) else None
+
+
+def queue_engine_callback(fn: Callable[[], None]) -> None:
+    """Run ``fn`` when the backward pass now running ends (FSDP's use of the engine's queue)."""
+    torch.autograd.Variable._execution_engine.queue_callback(fn)  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True)
+class EngineCall:
+    """The arguments of one call into the autograd engine, read from ``_engine_run_backward``'s
+    positional layout ``(outputs, grad_outputs, retain_graph, create_graph, inputs,
+    allow_unreachable, accumulate_grad)``."""
+
+    create_graph: bool
+    retain_graph: bool
+    inputs: tuple[Any, ...]
+    accumulate_grad: bool
+
+
+def engine_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> EngineCall:
+    def arg(i: int, name: str, default: Any) -> Any:
+        if len(args) > i:
+            return args[i]
+        return kwargs.get(name, default)
+
+    create = bool(arg(2, "create_graph", False))
+    retain = arg(1, "keep_graph", None)
+    retain = create if retain is None else bool(retain)
+    inputs = arg(3, "inputs", ()) or ()
+    accumulate = bool(arg(5, "accumulate_grad", True))
+    return EngineCall(create, retain, tuple(inputs), accumulate)
+
+
+def hooks_class() -> Any:
+    """The class whose ``__enter__``/``__exit__`` push and pop a saved-tensor hooks pair for
+    ``saved_tensors_hooks``, ``save_on_cpu`` and non-reentrant checkpointing alike."""
+    from torch.autograd.graph import saved_tensors_hooks
+
+    return saved_tensors_hooks
+
+
+def disable_hooks_module() -> Any:
+    """Where torch.func's guard ``disable_saved_tensors_hooks`` is looked up at call time."""
+    import torch.autograd.graph as agg
+
+    return agg if hasattr(agg, "disable_saved_tensors_hooks") else None
+
+
+# ----------------------------------------------------------------------------- profiler
+def allocation_tag() -> Any:
+    from torch._C._profiler import _EventType
+
+    return _EventType.Allocation
+
+
+def record_scope_enter(name: str) -> Any:
+    """Open a profiler scope (a handle for :func:`record_scope_exit`)."""
+    return torch.ops.profiler._record_function_enter_new(name, None)
+
+
+def record_scope_exit(handle: Any) -> None:
+    torch.ops.profiler._record_function_exit._RecordFunction(handle)
+
+
+def profiler_enabled() -> bool:
+    return bool(torch.autograd.profiler._is_profiler_enabled) or bool(torch._C._autograd._profiler_enabled())
+
+
+def start_node_profiler(ops: bool = False) -> None:
+    """Start PyTorch's profiler with memory events and only node and user scopes (and op scopes
+    too with ``ops``).
+
+    NOTE [ a lean profiler ]: ``torch.profiler.profile`` records a scope for every aten op; on
+    graphs of small ops that doubles the profiler's own cost and, worse, the event tree gradscope
+    must read back through Python grows with it (measured on a 5,000-op chain: 4.5x plain with
+    op scopes, 2.5x without; reading the tree back 1.3x more). Memory events do not depend on
+    scopes, so the CPU source asks for node scopes (``BACKWARD_FUNCTION``: one per executed node,
+    with its sequence number) and user scopes (``record_function``: gradscope's marks, the
+    optimizer's ``Optimizer.step#...``) only; forward allocations are then labelled by module.
+    In a process of a ``torch.distributed`` job, op scopes are recorded too: communication ops
+    (``c10d::_allgather_base_`` ...) then label the memory they allocate (see the job view).
+    """
+    from torch._C._profiler import (
+        ProfilerActivity,
+        ProfilerConfig,
+        ProfilerState,
+        RecordScope,
+        _ExperimentalConfig,
+    )
+
+    cfg = ProfilerConfig(ProfilerState.KINETO, False, True, False, False, False, _ExperimentalConfig())
+    activities = {ProfilerActivity.CPU}
+    torch._C._autograd._prepare_profiler(cfg, activities)
+    torch._C._autograd._enable_profiler(  # type: ignore[call-arg]
+        cfg, activities,
+        {RecordScope.BACKWARD_FUNCTION, RecordScope.USER_SCOPE, *((RecordScope.FUNCTION,) if ops else ())},
+    )
+
+
+def stop_profiler() -> Any:
+    """Stop the profiler started by :func:`start_node_profiler`; its results."""
+    return torch._C._autograd._disable_profiler()
+
+
+def results_event_tree(results: Any) -> list[Any]:
+    return list(results.experimental_event_tree())
+
+
+def node_scope() -> Any:
+    from torch._C._profiler import RecordScope
+
+    return RecordScope.BACKWARD_FUNCTION
+
+
+# ----------------------------------------------------------------------------- dispatch modes
+def torch_dispatch_mode() -> type:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    return TorchDispatchMode
+
+
+def has_ignore_compile_internals() -> bool:
+    return hasattr(torch_dispatch_mode(), "ignore_compile_internals")
+
+
+def tree_leaves(x: Any) -> list[Any]:
+    from torch.utils._pytree import tree_leaves as leaves
+
+    return list(leaves(x))
+
+
+def _probe_is_compiling() -> Callable[[], bool]:
+    f = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+    return f if f is not None else (lambda: False)
+
+
+is_compiling = _probe_is_compiling()
+"""Whether torch.compile is tracing the calling code. NOTE [ hooks inside compiled modules ]:
+a torch that traces a compiled module's ``__call__`` (before 2.13) would trace gradscope's global
+module hooks too, break the graph on them and run the module eagerly: the hooks return at once
+when traced (the compiled region is one opaque node in the recording anyway)."""
+
+
+def is_fake(t: Any) -> bool:
+    """Whether ``t`` belongs to a compiler tracing a graph (a fake or functional tensor: no run)."""
+    try:
+        from torch._subclasses.fake_tensor import is_fake as _is_fake
+        from torch._subclasses.functional_tensor import FunctionalTensor
+
+        return isinstance(t, FunctionalTensor) or bool(_is_fake(t))
+    except Exception:
+        return False
+
+
+def dispatch_modes_active() -> bool:
+    """Whether a Python dispatch mode is active on this thread."""
+    f = getattr(torch._C, "_len_torch_dispatch_stack", None)
+    return bool(f()) if f is not None else False
+
+
+@contextlib.contextmanager
+def no_dispatch_modes() -> Iterator[None]:
+    """Run a few ops without the active Python dispatch modes (gradscope's own probes)."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():
+        yield
+
+
+# ----------------------------------------------------------------------------- CUDA allocator
+def cuda_start_history(max_entries: int) -> None:
+    torch.cuda.memory._record_memory_history(max_entries=max_entries)
+
+
+def cuda_stop_history(device: Any) -> dict[str, Any]:
+    try:
+        return dict(torch.cuda.memory._snapshot(device))
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+
+
+# Keys of a CUDA allocator snapshot that gradscope reads (see torch/cuda/memory.py, _snapshot).
+SNAPSHOT_TRACES = "device_traces"
+TRACE_ACTION, TRACE_SIZE, TRACE_ADDR, TRACE_TIME_US, TRACE_FRAMES = "action", "size", "addr", "time_us", "frames"
+
+
+# ----------------------------------------------------------------------------- prediction helpers
+def fused_sdp_choice(*args: Any, **kwargs: Any) -> int | None:
+    """The CPU's own choice of fused attention kernel (1 = flash), or None where not asked."""
+    f = getattr(torch, "_fused_sdp_choice", None)
+    if f is None:
+        return None
+    return int(f(*args, **kwargs))
+
+
+def _probe_dense() -> Callable[[torch.Tensor], bool] | None:
+    try:
+        import torch._prims_common as pc
+    except Exception:
+        return None
+    # ``..._or_false`` (newer) also answers for symbolic shapes; the plain one (2.6) for ours
+    return getattr(pc, "is_non_overlapping_and_dense_or_false", None) or getattr(pc, "is_non_overlapping_and_dense", None)
+
+
+_DENSE = _probe_dense()
+
+
+def non_overlapping_and_dense(t: torch.Tensor) -> bool:
+    """Whether ``t``'s elements fill its storage span without gaps or overlaps in some order
+    (a transposed tensor is; a strided slice is not)."""
+    if _DENSE is not None:
+        try:
+            return bool(_DENSE(t))
+        except Exception:
+            pass
+    return t.is_contiguous()  # a private helper that moved: contiguity is the common case
+
+
+# ----------------------------------------------------------------------------- node objects
+def _probe_nodes_persist() -> bool:
+    """Whether a node's Python object lives as long as the node once created (PyTorch keeps it
+    in the node, as it does for tensors): then ``id()`` of node objects is stable, and a walked
+    graph frees recursively (see :mod:`gradscope.release`)."""
+    try:
+        x = torch.ones(1, requires_grad=True)
+        y = x.exp()
+        a = y.grad_fn
+        ida = id(a)
+        del a
+        decoys = [(x * float(i)).grad_fn for i in range(16)]
+        same = id(y.grad_fn) == ida
+        del decoys
+        return same
+    except Exception:
+        return False
+
+
+# ----------------------------------------------------------------------------- capabilities
+@dataclass(frozen=True)
+class Capabilities:
+    """What this torch lets gradscope see (each probed once)."""
+
+    sequence_nr: bool  # which node saved a tensor: _get_sequence_nr
+    saved_data: bool  # SavedTensor.data: our pack result read without unpacking (>= 2.9)
+    saved_hook: bool  # SavedTensor.unpack_hook: who packed a save (>= 2.9)
+    hook_stack: bool  # _top_saved_tensors_default_hooks (>= 2.7)
+    ignore_compile_internals: bool  # TorchDispatchMode.ignore_compile_internals (>= 2.9)
+    engine_entry: bool  # torch.autograd._engine_run_backward
+    nodes_persist: bool  # node Python objects live as long as the node (>= 2.13)
+
+
+_caps_lock = threading.Lock()
+
+
+@functools.cache
+def capabilities() -> Capabilities:
+    with _caps_lock:
+        return Capabilities(
+            sequence_nr=_SEQ is not None,
+            saved_data=_probe_saved_data(),
+            saved_hook=_probe_unpack_hook(),
+            hook_stack=hasattr(torch._C._autograd, "_top_saved_tensors_default_hooks"),
+            ignore_compile_internals=has_ignore_compile_internals(),
+            engine_entry=engine_entry_module() is not None,
+            nodes_persist=_probe_nodes_persist(),
+        )
+
+
+# What a recording says when a capability is missing (keys: Capabilities fields).
+MISSING_NOTES: dict[str, str] = {
+    "sequence_nr": (
+        "this torch has no autograd sequence counter: saved tensors cannot be matched with the "
+        "nodes that saved them, so they are not listed."
+    ),
+}

@@ -1,0 +1,982 @@
+"""Named, pure passes that turn a :class:`~gradscope._trace.Trace` into a :class:`Recording`.
+
+Each pass reads the trace (and what earlier passes returned) and returns plain values; none of
+them touches torch, a hook or a live object, so each can be run on a trace written by hand (see
+``tests/test_passes.py``). :func:`build` runs them in order:
+
+``graph`` (node table, edges) -> ``naming`` (root names) -> ``steps`` (backward steps, who made
+the nodes a create_graph pass created) -> ``orders`` -> ``modules`` -> ``saves`` -> ``memory``
+(allocation table, categories, timeline, peak) -> ``held`` (what was alive at the peak or the
+failure) -> ``backward_calls`` -> ``notes``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import socket
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gradscope import _compat, _held, _names
+from gradscope._trace import (
+    C_ROOT,
+    C_SEQ0,
+    C_SEQ1,
+    C_T0,
+    C_T1,
+    EV_LIVE,
+    EV_POST,
+    EV_PRE,
+    EV_UNPACK,
+    N_CUSTOM,
+    N_KEY,
+    N_LEAF,
+    N_LEAF_SHAPE,
+    N_NAME,
+    N_SEQ,
+    S_BYTES,
+    S_LEAFISH,
+    S_PTR,
+    S_SEQ,
+    S_SKEY,
+    S_T,
+    BackwardRow,
+    Trace,
+)
+from gradscope.errors import MemoryBudgetExceeded
+from gradscope.recording import (
+    Allocation,
+    BackwardCall,
+    Category,
+    Edge,
+    Kind,
+    MemoryPoint,
+    Node,
+    OomInfo,
+    Peak,
+    Phase,
+    Recording,
+    SavedTensor,
+    Step,
+    Table,
+    Where,
+)
+
+__all__ = [
+    "Steps",
+    "build",
+    "graph_pass",
+    "memory_pass",
+    "modules_pass",
+    "naming_pass",
+    "orders_pass",
+    "saves_pass",
+    "steps_pass",
+]
+
+_DEEP_GRAPH = 40_000  # nodes above which freeing may crash PyTorch: see NOTE [ freeing deep graphs ]
+_CLOCK_SLACK_NS = 200_000  # the profiler's clock against time.time_ns(): see saves_to_allocations
+# Backward formulas PyTorch picks differently under any Python dispatch mode (see tracker_note).
+_MODE_SENSITIVE = ("prod", "cumprod", "det", "vander", "ctc_loss")
+
+
+# ----------------------------------------------------------------------------------- graph
+@dataclass
+class Graph:
+    """The node table in discovery order (ids 0..n-1) and edges between ids."""
+
+    rows: list[tuple[Any, ...]]
+    edges: Table[Edge]
+    by_seq: Mapping[Any, int]  # sequence number -> node id (AccumulateGrad keys are tuples)
+    leaves: list[int]  # ids of AccumulateGrad nodes
+
+
+def graph_pass(trace: Trace) -> Graph:
+    """Node ids are discovery order; edges are resolved from node keys (unknown keys dropped)."""
+    index: Mapping[Any, int] = {row[N_KEY]: i for i, row in enumerate(trace.nodes) if isinstance(row[N_KEY], int)}
+    n = len(trace.nodes)
+    src: list[int] = []
+    dst: list[int] = []
+    for a, b in trace.edges:
+        if 0 <= a < n and 0 <= b < n:
+            src.append(a)
+            dst.append(b)
+    leaves = [i for i, row in enumerate(trace.nodes) if not isinstance(row[N_KEY], int)]
+    return Graph(trace.nodes, Table(Edge, {"src": src, "dst": dst}), index, leaves)
+
+
+# ----------------------------------------------------------------------------------- naming
+def naming_pass(trace: Trace) -> list[str]:
+    """The name of each root module: see NOTE [ naming roots ] in :mod:`gradscope._names`."""
+    return _names.root_prefixes(trace.roots, trace.root_names, trace.modules_given)
+
+
+def call_path(trace: Trace, prefixes: Sequence[str], call: Sequence[Any]) -> str:
+    """The module path of one call; an unnamed lone root is called by its class name."""
+    root = call[C_ROOT]
+    return _names.full_name(prefixes[root], call[1]) or trace.roots[root][0]
+
+
+# ----------------------------------------------------------------------------------- steps
+@dataclass
+class Steps:
+    """Backward steps before they become :class:`Step` rows (one list per field)."""
+
+    node: list[int] = field(default_factory=list)
+    backward: list[int] = field(default_factory=list)
+    t0: list[int] = field(default_factory=list)
+    t1: list[int] = field(default_factory=list)
+    start_pos: list[int] = field(default_factory=list)  # position in trace.events (-1: a profiler scope)
+    scope: list[int | None] = field(default_factory=list)
+    live_before: list[int | None] = field(default_factory=list)
+    live_after: list[int | None] = field(default_factory=list)
+    # created node id -> id of the node that was running when it was made (see NOTE [ orders ])
+    creators: dict[int, int | None] = field(default_factory=dict)
+    freed: dict[int, int] = field(default_factory=dict)  # save index -> step (weak-ref checks)
+    scope_step: dict[int, int] = field(default_factory=dict)  # profiler scope -> step
+    unresolved_scopes: int = 0
+
+    def __len__(self) -> int:
+        return len(self.node)
+
+
+def steps_pass(trace: Trace, graph: Graph) -> Steps:
+    """Backward steps in engine order, from the trace's step events or, with the profiler as
+    memory source, from its node scopes (see NOTE [ how steps are seen ] in
+    :mod:`gradscope.record`)."""
+    out = Steps()
+    mt = trace.memory_trace
+    from_scopes = mt.source == "cpu" and bool(mt.scopes)
+    for b_index, b in enumerate(trace.backwards):
+        if not b.observed:
+            continue
+        if from_scopes:
+            _steps_from_scopes(trace, graph, b_index, b, out)
+        else:
+            _steps_from_events(trace, graph, b_index, b, out)
+        _creators(trace, graph, b, out)
+    return out
+
+
+def _steps_from_events(trace: Trace, graph: Graph, b_index: int, b: BackwardRow, out: Steps) -> None:
+    """Consecutive unpacks of one node's saves, or its pre hook, start its step; a post hook
+    ends it (else the next step's start does); live bytes read at boundaries (online sources)
+    are the bytes before and after; frees found at a boundary belong to the step before it."""
+    events, saves, by_seq = trace.events, trace.saves, graph.by_seq
+    node_l, t0_l, t1_l, pos_l = out.node, out.t0, out.t1, out.start_pos
+    before_l, after_l = out.live_before, out.live_after
+    freed = out.freed
+    first = len(node_l)
+    cur_node = -1
+    closed = True
+    closed_at: dict[int, int] = {}
+    live: int | None = None
+    for pos in range(b.ev0, b.ev1):
+        kind, ident, t, value = events[pos]
+        if kind == EV_UNPACK:
+            node = by_seq.get(saves[ident][S_SEQ])
+            if node is None or (node == cur_node and not closed):
+                continue  # another save of the running node, or a node no pass of ours ran
+        elif kind == EV_PRE:
+            node = ident
+        elif kind == EV_POST:
+            if ident == cur_node and not closed:
+                closed = True
+                closed_at[len(node_l) - 1] = t
+            continue
+        elif kind == EV_LIVE:
+            live = value
+            if node_l and len(node_l) > first and after_l[-1] is None:
+                after_l[-1] = value
+            continue
+        else:  # EV_FREED
+            if len(node_l) > first:
+                freed[ident] = len(node_l) - 1
+            continue
+        node_l.append(node)
+        t0_l.append(t)
+        t1_l.append(t)
+        pos_l.append(pos)
+        before_l.append(live)
+        after_l.append(None)
+        cur_node, closed = node, False
+    n = len(node_l)
+    out.backward.extend([b_index] * (n - first))
+    out.scope.extend([None] * (n - first))
+    for k in range(first, n):  # a step without a post hook ends where the next begins
+        end = closed_at.get(k)
+        t1_l[k] = end if end is not None else (t0_l[k + 1] if k + 1 < n else max(b.t1_ns, t0_l[k]))
+
+
+def _steps_from_scopes(trace: Trace, graph: Graph, b_index: int, b: BackwardRow, out: Steps) -> None:
+    """The profiler's node scopes of this pass (nested ones belong to a reentrant backward inside
+    a node), matched with nodes by sequence number; all ``AccumulateGrad`` nodes share one
+    number, so those are taken in order from their pre hooks."""
+    rows = graph.rows
+    accs = [ident for kind, ident, _, _ in trace.events[b.ev0:b.ev1]
+            if kind == EV_PRE and rows[ident][N_NAME] == "AccumulateGrad"]
+    acc_i = 0
+    by_seq = graph.by_seq
+    for k, sc in enumerate(trace.memory_trace.scopes):
+        if sc.backward != b_index or sc.nested:
+            continue
+        node: int | None
+        if sc.name == "AccumulateGrad":
+            node = accs[acc_i] if acc_i < len(accs) else None
+            acc_i += 1
+        else:
+            node = by_seq.get(sc.seq)
+            if node is not None and rows[node][N_NAME] != sc.name:
+                node = None
+        if node is None:
+            out.unresolved_scopes += 1
+            continue
+        out.scope_step[k] = len(out.node)
+        out.node.append(node)
+        out.backward.append(b_index)
+        out.t0.append(sc.start_ns)
+        out.t1.append(sc.end_ns)
+        out.start_pos.append(-1)
+        out.scope.append(k)
+        out.live_before.append(None)
+        out.live_after.append(None)
+
+
+def _creators(trace: Trace, graph: Graph, b: BackwardRow, out: Steps) -> None:
+    """NOTE [ orders ]: a node made during a ``create_graph=True`` pass was made by the node the
+    engine was running: the one whose pre hook read the largest sequence counter not above the
+    new node's number. That includes the ``AddBackward0`` the engine makes after a node's post
+    hook to sum two gradients reaching one input: it belongs to the node that produced them (its
+    order is that node's plus one), never to the forward (order 0)."""
+    if not b.create_graph:
+        return
+    marks = sorted((value, ident) for kind, ident, _, value in trace.events[b.ev0:b.ev1]
+                   if kind == EV_PRE and value is not None)
+    seqs = [m[0] for m in marks]
+    for i, row in enumerate(graph.rows):
+        seq = row[N_SEQ]
+        if b.seq0 <= seq < b.seq1 and isinstance(row[N_KEY], int) and i not in out.creators:
+            k = bisect.bisect_right(seqs, seq) - 1
+            out.creators[i] = marks[k][1] if k >= 0 else None
+
+
+# ----------------------------------------------------------------------------------- orders
+def orders_pass(trace: Trace, graph: Graph, steps: Steps) -> list[int]:
+    """0 for forward nodes; a node a create_graph pass made has its creator's order plus one
+    (1 when its creator is unknown). See NOTE [ orders ]."""
+    orders = [0] * len(graph.rows)
+    for i in sorted(steps.creators, key=lambda i: graph.rows[i][N_SEQ]):
+        c = steps.creators[i]
+        orders[i] = (orders[c] + 1) if c is not None else 1
+    return orders
+
+
+# ----------------------------------------------------------------------------------- modules
+def modules_pass(trace: Trace, graph: Graph, prefixes: Sequence[str], steps: Steps,
+                 orders: Sequence[int]) -> list[str | None]:
+    """Forward nodes get the innermost module call whose sequence range holds their number;
+    nodes a backward made inherit the module of the node that made them; leaves their
+    parameter's module."""
+    n = len(graph.rows)
+    modules: list[str | None] = [None] * n
+    keyed = sorted((row[N_SEQ], i) for i, row in enumerate(graph.rows)
+                   if isinstance(row[N_KEY], int) and orders[i] == 0)
+    seqs = [q for q, _ in keyed]
+    # Calls are appended at their start, so outer calls come before the calls nested in them:
+    # writing each call's range in that order leaves every node with its innermost module.
+    for call in trace.calls:
+        lo = bisect.bisect_left(seqs, call[C_SEQ0])
+        hi = bisect.bisect_left(seqs, call[C_SEQ1] if call[C_SEQ1] >= 0 else call[C_SEQ0])
+        if lo < hi:
+            path = call_path(trace, prefixes, call)
+            for _, i in keyed[lo:hi]:
+                modules[i] = path
+    for i in sorted(steps.creators, key=lambda i: graph.rows[i][N_SEQ]):
+        c = steps.creators[i]
+        if c is not None and modules[i] is None:
+            modules[i] = modules[c]
+    for i in graph.leaves:
+        name = leaf_name(graph.rows[i][N_LEAF], prefixes)
+        if name and name != "input" and modules[i] is None and "." in name:
+            modules[i] = name.rsplit(".", 1)[0]
+    return modules
+
+
+def leaf_name(leaf: Any, prefixes: Sequence[str]) -> str | None:
+    """A node row's leaf field as a name: ``(root, path)`` -> ``"G.0.weight"``."""
+    if isinstance(leaf, tuple):
+        root, rel = leaf
+        return _names.full_name(prefixes[root], rel) if root < len(prefixes) else rel
+    return leaf
+
+
+# ----------------------------------------------------------------------------------- saves
+@dataclass
+class Saves:
+    """Saves attached to nodes, one list per field (``sid``: index into ``trace.saves``)."""
+
+    sid: list[int]
+    node: list[int]
+    attribute: list[str]
+    kind: list[Kind]
+    name: list[str | None]
+    storage: list[int]  # recording-local storage id
+    dropped: int
+
+    @property
+    def rows(self) -> list[tuple[int, int]]:
+        """(save index, node id) for each save attached to a node."""
+        return list(zip(self.sid, self.node, strict=True))
+
+
+_DTYPE: dict[Any, str] = {}
+
+
+def _dtype(d: Any) -> str:
+    s = _DTYPE.get(d)
+    if s is None:
+        s = _DTYPE[d] = str(d).replace("torch.", "")
+    return s
+
+
+def saves_pass(trace: Trace, graph: Graph, prefixes: Sequence[str]) -> Saves:
+    """Each save attached to the node that saved it (see NOTE [ which node saved a tensor ] in
+    :mod:`gradscope.record`), with its attribute, its kind and its parameter name."""
+    sids: list[int] = []
+    nodes: list[int] = []
+    attrs: list[str] = []
+    kinds: list[Kind] = []
+    names: list[str | None] = []
+    storages: list[int] = []
+    storage_ids: dict[int, int] = {}
+    by_seq_get = graph.by_seq.get
+    save_attr_get, seq_attr_get, param_get = trace.save_attr.get, trace.seq_attr.get, trace.param_keys.get
+    seq_order = trace.seq_order
+    position: dict[int, int] = {}  # saves of a node in seq_order seen so far
+    kind_of = {"parameter": Kind.PARAMETER, "buffer": Kind.BUFFER}
+    input_kind, activation = Kind.INPUT, Kind.ACTIVATION
+    for sid, s in enumerate(trace.saves):
+        seq = s[S_SEQ]
+        node = by_seq_get(seq)
+        if node is None:
+            continue
+        sids.append(sid)
+        nodes.append(node)
+        attr = save_attr_get(sid) or seq_attr_get(seq)
+        if attr is None and seq in seq_order:  # see NOTE [ pack order ] in gradscope.record
+            k = position.get(seq, 0)
+            position[seq] = k + 1
+            order = seq_order[seq]
+            attr = order[k] if k < len(order) else None
+        attrs.append(attr or f"saved[{len(sids) - 1}]")
+        skey = s[S_SKEY]
+        named = param_get(skey)
+        if named is not None:
+            root, rel, kind = named
+            kinds.append(kind_of[kind])
+            names.append(_names.full_name(prefixes[root], rel))
+        else:
+            kinds.append(input_kind if s[S_LEAFISH] else activation)
+            names.append(None)
+        st = storage_ids.get(skey)
+        if st is None:
+            st = storage_ids[skey] = len(storage_ids)
+        storages.append(st)
+    return Saves(sids, nodes, attrs, kinds, names, storages, len(trace.saves) - len(sids))
+
+
+# ----------------------------------------------------------------------------------- memory
+@dataclass
+class Memory:
+    allocations: Table[Allocation]
+    timeline: Table[MemoryPoint]
+    peak_bytes: int
+    peak: Peak | None
+    dropped_points: int
+    save_alloc: dict[int, int]  # save index -> allocation index
+    freed_at: dict[int, int]  # save index -> step that freed its storage
+    step_freed: dict[int, int]  # step -> bytes of saved storages it freed
+    peak_position: int | None
+    events_positions: int
+    columns: _AllocColumns
+
+
+def memory_pass(trace: Trace, graph: Graph, prefixes: Sequence[str], steps: Steps, orders: Sequence[int],
+                modules: Sequence[str | None], saves: Saves) -> Memory:
+    """The allocation table, each allocation's category and phase, the timeline and the peak.
+
+    The memory source's events are read as columns: each event gets its step, phase, module and
+    label, allocations are paired with their frees (by key), saves are matched with allocations
+    and categories assigned; only then is the timeline built (see NOTE [ tables are columns ] in
+    :mod:`gradscope.recording`)."""
+    mt = trace.memory_trace
+    events = mt.events
+    n = len(events)
+    t0 = trace.t0_ns
+    calls = trace.calls
+    if n:
+        t_l, size_l, key_l, label_l, scope_l, stamp_l, res_l, call_l, hint_l, bw_l = (list(c) for c in zip(*events, strict=True))
+    else:
+        t_l = size_l = key_l = label_l = scope_l = stamp_l = res_l = call_l = hint_l = bw_l = []
+    ev_step = _event_steps(trace, steps, scope_l, bw_l, stamp_l, t_l)
+    lives = list(itertools.accumulate(size_l))
+    peak_v = max(lives) if lives else 0
+    peak_i = lives.index(peak_v) if peak_v > 0 else -1
+    peak_v = max(peak_v, 0)
+    backward, optimizer, other, forward = Phase.BACKWARD, Phase.OPTIMIZER, Phase.OTHER, Phase.FORWARD
+    windows = sorted((o[1], o[2] or trace.t1_ns) for o in trace.optimizer_steps)
+    win_starts = [w[0] for w in windows]
+    if mt.online:
+        in_bw = _position_test([(b.ev0, b.ev1) for b in trace.backwards if b.observed])
+        phases = [optimizer if h == "optimizer" or (h is None and st is None and windows and _inside(win_starts, windows, t))
+                  else backward if st is not None or (p is not None and in_bw(p))
+                  else other if h == "other" else forward
+                  for h, st, p, t in zip(hint_l, ev_step, stamp_l, t_l, strict=True)]
+    else:
+        phases = [optimizer if h == "optimizer"
+                  else backward if st is not None or sc is not None or b is not None
+                  else other if h == "other" else forward
+                  for h, st, sc, b in zip(hint_l, ev_step, scope_l, bw_l, strict=True)]
+    call_paths = [call_path(trace, prefixes, c) for c in calls]
+    call_labels = [c[7] if len(c) > 7 else "" for c in calls]
+    node_module = [modules[i] for i in steps.node]
+    node_label = [graph.rows[i][N_NAME] for i in steps.node]
+    fwd_modules = (_modules_at(trace, prefixes, t_l) if n and not mt.marks_calls and calls else None)
+    mods: list[str | None] = [
+        node_module[st] if st is not None else call_paths[c] if c is not None and 0 <= c < len(calls) else None
+        for st, c in zip(ev_step, call_l, strict=True)
+    ]
+    if fwd_modules is not None:
+        mods = [fm if m is None and ph is forward else m for m, fm, ph in zip(mods, fwd_modules, phases, strict=True)]
+    labels = [
+        lb or (node_label[st] if st is not None else call_labels[c] if c is not None and 0 <= c < len(calls)
+               else ph.value)
+        for lb, st, c, ph in zip(label_l, ev_step, call_l, phases, strict=True)
+    ]
+    pairable = mt.key_kind != "none"
+    a_bytes: list[int] = []
+    a_at: list[int] = []
+    a_key: list[int] = []
+    a_free: list[int | None] = []
+    a_free_t: list[int | None] = []
+    a_free_step: list[int | None] = []
+    point_alloc: list[int | None] = [None] * n
+    if pairable:
+        open_: dict[int, int] = {}
+        for k in range(n):
+            size = size_l[k]
+            if size > 0:
+                ai = len(a_bytes)
+                open_[key_l[k]] = ai
+                a_bytes.append(size)
+                a_at.append(k)
+                point_alloc[k] = ai
+            else:
+                found = open_.pop(key_l[k], None)
+                if found is not None:
+                    point_alloc[k] = found
+        na = len(a_bytes)
+        a_key = [key_l[k] for k in a_at]
+        a_free = [None] * na
+        a_free_t = [None] * na
+        a_free_step = [None] * na
+        for k in range(n):
+            if size_l[k] < 0 and (found := point_alloc[k]) is not None:
+                a_free[found] = k
+                a_free_t[found] = t_l[k]
+                a_free_step[found] = ev_step[k]
+    # bytes around each step, for sources that are not online: the events at its boundaries
+    if not mt.online and len(steps) and n:
+        for k, sc in enumerate(steps.scope):
+            if sc is None:
+                continue
+            a = bisect.bisect_left(t_l, steps.t0[k])
+            b = bisect.bisect_right(t_l, steps.t1[k])
+            steps.live_before[k] = lives[a - 1] if a > 0 else 0
+            steps.live_after[k] = lives[b - 1] if b > 0 else 0
+    a_t = [t_l[k] for k in a_at]
+    allocs = _AllocColumns(a_bytes, a_at, a_free, a_t, a_free_t, a_key, a_free_step,
+                           [phases[k] for k in a_at], [ev_step[k] for k in a_at])
+    save_alloc, saver = _saves_to_allocations(trace, saves, allocs, mt.key_kind) if pairable else ({}, {})
+    categories = _categories(trace, orders, saves, allocs, save_alloc, mt.key_kind)
+    # frees of saved storages: which step freed each (allocation table), or the weak-ref checks
+    freed_at: dict[int, int] = {}
+    step_freed: dict[int, int] = {}
+    if pairable:
+        saved_allocs: dict[int, list[int]] = {}
+        for sid, ai in save_alloc.items():
+            saved_allocs.setdefault(ai, []).append(sid)
+        for ai, sids in saved_allocs.items():
+            st = a_free_step[ai]
+            if a_free[ai] is not None and st is not None:
+                for sid in sids:
+                    freed_at[sid] = st
+                step_freed[st] = step_freed.get(st, 0) + a_bytes[ai]
+    elif steps.freed:
+        # A storage found freed at a step was also freed for the saves of it made before (by nodes
+        # that ran earlier and released their reference then).
+        tsaves = trace.saves
+        by_key: dict[int, list[int]] = {}
+        for sid in saves.sid:
+            by_key.setdefault(tsaves[sid][S_SKEY], []).append(sid)
+        for sid, st in steps.freed.items():
+            key = tsaves[sid][S_SKEY]
+            step_freed[st] = step_freed.get(st, 0) + tsaves[sid][S_BYTES]
+            for other_sid in by_key.get(key, ()):
+                if other_sid <= sid and other_sid not in freed_at:
+                    freed_at[other_sid] = st
+    na = len(a_bytes)
+    allocations: Table[Allocation] = Table(Allocation, {
+        "index": range(na), "bytes": a_bytes, "alloc_at": a_at, "free_at": a_free,
+        "t_s": [(t - t0) / 1e9 for t in a_t], "category": categories,
+        "phase": allocs.phase, "module": [mods[k] for k in a_at],
+        "node": [saver.get(i) for i in range(na)], "step": allocs.step,
+        "label": [labels[k] for k in a_at], "key": a_key,
+    })
+    dropped = 0
+    other_cat = Category.OTHER
+    point_cat = [other_cat if pa is None else categories[pa] for pa in point_alloc]
+    if trace.max_events is not None and n > trace.max_events:
+        keep = _downsample(n, peak_i, trace.max_events)
+        dropped = n - len(keep)
+        t_l, lives, res_l = [t_l[k] for k in keep], [lives[k] for k in keep], [res_l[k] for k in keep]
+        phases, labels = [phases[k] for k in keep], [labels[k] for k in keep]
+        ev_step, mods = [ev_step[k] for k in keep], [mods[k] for k in keep]
+        point_cat = [point_cat[k] for k in keep]
+    timeline: Table[MemoryPoint] = Table(MemoryPoint, {
+        "t_s": [(t - t0) / 1e9 for t in t_l], "live": lives, "phase": phases, "label": labels,
+        "step": ev_step, "module": mods, "reserved": res_l, "category": point_cat,
+    })
+    peak_bytes = peak_v
+    if mt.peak is not None:
+        peak_bytes = max(peak_bytes, mt.peak)
+    peak = None
+    if peak_i >= 0:
+        p = timeline[keep.index(peak_i)] if dropped else timeline[peak_i]
+        peak = Peak(bytes=peak_bytes, phase=p.phase, t_s=p.t_s, label=p.label,
+                    node=steps.node[p.step] if p.step is not None else None, module=p.module, step=p.step)
+    elif mt.peak:
+        peak = Peak(bytes=peak_bytes, phase=Phase.FORWARD, label="(allocator statistics)")
+    return Memory(allocations, timeline, peak_bytes, peak, dropped, save_alloc, freed_at, step_freed,
+                  peak_i if peak_i >= 0 else None, n, allocs)
+
+
+def _position_test(windows: list[tuple[int, int]]) -> Callable[[int], bool]:
+    """Whether a step-event position falls inside one of the (sorted) backward windows."""
+    starts = [a for a, _ in windows]
+
+    def inside(pos: int) -> bool:
+        j = bisect.bisect_right(starts, pos) - 1
+        return j >= 0 and pos <= windows[j][1]
+
+    return inside
+
+
+def _inside(starts: list[int], windows: list[tuple[int, int]], t: int) -> bool:
+    k = bisect.bisect_right(starts, t) - 1
+    return k >= 0 and windows[k][0] <= t <= windows[k][1]
+
+
+def _event_steps(trace: Trace, steps: Steps, scope_l: Sequence[int | None], bw_l: Sequence[int | None],
+                 stamp_l: Sequence[int | None], t_l: Sequence[int]) -> list[int | None]:
+    """The backward step each memory event belongs to: the node scope it happened in; for
+    events between node scopes of a backward (the engine releasing the last node's saved
+    tensors), the node that ran last; for online sources, the step events before it."""
+    n = len(t_l)
+    out: list[int | None] = [None] * n
+    if not len(steps):
+        return out
+    scope_step = steps.scope_step
+    by_b: dict[int, tuple[list[int], list[int]]] = {}
+    starts: list[int] = []
+    start_steps: list[int] = []
+    for k, sc in enumerate(steps.scope):
+        if sc is not None:
+            ts, ks = by_b.setdefault(steps.backward[k], ([], []))
+            ts.append(steps.t0[k])
+            ks.append(k)
+        else:
+            starts.append(steps.start_pos[k])
+            start_steps.append(k)
+    bw_ranges = [(b.ev0, b.ev1) for b in trace.backwards]
+    s_backward = steps.backward
+    right = bisect.bisect_right
+    for i in range(n):
+        sc = scope_l[i]
+        if sc is not None:
+            out[i] = scope_step.get(sc)
+            continue
+        bw = bw_l[i]
+        if bw is not None:
+            got = by_b.get(bw)
+            if got is not None:
+                j = right(got[0], t_l[i]) - 1
+                if j >= 0:
+                    out[i] = got[1][j]
+            continue
+        p = stamp_l[i]
+        if p is not None and starts:
+            j = right(starts, p) - 1
+            if j >= 0:
+                k = start_steps[j]
+                a, b = bw_ranges[s_backward[k]]
+                if a <= p <= b:
+                    out[i] = k
+    return out
+
+
+@dataclass
+class _AllocColumns:
+    """The allocation table while it is built (one list per field)."""
+
+    bytes: list[int]
+    at: list[int]
+    free: list[int | None]
+    t: list[int]
+    free_t: list[int | None]
+    key: list[int]
+    free_step: list[int | None]
+    phase: list[Phase]
+    step: list[int | None]
+
+
+def _saves_to_allocations(trace: Trace, saves: Saves, allocs: _AllocColumns,
+                          key_kind: str) -> tuple[dict[int, int], dict[int, int]]:
+    """Each save's allocation: the one that held the save's key (storage key for the tracker,
+    address for the allocators) when it was packed. Keys are reused once freed, so the candidate
+    is the latest allocation of that key made no later than the pack, still alive then. The
+    profiler's clock and ``time.time_ns()`` differ by microseconds: times are compared with
+    :data:`_CLOCK_SLACK_NS` of slack (an output is packed microseconds after it is allocated).
+    Returns (save index -> allocation, allocation -> the first node that saved it)."""
+    a_t, a_free_t = allocs.t, allocs.free_t
+    # per key, its allocations and their times (allocation order is time order); an address
+    # the allocator reuses has thousands: the candidate is found by bisection
+    by_key: dict[int, tuple[list[int], list[int]]] = {}
+    for i, k in enumerate(allocs.key):
+        got = by_key.get(k)
+        if got is None:
+            got = by_key[k] = ([], [])
+        got[0].append(i)
+        got[1].append(a_t[i])
+    key_field = S_SKEY if key_kind == "storage" else S_PTR
+    slack = 0 if key_kind == "storage" else _CLOCK_SLACK_NS
+    out: dict[int, int] = {}
+    saver: dict[int, int] = {}
+    right = bisect.bisect_right
+    tsaves = trace.saves
+    for sid, node in zip(saves.sid, saves.node, strict=True):
+        s = tsaves[sid]
+        cands = by_key.get(s[key_field])
+        if cands is None:
+            continue
+        t = s[S_T]
+        j = right(cands[1], t + slack) - 1
+        if j < 0:
+            continue
+        best = cands[0][j]
+        ft = a_free_t[best]
+        if ft is not None and ft < t - slack:
+            continue
+        out[sid] = best
+        saver.setdefault(best, node)
+    return out, saver
+
+
+def _categories(trace: Trace, orders: Sequence[int], saves: Saves, allocs: _AllocColumns,
+                save_alloc: dict[int, int], key_kind: str) -> list[Category]:
+    """Each allocation's :class:`Category`: saved by a forward node (ACTIVATION) or by a node a
+    create_graph pass made (CREATE_GRAPH); a gradient (the ``.grad`` a pass accumulated into, or
+    a result of ``autograd.grad``); made by an optimizer step; made during backward otherwise
+    (BACKWARD_TEMP); anything else (OTHER)."""
+    n = len(allocs.bytes)
+    cats = [Category.OTHER] * n
+    by_key: dict[int, list[int]] = {}
+    for i, k in enumerate(allocs.key):
+        by_key.setdefault(k, []).append(i)
+    gradient: set[int] = set()
+    for _b, skey, ptr, t in trace.gradient_keys:
+        for i in by_key.get(skey if key_kind == "storage" else ptr, ()):
+            ft = allocs.free_t[i]
+            if allocs.t[i] <= t and (ft is None or ft >= t):
+                gradient.add(i)
+    saved_order: dict[int, int] = {}
+    node_of = dict(zip(saves.sid, saves.node, strict=True))
+    for sid, ai in save_alloc.items():
+        o = orders[node_of[sid]]
+        saved_order[ai] = min(saved_order.get(ai, o), o)
+    for i in range(n):
+        if i in saved_order:
+            cats[i] = Category.ACTIVATION if saved_order[i] == 0 else Category.CREATE_GRAPH
+        elif i in gradient:
+            cats[i] = Category.GRADIENT
+        elif allocs.phase[i] is Phase.OPTIMIZER:
+            cats[i] = Category.OPTIMIZER
+        elif allocs.phase[i] is Phase.BACKWARD:
+            cats[i] = Category.BACKWARD_TEMP
+    return cats
+
+
+def _modules_at(trace: Trace, prefixes: Sequence[str], times: list[int]) -> list[str | None]:
+    """The innermost module call running at each of ``times`` (sorted), in one sweep."""
+    calls = trace.calls  # appended at their start: sorted by start time
+    out: list[str | None] = []
+    open_calls: list[Sequence[Any]] = []
+    i = 0
+    for t in times:
+        while i < len(calls) and calls[i][C_T0] <= t:
+            open_calls.append(calls[i])
+            i += 1
+        while open_calls and open_calls[-1][C_T1] < t:
+            open_calls.pop()
+        j = len(open_calls) - 1  # a call that ended may still sit under one that is open
+        while j >= 0 and open_calls[j][C_T1] < t:
+            j -= 1
+        out.append(None if j < 0 else call_path(trace, prefixes, open_calls[j]))
+    return out
+
+
+def _downsample(n: int, peak_i: int, limit: int) -> list[int]:
+    """Indices of the points kept: evenly spaced, plus the peak and the last point."""
+    stride = -(-n // (limit - 1))
+    keep = set(range(0, n, stride))
+    keep.add(peak_i)
+    keep.add(n - 1)
+    return sorted(keep)
+
+
+# ----------------------------------------------------------------------------------- calls, notes
+def backward_calls_pass(trace: Trace, graph: Graph, steps: Steps) -> list[BackwardCall]:
+    out = []
+    by_b: dict[int, list[int]] = {}
+    for k, bi in enumerate(steps.backward):
+        by_b.setdefault(bi, []).append(k)
+    rows = graph.rows
+    for i, b in enumerate(trace.backwards):
+        ks = by_b.get(i, [])
+        accumulated = tuple(dict.fromkeys(steps.node[k] for k in ks
+                                          if rows[steps.node[k]][N_NAME] == "AccumulateGrad"))
+        out.append(BackwardCall(index=i, api=b.api, create_graph=b.create_graph, retain_graph=b.retain_graph,
+                                roots=tuple(b.roots), inputs=tuple(b.inputs), accumulated=accumulated,
+                                first_step=ks[0] if ks else None, last_step=ks[-1] if ks else None,
+                                observed=b.observed))
+    return out
+
+
+def notes_pass(trace: Trace, graph: Graph, saves: Saves, steps: Steps) -> list[str]:
+    notes = list(trace.notes)
+    if saves.dropped:
+        notes.append(f"{saves.dropped} saved tensors belonged to nodes that were freed before gradscope saw "
+                     "them; they are not listed.")
+    if trace.foreign_saves:
+        notes.append(
+            f"{trace.foreign_saves} saved tensors were packed by other saved_tensors_hooks (a user's own "
+            "pair, save_on_cpu or non-reentrant checkpoint inside the block; only the innermost pair "
+            "applies): gradscope cannot see or size them, so saved bytes are undercounted."
+        )
+    if trace.unseen_saves:
+        notes.append(
+            f"{trace.unseen_saves} saved variables of nodes made while other saved_tensors_hooks were "
+            "active (a user's own pair, save_on_cpu or non-reentrant checkpoint inside the block) were "
+            "not packed by gradscope: it cannot see or size them, so saved bytes are undercounted. This "
+            "torch cannot say which of them are None (SavedTensor.unpack_hook is missing): the count "
+            "includes those."
+        )
+    names = [row[N_NAME] for row in graph.rows]
+    if any(row[N_CUSTOM] for row in graph.rows):
+        notes.append(
+            "custom autograd.Function nodes are present: tensors they keep as ctx attributes "
+            "(ctx.x = t) bypass saved-tensor hooks and are not counted; save_for_backward is counted."
+        )
+    compiled = names.count("CompiledFunctionBackward")
+    if compiled:
+        tracker = trace.memory == "tracker"
+        notes.append(
+            f"{compiled} torch.compile'd regions ran as single CompiledFunctionBackward nodes: the "
+            "operations inside them are not shown; the tensors they save for backward are counted"
+            + ("; allocations made inside compiled code are not seen by memory='tracker' (use "
+               "memory='cpu')." if tracker else ".")
+        )
+
+    if len(graph.rows) > _DEEP_GRAPH and trace.deep_graph_trap:
+        # See NOTE [ freeing deep graphs ] in gradscope._walk.
+        notes.append(
+            f"{len(graph.rows)} nodes: this torch frees a graph that Python has walked recursively, and "
+            "a chain this deep can overflow the stack (a crash) when its last tensor is dropped. Free "
+            "it with gs.release(result) instead of del result."
+        )
+    for failure in trace.memory_trace.failures:
+        notes.append(f"gradscope internal error while tracking memory (bytes may be missing): {failure}")
+    if trace.func_regions:
+        notes.append(
+            f"{trace.func_regions} torch.func transform calls (grad, vjp, jacrev, ...) ran inside the "
+            "block; they allow no saved-tensor hooks, so gradscope stepped aside inside them: their "
+            "internal graph and saved tensors are not recorded (memory still is)."
+        )
+    if trace.memory == "tracker":
+        notes.append(tracker_note(trace))
+    if steps.unresolved_scopes:
+        notes.append(f"{steps.unresolved_scopes} node scopes of the profiler could not be matched with a node "
+                     "gradscope saw (made on another thread, or before a walk); they are not steps.")
+    return notes
+
+
+def tracker_note(trace: Trace) -> str:
+    """Tracker honesty (see README): what any Python dispatch mode changes in PyTorch itself."""
+    seen = sorted({op for e in trace.memory_trace.events for op in _MODE_SENSITIVE
+                   if e.label == f"aten::{op}" or e.label.startswith(f"aten::{op}_")})
+    which = f" ({', '.join(seen)} ran here)" if seen else ""
+    note = (
+        "memory='tracker' runs a Python dispatch mode, and under any such mode PyTorch picks other "
+        "backward formulas for some ops (prod, cumprod, det, vander: gradients can differ in the last "
+        "bits; ctc_loss saves two extra tensors) and sums gradients that reach one input out of place"
+        f"{which}: bytes and saves of those ops can differ from a run without it."
+    )
+    if not _compat.capabilities().ignore_compile_internals:
+        note += (" This torch cannot tell a dispatch mode to leave compiled code alone: torch.compile'd "
+                 "functions called in the block ran eagerly, and keep running eagerly after it.")
+    return note
+
+
+# ----------------------------------------------------------------------------------- build
+def build(trace: Trace, *, complete: bool = True, error: str | None = None) -> Recording:
+    """Run every pass over ``trace`` and assemble the :class:`Recording` (its big tables handed
+    over as columns: see NOTE [ tables are columns ] in :mod:`gradscope.recording`)."""
+    graph = graph_pass(trace)
+    prefixes = naming_pass(trace)
+    steps = steps_pass(trace, graph)
+    orders = orders_pass(trace, graph, steps)
+    modules = modules_pass(trace, graph, prefixes, steps, orders)
+    saves = saves_pass(trace, graph, prefixes)
+    mem = memory_pass(trace, graph, prefixes, steps, orders, modules, saves)
+    n = len(graph.rows)
+    executed = [0] * n
+    for i in steps.node:
+        executed[i] += 1
+    g_rows = graph.rows
+    leaf_col: list[str | None] = [None] * n
+    for i in graph.leaves:
+        leaf_col[i] = leaf_name(g_rows[i][N_LEAF], prefixes)
+    nodes: Table[Node] = Table(Node, {
+        "id": range(n), "name": [r[N_NAME] for r in g_rows], "order": orders, "module": modules,
+        "leaf": leaf_col, "leaf_shape": [r[N_LEAF_SHAPE] for r in g_rows], "executed": executed,
+    })
+    # INPUT saves allocated inside the block are activations (made by the block, then saved)
+    kinds = saves.kind
+    if mem.save_alloc:
+        kinds = list(kinds)
+        a_t = mem.columns.t
+        pos = {sid: k for k, sid in enumerate(saves.sid)}
+        for sid, ai in mem.save_alloc.items():
+            k = pos[sid]
+            if kinds[k] is Kind.INPUT and a_t[ai] <= trace.saves[sid][S_T] + _CLOCK_SLACK_NS:
+                kinds[k] = Kind.ACTIVATION
+    tsaves = trace.saves
+    rows_s = tsaves if len(saves.sid) == len(tsaves) else [tsaves[sid] for sid in saves.sid]
+    freed_at, weak_freed = mem.freed_at, steps.freed
+    if rows_s:
+        _, _, _, bytes_c, shape_c, dtype_c, device_c, _, _ = zip(*rows_s, strict=True)
+    else:
+        bytes_c = shape_c = dtype_c = device_c = ()
+    saved: Table[SavedTensor] = Table(SavedTensor, {
+        "node": saves.node,
+        "attribute": saves.attribute,
+        "shape": list(map(tuple, shape_c)),
+        "dtype": list(map(_dtype, dtype_c)),
+        "device": list(map(_device, device_c)),
+        "bytes": list(bytes_c),
+        "storage": saves.storage,
+        "kind": kinds,
+        "module": [modules[i] for i in saves.node],
+        "name": saves.name,
+        "freed_at_step": ([freed_at.get(sid, weak_freed.get(sid)) for sid in saves.sid] if freed_at or weak_freed
+                          else [None] * len(saves.sid)),
+    })
+    t0 = trace.t0_ns
+    m = len(steps)
+    step_table: Table[Step] = Table(Step, {
+        "index": range(m), "node": steps.node, "backward": steps.backward,
+        "start_s": [(t - t0) / 1e9 for t in steps.t0],
+        "duration_s": [max(b - a, 0) / 1e9 for a, b in zip(steps.t0, steps.t1, strict=True)],
+        "live_before": steps.live_before, "live_after": steps.live_after,
+        "freed_bytes": [mem.step_freed.get(k, 0) for k in range(m)],
+    })
+    mt = trace.memory_trace
+    baseline = mt.baseline if mt.baseline is not None else _baseline(trace, saves, kinds)
+    failure = trace.failure
+    oom = None
+    if isinstance(failure, MemoryBudgetExceeded):
+        oom = OomInfo(requested=int(failure.requested), live=int(failure.live), budget=int(failure.budget),
+                      where=str(failure.where))
+    held = None
+    if mt.key_kind != "none" and len(mem.allocations):
+        saved_by_alloc: dict[int, int] = {}
+        for k, sid in enumerate(saves.sid):
+            found = mem.save_alloc.get(sid)
+            if found is not None:
+                saved_by_alloc.setdefault(found, k)
+        held = _held.held_pass(
+            nodes, step_table, mem.allocations, saved, saved_by_alloc, mt.key_kind, failed=trace.failed_oom,
+            peak_position=mem.peak_position,
+            n_events=mem.events_positions if mt.failed_at is None else mt.failed_at,
+        )
+    calls = backward_calls_pass(trace, graph, steps)
+    created = max(trace.seq1 - trace.seq0, 0)
+    seen_created = sum(1 for row in graph.rows if isinstance(row[N_KEY], int) and row[N_SEQ] >= trace.seq0)
+    off = trace.memory == "off"
+    return Recording(
+        nodes=nodes,
+        edges=graph.edges,
+        saved=saved,
+        steps=step_table,
+        timeline=() if off else mem.timeline,
+        peak_bytes=0 if off else mem.peak_bytes,
+        baseline_bytes=baseline,
+        peak=None if off else mem.peak,
+        where=_where(trace, mt.device),
+        complete=complete,
+        error=error,
+        notes=tuple(notes_pass(trace, graph, saves, steps)),
+        label=trace.label,
+        wall_time_s=(trace.t1_ns - trace.t0_ns) / 1e9,
+        backward_passes=sum(1 for b in trace.backwards if b.observed),
+        reserved_peak_bytes=mt.reserved_peak,
+        device_total_bytes=mt.total,
+        timeline_dropped=0 if off else mem.dropped_points,
+        allocations=mem.allocations if len(mem.allocations) else (),
+        allocation_key=mt.key_kind if len(mem.allocations) else "none",
+        backward_calls=tuple(calls),
+        held=held,
+        oom=oom,
+        nodes_created=created,
+        nodes_created_seen=seen_created,
+    )
+
+
+_DEVICE: dict[Any, str] = {}
+
+
+def _device(d: Any) -> str:
+    s = _DEVICE.get(d)
+    if s is None:
+        s = _DEVICE[d] = str(d)
+    return s
+
+
+def _baseline(trace: Trace, saves: Saves, kinds: Sequence[Kind]) -> int:
+    """What existed before the block: parameters and buffers of the modules called, and inputs
+    that were saved (storages counted once)."""
+    storages = dict(trace.baseline_storages)
+    for k, sid in enumerate(saves.sid):
+        if kinds[k] is Kind.INPUT:
+            s = trace.saves[sid]
+            storages[s[S_SKEY]] = int(s[S_BYTES])
+    return sum(storages.values())
+
+
+def _where(trace: Trace, device: str) -> Where:
+    source = {"cpu": "cpu-allocator (profiler events)", "tracker": "storage tracker",
+              "cuda": "cuda caching allocator", "off": "off"}.get(trace.memory, trace.memory)
+    return Where(device=device, memory_source=source, torch_version=trace.torch_version, rank=trace.rank,
+                 world_size=trace.world_size, hostname=socket.gethostname())

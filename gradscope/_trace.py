@@ -1,0 +1,138 @@
+"""The raw trace of one ``gs.record`` block: plain rows that the hooks append, nothing else.
+
+Capture is dumb and fast (see NOTE [ capture apart from analysis ]); every meaning (which node
+saved what, modules, kinds, orders, steps, timeline, peak, held tensors) is given later by the
+named passes of :mod:`gradscope._passes`, which read a :class:`Trace` and nothing else, so each of
+them can be tested on a trace written by hand.
+
+NOTE [ capture apart from analysis ]: a small op costs PyTorch a few microseconds; a Python hook
+that looks anything up costs as much again. So a hook appends one tuple of numbers it already has
+(the sequence counter, a storage's address, a time) and returns; node identity, naming and every
+cross-reference are resolved once, after the block, in passes that touch each row once.
+
+Row layouts (tuples, fields by position; the constants below name them):
+
+- ``saves``: one per tensor our pack hook packed: ``(seq, skey, ptr, nbytes, shape, dtype,
+  device, t_ns, leafish)``. ``seq`` is the autograd sequence counter minus one at pack time (the
+  saving node's number, see NOTE [ which node saved a tensor ] in :mod:`gradscope.record`),
+  ``skey`` the storage's key (:func:`gradscope._compat.storage_key`), ``ptr`` its data address,
+  ``nbytes`` the whole storage's bytes, ``leafish`` whether the tensor had no ``grad_fn``.
+- ``nodes``: one per autograd node found by a walk: ``(key, seq, name, leaf, leaf_shape,
+  custom)``; ``key`` is the sequence number, or ``("acc", id(leaf tensor))`` for
+  ``AccumulateGrad`` (see NOTE [ node identity ] in :mod:`gradscope._walk`); ``leaf`` is
+  ``(root, path in root)`` for a parameter of a root module, ``"input"`` for other leaves, None
+  for other nodes.
+- ``edges``: ``(src, dst)`` node indices, ``src`` being one of ``dst``'s ``next_functions``.
+- ``gradient_keys``: ``(backward, skey, ptr, t_ns)`` for each gradient a pass produced (the
+  ``.grad`` it accumulated into, or a result of ``autograd.grad``), read when the pass ended.
+- ``calls``: module calls, ``[root, rel, seq0, seq1, t0_ns, t1_ns, index, class name]`` (a
+  list: the exit fills ``seq1``/``t1``); ``root`` indexes ``roots``.
+- ``backwards``: :class:`BackwardRow` per call into the autograd engine from the block's thread.
+- ``events``: step events in engine order, ``(kind, ident, t_ns, value)``: see ``EV_*``.
+- ``optimizer_steps``: ``[name, t0_ns, t1_ns, seq0, seq1]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["BackwardRow", "MemoryTrace", "Trace"]
+
+# saves
+S_SEQ, S_SKEY, S_PTR, S_BYTES, S_SHAPE, S_DTYPE, S_DEVICE, S_T, S_LEAFISH = range(9)
+# nodes
+N_KEY, N_SEQ, N_NAME, N_LEAF, N_LEAF_SHAPE, N_CUSTOM = range(6)
+# module calls
+C_ROOT, C_REL, C_SEQ0, C_SEQ1, C_T0, C_T1 = range(6)
+
+# Step events: (kind, ident, t_ns, value)
+EV_UNPACK = 0  # a node unpacked one of our saves: ident = save index; value unused
+EV_PRE = 1  # a node's pre hook: ident = node index; value = sequence counter then
+EV_POST = 2  # a node's post hook: ident = node index; value = live bytes (online sources)
+EV_FREED = 3  # a saved storage was found freed at a step boundary: ident = save index
+EV_LIVE = 4  # live bytes read at a step start (online sources): ident = node index
+
+
+@dataclass
+class BackwardRow:
+    """One call into the autograd engine (``backward`` or ``autograd.grad``) from the block."""
+
+    api: str  # "backward" or "autograd.grad"
+    create_graph: bool
+    retain_graph: bool
+    roots: list[int]  # node indices of the outputs differentiated
+    inputs: list[int]  # node indices named by ``inputs=`` (leaves' AccumulateGrad, or nodes)
+    seq0: int  # sequence counter when the engine started and ended
+    seq1: int = -1
+    t0_ns: int = 0
+    t1_ns: int = 0
+    ev0: int = 0  # first and one-past-last index into Trace.events
+    ev1: int = 0
+    observed: bool = True  # False: run unobserved (reentrant, inside torch.func)
+
+
+@dataclass
+class MemoryTrace:
+    """What a memory source hands over when it stops (see :mod:`gradscope.memory`)."""
+
+    source: str = "off"  # "cpu", "tracker", "cuda", "off"
+    device: str = "cpu"
+    online: bool = False
+    key_kind: str = "none"  # what AllocEvent.key is: "address", "storage" or "none"
+    marks_calls: bool = True  # events carry the module call they happened in
+    events: list[Any] = field(default_factory=list)  # AllocEvent rows, in order
+    scopes: list[Any] = field(default_factory=list)  # EvalScope rows (profiler source)
+    baseline: int | None = None  # allocated before the block, when the source knows it
+    peak: int | None = None  # the allocator's own peak, when the source has one
+    reserved_peak: int | None = None
+    total: int | None = None
+    failures: list[str] = field(default_factory=list)
+    # events recorded when the source refused an allocation (a budget); what came after is
+    # the exception unwinding (see NOTE [ what is live at the failing moment ] in gradscope._held)
+    failed_at: int | None = None
+
+
+@dataclass
+class Trace:
+    """Everything the hooks of one block appended (see the module docstring for row layouts)."""
+
+    tid: int = 0
+    memory: str = "off"
+    label: str = ""
+    t0_ns: int = 0
+    t1_ns: int = 0
+    seq0: int = 0
+    seq1: int = 0
+    saves: list[tuple[Any, ...]] = field(default_factory=list)
+    save_attr: dict[int, str] = field(default_factory=dict)  # save index -> attribute
+    seq_attr: dict[int, str] = field(default_factory=dict)  # node seq -> its one attribute
+    # node seq -> the attributes of its saves in pack order (see NOTE [ pack order ] in record)
+    seq_order: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    nodes: list[tuple[Any, ...]] = field(default_factory=list)
+    node_index: dict[Hashable, int] = field(default_factory=dict)
+    edges: dict[tuple[int, int], None] = field(default_factory=dict)
+    gradient_keys: list[tuple[int, int, int, int]] = field(default_factory=list)
+    roots: list[tuple[str, str | None]] = field(default_factory=list)  # (class, given name)
+    root_names: dict[int, str] = field(default_factory=dict)  # root -> user's variable name
+    module_paths: list[dict[int, str]] = field(default_factory=list)  # per root: id -> rel path
+    param_keys: dict[int, tuple[int, str, str]] = field(default_factory=dict)  # skey -> (root, rel, kind)
+    baseline_storages: dict[int, int] = field(default_factory=dict)  # skey -> bytes
+    calls: list[list[Any]] = field(default_factory=list)
+    backwards: list[BackwardRow] = field(default_factory=list)
+    events: list[tuple[Any, ...]] = field(default_factory=list)
+    optimizer_steps: list[list[Any]] = field(default_factory=list)
+    memory_trace: MemoryTrace = field(default_factory=MemoryTrace)
+    foreign_saves: int = 0  # saves packed by other saved_tensors_hooks pairs
+    unseen_saves: int = 0  # saves this torch cannot attribute (see _compat.capabilities)
+    func_regions: int = 0  # torch.func transforms run inside the block
+    notes: list[str] = field(default_factory=list)  # raw notes (internal errors, capabilities)
+    failure: Any = None  # the exception that ended the block, if any
+    max_events: int | None = 200_000
+    modules_given: bool = False  # modules= was passed
+    torch_version: str = ""
+    rank: int | None = None  # under torch.distributed
+    world_size: int | None = None
+    failed_oom: bool = False  # the block ended with an out-of-memory (real or simulated)
+    deep_graph_trap: bool = False  # node objects persist: see gradscope._walk.release
