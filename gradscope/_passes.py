@@ -91,6 +91,7 @@ class Graph:
     edges: Table[Edge]
     by_seq: Mapping[Any, int]  # sequence number -> node id (AccumulateGrad keys are tuples)
     leaves: list[int]  # ids of AccumulateGrad nodes
+    made: list[tuple[int, int]] = field(default_factory=list)  # (sequence number, id), sorted
 
 
 def graph_pass(trace: Trace) -> Graph:
@@ -104,7 +105,8 @@ def graph_pass(trace: Trace) -> Graph:
             src.append(a)
             dst.append(b)
     leaves = [i for i, row in enumerate(trace.nodes) if not isinstance(row[N_KEY], int)]
-    return Graph(trace.nodes, Table(Edge, {"src": src, "dst": dst}), index, leaves)
+    made = sorted((row[N_SEQ], i) for i, row in enumerate(trace.nodes) if isinstance(row[N_KEY], int))
+    return Graph(trace.nodes, Table(Edge, {"src": src, "dst": dst}), index, leaves, made)
 
 
 # ----------------------------------------------------------------------------------- naming
@@ -252,14 +254,26 @@ def _creators(trace: Trace, graph: Graph, b: BackwardRow, out: Steps) -> None:
     order is that node's plus one), never to the forward (order 0)."""
     if not b.create_graph:
         return
-    marks = sorted((value, ident) for kind, ident, _, value in trace.events[b.ev0:b.ev1]
-                   if kind == EV_PRE and value is not None)
+    saves, by_seq = trace.saves, graph.by_seq
+    marks: list[tuple[int, int]] = []
+    for kind, ident, _, value in trace.events[b.ev0:b.ev1]:
+        if value is None:
+            continue
+        if kind == EV_PRE:
+            marks.append((value, ident))
+        elif kind == EV_UNPACK:  # a node's first unpack: see NOTE [ how steps are seen ] in record
+            node = by_seq.get(saves[ident][S_SEQ])
+            if node is not None:
+                marks.append((value, node))
+    marks.sort()
     seqs = [m[0] for m in marks]
-    for i, row in enumerate(graph.rows):
-        seq = row[N_SEQ]
-        if b.seq0 <= seq < b.seq1 and isinstance(row[N_KEY], int) and i not in out.creators:
+    made = graph.made
+    creators = out.creators
+    for j in range(bisect.bisect_left(made, (b.seq0, -1)), bisect.bisect_left(made, (b.seq1, -1))):
+        seq, i = made[j]
+        if i not in creators:
             k = bisect.bisect_right(seqs, seq) - 1
-            out.creators[i] = marks[k][1] if k >= 0 else None
+            creators[i] = marks[k][1] if k >= 0 else None
 
 
 # ----------------------------------------------------------------------------------- orders
