@@ -91,6 +91,7 @@ class Graph:
     edges: Table[Edge]
     by_seq: Mapping[Any, int]  # sequence number -> node id (AccumulateGrad keys are tuples)
     leaves: list[int]  # ids of AccumulateGrad nodes
+    made: list[tuple[int, int]] = field(default_factory=list)  # (sequence number, id), sorted
 
 
 def graph_pass(trace: Trace) -> Graph:
@@ -104,7 +105,8 @@ def graph_pass(trace: Trace) -> Graph:
             src.append(a)
             dst.append(b)
     leaves = [i for i, row in enumerate(trace.nodes) if not isinstance(row[N_KEY], int)]
-    return Graph(trace.nodes, Table(Edge, {"src": src, "dst": dst}), index, leaves)
+    made = sorted((row[N_SEQ], i) for i, row in enumerate(trace.nodes) if isinstance(row[N_KEY], int))
+    return Graph(trace.nodes, Table(Edge, {"src": src, "dst": dst}), index, leaves, made)
 
 
 # ----------------------------------------------------------------------------------- naming
@@ -218,30 +220,42 @@ def _steps_from_scopes(trace: Trace, graph: Graph, b_index: int, b: BackwardRow,
     accs = [ident for kind, ident, _, _ in trace.events[b.ev0:b.ev1]
             if kind == EV_PRE and rows[ident][N_NAME] == "AccumulateGrad"]
     acc_i = 0
-    by_seq = graph.by_seq
-    for k, sc in enumerate(trace.memory_trace.scopes):
-        if sc.backward != b_index or sc.nested:
+    by_seq_get = graph.by_seq.get
+    ks: list[int] = []
+    nodes: list[int] = []
+    t0: list[int] = []
+    t1: list[int] = []
+    unresolved = 0
+    for k, (name, seq, start, end, bw, nested) in enumerate(trace.memory_trace.scopes):
+        if bw != b_index or nested:
             continue
         node: int | None
-        if sc.name == "AccumulateGrad":
+        if name == "AccumulateGrad":
             node = accs[acc_i] if acc_i < len(accs) else None
             acc_i += 1
         else:
-            node = by_seq.get(sc.seq)
-            if node is not None and rows[node][N_NAME] != sc.name:
+            node = by_seq_get(seq)
+            if node is not None and rows[node][N_NAME] != name:
                 node = None
         if node is None:
-            out.unresolved_scopes += 1
+            unresolved += 1
             continue
-        out.scope_step[k] = len(out.node)
-        out.node.append(node)
-        out.backward.append(b_index)
-        out.t0.append(sc.start_ns)
-        out.t1.append(sc.end_ns)
-        out.start_pos.append(-1)
-        out.scope.append(k)
-        out.live_before.append(None)
-        out.live_after.append(None)
+        ks.append(k)
+        nodes.append(node)
+        t0.append(start)
+        t1.append(end)
+    out.unresolved_scopes += unresolved
+    first = len(out.node)
+    out.scope_step.update(zip(ks, range(first, first + len(ks)), strict=True))
+    m = len(ks)
+    out.node += nodes
+    out.backward += [b_index] * m
+    out.t0 += t0
+    out.t1 += t1
+    out.start_pos += [-1] * m
+    out.scope += ks
+    out.live_before += [None] * m
+    out.live_after += [None] * m
 
 
 def _creators(trace: Trace, graph: Graph, b: BackwardRow, out: Steps) -> None:
@@ -252,14 +266,26 @@ def _creators(trace: Trace, graph: Graph, b: BackwardRow, out: Steps) -> None:
     order is that node's plus one), never to the forward (order 0)."""
     if not b.create_graph:
         return
-    marks = sorted((value, ident) for kind, ident, _, value in trace.events[b.ev0:b.ev1]
-                   if kind == EV_PRE and value is not None)
+    saves, by_seq = trace.saves, graph.by_seq
+    marks: list[tuple[int, int]] = []
+    for kind, ident, _, value in trace.events[b.ev0:b.ev1]:
+        if value is None:
+            continue
+        if kind == EV_PRE:
+            marks.append((value, ident))
+        elif kind == EV_UNPACK:  # a node's first unpack: see NOTE [ how steps are seen ] in record
+            node = by_seq.get(saves[ident][S_SEQ])
+            if node is not None:
+                marks.append((value, node))
+    marks.sort()
     seqs = [m[0] for m in marks]
-    for i, row in enumerate(graph.rows):
-        seq = row[N_SEQ]
-        if b.seq0 <= seq < b.seq1 and isinstance(row[N_KEY], int) and i not in out.creators:
+    made = graph.made
+    creators = out.creators
+    for j in range(bisect.bisect_left(made, (b.seq0, -1)), bisect.bisect_left(made, (b.seq1, -1))):
+        seq, i = made[j]
+        if i not in creators:
             k = bisect.bisect_right(seqs, seq) - 1
-            out.creators[i] = marks[k][1] if k >= 0 else None
+            creators[i] = marks[k][1] if k >= 0 else None
 
 
 # ----------------------------------------------------------------------------------- orders
@@ -463,30 +489,27 @@ def memory_pass(trace: Trace, graph: Graph, prefixes: Sequence[str], steps: Step
     a_free_t: list[int | None] = []
     a_free_step: list[int | None] = []
     point_alloc: list[int | None] = [None] * n
-    if pairable:
+    if pairable:  # one sweep: an allocation is open from its event to the free of its key
         open_: dict[int, int] = {}
-        for k in range(n):
-            size = size_l[k]
+        open_pop = open_.pop
+        for k, size in enumerate(size_l):
             if size > 0:
                 ai = len(a_bytes)
                 open_[key_l[k]] = ai
                 a_bytes.append(size)
                 a_at.append(k)
+                a_free.append(None)
+                a_free_t.append(None)
+                a_free_step.append(None)
                 point_alloc[k] = ai
             else:
-                found = open_.pop(key_l[k], None)
+                found = open_pop(key_l[k], None)
                 if found is not None:
                     point_alloc[k] = found
-        na = len(a_bytes)
+                    a_free[found] = k
+                    a_free_t[found] = t_l[k]
+                    a_free_step[found] = ev_step[k]
         a_key = [key_l[k] for k in a_at]
-        a_free = [None] * na
-        a_free_t = [None] * na
-        a_free_step = [None] * na
-        for k in range(n):
-            if size_l[k] < 0 and (found := point_alloc[k]) is not None:
-                a_free[found] = k
-                a_free_t[found] = t_l[k]
-                a_free_step[found] = ev_step[k]
     # bytes around each step, for sources that are not online: the events at its boundaries
     if not mt.online and len(steps) and n:
         for k, sc in enumerate(steps.scope):
@@ -603,10 +626,10 @@ def _event_steps(trace: Trace, steps: Steps, scope_l: Sequence[int | None], bw_l
     bw_ranges = [(b.ev0, b.ev1) for b in trace.backwards]
     s_backward = steps.backward
     right = bisect.bisect_right
-    for i in range(n):
-        sc = scope_l[i]
+    step_of_scope = scope_step.get
+    for i, sc in enumerate(scope_l):
         if sc is not None:
-            out[i] = scope_step.get(sc)
+            out[i] = step_of_scope(sc)
             continue
         bw = bw_l[i]
         if bw is not None:

@@ -25,10 +25,13 @@ op. So steps come from what happens anyway: with ``memory="cpu"`` from the profi
 scopes; with ``memory="off"`` from our unpack hook (a node unpacks its saves when it runs), plus
 pre hooks only on nodes that unpack nothing of ours (``AccumulateGrad``, ``TBackward0``, nodes
 whose saves others packed). Sources that read the allocator at every step (tracker, CUDA) hook
-every node. A backward with ``create_graph=True`` hooks every node for its duration, to read the
-sequence counter as each node starts: the nodes it creates (including the engine's
-``AddBackward0`` that sums gradients reaching one input) are then given to the node that was
-running (see NOTE [ orders ] in :mod:`gradscope._passes`).
+every node. A backward with ``create_graph=True`` needs the sequence counter as each node
+starts: the nodes it creates (including the engine's ``AddBackward0`` that sums gradients
+reaching one input) are then given to the node that was running (see NOTE [ orders ] in
+:mod:`gradscope._passes`). A node's generated code unpacks all its saved variables before it
+computes anything, so the first unpack of one of our saves reads the counter there; only the
+nodes that unpack nothing of ours get a pre hook for the pass's duration (measured: registering
+a hook costs about 4 us, as much as the node itself on small ops).
 
 NOTE [ threads ]: a block records the thread that entered it; work other threads do meanwhile is
 excluded, never mixed in. Module and optimizer calls from other threads are filtered by thread
@@ -188,12 +191,13 @@ def _pair_exit(orig: Callable[..., Any]) -> Callable[..., Any]:
 class _State:
     """What the hooks read and change while the block runs (attribute access is cheap)."""
 
-    __slots__ = ("bw", "func_depth", "last_seq", "pending", "prev_node", "reading", "stack")
+    __slots__ = ("bw", "func_depth", "last_seq", "marks", "pending", "prev_node", "reading", "stack")
 
     def __init__(self) -> None:
         self.bw: BackwardRow | None = None  # the observed backward running now
         self.func_depth = 0
         self.last_seq = -1  # the node of the last step event (off mode)
+        self.marks = False  # a node's first unpack is a step event (see NOTE [ how steps are seen ])
         self.pending: list[int] = []  # saves unpacked by the running node (frees checked next)
         self.prev_node: int | None = None  # hooks mode: the node of the last pre hook
         self.reading: list[int] | None = None  # names read by unpacking (older torch)
@@ -439,7 +443,6 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         pending = st.pending
         pending_append = pending.append
         check_frees = self._check_frees
-        step_events = memory == "off"  # steps seen through unpacking (see NOTE [ how steps are seen ])
 
         def pack(t: torch.Tensor) -> Any:
             # No thread filter: saved-tensor hooks are thread-local, and the engine carries them
@@ -447,8 +450,9 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
             try:
                 s = t.untyped_storage()
                 sid = len(saves)
+                # is_leaf is ``grad_fn is None`` without making the producer's Python node object
                 saves_append((seq() - 1, key_of(s), s.data_ptr() if need_ptr else 0, s.nbytes(), t.shape, t.dtype,
-                              t.device, time_ns() if need_time else sid, t.grad_fn is None))
+                              t.device, time_ns() if need_time else sid, t.is_leaf))
                 if need_weak:
                     weak_append(weak_of(s))  # type: ignore[arg-type]  # an int handle at run time
                 # NOTE [ pack a detached tensor ]: a node that saves its own output (exp, tanh)
@@ -473,13 +477,14 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                 raise _inplace_error(t, p[2])
             if st.bw is not None:
                 sid = p[1]
-                if step_events:
+                if st.marks:
                     node = saves[sid][0]
                     if node != st.last_seq:
                         if pending:
                             check_frees()
                         st.last_seq = node
-                        events_append((EV_UNPACK, sid, time_ns(), None))
+                        # the counter as the node starts: see NOTE [ orders ] in gradscope._passes
+                        events_append((EV_UNPACK, sid, time_ns(), seq()))
                 if need_weak:
                     pending_append(sid)
             elif st.reading is not None:
@@ -717,6 +722,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
             except Exception as e:  # the user's backward runs whatever happens to observing
                 self._internal(e)
             st.bw = row
+            st.marks = self._memory == "off" or (call.create_graph and not (src is not None and src.node_hooks))
             row.seq0 = _compat.sequence_nr()
             row.ev0 = len(trace.events)
             result = orig(t_outputs, *args, **kwargs)
@@ -728,6 +734,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
             except Exception as e:
                 self._internal(e)
             st.bw = None
+            st.marks = False
             st.prev_node = None
             st.last_seq = -1
             row.seq1 = _compat.sequence_nr()
@@ -967,17 +974,20 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
             self._handles.append(fn.register_hook(self._make_post(i)))
 
     def _hook_for_pass(self, roots: list[Any], inputs: list[Any], into: list[Any]) -> None:
-        """Pre hooks for one create_graph pass on every node it may run that has none yet (see
-        NOTE [ how steps are seen ]); the walk stops at ``inputs=`` nodes, which the engine does
-        not run past."""
+        """Pre hooks for one create_graph pass on every node it may run that has none yet and
+        unpacks none of our saves (a node's first unpack reads the counter as a pre hook would:
+        see NOTE [ how steps are seen ]); the walk stops at ``inputs=`` nodes, which the engine
+        does not run past."""
         from gradscope._walk import node_key
 
         index = self._trace.node_index
         stop = {node_key(r) for r in inputs}
         names = self._trace.nodes
+        self._packed(-1)
+        packed, hooked, leaf_hooks = self._packed_seqs, self._hooked, self._leaf_hooks
         for fn, key, _kids in walk(roots, stop=stop):
             i = index.get(key)
-            if i is not None and i not in self._hooked and i not in self._leaf_hooks:
+            if i is not None and i not in hooked and i not in leaf_hooks and key not in packed:
                 into.append(fn.register_prehook(self._make_pre(i, names[i][2])))
 
     def _make_pre(self, i: int, name: str) -> Callable[[Any], None]:
