@@ -551,6 +551,7 @@ class _Analysis:
     # model with batch-norm statistics is checkpointed only with its statistics kept exact.
     def _findings(self, holders: list[GraphHolder]) -> list[Finding]:
         self.g = _Facts(self.rec)
+        self.holders = holders
         self.demand = self._demand()
         cut = self._cut_by_inplace_update()
         if cut:
@@ -766,6 +767,7 @@ class _Analysis:
             Finding(
                 pattern="create_graph",
                 bytes=held,
+                variable=next((h.variable for h in self.holders if h.live_bytes > 0), None),
                 module=root,
                 message=(
                     f"{n} autograd.grad call{'s' if n != 1 else ''} with create_graph=True through {name} "
@@ -981,9 +983,13 @@ class _Analysis:
         linear = bool(merge) and merge <= _LINEAR_MERGES
         name = self._model_name(root)
         xs = self._tensor_list(n, g.input_shapes(root)) or "inputs"
+        shape = g.first_input_shape(root)
+        given = self.ns.get(xs)
+        if not isinstance(given, list | tuple) and shape is not None:  # inputs made inline: their recorded shape
+            given = [torch.zeros(shape) for _ in range(n)]
         rest = self._without_model_run(root)
         if linear:
-            own = _measure(_micro_batch_proxy(self.ns.get(xs), n), model)
+            own = _measure(_micro_batch_proxy(given, n), model)
             if own is None:
                 return []
             mean = bool(merge & {"MeanBackward0", "MeanBackward1", "DivBackward0"})
@@ -1006,7 +1012,7 @@ class _Analysis:
                     saves_bytes=self._saving(rest + own),
                 )
             ]
-        own = _measure(_two_pass_proxy(self.ns.get(xs), n), model)
+        own = _measure(_two_pass_proxy(given, n), model)
         if own is None:
             return []
         bn = any(isinstance(m, nn.modules.batchnorm._NormBase) for m in model.modules())
@@ -1186,11 +1192,17 @@ class _Analysis:
         ran = {i for i in g.nodes_run_by(retained) if g.nodes[i].name != "AccumulateGrad"}
         if not ran or any(g.nodes[i].executed > 1 for i in ran):
             return []  # a later backward reused them (penalties off one trunk, see `_penalty_branches`)
+        # without retain_graph a saved tensor is freed once its node has run in backward
         ends = g.call_end_positions()
+        step_end: dict[int, int] = {}
+        for a in self.rec.allocations:
+            if a.step is not None:
+                step_end[a.step] = max(step_end.get(a.step, -1), a.alloc_at)
+        ran_at = {st.node: k for k, st in enumerate(self.rec.steps)}
         free_at: dict[int, int] = {}
         for a in self.rec.allocations:
             if a.category is Category.ACTIVATION and a.node in ran:
-                end = ends.get((g.calls_of_node.get(a.node) or [-1])[0])
+                end = step_end.get(ran_at.get(a.node, -1), ends.get((g.calls_of_node.get(a.node) or [-1])[0]))
                 if end is not None and (a.free_at is None or a.free_at > end):
                     free_at[a.index] = end
         fix_peak = _replay(self.rec.allocations, free_at=free_at)
@@ -1506,8 +1518,15 @@ class _Facts:
         return {tuple(s.shape) for s in self.rec.saved if s.kind is Kind.INPUT and _top(s.module) == root}
 
     def first_input_shape(self, root: str | None) -> tuple[int, ...] | None:
+        """The shape of ``root``'s input: a tensor from before the block that it saved, else
+        what its first layer saved as its input (an input made inside the block)."""
         ins = [s for s in self.rec.saved if s.kind is Kind.INPUT and _top(s.module) == root]
-        return tuple(ins[0].shape) if ins else None
+        if ins:
+            return tuple(ins[0].shape)
+        first = next((a.module for a in self.rec.allocations if _top(a.module) == root), None)
+        mine = [s for s in self.rec.saved
+                if s.module == first and s.attribute.removeprefix("_saved_") in ("mat1", "input", "self")]
+        return tuple(mine[0].shape) if mine else None
 
     input_shape = first_input_shape
 
