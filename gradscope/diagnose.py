@@ -7,30 +7,41 @@ notebook passes its user namespace) adds what only the live objects know: which 
 this recording's graphs, which optimizer owns which state, which models still require grad
 outside an optimizer (models are matched by identity, see NOTE [ modules by identity ]). All
 recorder data is read through one accessor (see NOTE [ one accessor for what the recording
-held ]). Patterns found:
+held ]). Every finding is one fix with what it saves (see NOTE [ findings are measured fixes ]).
+Patterns found:
 
-- ``create_graph``: a backward with ``create_graph=True`` built nodes of order >= 1 that keep the
-  forward activations alive (mixed second derivatives through a frozen model: forward AD);
-- ``graphs_held``: a variable (a list of losses, of gradients) holds several graphs;
-- ``frozen_trainable``: a model whose parameters require grad but that no optimizer trains (or that
-  is in eval mode) ran with autograd on, so its activations were saved;
-- ``retain_graph``: backward calls with ``retain_graph=True`` kept their graphs;
-- ``optimizer_state``: gradients and optimizer state dominate;
-- ``deep_activations``: saved activations dominate: checkpoint the largest block.
+- ``differentiated_cut``: a tensor cut out of the graph by an in-place update under no_grad (the
+  block raised "appears to not have been used"): ``hypergradient`` / ``unrolled_params``;
+- ``create_graph``: input gradients with ``create_graph=True`` through a frozen model, differentiated
+  afterwards with respect to another tensor: ``mixed_grad(..., method="forward_ad")``;
+- ``jacobian_rows``: input gradients with ``create_graph=True`` that nothing differentiates:
+  ``strategies.jacobian``;
+- ``graphs_held``: graphs kept in a variable that no backward uses (``.item()``), or many calls of a
+  model summed into one loss (a backward per micro-batch);
+- ``many_outputs``: many calls of a model into one loss that couples them: ``many_inputs_backward``;
+- ``forward_without_backward``: an evaluation forward whose graph nobody back-propagates: no_grad;
+- ``frozen_trainable``: a model in eval mode that no optimizer trains, run with autograd on;
+- ``gradients_discarded``: backward ran into a model whose optimizer did not step: detach its output;
+- ``penalty_branches``: penalties branching off a trunk, alive together: ``PenaltyBranches``;
+- ``retain_graph``: ``retain_graph=True`` whose graphs no later backward reuses;
+- ``optimizer_state``: every gradient alive next to Adam's state at the step: step in backward;
+- ``micro_batches`` / ``deep_activations``: one large batch (micro-batches; with batch norm,
+  checkpointing with the running statistics kept exact).
 
 Example:
     >>> import torch, gradscope as gs
     >>> model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Tanh(), torch.nn.Linear(256, 1))
+    >>> xs = [torch.randn(128, 64) for _ in range(50)]
     >>> losses = []
     >>> try:
     ...     with gs.record(budget="1MiB", modules={"model": model}) as rec:
-    ...         for _ in range(50):
-    ...             losses.append(model(torch.randn(128, 64)).square().mean())
+    ...         for x in xs:
+    ...             losses.append(model(x).square().mean())
     ... except torch.OutOfMemoryError:
     ...     pass
     >>> d = gs.diagnose(rec.recording)
-    >>> d.findings[0].pattern, d.findings[0].variable
-    ('graphs_held', 'losses')
+    >>> d.findings[0].pattern, d.findings[0].code.split("  #")[0]
+    ('many_outputs', 'L = many_inputs_backward(model, xs, g, method="two_pass")')
 """
 
 from __future__ import annotations
@@ -109,8 +120,9 @@ class Finding:
     """One pattern found, with its culprit and what to do.
 
     ``bytes`` is what the culprit held at the diagnosed moment; ``saves_bytes`` the predicted drop
-    of the peak if the fix is applied (None where it is not predicted yet: the scenario suite in
-    ``tests/scenarios`` holds the measured savings it must come within 25 % of).
+    of the peak if the fix is applied (at a failure: of what was asked for then), negative where a
+    fix of the result costs memory (see NOTE [ findings are measured fixes ]); the scenario suite in
+    ``tests/scenarios`` holds it within 25 % of the measured saving.
     """
 
     pattern: str
