@@ -736,9 +736,10 @@ class _Analysis:
                   if n.name == "AccumulateGrad" and n.leaf == "input" and i not in asked
                   and n.leaf_shape not in asked_shapes]
         if later:
-            if any(c.accumulated for c in later) or not g.order1_executed() or not later[-1].inputs:
-                return []
-            y = g.nodes[later[-1].inputs[0]].leaf_shape
+            wrt = [*later[-1].inputs, *later[-1].accumulated]
+            if any(g.param_inputs(c) for c in later) or not g.order1_executed() or not wrt:
+                return []  # (a later backward that trains parameters through them: a penalty)
+            y = g.nodes[wrt[0]].leaf_shape
         elif self.moment == "failure" and len(others) == 1:
             # failed before the outer derivative: another leaf that requires grad feeds the
             # create_graph gradients (y of d/dy <v, df/dz>)
@@ -751,19 +752,21 @@ class _Analysis:
         model = self._module(root)
         name = self._model_name(root)
         z = g.nodes[cg[0].inputs[0]].leaf_shape if cg[0].inputs else None
-        if model is None or z is None or y is None:
+        if z is None or y is None:
             return []
-        rest = _replay(self.rec.allocations, lambda a: a.category in _GRAPH_CATEGORIES)
-        own = _measure(_mixed_grad_proxy(tuple(z), tuple(y)), model)
-        if own is None:
-            return []
-        # the stand-in f is a sum; the user's f carries a tangent next to each primal it saved
-        f_saved = sum(a.bytes for a in g.alive if a.category is Category.ACTIVATION and a.module is None)
-        fix_peak = rest + own + 2 * f_saved // len(cg)
-        saving = self._saving(fix_peak)
-        assert saving is not None
         n = len(cg)
-        if saving < _MIN_SAVING * self.demand:
+        saving: int | None = None
+        fix_peak = 0
+        if model is not None:
+            rest = _replay(self.rec.allocations, lambda a: a.category in _GRAPH_CATEGORIES)
+            own = _measure(_mixed_grad_proxy(tuple(z), tuple(y)), model)
+            if own is None:
+                return []
+            # the stand-in f is a sum; the user's f carries a tangent next to each primal it saved
+            f_saved = sum(a.bytes for a in g.alive if a.category is Category.ACTIVATION and a.module is None)
+            fix_peak = rest + own + 2 * f_saved // n
+            saving = self._saving(fix_peak)
+        if saving is not None and saving < _MIN_SAVING * self.demand:
             self.notes.append(
                 f"forward AD (gradscope.strategies.mixed_grad(..., method=\"forward_ad\")) would not help here: "
                 f"it peaks at {format_bytes(fix_peak)} against create_graph's {format_bytes(self.demand)} "
@@ -789,8 +792,10 @@ class _Analysis:
                 ),
                 suggestion=(
                     f"push the direction through {name} as a forward-AD tangent instead: no graph of {name} "
-                    f"is kept (predicted peak {format_bytes(fix_peak)}); with a loss g(dfdz) over the input "
-                    "gradients, take v = dg/d(dfdz) once from their values"
+                    + (f"is kept (predicted peak {format_bytes(fix_peak)})" if saving is not None else
+                       f"is kept (what it saves is not predicted: {name} is not among the variables given; "
+                       "forward AD pays off only over several passes)")
+                    + "; with a loss g(dfdz) over the input gradients, take v = dg/d(dfdz) once from their values"
                 ),
                 code=(
                     f'dgdy = sum(mixed_grad(f, {name}, z, {yname}, v=v[i], method="forward_ad") {loop})'
