@@ -41,9 +41,12 @@ def test_gradient_penalty_through_frozen_generator_names_create_graph_and_forwar
     first = d.findings[0]
     assert first.pattern == "create_graph"
     assert first.module == "G" and first.variable == "dfdz"
-    assert "create_graph=True" in first.message and "frozen" in first.message
+    assert "create_graph=True" in first.message and "no parameter of it is trained" in first.message
     assert "forward-AD" in first.suggestion
-    assert first.code == 'gradscope.strategies.mixed_grad(f, G, z, y, method="forward_ad")'
+    assert first.code.startswith('dgdy = sum(mixed_grad(f, G, z, y, v=v[i], method="forward_ad")')
+    # at the refused allocation, the fix takes off more than the overshoot and less than was asked for
+    asked = d.live_bytes + info.value.requested
+    assert first.saves_bytes is not None and asked - 3 * 1024 * KiB < first.saves_bytes <= asked
     holder = next(h for h in d.holders if h.variable == "dfdz")
     assert holder.graphs == len(dfdz) and holder.live_bytes > 0
     kinds = dict(d.by_kind)
@@ -73,21 +76,24 @@ def test_the_suggested_strategy_fits_where_create_graph_did_not() -> None:
     assert rec.recording is not None and rec.recording.complete and len(out) == 20
 
 
-def test_training_loop_appending_losses_names_the_list() -> None:
+def test_training_loop_appending_losses_is_never_told_to_keep_numbers() -> None:
+    # the losses are back-propagated after the loop: .item() would break it. At the failure the
+    # loss over them is not formed yet: two passes are right for any loss (seed 001)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 1))
+    xs = [torch.randn(128, 64) for _ in range(100)]
     losses = []
     with pytest.raises(gs.MemoryBudgetExceeded):
         with gs.record(budget="4MiB", modules={"model": model}) as rec:
-            for _ in range(100):
-                loss = model(torch.randn(128, 64)).square().mean()
+            for x in xs:
+                loss = model(x).square().mean()
                 losses.append(loss)
             torch.stack(losses).mean().backward()
     d = gs.diagnose(rec.recording)
     first = d.findings[0]
-    assert first.pattern == "graphs_held" and first.variable == "losses"
-    assert f"`losses` holds {len(losses)} graphs" in first.message
-    assert "loss.item()" in first.suggestion and first.code == "losses.append(loss.item())"
+    assert first.pattern == "many_outputs" and first.module == "model"
+    assert first.code.startswith('L = many_inputs_backward(model, xs, g, method="two_pass")')
+    assert not any(".item()" in f.code for f in d.findings)
     holder = d.holders[0]
     assert holder.variable == "losses" and holder.graphs == len(losses)
     assert holder.live_bytes >= 0.8 * d.live_bytes
@@ -126,15 +132,14 @@ def test_pretrained_extractor_left_trainable_names_the_model_and_no_grad() -> No
     f = next(f for f in d.findings if f.pattern == "frozen_trainable")
     assert f is d.findings[0]
     assert f.variable == "backbone" and f.module == "backbone"
-    assert "no optimizer trains its parameters" in f.message
+    assert "no optimizer trains it" in f.message and "eval() mode" in f.message
     assert "torch.no_grad()" in f.suggestion
-    assert f.code.startswith("with torch.no_grad(): feats = backbone(x)")
-    # what the backbone's nodes saved and still held at the refused allocation (by_module also
-    # counts the backward temporaries of its steps)
-    held = rec.recording.held
-    assert held is not None and held.omitted == 0
-    saved_in_backbone = sum(r.bytes for r in held.rows if r.what == "saved" and (r.module or "").startswith("backbone"))
-    assert f.bytes == saved_in_backbone > 0
+    assert f.code == "with torch.no_grad():\n    feats = backbone(x)"
+    # what the backbone made and still held at the refused allocation
+    r = rec.recording
+    alive = [a for a in r.allocations if a.free_at is None]
+    assert f.bytes == sum(a.bytes for a in alive if (a.module or "").split(".")[0] == "backbone") > 0
+    assert f.saves_bytes is not None and d.live_bytes + d.requested - 6 * 1024 * KiB < f.saves_bytes
     # the head is trained: not flagged
     assert not any(x.variable == "head" for x in d.findings)
     # what existed before the block, from the variables: both models' parameters
@@ -163,33 +168,59 @@ def test_extractor_under_no_grad_fits_and_is_not_flagged() -> None:
     assert not any(x.pattern == "frozen_trainable" for x in d.findings)
 
 
-def test_retain_graph_is_reported() -> None:
-    w = torch.randn(256, 256, requires_grad=True)
-    x = torch.randn(512, 256)
-    with gs.record(memory="tracker") as rec:
-        h = (x @ w).tanh()
-        h.sum().backward(retain_graph=True)
-        (h * 2).sum().backward(retain_graph=True)
-    calls = rec.recording.backward_calls
-    assert [c.retain_graph for c in calls] == [True, True]
-    assert [c.api for c in calls] == ["backward", "backward"]
-    d = gs.diagnose(rec.recording, namespace={})
+def test_retain_graph_is_reported_only_where_no_later_backward_reuses_the_graph() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    xs = [torch.randn(64, 64) for _ in range(4)]
+    ys = [torch.randint(0, 10, (64,)) for _ in range(4)]
+
+    def loop(retain: bool) -> gs.Recording:
+        with gs.record(memory="tracker", modules={"model": model}) as rec:
+            for x, y in zip(xs, ys, strict=True):
+                loss = nn.functional.cross_entropy(model(x), y)
+                opt.zero_grad()
+                loss.backward(retain_graph=retain)
+                opt.step()
+        assert rec.recording is not None
+        return rec.recording
+
+    r = loop(True)
+    assert [c.retain_graph for c in r.backward_calls] == [True] * 4
+    d = gs.diagnose(r, namespace={"model": model, "opt": opt})
     f = next(f for f in d.findings if f.pattern == "retain_graph")
-    assert "2 backward calls used retain_graph=True" in f.message
+    assert "4 backward calls used retain_graph=True" in f.message and f.code.startswith("loss.backward()")
+    saved = r.peak_bytes - loop(False).peak_bytes  # measured: the same loop without retain_graph
+    assert saved > 0 and f.saves_bytes is not None and abs(f.saves_bytes - saved) <= 0.25 * saved
+    # a second backward through the same graph is what retain_graph is for: not reported
+    w = torch.randn(256, 256, requires_grad=True)
+    with gs.record(memory="tracker") as rec2:
+        h = (torch.randn(512, 256) @ w).tanh()
+        h.sum().backward(retain_graph=True)
+        (h * 2).sum().backward()
+    assert not any(f.pattern == "retain_graph" for f in gs.diagnose(rec2.recording, namespace={}).findings)
 
 
-def test_deep_activations_suggest_checkpointing_the_largest_block() -> None:
+def test_one_large_batch_without_batch_norm_gets_micro_batches_not_checkpointing() -> None:
     torch.manual_seed(0)
     layers = nn.Sequential(*[nn.Sequential(nn.Linear(128, 128), nn.Tanh()) for _ in range(6)])
+    x = torch.randn(2048, 128)
     with gs.record(memory="tracker", modules={"layers": layers}) as rec:
-        out = layers(torch.randn(256, 128)).sum()
-    d = gs.diagnose(rec.recording, namespace={})
+        layers(x).square().mean().backward()
+    d = gs.diagnose(rec.recording, namespace={"layers": layers, "x": x})
     assert d.moment == "peak"
     f = d.findings[0]
-    assert f.pattern == "deep_activations"
-    assert f.module is not None and f.module.startswith("layers.")
-    assert f.code.startswith("torch.utils.checkpoint.checkpoint(layers[")
-    del out
+    assert f.pattern == "micro_batches" and f.module == "layers"
+    assert "x.chunk(8)" in f.code and "checkpoint(" not in f.code
+    # applied: the same gradients, and the saving as claimed (within a quarter)
+    grads = [p.grad.clone() for p in layers.parameters()]
+    layers.zero_grad()
+    with gs.record(memory="tracker") as fixed:
+        for xb in x.chunk(8):
+            (layers(xb).square().mean() * len(xb) / len(x)).backward()
+    assert all(torch.allclose(p.grad, g, atol=1e-6) for p, g in zip(layers.parameters(), grads, strict=True))
+    saved = rec.recording.peak_bytes - fixed.recording.peak_bytes
+    assert f.saves_bytes is not None and abs(f.saves_bytes - saved) <= 0.25 * saved
 
 
 def test_diagnosis_without_namespace_or_memory_still_reads() -> None:
@@ -218,8 +249,8 @@ def test_a_loaded_recording_keeps_the_diagnosis_data(tmp_path) -> None:  # type:
     path = tmp_path / "oom.gscope.json"
     rec.recording.save(path)
     back = gs.load(path)
-    live = gs.diagnose(rec.recording, namespace={})
-    loaded = gs.diagnose(back, namespace={})
+    live = gs.diagnose(rec.recording, namespace={"G": G, "y": y})
+    loaded = gs.diagnose(back, namespace={"G": G, "y": y})
     assert loaded.text() == live.text()
     assert loaded.findings[0].pattern == "create_graph" and loaded.findings[0].module == "G"
 
@@ -240,7 +271,7 @@ def test_smaller_live_tensors_are_summed_not_listed(monkeypatch: pytest.MonkeyPa
     assert sum(b for _, b in d.by_kind) == d.live_bytes == info.value.live
     assert sum(b for _, b in d.by_module) == d.live_bytes
     assert any("not listed one by one" in n for n in d.notes)
-    assert d.findings[0].variable == "losses"
+    assert d.findings[0].pattern == "many_outputs" and d.findings[0].module == "model"
 
 
 def test_gradients_and_optimizer_state_are_told_apart() -> None:
@@ -260,13 +291,16 @@ def test_gradients_and_optimizer_state_are_told_apart() -> None:
     assert kinds["optimizer"] == 2 * params  # exp_avg and exp_avg_sq
     f = d.findings[0]
     assert f.pattern == "optimizer_state" and f.variable == "opt" and f.bytes == 3 * params
-    assert "Adam's state" in f.message and f.code == "opt.zero_grad(set_to_none=True)"
+    assert "Adam's state" in f.message and "register_post_accumulate_grad_hook(" in f.code
+    assert "set_to_none=True" not in f.code  # the gradients are alive at the step either way
     named = {t.variable for t in d.largest if t.variable}
     assert any(n.startswith("opt.state[") for n in named)
     assert any(n.startswith("model.") and n.endswith(".grad") for n in named)
 
 
-def test_parameters_nobody_differentiates_are_found_from_the_recording_alone() -> None:
+def test_a_model_a_later_backward_may_train_is_never_frozen_at_a_failure() -> None:
+    # G requires grad and the block failed before anything but input gradients ran: a gradient
+    # penalty trains G next (gan_gradient_penalty), so neither no_grad nor requires_grad_(False)
     torch.manual_seed(0)
     G = nn.Sequential(nn.Linear(16, 256), nn.Tanh(), nn.Linear(256, 64))  # noqa: N806 - not frozen
     y = torch.randn(64, requires_grad=True)
@@ -276,11 +310,10 @@ def test_parameters_nobody_differentiates_are_found_from_the_recording_alone() -
             for _ in range(50):
                 z = torch.randn(128, 16, requires_grad=True)
                 grads.append(torch.autograd.grad(((G(z) * y) ** 2).sum(), z, create_graph=True)[0])
-    d = gs.diagnose(rec.recording, namespace={})
-    f = next(f for f in d.findings if f.pattern == "frozen_trainable")
-    assert f.module == "G" and f.code == "G.requires_grad_(False)"
-    assert "4 parameters of G require grad" in f.message and f.bytes > 0
-    assert d.findings[0].pattern == "create_graph"
+    d = gs.diagnose(rec.recording, namespace={"G": G, "y": y, "grads": grads})
+    assert len(rec.recording.backward_calls) > 1
+    assert not any("requires_grad_(False)" in f.code or "no_grad" in f.code for f in d.findings)
+    assert not any(f.pattern == "create_graph" for f in d.findings)  # G is trainable: not a mixed derivative
 
 
 @pytest.mark.parametrize("memory", ["cpu", "tracker"])
@@ -335,8 +368,8 @@ def test_a_model_is_named_by_identity_never_by_class_name_or_parameter_names() -
             for _ in range(20):
                 outs.append(used(torch.randn(128, 64)))
     d = gs.diagnose(rec.recording, namespace={"used": used, "unused": unused, "opt": opt, "outs": outs})
-    flagged = {f.variable for f in d.findings if f.pattern == "frozen_trainable"}
-    assert flagged == {"used"}  # trained by no optimizer here: the rule is the next engineer's
+    assert {f.module for f in d.findings} <= {"used", None}  # never `unused`, which did not run
+    assert not any("unused" in f.code or "unused" in f.message for f in d.findings)
     params = sum(p.numel() * 4 for p in used.parameters())
     assert dict(d.resident)["parameters"] == params
 

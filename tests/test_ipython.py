@@ -185,10 +185,11 @@ def test_oom_on_diagnoses_before_the_traceback_and_off_restores(ip: Any, capsys:
     out = capsys.readouterr().out
     assert isinstance(res.error_in_exec, gs.MemoryBudgetExceeded)
     assert out.index("gradscope diagnosis") < out.index("MemoryBudgetExceeded")
-    assert "`xs` holds" in out and "xs.append(loss.item())" in out
+    assert "graphs kept alive by variables:\n  xs: " in out
     d = gsi.last_diagnosis(ip)
-    assert d.findings[0].pattern == "graphs_held" and d.findings[0].variable == "xs"
-    assert d.findings[0].module is None and d.budget == 64 * 1024
+    assert d.holders[0].variable == "xs" and d.budget == 64 * 1024
+    # the losses may be back-propagated after the loop: never told to keep numbers
+    assert not any(".item()" in f.code for f in d.findings)
     # a cell that fits runs as usual under the watch
     res = ip.run_cell("del xs\ny_ok = model(torch.randn(4, 8)).sum().item()\n")
     assert res.error_in_exec is None and isinstance(ip.user_ns.pop("y_ok"), float)
@@ -235,7 +236,7 @@ def test_a_cell_recording_on_its_own_gets_its_own_diagnosis(ip: Any, capsys: Any
     assert isinstance(res.error_in_exec, gs.MemoryBudgetExceeded)
     d = gsi.last_diagnosis(ip)
     assert (
-        d.budget == 16 * 1024 and d.findings[0].variable == "losses"
+        d.budget == 16 * 1024 and d.holders[0].variable == "losses"
     )  # the user's recording, not the watch's
     assert out.index("gradscope diagnosis") < out.index("MemoryBudgetExceeded")
     ip.user_ns.pop("y_fine", None)
@@ -292,7 +293,7 @@ def test_in_a_real_kernel() -> None:
     errors = [o for o in outs[4] if o.output_type == "error"]
     assert len(errors) == 1 and errors[0].ename == "MemoryBudgetExceeded"
     streamed = "".join(o.get("text", "") for o in outs[4] if o.output_type == "stream")
-    assert "gradscope diagnosis" in streamed and "`xs` holds" in streamed
+    assert "gradscope diagnosis" in streamed and "graphs kept alive by variables:\n  xs: " in streamed
     assert text(5).splitlines()[-1] == "()"  # the handler is gone after unloading
 
 
@@ -392,7 +393,7 @@ def test_models_are_matched_by_identity_never_by_class_name(ip: Any, capsys: Any
     assert d is not None and d.moment == "failure"
     assert not any(f.variable == "cnn" or f.module == "cnn" for f in d.findings)
     assert "cnn" not in out.split("Traceback")[0]
-    assert d.findings[0].variable == "outs"
+    assert d.holders[0].variable == "outs"
     for name in ("cnn", "big", "outs"):
         ip.user_ns.pop(name, None)
 

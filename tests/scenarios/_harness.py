@@ -263,8 +263,11 @@ def run(
         else:
             mods = {k: v for k, v in state.items() if isinstance(v, nn.Module)} if modules else None
             rec = gs.record(memory=memory, budget=budget, modules=mods or None)
-            with rec:
-                returned = fn(**state)
+            if modules:
+                with rec:
+                    returned = fn(**state)
+            else:
+                returned = _as_a_script(fn, state, rec)
     except Exception as e:  # the user's code may raise: that is part of the scenario
         error = e
     finally:
@@ -274,6 +277,20 @@ def run(
     if error is not None:
         error.__traceback__ = None  # do not keep the failing frames (and their graphs) alive
     return Run(state, returned, error, recording, captured)
+
+
+# NOTE [ a script's block ]: a script (or a function) writes ``with gs.record(): ...`` where its
+# variables are: the frame in which the block ends holds ``G``, ``zs`` as its own names, and the
+# recorder names the models it ran by those variables (by identity). A scenario's code is a
+# function of the user's variables; run as a script, its block is placed in a frame whose locals
+# are exactly the state's variables, as in the user's file. Nothing else is told to the recorder.
+def _as_a_script(fn: Callable[..., Any], state: dict[str, Any], rec: Any) -> Any:
+    names = [k for k in state if k.isidentifier()]
+    args = ", ".join(names)
+    src = f"def _script({args}):\n    with rec:\n        return fn({', '.join(f'{k}={k}' for k in names)})\n"
+    scope: dict[str, Any] = {"rec": rec, "fn": fn}
+    exec(compile(src, "<script>", "exec"), scope)  # noqa: S102 - our own two lines, no user input
+    return scope["_script"](**state)
 
 
 def diagnose_user(scenario: Scenario, *, budget: bool, modules: bool = True) -> tuple[Any, Run, list[str]]:
