@@ -437,6 +437,10 @@ def cuda_stop_history(device: Any) -> dict[str, Any]:
 
 # Keys of a CUDA allocator snapshot that gradscope reads (see torch/cuda/memory.py, _snapshot).
 SNAPSHOT_TRACES = "device_traces"
+
+# Forward-mode AD's zero tangent under a dispatch mode (see gradscope._passes.tracker_note); None
+# where this torch lacks the op.
+EFFICIENT_ZERO_OP: Any = getattr(getattr(torch.ops.aten, "_efficientzerotensor", None), "default", None)
 TRACE_ACTION, TRACE_SIZE, TRACE_ADDR, TRACE_TIME_US, TRACE_FRAMES = "action", "size", "addr", "time_us", "frames"
 
 

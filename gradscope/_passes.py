@@ -856,6 +856,12 @@ def tracker_note(trace: Trace) -> str:
         "bits; ctc_loss saves two extra tensors) and sums gradients that reach one input out of place"
         f"{which}: bytes and saves of those ops can differ from a run without it."
     )
+    if trace.memory_trace.zero_tangents:
+        # measured: jacfwd of a 16->256->512 MLP peaks at 546,820 B unobserved, 120,832 B under the
+        # mode (each Linear weight's zero tangent is cloned into a real buffer without the mode)
+        note += (" Forward-mode AD ran here: under the mode PyTorch keeps the zero tangents of tensors "
+                 "without a tangent (a model's weights) as empty zero tensors, while a run without it "
+                 "materializes them, one weight-sized buffer per layer: the real run can peak higher.")
     if not _compat.capabilities().ignore_compile_internals:
         note += (" This torch cannot tell a dispatch mode to leave compiled code alone: torch.compile'd "
                  "functions called in the block ran eagerly, and keep running eagerly after it.")

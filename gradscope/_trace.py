@@ -92,6 +92,9 @@ class MemoryTrace:
     # events recorded when the source refused an allocation (a budget); what came after is
     # the exception unwinding (see NOTE [ what is live at the failing moment ] in gradscope._held)
     failed_at: int | None = None
+    # the tracker saw forward-mode AD's zero tangents of tensors without a tangent (PyTorch then
+    # uses efficient zero tensors; without a dispatch mode it materializes them: see tracker_note)
+    zero_tangents: bool = False
 
 
 @dataclass

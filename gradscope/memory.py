@@ -442,6 +442,8 @@ def _make_tracker_mode(source: TrackerSource) -> Any:
                         if k is not None:
                             in_keys.add(k)
                 out = func(*args, **kwargs)
+                if func is _compat.EFFICIENT_ZERO_OP:
+                    src.zero_tangents = True
                 try:
                     for t in _compat.tree_leaves(out):
                         if isinstance(t, torch.Tensor):
@@ -487,6 +489,7 @@ class TrackerSource:
         self._orphans: set[int] = set()
         self.failures: list[str] = []  # errors while observing (the first 10), for the notes
         self.failed_at: int | None = None  # events recorded when the budget refused an allocation
+        self.zero_tangents = False  # see MemoryTrace.zero_tangents
         self._mode: Any = None
         self._call: int | None = None
         self.stopped = False
@@ -507,7 +510,8 @@ class TrackerSource:
         # whole recorder (its graph bookkeeping) alive with it.
         self.context = _no_context
         return MemoryTrace(source=self.name, device=self.device_type, online=True, key_kind="storage",
-                           events=list(self.events), failures=list(self.failures), failed_at=self.failed_at)
+                           events=list(self.events), failures=list(self.failures), failed_at=self.failed_at,
+                           zero_tangents=self.zero_tangents)
 
     def live(self) -> int:
         self._drain()

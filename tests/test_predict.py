@@ -494,3 +494,26 @@ def test_cuda_prediction_takes_the_gpu_kernels() -> None:
 
     assert F.scaled_dot_product_attention is torch._C._nn.scaled_dot_product_attention
     assert F.dropout.__name__ == "dropout" and F.dropout.__module__ == "torch.nn.functional"
+
+
+def test_forward_mode_ad_under_the_mode_is_said_where_it_changes_the_peak() -> None:
+    """Under a dispatch mode PyTorch keeps forward AD's zero tangents of weights as empty zero
+    tensors; a real run materializes them. The prediction says so, and the real run (the
+    profiler's own events) does peak far higher (546,820 vs 120,832 bytes on 2.13: the second
+    layer's 512 KiB weight tangent, materialized, outweighs everything else)."""
+    from gradscope.strategies import jacobian
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(16, 256), torch.nn.ReLU(), torch.nn.Linear(256, 512))
+    x = torch.randn(16)
+
+    def step(net: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return jacobian(lambda v: net(v.view(1, -1)).view(-1), x, method="jacfwd")
+
+    p = gs.predict(step, net, x, device="cpu")
+    assert any("Forward-mode AD ran here" in n for n in p.notes)
+    with gs.record(memory="cpu") as rec:
+        step(net, x)
+    assert rec.recording.peak_bytes > 2 * p.peak_bytes
+    plain = gs.predict(lambda net, x: net(x).sum().backward(), net, x, device="cpu")
+    assert not any("Forward-mode AD" in n for n in plain.notes)
