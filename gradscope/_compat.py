@@ -333,8 +333,10 @@ def start_node_profiler(ops: bool = False) -> None:
     scopes, so the CPU source asks for node scopes (``BACKWARD_FUNCTION``: one per executed node,
     with its sequence number) and user scopes (``record_function``: gradscope's marks, the
     optimizer's ``Optimizer.step#...``) only; forward allocations are then labelled by module.
-    In a process of a ``torch.distributed`` job, op scopes are recorded too: communication ops
-    (``c10d::_allgather_base_`` ...) then label the memory they allocate (see the job view).
+    In a process of a ``torch.distributed`` job, op scopes are recorded too, with their inputs'
+    shapes: communication ops (``c10d::_allgather_base_`` ...) then label the memory they allocate,
+    and their tensors' sizes give the bytes each collective moves (see NOTE [ collectives in a
+    recording ] in :mod:`gradscope.memory`).
     """
     from torch._C._profiler import (
         ProfilerActivity,
@@ -344,7 +346,7 @@ def start_node_profiler(ops: bool = False) -> None:
         _ExperimentalConfig,
     )
 
-    cfg = ProfilerConfig(ProfilerState.KINETO, False, True, False, False, False, _ExperimentalConfig())
+    cfg = ProfilerConfig(ProfilerState.KINETO, ops, True, False, False, False, _ExperimentalConfig())
     activities = {ProfilerActivity.CPU}
     torch._C._autograd._prepare_profiler(cfg, activities)
     torch._C._autograd._enable_profiler(  # type: ignore[call-arg]
@@ -360,6 +362,23 @@ def stop_profiler() -> Any:
 
 def results_event_tree(results: Any) -> list[Any]:
     return list(results.experimental_event_tree())
+
+
+def event_input_bytes(extra_fields: Any) -> list[int]:
+    """Bytes of each input of a profiler op event, from the shapes it reports (with ``ops`` in
+    :func:`start_node_profiler`): a tensor's ``numel * itemsize``, a list of tensors summed, 0 for
+    any other argument. Empty when the event carries no inputs."""
+    return [_argument_bytes(a) for a in (getattr(extra_fields, "inputs", None) or ())]
+
+
+def _argument_bytes(a: Any) -> int:
+    sizes = getattr(a, "sizes", None)
+    if sizes is not None:
+        dtype = getattr(a, "dtype", None)
+        return functools.reduce(operator.mul, sizes, 1) * (dtype.itemsize if dtype is not None else 0)
+    if isinstance(a, (list, tuple)):
+        return sum(_argument_bytes(x) for x in a)
+    return 0
 
 
 def node_scope() -> Any:

@@ -67,6 +67,7 @@ from gradscope.recording import (
 __all__ = [
     "Steps",
     "build",
+    "collectives_pass",
     "graph_pass",
     "memory_pass",
     "modules_pass",
@@ -980,7 +981,21 @@ def build(trace: Trace, *, complete: bool = True, error: str | None = None) -> R
         oom=oom,
         nodes_created=created,
         nodes_created_seen=seen_created,
+        extra=collectives_pass(trace),
     )
+
+
+def collectives_pass(trace: Trace) -> dict[str, Any]:
+    """``extra["collectives"]``: the communication the memory source saw (a distributed job under
+    the profiler source), one row per collective, seconds from the block's start like the
+    timeline (see NOTE [ collectives in a recording ] in :mod:`gradscope.memory`). Empty when
+    there was none."""
+    rows = trace.memory_trace.collectives
+    if not rows:
+        return {}
+    t0 = trace.t0_ns
+    return {"collectives": [{"op": op, "t_s": (a - t0) / 1e9, "duration_s": max(b - a, 0) / 1e9, "bytes": n,
+                             "kind": kind} for op, a, b, n, kind in rows]}
 
 
 _DEVICE: dict[Any, str] = {}

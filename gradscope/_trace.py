@@ -89,6 +89,9 @@ class MemoryTrace:
     reserved_peak: int | None = None
     total: int | None = None
     failures: list[str] = field(default_factory=list)
+    # collectives seen by the profiler source in a distributed job: (op, t0_ns, t1_ns, bytes,
+    # kind) rows (see NOTE [ collectives in a recording ] in gradscope.memory)
+    collectives: list[tuple[str, int, int, int, str]] = field(default_factory=list)
     # events recorded when the source refused an allocation (a budget); what came after is
     # the exception unwinding (see NOTE [ what is live at the failing moment ] in gradscope._held)
     failed_at: int | None = None

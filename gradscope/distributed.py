@@ -405,7 +405,9 @@ def predict_job(
             one batch, not in a list, used on every rank (then pass ``world_size``).
         world_size: number of ranks (default: ``len(batches)``).
         strategy: ``"ddp"`` (replicas) or ``"fsdp"`` (full sharding of parameters, gradients and
-            optimizer state, as ``fully_shard`` on each of ``units`` and on the root).
+            optimizer state, as ``fully_shard`` on each of ``units`` and on the root). Both are
+            modelled on meta, so both predict on every supported torch, 2.6 included, although
+            PyTorch's own FSDP2 runs on CPU (gloo) only from torch 2.7.
         optimizer: an optimizer of ``model`` (rebuilt with its class and hyperparameters over each
             rank's parameters or shards) or a function ``params -> optimizer``.
         units: for FSDP, the submodules (or their dotted names) you pass to ``fully_shard`` before
@@ -546,8 +548,12 @@ def _predict_rank(step: Callable[..., Any], model: torch.nn.Module, batch: Any, 
         opt = _optimizer(optimizer, model, meta_model, opt_params)
         args = (meta_model, meta_batch) if opt is None else (meta_model, meta_batch, opt)
         if steady:
+            from gradscope.predict import _optimizer_steps_on
+
+            outside = torch.get_default_device()
             try:
-                with torch.device("meta"):
+                # see NOTE [ optimizer steps keep the default device ] in gradscope.predict
+                with torch.device("meta"), _optimizer_steps_on(outside):
                     step(*args)
             except Exception as e:
                 raise GradscopeError(

@@ -306,19 +306,21 @@ class TimelineSeries:
 @dataclass(frozen=True)
 class CollectiveSpan:
     """Communication seen in one rank's recording: an operation's name, when (seconds since the
-    rank's first timeline point), and bytes allocated inside it.
+    rank's first timeline point), and its bytes.
 
-    NOTE [ collectives in the job view ]: a recording does not capture collectives as such yet.
-    What it has today: with ``memory="cpu"`` every timeline point is labelled with the innermost
-    profiler range running, and PyTorch names its communication ranges ``c10d::allreduce_``,
-    ``c10d::_allgather_base_``, ``c10d::_reduce_scatter_base_``, ``gloo:all_gather``,
-    ``nccl:all_reduce``, ``FSDP::all_gather (i)``, ``FSDP::post_backward_reduce (i)`` (i = the
-    FSDP unit), ``DistributedDataParallel.forward``. Consecutive points with one such label form
-    a span here, so communication that allocates shows where it happens (FSDP's all-gathers and
-    reduce-scatters do; DDP's in-place all-reduce of its buckets does not). A recording that
-    carries ``extra["collectives"]`` (rows with ``op``, ``t_s``, ``duration_s``, ``bytes``) is
-    read first: the recorder can fill it from a dispatch mode, which sees every c10d operator
-    (``c10d.allreduce_.default`` from DDP's C++ reducer included) with its tensors' bytes.
+    NOTE [ collectives in the job view ]: a recording made in a distributed job under the CPU
+    memory source carries ``extra["collectives"]``, one row per collective (``op``, ``t_s``,
+    ``duration_s``, ``bytes``, ``kind``): c10d's calls (``c10d::allreduce_`` of DDP's buckets,
+    ``c10d::_allgather_base_`` and ``c10d::_reduce_scatter_base_`` of FSDP) and the backend's work
+    (``gloo:all_reduce`` ...), with the bytes each moved (see NOTE [ collectives in a recording ]
+    in :mod:`gradscope.memory`). Those are read first (``source`` "captured", ``bytes`` moved).
+    A recording without them (another memory source, an older file) still has its timeline: with
+    ``memory="cpu"`` every point is labelled with the innermost profiler range running, and
+    PyTorch names its communication ranges ``c10d::...``, ``gloo:...``, ``nccl:...``,
+    ``FSDP::all_gather (i)`` (i = the FSDP unit), ``DistributedDataParallel.forward``.
+    Consecutive points with one such label form a span (``source`` "timeline labels", ``bytes``
+    allocated inside it), so communication that allocates shows where it happens (FSDP's
+    all-gathers do; DDP's in-place all-reduce does not).
     """
 
     rank: int
@@ -326,7 +328,7 @@ class CollectiveSpan:
     t_start_s: float
     t_end_s: float
     bytes: int
-    source: str  # "captured" (extra["collectives"]) or "timeline labels"
+    source: str  # "captured" (extra["collectives"]: bytes moved) or "timeline labels" (bytes allocated)
 
 
 @dataclass(frozen=True)
@@ -719,9 +721,19 @@ def _summary_text(job: Job, v: JobView) -> str:
         for c in v.collectives:
             per.setdefault(c.rank, {})
             per[c.rank][_op_family(c.op)] = per[c.rank].get(_op_family(c.op), 0) + 1
-        lines.append("communication seen in the timelines (spans that allocated memory):")
+        moved: dict[int, dict[str, int]] = {}
+        for c in v.collectives:
+            if c.source == "captured":
+                fam = moved.setdefault(c.rank, {})
+                fam[_op_family(c.op)] = fam.get(_op_family(c.op), 0) + c.bytes
+        if moved:
+            lines.append("communication (the collectives each rank's recording captured, with the bytes they moved):")
+        else:
+            lines.append("communication seen in the timelines (spans that allocated memory):")
         for rank, fam in sorted(per.items()):
-            lines.append(f"  rank {rank}: " + ", ".join(f"{k} x{n}" for k, n in sorted(fam.items())))
+            lines.append(f"  rank {rank}: " + ", ".join(
+                f"{k} x{n}" + (f" ({format_bytes(moved[rank][k])})" if k in moved.get(rank, {}) else "")
+                for k, n in sorted(fam.items())))
     for n in v.notes:
         lines.append("note: " + n)
     return "\n".join(lines)
@@ -858,7 +870,7 @@ def _svg(v: JobView, width: int = 760, height: int = 260) -> str:
         legend_x += 56
     if v.collectives:
         parts.append(f"<text x='{pad_l + w:.1f}' y='{height - 4}' font-size='10' text-anchor='end' "
-                     "fill='#5a6570'>ticks: communication that allocated (one row per rank)</text>")
+                     "fill='#5a6570'>ticks: communication (one row per rank)</text>")
     parts.append("</svg>")
     return "".join(parts)
 

@@ -233,6 +233,7 @@ class ProfilerSource:
         self._running = False
         self._clock_ns = 0
         self._noise = LineFilter()
+        self._ops = False  # op scopes (a distributed job): collectives are read from them
 
     def start(self) -> None:
         """NOTE [ one profiler at a time ]: PyTorch runs one profiler session per process. A
@@ -251,7 +252,8 @@ class ProfilerSource:
             _profiler_busy = True
         try:
             with _quiet_stderr():
-                _compat.start_node_profiler(ops=_in_distributed_job())
+                self._ops = _in_distributed_job()
+                _compat.start_node_profiler(ops=self._ops)
             self._running = True
             self._noise.start()  # see NOTE [ the profiler's free warning ] in gradscope._stderr
             # NOTE [ profiler clock ]: the profiler stamps events with its own clock; one scope
@@ -280,7 +282,10 @@ class ProfilerSource:
         finally:
             self._noise.stop()
             _profiler_busy = False
-        out.events, out.scopes = self._parse(_compat.results_event_tree(results))
+        roots = _compat.results_event_tree(results)
+        out.events, out.scopes = self._parse(roots)
+        if self._ops:
+            out.collectives = _collective_rows(roots, self._clock_ns)
         return out
 
     def live(self) -> int | None:
@@ -371,6 +376,46 @@ class ProfilerSource:
         if len(events) > 1 and any(events[i].t_ns > events[i + 1].t_ns for i in range(len(events) - 1)):
             events.sort(key=_t_ns)
         return _inside_only(events), scopes
+
+
+# NOTE [ collectives in a recording ]: in a distributed job the profiler records op scopes with
+# their inputs' shapes (see NOTE [ a lean profiler ] in gradscope._compat), and communication is
+# among them: c10d's operators, called on the thread that runs the user's code
+# (``c10d::allreduce_`` from DDP's reducer, ``c10d::_allgather_base_`` and
+# ``c10d::_reduce_scatter_base_`` from FSDP, ``_c10d_functional::*``), and the backends' own scopes
+# for the work itself, on their threads (``gloo:all_reduce``, ``nccl:all_gather`` ...). A call
+# returns once the work is queued; the backend's scope lasts while the data moves. Each becomes one
+# row, of kind "call" (c10d's operators) or "backend" (the work), with the bytes of its largest
+# argument: the bucket of an all-reduce, the gathered output of an all-gather, the unreduced input
+# of a reduce-scatter (a backend's scope shows what it was handed: gloo's all-gather shows the
+# rank's own shard). A separate walk, in distributed jobs only: the walk that reads allocations
+# stays as it is.
+_COMM_PREFIXES = ("c10d::", "_c10d_functional::", "gloo:", "nccl:")
+_COMM_CALLS = ("c10d::", "_c10d_functional::")
+_COMM_SKIP = frozenset({"_c10d_functional::wait_tensor"})
+
+
+def _collective_rows(roots: Any, clock_ns: int) -> list[tuple[str, int, int, int, str]]:
+    """``(op, t0_ns, t1_ns, bytes, kind)`` for every collective in the profiler's event tree, in
+    time order, on the clock of ``clock_ns``; ``kind`` is "call" (c10d's operator) or "backend"
+    (the backend's work). See NOTE [ collectives in a recording ]."""
+    offset = 0
+    for r in roots:
+        if r.name == _CLOCK:
+            offset = r.start_time_ns - clock_ns
+            break
+    rows: list[tuple[str, int, int, int, str]] = []
+    stack = list(roots)
+    while stack:
+        ev = stack.pop()
+        name = ev.name
+        if name.startswith(_COMM_PREFIXES) and name not in _COMM_SKIP:
+            sizes = _compat.event_input_bytes(ev.typed[1])
+            rows.append((name, ev.start_time_ns - offset, ev.end_time_ns - offset, max(sizes, default=0),
+                         "call" if name.startswith(_COMM_CALLS) else "backend"))
+        stack.extend(ev.children)
+    rows.sort(key=lambda r: r[1])
+    return rows
 
 
 def _in_distributed_job() -> bool:

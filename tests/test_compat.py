@@ -281,6 +281,9 @@ def test_lean_profiler_records_memory_nodes_and_user_scopes(ops: bool) -> None:
     nodes = [e for e in events if e.typed[0] != C.allocation_tag() and e.typed[1].scope == C.node_scope()]
     assert {e.name.rsplit("::", 1)[-1] for e in nodes} >= {"ExpBackward0", "SumBackward0"}
     assert ("aten::exp" in names) == ops  # op scopes only when asked for
+    if ops:  # with their inputs' shapes: x is 1,000 float32
+        exp = next(e for e in events if e.name == "aten::exp")
+        assert C.event_input_bytes(exp.typed[1]) == [x.numel() * x.element_size()] == [4000]
 
 
 # ----- dispatch modes and compilers ---------------------------------------------------------------

@@ -48,6 +48,7 @@ from torch import nn
 from torch.func import jacfwd, jacrev, jvp, vjp, vmap
 
 from gradscope import _compat
+from gradscope.errors import GradscopeError
 from gradscope.strategies._checks import _fail, _need_callable, _need_method
 from gradscope.strategies._modules import modules_run, with_submodules
 
@@ -208,7 +209,19 @@ def _refuse_mixing(out: torch.Tensor, inp: torch.Tensor, what: str, needs: str) 
 def _hooks_set_aside() -> Iterator[None]:
     """See NOTE [ torch.func under saved-tensor hooks ]."""
     if _compat.top_saved_tensors_hooks() is _compat.NOT_VISIBLE:
-        yield
+        # torch 2.6 cannot show the stack: under someone's hooks the transform refuses to run
+        try:
+            yield
+        except RuntimeError as e:
+            if "saved tensor hooks" not in str(e):
+                raise
+            raise GradscopeError(
+                "gradscope: jacobian's 'jacrev' and 'vmap' methods run torch.func, which refuses to run "
+                "under saved-tensor hooks (a save_on_cpu, a saved_tensors_hooks pair, a recording), and "
+                "this torch cannot set them aside (it has no torch._C._autograd._top_saved_tensors_default_hooks; "
+                "torch 2.7 and newer do). Use method='batched' or 'loop' here, or call jacobian outside "
+                "the hooks."
+            ) from e
         return
     stack = []
     while (top := _compat.top_saved_tensors_hooks()) is not None:

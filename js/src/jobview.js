@@ -190,7 +190,7 @@ export class JobView {
       const [x0, x1] = alignSpan(p.timelines[k], a.xs[k], c.t0, c.t1, this.align);
       if (!byRank.has(c.rank)) byRank.set(c.rank, { x: [], y: [], text: [] });
       const s = byRank.get(c.rank);
-      const label = `rank ${c.rank}: ${escapePlotly(c.op)}${c.bytes ? ` · ${formatBytes(c.bytes)} allocated` : ""}`;
+      const label = `rank ${c.rank}: ${escapePlotly(c.op)}${c.bytes ? ` · ${formatBytes(c.bytes)} ${c.source === "captured" ? "moved" : "allocated"}` : ""}`;
       s.x.push(x0, x1 > x0 ? x1 : x0, null);
       s.y.push(k, k, null);
       s.text.push(label, label, "");
