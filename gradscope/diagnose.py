@@ -58,6 +58,7 @@ import torch
 from torch import nn
 
 from gradscope import _compat
+from gradscope._names import code_path
 from gradscope.errors import GradscopeError
 from gradscope.recording import Allocation, BackwardCall, Category, Kind, Phase, Recording, format_bytes
 
@@ -1339,7 +1340,7 @@ class _Analysis:
         saving = sum(per.values()) - kept_inputs - max(per.values())
         if saving <= 0:
             return []
-        path = _code_path(blocks[0].rsplit(".", 1)[0]) if "." in blocks[0] else name
+        path = code_path(blocks[0].rsplit(".", 1)[0]) if "." in blocks[0] else name
         return [
             Finding(
                 pattern="deep_activations",
@@ -1883,11 +1884,3 @@ def _held_order(t: HeldTensor) -> tuple[Any, ...]:
 _KIND_RANK = {k: i for i, k in enumerate(_KIND_NAMES)}
 
 
-def _code_path(module: str) -> str:
-    """A module path as Python that reaches it: ``layers.3`` -> ``layers[3]``; a path relative to
-    an unnamed root (``1.conv``) starts from ``model``."""
-    parts = module.split(".")
-    out = parts[0] if parts[0].isidentifier() else f"model[{parts[0]}]" if parts[0].isdigit() else "model"
-    for p in parts[1:]:
-        out += f"[{p}]" if p.isdigit() else f".{p}" if p.isidentifier() else ""
-    return out
