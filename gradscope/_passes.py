@@ -708,6 +708,13 @@ def _saves_to_allocations(trace: Trace, saves: Saves, allocs: _AllocColumns,
     return out, saver
 
 
+_CLOCK_SKEW_NS = 2_000_000  # see NOTE [ two clocks ]
+
+
+def _freed_after(free_t: int | None, t: int) -> bool:
+    return free_t is None or free_t >= t
+
+
 def _categories(trace: Trace, orders: Sequence[int], saves: Saves, allocs: _AllocColumns,
                 save_alloc: dict[int, int], key_kind: str) -> list[Category]:
     """Each allocation's :class:`Category`: saved by a forward node (ACTIVATION) or by a node a
@@ -721,10 +728,16 @@ def _categories(trace: Trace, orders: Sequence[int], saves: Saves, allocs: _Allo
         by_key.setdefault(k, []).append(i)
     gradient: set[int] = set()
     for _b, skey, ptr, t in trace.gradient_keys:
-        for i in by_key.get(skey if key_kind == "storage" else ptr, ()):
-            ft = allocs.free_t[i]
-            if allocs.t[i] <= t and (ft is None or ft >= t):
-                gradient.add(i)
+        cands = by_key.get(skey if key_kind == "storage" else ptr, ())
+        alive = [i for i in cands if allocs.t[i] <= t and _freed_after(allocs.free_t[i], t)]
+        if not alive:
+            # NOTE [ two clocks ]: the pass's end is read from Python's clock, the profiler's
+            # events from its own; the last gradient of a pass (the first layer's) can be stamped
+            # microseconds after the pass ended. Take the latest allocation of the key made
+            # within the skew that was not freed before it.
+            alive = [i for i in cands if allocs.t[i] <= t + _CLOCK_SKEW_NS
+                     and _freed_after(allocs.free_t[i], t - _CLOCK_SKEW_NS)][-1:]
+        gradient.update(alive)
     saved_order: dict[int, int] = {}
     node_of = dict(zip(saves.sid, saves.node, strict=True))
     for sid, ai in save_alloc.items():

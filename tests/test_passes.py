@@ -283,3 +283,12 @@ def test_tracker_note_names_the_ops_whose_formulas_change() -> None:
     assert any("(prod ran here)" in n for n in P.build(t).notes)
     t.memory = "off"
     assert not any("dispatch mode" in n for n in P.build(t).notes)
+
+
+def test_a_gradient_stamped_just_after_its_pass_ended_is_still_a_gradient() -> None:
+    """The pass's end comes from Python's clock, allocations from the memory source's: the last
+    gradient of a pass (the first layer's) can carry a later stamp (see NOTE [ two clocks ])."""
+    t = tracker_trace()
+    t.gradient_keys = [(0, 509, 0x90, 322), (0, 508, 0x80, 322)]  # 509 stamped at 323, 1 ns after
+    cats = {a.key: a.category for a in P.build(t).allocations}
+    assert cats[509] is Category.GRADIENT and cats[508] is Category.GRADIENT
