@@ -51,9 +51,9 @@ def independent_nodes(*roots: Any) -> list[Any]:
     return list(seen.values())
 
 
-def profiler_peak(step: Any) -> int:
-    """Peak of the running sum of PyTorch profiler's CPU allocation events over ``step()``,
-    counting only memory allocated inside the step (frees of older memory are ignored)."""
+def profiler_cpu_allocations(step: Any) -> list[tuple[int, int, int]]:
+    """PyTorch profiler's own CPU allocation events over ``step()``, read from its event tree
+    independently of gradscope: ``(start_ns, size, address)`` in time order (frees negative)."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
@@ -66,8 +66,14 @@ def profiler_peak(step: Any) -> int:
         if e.tag == _EventType.Allocation and e.extra_fields.device.type == "cpu":
             events.append((e.start_time_ns, int(e.extra_fields.alloc_size), int(e.extra_fields.ptr)))
     events.sort(key=lambda x: x[0])
+    return events
+
+
+def profiler_peak(step: Any) -> int:
+    """Peak of the running sum of PyTorch profiler's CPU allocation events over ``step()``,
+    counting only memory allocated inside the step (frees of older memory are ignored)."""
     live, peak, alive = 0, 0, {}
-    for _, size, ptr in events:
+    for _, size, ptr in profiler_cpu_allocations(step):
         if size > 0:
             alive[ptr] = size
         elif alive.pop(ptr, None) is None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import _EventType, independent_nodes
+from conftest import independent_nodes, profiler_cpu_allocations
 from torch import nn
 
 import gradscope as gs
@@ -29,20 +29,8 @@ def _storage_bytes(tensors: list[torch.Tensor]) -> int:
 def _profiler_allocations(step: Any) -> tuple[list[int], int]:
     """Sizes of the CPU allocations PyTorch's profiler sees during ``step()`` (time order), and
     how many of them were still alive at its end (paired by address)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        step()
-    events = []
-    stack = list(prof.profiler.kineto_results.experimental_event_tree())
-    while stack:
-        e = stack.pop()
-        stack.extend(e.children)
-        if e.tag == _EventType.Allocation and e.extra_fields.device.type == "cpu":
-            events.append((e.start_time_ns, int(e.extra_fields.alloc_size), int(e.extra_fields.ptr)))
-    events.sort(key=lambda x: x[0])
     sizes, alive = [], {}
-    for _, size, ptr in events:
+    for _, size, ptr in profiler_cpu_allocations(step):
         if size > 0:
             sizes.append(size)
             alive[ptr] = size
