@@ -25,7 +25,6 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import html as _html
 import json
@@ -33,13 +32,12 @@ import math
 import os
 import re
 import stat
-import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from gradscope.errors import GradscopeError
-from gradscope.recording import Kind, Recording, format_bytes, load
+from gradscope.recording import Kind, Recording, atomic_write_text, format_bytes, load
 
 __all__ = [
     "JOB_SCHEMA_VERSION",
@@ -170,7 +168,7 @@ class Job:
 
         page = job_page_html(self)
         if path is not None:
-            _write_text(os.fspath(path), page)
+            atomic_write_text(os.fspath(path), page)
         return page
 
     def save(self, directory: str | os.PathLike[str]) -> None:
@@ -192,7 +190,7 @@ class Job:
                          "source": entry.source, "file": name, "global_rank": entry.global_rank})
         manifest = {"format": _JOB_FORMAT, "schema": JOB_SCHEMA_VERSION, "label": self.label,
                     "notes": list(self.notes), "world_size": self.world_size, "ranks": rows}
-        _write_text(os.path.join(d, MANIFEST), json.dumps(manifest, indent=1))
+        atomic_write_text(os.path.join(d, MANIFEST), json.dumps(manifest, indent=1))
 
     def _repr_html_(self) -> str:
         return _html_fragment(self, job_view(self))
@@ -878,20 +876,6 @@ def _svg(v: JobView, width: int = 760, height: int = 260) -> str:
 # ----------------------------------------------------------------------------------------------
 # files
 # ----------------------------------------------------------------------------------------------
-def _write_text(path: str, text: str) -> None:
-    """Write atomically: a crash mid-write leaves any previous file intact."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".gradscope-", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
 def load_ranks(source: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> Job:
     """Read a job back: a directory written by :meth:`Job.save`, a directory of per-rank files
     saved independently (``rec.save(f"step.rank{rank}.gscope.json")``), or a list of such files.

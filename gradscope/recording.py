@@ -648,7 +648,7 @@ class Recording:
 
         html = recording_html(self)
         if path is not None:
-            _atomic_write_text(os.fspath(path), html)
+            atomic_write_text(os.fspath(path), html)
         return html
 
     def to_dot(self, max_nodes: int = 5000) -> Any:
@@ -768,7 +768,7 @@ class Recording:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the recording as JSON. Atomic: a crash mid-save leaves any previous file intact."""
-        _atomic_write_text(os.fspath(path), self.to_json())
+        atomic_write_text(os.fspath(path), self.to_json())
 
 
 def load(path: str | os.PathLike[str]) -> Recording:
@@ -825,7 +825,9 @@ def format_bytes(n: int | None) -> str:
 
 
 # ----- helpers ---------------------------------------------------------------------------
-def _atomic_write_text(path: str, text: str) -> None:
+def atomic_write_text(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` atomically and durably: a crash or a failed write leaves any
+    previous file intact and no temporary behind (every file gradscope writes goes through it)."""
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".gradscope-", suffix=".tmp", dir=directory)
     try:
