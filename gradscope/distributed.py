@@ -669,15 +669,7 @@ def _resident(meta_model: torch.nn.Module, batch: Any, opt: Any, sim: _FsdpSim |
         tensors.extend(sim.shard_of.values())
     tensors.extend(t.grad for t in list(tensors) if t.grad is not None)
     tensors.extend(meta_model.buffers())
-    stack = [batch]
-    while stack:
-        o = stack.pop()
-        if isinstance(o, torch.Tensor):
-            tensors.append(o)
-        elif isinstance(o, dict):
-            stack.extend(o.values())
-        elif isinstance(o, list | tuple):
-            stack.extend(o)
+    tensors.extend(_tensors(batch))
     if opt is not None:
         for st in opt.state.values():
             tensors.extend(v for v in st.values() if isinstance(v, torch.Tensor))
