@@ -112,6 +112,16 @@ def free_weak_ref(ref: int) -> None:
     torch.UntypedStorage._free_weak_ref(ref)
 
 
+def weak_ref_expired_fn() -> Callable[[int], bool]:
+    """:func:`weak_ref_expired` as the raw binding, for hot paths (no Python frame per call)."""
+    return torch.UntypedStorage._expired  # type: ignore[return-value]
+
+
+def free_weak_ref_fn() -> Callable[[int], None]:
+    """:func:`free_weak_ref` as the raw binding, for hot paths."""
+    return torch.UntypedStorage._free_weak_ref  # type: ignore[return-value]
+
+
 def is_zero_tensor(t: torch.Tensor) -> bool:
     try:
         return bool(t._is_zerotensor())

@@ -13,6 +13,7 @@ failure) -> ``backward_calls`` -> ``notes``.
 from __future__ import annotations
 
 import bisect
+import heapq
 import itertools
 import socket
 from collections.abc import Callable, Mapping, Sequence
@@ -205,12 +206,136 @@ def _steps_from_events(trace: Trace, graph: Graph, b_index: int, b: BackwardRow,
         before_l.append(live)
         after_l.append(None)
         cur_node, closed = node, False
+    if trace.memory == "off" and len(node_l) > first:
+        _add_unseen_steps(graph, b, out, first)
     n = len(node_l)
     out.backward.extend([b_index] * (n - first))
     out.scope.extend([None] * (n - first))
     for k in range(first, n):  # a step without a post hook ends where the next begins
         end = closed_at.get(k)
         t1_l[k] = end if end is not None else (t0_l[k + 1] if k + 1 < n else max(b.t1_ns, t0_l[k]))
+
+
+def engine_order(graph: Graph, b: BackwardRow) -> list[int]:
+    """The nodes one backward pass runs, in the order PyTorch's engine runs them on one thread.
+
+    NOTE [ steps nobody saw ]: with ``memory="off"`` a step is seen when its node unpacks a save
+    of ours (or, for the few nodes hooked, its pre hook runs); a node that saves nothing runs
+    unseen, since hooking every such node would cost as much as the op (see NOTE [ how steps are
+    seen ] in :mod:`gradscope.record`). Its step is given back from the engine's own rule: the
+    nodes a pass runs are those reachable from its roots (with ``inputs=``, those on a path to
+    an input; an input itself runs only for ``backward``, which accumulates into it), each runs
+    once every node pointing at it has run, and among ready nodes the engine's queue runs the
+    highest sequence number first (``AccumulateGrad``'s number is the largest). So the order is
+    a simulation of that queue over the walked graph. It is used only where the steps that were
+    seen come in the same order (checked: a pass run on several threads, or a graph with nodes of
+    another thread, keeps only its seen steps); an unseen step lasts no time, at the start of the
+    next seen one."""
+    rows = graph.rows
+    n = len(rows)
+    kids: dict[int, list[int]] = {}
+    for s_, d_ in zip(graph.edges.column("src"), graph.edges.column("dst"), strict=True):
+        kids.setdefault(d_, []).append(s_)
+    roots = [r for r in dict.fromkeys(b.roots) if 0 <= r < n]
+    reach: set[int] = set()
+    stack = list(roots)
+    while stack:
+        d = stack.pop()
+        if d not in reach:
+            reach.add(d)
+            stack.extend(kids.get(d, ()))
+    run = reach
+    if b.inputs:
+        parents: dict[int, list[int]] = {}
+        for d in reach:
+            for s_ in kids.get(d, ()):
+                parents.setdefault(s_, []).append(d)
+        needed: set[int] = set()
+        stack = [i for i in b.inputs if i in reach]
+        while stack:
+            s_ = stack.pop()
+            if s_ not in needed:
+                needed.add(s_)
+                stack.extend(parents.get(s_, ()))
+        if b.api != "backward":  # autograd.grad captures an input's gradient without running it
+            needed -= {i for i in b.inputs if not any(k in needed for k in kids.get(i, ()))}
+        run = needed
+    deps = dict.fromkeys(run, 0)
+    for d in run:
+        for s_ in kids.get(d, ()):
+            if s_ in deps:
+                deps[s_] += 1
+    for r in roots:
+        if r in deps:
+            deps[r] += 1
+    ready: list[tuple[int, int]] = []
+    for r in roots:
+        if r in deps:
+            deps[r] -= 1
+            if deps[r] == 0:
+                heapq.heappush(ready, (-int(rows[r][N_SEQ]), r))
+    order: list[int] = []
+    while ready:
+        _, d = heapq.heappop(ready)
+        order.append(d)
+        for s_ in kids.get(d, ()):
+            if s_ in deps:
+                deps[s_] -= 1
+                if deps[s_] == 0:
+                    heapq.heappush(ready, (-int(rows[s_][N_SEQ]), s_))
+    return order
+
+
+def _add_unseen_steps(graph: Graph, b: BackwardRow, out: Steps, first: int) -> None:
+    """Insert the steps of nodes that ran unseen (see NOTE [ steps nobody saw ]) among the seen
+    steps ``out[first:]`` of pass ``b``."""
+    seen = out.node[first:]
+    order = engine_order(graph, b)
+    pos = {d: k for k, d in enumerate(order)}
+    rows = graph.rows
+    acc = _compat.ACC_SEQ
+    last = -1
+    for d in seen:  # the seen steps must come in the simulated order (AccumulateGrad ties aside)
+        p = pos.get(d)
+        if p is None:
+            return
+        if rows[d][N_SEQ] != acc:
+            if p <= last:
+                return
+            last = p
+    seen_set = set(seen)
+    if len(seen_set) != len(seen):
+        return  # a node seen twice in one pass: not the single-threaded engine's order
+    node_l, t0_l, pos_l, before_l, after_l = (out.node[first:], out.t0[first:], out.start_pos[first:],
+                                               out.live_before[first:], out.live_after[first:])
+    for col in (out.node, out.t0, out.t1, out.start_pos, out.live_before, out.live_after):
+        del col[first:]
+
+    def put(node: int, t: int, pos: int, before: int | None, after: int | None) -> None:
+        out.node.append(node)
+        out.t0.append(t)
+        out.t1.append(t)
+        out.start_pos.append(pos)
+        out.live_before.append(before)
+        out.live_after.append(after)
+
+    remap: dict[int, int] = {}
+    j = 0
+    for k, d in enumerate(node_l):
+        p = pos[d]
+        while j < p:
+            u = order[j]
+            j += 1
+            if u not in seen_set:  # ran unseen before this step: no time, no memory of its own
+                put(u, t0_l[k], pos_l[k], before_l[k], before_l[k])
+        if j == p:
+            j += 1
+        remap[first + k] = len(out.node)
+        put(d, t0_l[k], pos_l[k], before_l[k], after_l[k])
+    for u in order[j:]:
+        if u not in seen_set:
+            put(u, t0_l[-1], pos_l[-1], after_l[-1], after_l[-1])
+    out.freed.update({sid: remap[k] for sid, k in out.freed.items() if k >= first})
 
 
 def _steps_from_scopes(trace: Trace, graph: Graph, b_index: int, b: BackwardRow, out: Steps) -> None:
@@ -886,6 +1011,7 @@ def tracker_note(trace: Trace) -> str:
 def build(trace: Trace, *, complete: bool = True, error: str | None = None) -> Recording:
     """Run every pass over ``trace`` and assemble the :class:`Recording` (its big tables handed
     over as columns: see NOTE [ tables are columns ] in :mod:`gradscope.recording`)."""
+    trace.memory_trace.resolve()
     graph = graph_pass(trace)
     prefixes = naming_pass(trace)
     steps = steps_pass(trace, graph)

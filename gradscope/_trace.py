@@ -34,7 +34,7 @@ Row layouts (tuples, fields by position; the constants below name them):
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,6 +98,16 @@ class MemoryTrace:
     # the tracker saw forward-mode AD's zero tangents of tensors without a tangent (PyTorch then
     # uses efficient zero tensors; without a dispatch mode it materializes them: see tracker_note)
     zero_tangents: bool = False
+    # a source whose events are read after the block (the profiler's): fills the rows above when
+    # the analysis starts (see NOTE [ analysis on first look ] in gradscope.record)
+    pending: Callable[[MemoryTrace], None] | None = None
+
+    def resolve(self) -> MemoryTrace:
+        """Fill the rows a source left to be read later; returns self."""
+        read, self.pending = self.pending, None
+        if read is not None:
+            read(self)
+        return self
 
 
 @dataclass

@@ -10,8 +10,8 @@ What is installed while a block runs, and removed in ``finally`` whatever happen
 - one memory source from :mod:`gradscope.memory`.
 
 The hooks only append rows to a :class:`~gradscope._trace.Trace`; the passes of
-:mod:`gradscope._passes` turn it into the recording when the block ends (see NOTE [ capture apart
-from analysis ] in :mod:`gradscope._trace`).
+:mod:`gradscope._passes` turn it into the recording the first time it is asked for (see NOTE
+[ capture apart from analysis ] in :mod:`gradscope._trace` and NOTE [ analysis on first look ]).
 
 NOTE [ which node saved a tensor ]: a node's sequence number is taken from the thread's counter
 before the op saves its inputs/outputs, so in the pack hook the counter minus one is the
@@ -23,8 +23,9 @@ our unpack hook with it). Saves that another pair of hooks packed are never unpa
 NOTE [ how steps are seen ]: a node pre hook costs a few microseconds per node, as much as a small
 op. So steps come from what happens anyway: with ``memory="cpu"`` from the profiler's own node
 scopes; with ``memory="off"`` from our unpack hook (a node unpacks its saves when it runs), plus
-pre hooks only on nodes that unpack nothing of ours (``AccumulateGrad``, ``TBackward0``, nodes
-whose saves others packed). Sources that read the allocator at every step (tracker, CUDA) hook
+pre hooks on ``AccumulateGrad`` and custom Function nodes; the steps of nodes that unpack nothing
+of ours are given back by simulating the engine's queue (see NOTE [ steps nobody saw ] in
+:mod:`gradscope._passes`). Sources that read the allocator at every step (tracker, CUDA) hook
 every node. A backward with ``create_graph=True`` needs the sequence counter as each node
 starts: the nodes it creates (including the engine's ``AddBackward0`` that sums gradients
 reaching one input) are then given to the node that was running (see NOTE [ orders ] in
@@ -73,7 +74,7 @@ from gradscope._trace import (
     BackwardRow,
     Trace,
 )
-from gradscope._walk import node_name, roots_of, walk
+from gradscope._walk import node_key, node_name, roots_of, walk
 from gradscope.errors import GradscopeError, MemoryBudgetExceeded
 from gradscope.memory import MemorySource, make_source, parse_size, resolve_memory
 from gradscope.recording import Recording
@@ -247,9 +248,9 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         self._max_events = max_events
         self._history = history
         self._tracker_device = tracker_device
-        self.recording: Recording | None = None
+        self._recording: Recording | None = None
+        self._analysis: tuple[bool, str | None] | None = None  # (complete, error) until analysed
         self._entered = False
-        self._exc: BaseException | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def __enter__(self) -> record:
@@ -279,7 +280,6 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
 
     def _exit(self, exc_type: Any, exc: Any, tb: Any, frame: Any) -> Literal[False]:
         _active.rec = None
-        self._exc = exc
         trace = self._trace
         trace.t1_ns = time.time_ns()
         trace.seq1 = _compat.sequence_nr()
@@ -289,7 +289,9 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         except Exception as e:  # never mask the user's exception with ours
             internal = e
         self._state.stack.clear()  # module calls that raised: never keep a user's module alive
-        trace.failure = exc
+        # the trace keeps no reference to the exception (its traceback holds the user's frames)
+        trace.failure = (MemoryBudgetExceeded(exc.requested, exc.live, exc.budget, where=exc.where)
+                         if isinstance(exc, MemoryBudgetExceeded) else None)
         trace.failed_oom = isinstance(exc, torch.OutOfMemoryError)
         trace.rank, trace.world_size = _distributed()
         error = None
@@ -299,20 +301,42 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
             self._at_block_end(frame, tb)
         except Exception as e:
             internal = internal or e
-        try:
-            self.recording = self._finalize(complete=exc_type is None, error=error)
-        except Exception as e:
-            internal = internal or e
-            self.recording = Recording(label=self._label, complete=False,
-                                       error=error or f"gradscope internal error: {e!r}")
         self._root_mods.clear()
         self._free_weak_refs()
-        if internal is not None and exc_type is None:
-            raise GradscopeError(
-                f"gradscope: recording failed inside gradscope ({internal!r}); every hook was removed. "
-                "Please report this with the code that triggered it."
-            ) from internal
+        self._analysis = (exc_type is None, error)
+        if internal is not None:
+            self._analysis = None
+            self._recording = Recording(label=self._label, complete=False,
+                                        error=error or f"gradscope internal error: {internal!r}")
+            if exc_type is None:
+                raise _internal_failure(internal) from internal
         return False
+
+    @property
+    def recording(self) -> Recording | None:
+        """The :class:`Recording` of the block (None before it ended, or when it never started).
+
+        NOTE [ analysis on first look ]: the block's exit only stops capture; the passes that turn
+        the trace into a recording (and the reading of the profiler's events) run the first time
+        the recording is asked for, as PyTorch's profiler parses its events on first use. A loop
+        that records every step pays for the analysis of the steps it looks at. A failure inside
+        the analysis raises a GradscopeError here, once; the recording is then an incomplete one
+        that says so."""
+        if self._analysis is not None:
+            complete, error = self._analysis
+            try:
+                with _no_gc():  # see NOTE [ no collection while rows are made ]
+                    rec = self._finalize(complete=complete, error=error)
+            except Exception as e:
+                self._analysis = None
+                self._recording = Recording(label=self._label, complete=False,
+                                            error=error or f"gradscope internal error: {e!r}")
+                self._trace = Trace()
+                raise _internal_failure(e) from e
+            self._analysis = None
+            self._recording = rec
+            self._trace = Trace()  # the rows are the recording's now
+        return self._recording
 
     def _finalize(self, complete: bool, error: str | None) -> Recording:
         """Everything after capture: the passes (see :mod:`gradscope._passes`)."""
@@ -442,7 +466,21 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         internal = self._internal
         pending = st.pending
         pending_append = pending.append
-        check_frees = self._check_frees
+        expired, free = _compat.weak_ref_expired_fn(), _compat.free_weak_ref_fn()
+
+        def check_frees() -> None:
+            """The engine releases a node's saved tensors right after the node (and its post
+            hooks) ran; at the next step boundary, the storages of the saves it unpacked that
+            are gone were freed by that step."""
+            for q in pending:
+                ref = weak[q]
+                if ref is not None and expired(ref):
+                    events_append((EV_FREED, q, 0, None))
+                    weak[q] = None
+                    free(ref)
+            pending.clear()
+
+        self._check_frees: Callable[[], None] = check_frees
 
         def pack(t: torch.Tensor) -> Any:
             # No thread filter: saved-tensor hooks are thread-local, and the engine carries them
@@ -450,8 +488,9 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
             try:
                 s = t.untyped_storage()
                 sid = len(saves)
+                node = seq() - 1
                 # is_leaf is ``grad_fn is None`` without making the producer's Python node object
-                saves_append((seq() - 1, key_of(s), s.data_ptr() if need_ptr else 0, s.nbytes(), t.shape, t.dtype,
+                saves_append((node, key_of(s), s.data_ptr() if need_ptr else 0, s.nbytes(), t.shape, t.dtype,
                               t.device, time_ns() if need_time else sid, t.is_leaf))
                 if need_weak:
                     weak_append(weak_of(s))  # type: ignore[arg-type]  # an int handle at run time
@@ -460,7 +499,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                 # Python's collector cannot break. Unpack rebuilds autograd metadata from the saved
                 # variable, not from the tensor the hook returns, so keeping only the data (as
                 # PyTorch does without hooks) is exact.
-                return (t.detach(), sid, version_of(t))
+                return (t.detach(), sid, version_of(t), node)
             except Exception as e:  # observing must never break the model: save the tensor as is
                 internal(e)
                 return t
@@ -468,27 +507,24 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         def unpack(p: Any) -> torch.Tensor:
             if type(p) is not tuple:
                 return p  # type: ignore[no-any-return]  # packed while observing failed
-            t = p[0]
+            t, sid, version, node = p
             # NOTE [ in-place checks ]: while saved-tensor hooks are active PyTorch does not check
             # that a saved tensor was left unmodified (measured: no error, silently different
             # gradients), so a program that fails without gradscope would run with wrong
             # gradients under it. The check is made here, with PyTorch's words.
-            if version_of(t) != p[2]:
-                raise _inplace_error(t, p[2])
+            if version_of(t) != version:
+                raise _inplace_error(t, version)
             if st.bw is not None:
-                sid = p[1]
-                if st.marks:
-                    node = saves[sid][0]
-                    if node != st.last_seq:
-                        if pending:
-                            check_frees()
-                        st.last_seq = node
-                        # the counter as the node starts: see NOTE [ orders ] in gradscope._passes
-                        events_append((EV_UNPACK, sid, time_ns(), seq()))
+                if st.marks and node != st.last_seq:
+                    if pending:
+                        check_frees()
+                    st.last_seq = node
+                    # the counter as the node starts: see NOTE [ orders ] in gradscope._passes
+                    events_append((EV_UNPACK, sid, time_ns(), seq()))
                 if need_weak:
                     pending_append(sid)
             elif st.reading is not None:
-                st.reading.append(p[1])
+                st.reading.append(sid)
             return t
 
         return pack, unpack
@@ -504,22 +540,6 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
             if ref is not None:
                 free(ref)
         self._weak.clear()
-
-    def _check_frees(self) -> None:
-        """The engine releases a node's saved tensors right after the node (and its post hooks)
-        ran; at the next step boundary, the storages of the saves it unpacked that are gone were
-        freed by that step."""
-        st = self._state
-        weak = self._weak
-        events_append = self._trace.events.append
-        expired, free = _compat.weak_ref_expired, _compat.free_weak_ref
-        for sid in st.pending:
-            ref = weak[sid]
-            if ref is not None and expired(ref):
-                events_append((EV_FREED, sid, 0, None))
-                weak[sid] = None
-                free(ref)
-        st.pending.clear()
 
     def _hooks_on_top(self) -> bool:
         """Whether our pair is the innermost saved-tensor hooks pair on this thread."""
@@ -712,7 +732,6 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                 with _no_gc():
                     self._discover(roots)
                 idx = trace.node_index
-                from gradscope._walk import node_key
 
                 row.roots = [idx[k] for k in (node_key(r) for r in roots) if k in idx]
                 row.inputs = [idx[k] for k in (node_key(r) for r in inputs) if k in idx]
@@ -779,59 +798,80 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         acc_known: list[tuple[Any, Any]] = []  # (parent node, known AccumulateGrad key)
         src = self._source
         hook_all = src is not None and src.node_hooks
-        off = self._memory == "off"
         hooking = self._hooking
         seq0 = trace.seq0
         seq_attr, seq_order = trace.seq_attr, trace.seq_order
-        types = _TYPES
-        for fn, key, kids in walk(roots, stop=index):
-            i = len(nodes)
-            index[key] = i
-            info = types.get(type(fn))
-            if info is None:
-                info = _type_info(fn)
-            name, attrs, custom, single = info
-            for k in kids:
-                pending_edges.append((k, i))
-                if type(k) is tuple and k in index and hooking:
-                    acc_known.append((fn, k))
-            if isinstance(key, int):
-                nodes.append((key, key, name, None, None, custom))
-                ours = key in packed
-                if attrs:
-                    if ours and single is not None:
-                        seq_attr[key] = single  # see NOTE [ which node saved a tensor ]
-                    elif ours and (order := _ORDERS.get(type(fn))) is not None and packed[key] == len(order):
-                        seq_order[key] = order  # see NOTE [ pack order ]
-                    else:
-                        try:
-                            if ours:
-                                self._learn_order(fn, self._name_saves(fn, key, attrs), len(attrs))
-                            elif key >= seq0:
-                                self._count_unseen(fn, key, attrs)
-                        except Exception as e:  # a node whose saves cannot be read: noted, the walk goes on
-                            self._internal(e)
-                if not hooking:
+        types, orders = _TYPES, _ORDERS
+        acc, seq_of = _compat.ACC_SEQ, _compat.node_seq
+        # The walk of gradscope._walk.walk, inlined (a generator's resume per node costs as much
+        # as the rest of a node's row): depth first, every node object held until the end (see
+        # NOTE [ node identity ] there), nodes walked before (in ``index``) not walked again.
+        held: list[Any] = []
+        hold = held.append
+        stack = [(r, node_key(r)) for r in roots if r is not None]
+        pop, push = stack.pop, stack.append
+        edge_out = pending_edges.append
+        try:
+            while stack:
+                fn, key = pop()
+                if key in index:
                     continue
-                if hook_all:
-                    self._hook(fn, i, name=name, post=True)
-                elif custom or (off and not ours):
-                    self._hook(fn, i, name=name, post=False)
-            else:  # AccumulateGrad: the leaf names it
-                leaf: Any = "input"
-                leaf_shape = None
-                try:
-                    var = fn.variable
-                    self._acc_vars[i] = weakref.ref(var)
-                    leaf_shape = tuple(var.shape)
-                    named = self._param_by_id.get(id(var))
-                    if named is not None and named[0]() is var:
-                        leaf = (named[1], named[2])
-                except (AttributeError, RuntimeError):
-                    pass
-                nodes.append((key, _compat.ACC_SEQ, name, leaf, leaf_shape, custom))
-                if hooking:
-                    self._hook_leaf(fn, i, name, post=hook_all)
+                hold(fn)
+                i = len(nodes)
+                index[key] = i
+                info = types.get(type(fn))
+                if info is None:
+                    info = _type_info(fn)
+                name, attrs, custom, single = info
+                for nxt, _ in fn.next_functions:
+                    if nxt is not None:
+                        k = seq_of(nxt)
+                        if k == acc:
+                            k = node_key(nxt)
+                            if hooking and k in index:
+                                acc_known.append((fn, k))
+                        edge_out((k, i))
+                        if k not in index:
+                            push((nxt, k))
+                if key.__class__ is int:
+                    nodes.append((key, key, name, None, None, custom))
+                    if attrs:
+                        ours = key in packed
+                        if ours and single is not None:
+                            seq_attr[key] = single  # see NOTE [ which node saved a tensor ]
+                        elif ours and (order := orders.get(type(fn))) is not None and packed[key] == len(order):
+                            seq_order[key] = order  # see NOTE [ pack order ]
+                        else:
+                            try:
+                                if ours:
+                                    self._learn_order(fn, self._name_saves(fn, key, attrs), len(attrs))
+                                elif key >= seq0:
+                                    self._count_unseen(fn, key, attrs)
+                            except Exception as e:  # a node whose saves cannot be read: noted, the walk goes on
+                                self._internal(e)
+                    if not hooking:
+                        continue
+                    if hook_all:
+                        self._hook(fn, i, name=name, post=True)
+                    elif custom:  # see NOTE [ steps nobody saw ] in gradscope._passes
+                        self._hook(fn, i, name=name, post=False)
+                else:  # AccumulateGrad: the leaf names it
+                    leaf: Any = "input"
+                    leaf_shape = None
+                    try:
+                        var = fn.variable
+                        self._acc_vars[i] = weakref.ref(var)
+                        leaf_shape = tuple(var.shape)
+                        named = self._param_by_id.get(id(var))
+                        if named is not None and named[0]() is var:
+                            leaf = (named[1], named[2])
+                    except (AttributeError, RuntimeError):
+                        pass
+                    nodes.append((key, acc, name, leaf, leaf_shape, custom))
+                    if hooking:
+                        self._hook_leaf(fn, i, name, post=hook_all)
+        finally:
+            held.clear()
         for k, i in pending_edges:  # every key of this walk is indexed now
             j = index.get(k)
             if j is not None:
@@ -958,7 +998,6 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         h = self._leaf_hooks.get(i)
         if h is not None and h.hooks_dict_ref() is not None:
             return  # the node we hooked is the leaf's node still (one lives at a time)
-        from gradscope._walk import node_key
 
         for nxt, _ in parent.next_functions:
             if nxt is not None and node_key(nxt) == key:
@@ -978,7 +1017,6 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         unpacks none of our saves (a node's first unpack reads the counter as a pre hook would:
         see NOTE [ how steps are seen ]); the walk stops at ``inputs=`` nodes, which the engine
         does not run past."""
-        from gradscope._walk import node_key
 
         index = self._trace.node_index
         stop = {node_key(r) for r in inputs}
@@ -1129,6 +1167,13 @@ def _type_info(fn: Any) -> tuple[str, tuple[tuple[str, str], ...], bool, str | N
     if node_name(fn) == type(fn).__name__:  # one class, one node kind: safe to remember
         _TYPES[type(fn)] = info
     return info
+
+
+def _internal_failure(e: BaseException) -> GradscopeError:
+    return GradscopeError(
+        f"gradscope: recording failed inside gradscope ({e!r}); every hook was removed. "
+        "Please report this with the code that triggered it."
+    )
 
 
 def _inplace_error(t: torch.Tensor, expected: int) -> RuntimeError:

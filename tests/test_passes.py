@@ -266,6 +266,65 @@ def test_off_steps_from_unpacks_and_frees_from_checks() -> None:
     assert r.timeline == () and r.peak is None and r.allocations == ()
 
 
+def _off_unseen_sum() -> Trace:
+    """memory="off" as it records now: SumBackward0 saves nothing and has no hook; its step is
+    given back from the engine's order (see NOTE [ steps nobody saw ] in gradscope._passes)."""
+    t = Trace(memory="off", t0_ns=0, t1_ns=500, seq0=10, seq1=13)
+    _forward(t)
+    t.events = [
+        (EV_UNPACK, 2, 310, 13),  # TanhBackward0 unpacks its result
+        (EV_UNPACK, 0, 320, 13), (EV_UNPACK, 1, 321, 13),  # MulBackward0 unpacks two
+        (EV_PRE, 3, 330, 13), (EV_PRE, 4, 332, 13),
+    ]
+    t.backwards = [BackwardRow("backward", False, False, roots=[0], inputs=[], seq0=13, seq1=13,
+                               t0_ns=300, t1_ns=400, ev0=0, ev1=5)]
+    return t
+
+
+def test_off_steps_of_nodes_that_save_nothing_come_from_the_engine_order() -> None:
+    r = P.build(_off_unseen_sum())
+    assert [s.node for s in r.steps] == [0, 1, 2, 3, 4]
+    # the unseen step takes no time, at the start of the next seen one
+    assert [s.start_s for s in r.steps] == [310e-9, 310e-9, 320e-9, 330e-9, 332e-9]
+    assert [s.duration_s for s in r.steps][:2] == [0.0, 10e-9]
+    assert [n.executed for n in r.nodes] == [1, 1, 1, 1, 1]
+
+
+def test_engine_order_runs_the_highest_sequence_number_first_and_stops_at_inputs() -> None:
+    """Two branches off one root: (12) -> (11) and (10); (11) -> (9); the leaf's AccumulateGrad
+    (ACC_SEQ) runs as soon as it is ready. autograd.grad with inputs=[(9)] runs only the nodes on a
+    path to it and does not run (9) itself; backward(inputs=...) runs it."""
+    t = Trace(memory="off")
+    t.nodes = [
+        (12, 12, "AddBackward0", None, None, False),
+        (11, 11, "MulBackward0", None, None, False),
+        (10, 10, "ExpBackward0", None, None, False),
+        (9, 9, "TanhBackward0", None, None, False),
+        (("acc", 1), ACC_SEQ, "AccumulateGrad", "input", (3,), False),
+    ]
+    t.edges = dict.fromkeys([(1, 0), (2, 0), (3, 1), (4, 1), (4, 2), (4, 3)])
+    g = P.graph_pass(t)
+
+    def order(api: str, inputs: list[int]) -> list[int]:
+        return P.engine_order(g, BackwardRow(api, False, False, roots=[0], inputs=inputs, seq0=13))
+
+    # (12), (11); then (10) before (9), which (11) made ready (a depth-first walk would take (9));
+    # x's AccumulateGrad waits for all three of its parents
+    assert order("backward", []) == [0, 1, 2, 3, 4]
+    assert order("autograd.grad", [3]) == [0, 1]
+    assert order("backward", [3]) == [0, 1, 3]
+
+
+def test_off_steps_seen_out_of_the_engine_order_are_kept_alone() -> None:
+    """Seen steps in an order the single-threaded engine would not run (a pass on several
+    threads): nothing is guessed, the seen steps stay as they were."""
+    t = _off_unseen_sum()
+    t.events = [(EV_UNPACK, 0, 310, 13), (EV_UNPACK, 1, 311, 13), (EV_UNPACK, 2, 320, 13),
+                (EV_PRE, 3, 330, 13), (EV_PRE, 4, 332, 13)]  # Mul seen before Tanh
+    r = P.build(t)
+    assert [s.node for s in r.steps] == [2, 1, 3, 4]
+
+
 # ----- notes --------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("field", ["foreign_saves", "unseen_saves"])
 def test_saves_others_packed_are_noted(field: str) -> None:

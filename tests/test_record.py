@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from conftest import MODELS, independent_nodes, mlp, no_gradscope_left, profiler_peak
@@ -313,3 +315,79 @@ def test_saved_bytes_at_peak_counts_only_live_saves() -> None:
     saved_so_far = {s.storage: s.bytes for s in r.saved if s.kind is Kind.ACTIVATION}
     assert r.saved_bytes_at_peak == sum(saved_so_far.values()) > 0
     assert "at the failure: " in r.summary()
+
+
+# ----- memory="off": steps of nodes that save nothing ------------------------------------------------
+def _rnn_hypergrad_step() -> None:
+    """Code written as users write it: an LSTMCell over a sequence (nodes that save nothing: adds,
+    chunks, transposes), a gradient penalty with create_graph=True, autograd.grad with inputs=,
+    and backward(inputs=...)."""
+    torch.manual_seed(0)
+    cell = nn.LSTMCell(4, 6)
+    xs = torch.randn(5, 3, 4, requires_grad=True)
+    h = c = torch.zeros(3, 6)
+    outs = []
+    for t in range(xs.shape[0]):
+        h, c = cell(xs[t], (h, c))
+        outs.append(h)
+    loss = torch.stack(outs).pow(2).mean()
+    (gx,) = torch.autograd.grad(loss, xs, create_graph=True)
+    (gw,) = torch.autograd.grad(loss, [cell.weight_hh], retain_graph=True)
+    (loss + gx.pow(2).sum()).backward(inputs=list(cell.parameters()), retain_graph=True)
+    loss.backward(inputs=[xs])
+
+
+def test_off_steps_equal_the_steps_of_a_source_that_hooks_every_node() -> None:
+    """With memory="off" only nodes that unpack a save of ours (and AccumulateGrad) are seen;
+    the others' steps come from simulating the engine's queue. The tracker hooks every node, so
+    its steps are what really ran: the two must agree node for node and pass for pass."""
+
+    def steps(memory: str) -> list[tuple[int, str, int, int]]:
+        with gs.record(memory=memory) as rec:
+            _rnn_hypergrad_step()
+        r = rec.recording
+        return [(s.backward, r.nodes[s.node].name, r.nodes[s.node].order, s.node) for s in r.steps]
+
+    off, tracker = steps("off"), steps("tracker")
+    silent = {"AddBackward0", "SplitWithSizesBackward0", "TBackward0", "StackBackward0", "UnsafeSplitBackward0"}
+    assert {name for _, name, _, _ in off} & silent  # the comparison covers nodes that save nothing
+    assert off == tracker
+    assert len({b for b, _, _, _ in off}) == 4
+
+
+# ----- analysis on first look ------------------------------------------------------------------------
+def test_the_analysis_runs_on_first_look_and_keeps_nothing_of_the_user_alive(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The block's exit stops capture only; the profiler's events are read and the passes run
+    when the recording is first asked for (once). Meanwhile the recording holds none of the
+    user's objects: a block that raised lets its frames' tensors go with the exception."""
+    import weakref
+
+    from gradscope import memory as gmem
+
+    parsed: list[int] = []
+    real_parse = gmem.ProfilerSource._parse
+
+    def counting_parse(self: Any, roots: Any) -> Any:
+        parsed.append(1)
+        return real_parse(self, roots)
+
+    monkeypatch.setattr(gmem.ProfilerSource, "_parse", counting_parse)
+    model, x = mlp()
+
+    def failing_step() -> None:
+        big = torch.randn(256, 256, requires_grad=True)
+        held.append(weakref.ref(big))
+        (model(x).sum() * big.sum()).backward()
+        raise ValueError("boom")
+
+    held: list[Any] = []
+    with pytest.raises(ValueError):
+        with gs.record(memory="cpu") as rec:
+            failing_step()
+    assert parsed == []  # nothing read yet
+    assert held[0]() is None  # the exception is gone, and with it the frame holding `big`
+    r = rec.recording
+    assert parsed == [1] and rec.recording is r  # read once
+    assert r is not None and not r.complete and r.error == "ValueError: boom" and r.peak_bytes > 256 * 256 * 4
+    assert no_gradscope_left() == []
