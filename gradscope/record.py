@@ -467,6 +467,17 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         pending = st.pending
         pending_append = pending.append
         expired, free = _compat.weak_ref_expired_fn(), _compat.free_weak_ref_fn()
+        # NOTE [ the packed value is the tensor ]: what the pack hook returns lives as long as the
+        # saved variable, and every object it adds is one more for Python's cyclic collector to
+        # walk until the backward frees it: a graph of small ops packs thousands, and a collector
+        # pass over them cost more than the recording's own work (measured on a 5,000-op chain:
+        # 25 ms a step). So the pack hook returns the detached tensor alone (see NOTE [ pack a
+        # detached tensor ]); what unpack needs (save index, version, node) sits in this table of
+        # plain ints under the tensor's id, which no other live object shares while the saved
+        # variable holds it (a new pack of a reused id overwrites the entry first). Rows hold no
+        # object the collector tracks either (the shape as a tuple of ints).
+        packed_info: dict[int, tuple[int, int, int] | None] = {}
+        self._packed_info = packed_info
 
         def check_frees() -> None:
             """The engine releases a node's saved tensors right after the node (and its post
@@ -490,7 +501,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                 sid = len(saves)
                 node = seq() - 1
                 # is_leaf is ``grad_fn is None`` without making the producer's Python node object
-                saves_append((node, key_of(s), s.data_ptr() if need_ptr else 0, s.nbytes(), t.shape, t.dtype,
+                saves_append((node, key_of(s), s.data_ptr() if need_ptr else 0, s.nbytes(), tuple(t.shape), t.dtype,
                               t.device, time_ns() if need_time else sid, t.is_leaf))
                 if need_weak:
                     weak_append(weak_of(s))  # type: ignore[arg-type]  # an int handle at run time
@@ -499,15 +510,19 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                 # Python's collector cannot break. Unpack rebuilds autograd metadata from the saved
                 # variable, not from the tensor the hook returns, so keeping only the data (as
                 # PyTorch does without hooks) is exact.
-                return (t.detach(), sid, version_of(t), node)
+                d = t.detach()
+                packed_info[id(d)] = (sid, version_of(t), node)
+                return d
             except Exception as e:  # observing must never break the model: save the tensor as is
+                packed_info[id(t)] = None
                 internal(e)
                 return t
 
-        def unpack(p: Any) -> torch.Tensor:
-            if type(p) is not tuple:
-                return p  # type: ignore[no-any-return]  # packed while observing failed
-            t, sid, version, node = p
+        def unpack(t: torch.Tensor) -> torch.Tensor:
+            info = packed_info.get(id(t))
+            if info is None:
+                return t  # packed while observing failed
+            sid, version, node = info
             # NOTE [ in-place checks ]: while saved-tensor hooks are active PyTorch does not check
             # that a saved tensor was left unmodified (measured: no error, silently different
             # gradients), so a program that fails without gradscope would run with wrong
@@ -904,10 +919,12 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                 label = f"{attr}[{k}]" if many else attr
                 if caps.saved_data:
                     if _compat.unpack_hook_of(raw) is self._unpack:
-                        v = _compat.packed_value(raw)
-                        names[v[1]] = label
+                        info = self._packed_info.get(id(_compat.packed_value(raw)))
+                        if info is None:
+                            continue
+                        names[info[0]] = label
                         if named is not None:
-                            named.append((v[1], label))
+                            named.append((info[0], label))
                 else:
                     got = self._read_by_unpacking(fn, attr, label if not many else None, names)
                     if named is not None:
