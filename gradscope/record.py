@@ -250,6 +250,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         self._tracker_device = tracker_device
         self._recording: Recording | None = None
         self._analysis: tuple[bool, str | None] | None = None  # (complete, error) until analysed
+        self._analysis_lock = threading.Lock()  # two threads' first looks analyse once
         self._entered = False
 
     # ------------------------------------------------------------------ lifecycle
@@ -323,6 +324,12 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         the analysis raises a GradscopeError here, once; the recording is then an incomplete one
         that says so."""
         if self._analysis is not None:
+            with self._analysis_lock:
+                self._analyse()
+        return self._recording
+
+    def _analyse(self) -> None:
+        if self._analysis is not None:
             complete, error = self._analysis
             try:
                 with _no_gc():  # see NOTE [ no collection while rows are made ]
@@ -336,7 +343,6 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
             self._analysis = None
             self._recording = rec
             self._trace = Trace()  # the rows are the recording's now
-        return self._recording
 
     def _finalize(self, complete: bool, error: str | None) -> Recording:
         """Everything after capture: the passes (see :mod:`gradscope._passes`)."""
