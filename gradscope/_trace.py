@@ -8,7 +8,8 @@ them can be tested on a trace written by hand.
 NOTE [ capture apart from analysis ]: a small op costs PyTorch a few microseconds; a Python hook
 that looks anything up costs as much again. So a hook appends one tuple of numbers it already has
 (the sequence counter, a storage's address, a time) and returns; node identity, naming and every
-cross-reference are resolved once, after the block, in passes that touch each row once.
+cross-reference are resolved once, after the block (on the first look at the recording: see NOTE
+[ analysis on first look ] in :mod:`gradscope.record`), in passes that touch each row once.
 
 Row layouts (tuples, fields by position; the constants below name them):
 
