@@ -141,6 +141,7 @@ class Steps:
     freed: dict[int, int] = field(default_factory=dict)  # save index -> step (weak-ref checks)
     scope_step: dict[int, int] = field(default_factory=dict)  # profiler scope -> step
     unresolved_scopes: int = 0
+    unordered_passes: int = 0  # memory="off" passes whose unseen steps were not given back
 
     def __len__(self) -> int:
         return len(self.node)
@@ -297,15 +298,15 @@ def _add_unseen_steps(graph: Graph, b: BackwardRow, out: Steps, first: int) -> N
     last = -1
     for d in seen:  # the seen steps must come in the simulated order (AccumulateGrad ties aside)
         p = pos.get(d)
-        if p is None:
+        if p is None or (rows[d][N_SEQ] != acc and p <= last):
+            out.unordered_passes += 1
             return
         if rows[d][N_SEQ] != acc:
-            if p <= last:
-                return
             last = p
     seen_set = set(seen)
-    if len(seen_set) != len(seen):
-        return  # a node seen twice in one pass: not the single-threaded engine's order
+    if len(seen_set) != len(seen):  # a node seen twice in one pass: not the single-threaded engine's order
+        out.unordered_passes += 1
+        return
     node_l, t0_l, pos_l, before_l, after_l = (out.node[first:], out.t0[first:], out.start_pos[first:],
                                                out.live_before[first:], out.live_after[first:])
     for col in (out.node, out.t0, out.t1, out.start_pos, out.live_before, out.live_after):
@@ -978,6 +979,12 @@ def notes_pass(trace: Trace, graph: Graph, saves: Saves, steps: Steps) -> list[s
         )
     if trace.memory == "tracker":
         notes.append(tracker_note(trace))
+    if steps.unordered_passes:
+        notes.append(
+            f"memory='off': in {steps.unordered_passes} backward pass(es) the steps seen did not come in the "
+            "order PyTorch's engine runs nodes on one thread (a pass on several devices' threads), so the "
+            "steps of nodes that save nothing are not shown there; memory='tracker' hooks every node."
+        )
     if steps.unresolved_scopes:
         notes.append(f"{steps.unresolved_scopes} node scopes of the profiler could not be matched with a node "
                      "gradscope saw (made on another thread, or before a walk); they are not steps.")

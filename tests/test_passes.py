@@ -323,6 +323,8 @@ def test_off_steps_seen_out_of_the_engine_order_are_kept_alone() -> None:
                 (EV_PRE, 3, 330, 13), (EV_PRE, 4, 332, 13)]  # Mul seen before Tanh
     r = P.build(t)
     assert [s.node for s in r.steps] == [2, 1, 3, 4]
+    assert any("did not come in the order" in n for n in r.notes)
+    assert not any("did not come in the order" in n for n in P.build(_off_unseen_sum()).notes)
 
 
 # ----- notes --------------------------------------------------------------------------------------------
