@@ -94,6 +94,16 @@ class Graph:
     by_seq: Mapping[Any, int]  # sequence number -> node id (AccumulateGrad keys are tuples)
     leaves: list[int]  # ids of AccumulateGrad nodes
     made: list[tuple[int, int]] = field(default_factory=list)  # (sequence number, id), sorted
+    _kids: dict[int, list[int]] | None = None
+
+    def kids(self) -> dict[int, list[int]]:
+        """Node id -> ids of its next nodes (made once: every backward pass reads it)."""
+        if self._kids is None:
+            kids: dict[int, list[int]] = {}
+            for s_, d_ in zip(self.edges.column("src"), self.edges.column("dst"), strict=True):
+                kids.setdefault(d_, []).append(s_)
+            self._kids = kids
+        return self._kids
 
 
 def graph_pass(trace: Trace) -> Graph:
@@ -173,6 +183,7 @@ def _steps_from_events(trace: Trace, graph: Graph, b_index: int, b: BackwardRow,
     node_l, t0_l, t1_l, pos_l = out.node, out.t0, out.t1, out.start_pos
     before_l, after_l = out.live_before, out.live_after
     freed = out.freed
+    freed_here: list[int] = []  # saves this pass freed (their steps move if unseen steps are added)
     first = len(node_l)
     cur_node = -1
     closed = True
@@ -199,6 +210,7 @@ def _steps_from_events(trace: Trace, graph: Graph, b_index: int, b: BackwardRow,
         else:  # EV_FREED
             if len(node_l) > first:
                 freed[ident] = len(node_l) - 1
+                freed_here.append(ident)
             continue
         node_l.append(node)
         t0_l.append(t)
@@ -208,7 +220,7 @@ def _steps_from_events(trace: Trace, graph: Graph, b_index: int, b: BackwardRow,
         after_l.append(None)
         cur_node, closed = node, False
     if trace.memory == "off" and len(node_l) > first:
-        _add_unseen_steps(graph, b, out, first)
+        _add_unseen_steps(graph, b, out, first, freed_here)
     n = len(node_l)
     out.backward.extend([b_index] * (n - first))
     out.scope.extend([None] * (n - first))
@@ -234,9 +246,7 @@ def engine_order(graph: Graph, b: BackwardRow) -> list[int]:
     next seen one."""
     rows = graph.rows
     n = len(rows)
-    kids: dict[int, list[int]] = {}
-    for s_, d_ in zip(graph.edges.column("src"), graph.edges.column("dst"), strict=True):
-        kids.setdefault(d_, []).append(s_)
+    kids = graph.kids()
     roots = [r for r in dict.fromkeys(b.roots) if 0 <= r < n]
     reach: set[int] = set()
     stack = list(roots)
@@ -287,7 +297,7 @@ def engine_order(graph: Graph, b: BackwardRow) -> list[int]:
     return order
 
 
-def _add_unseen_steps(graph: Graph, b: BackwardRow, out: Steps, first: int) -> None:
+def _add_unseen_steps(graph: Graph, b: BackwardRow, out: Steps, first: int, freed_here: list[int]) -> None:
     """Insert the steps of nodes that ran unseen (see NOTE [ steps nobody saw ]) among the seen
     steps ``out[first:]`` of pass ``b``."""
     seen = out.node[first:]
@@ -336,7 +346,9 @@ def _add_unseen_steps(graph: Graph, b: BackwardRow, out: Steps, first: int) -> N
     for u in order[j:]:
         if u not in seen_set:
             put(u, t0_l[-1], pos_l[-1], after_l[-1], after_l[-1])
-    out.freed.update({sid: remap[k] for sid, k in out.freed.items() if k >= first})
+    freed = out.freed
+    for sid in freed_here:
+        freed[sid] = remap[freed[sid]]
 
 
 def _steps_from_scopes(trace: Trace, graph: Graph, b_index: int, b: BackwardRow, out: Steps) -> None:
@@ -666,17 +678,24 @@ def memory_pass(trace: Trace, graph: Graph, prefixes: Sequence[str], steps: Step
                 step_freed[st] = step_freed.get(st, 0) + a_bytes[ai]
     elif steps.freed:
         # A storage found freed at a step was also freed for the saves of it made before (by nodes
-        # that ran earlier and released their reference then).
+        # that ran earlier and released their reference then), back to the previous free found
+        # for its key (a key names one storage at a time: the address is reused after a free).
+        # Each save is visited once: a block of many passes reuses addresses thousands of times.
         tsaves = trace.saves
         by_key: dict[int, list[int]] = {}
-        for sid in saves.sid:
+        for sid in sorted(saves.sid):
             by_key.setdefault(tsaves[sid][S_SKEY], []).append(sid)
-        for sid, st in steps.freed.items():
+        done: dict[int, int] = {}  # key -> how many of its saves are behind a free already
+        for sid in sorted(steps.freed):
+            st = steps.freed[sid]
             key = tsaves[sid][S_SKEY]
             step_freed[st] = step_freed.get(st, 0) + tsaves[sid][S_BYTES]
-            for other_sid in by_key.get(key, ()):
-                if other_sid <= sid and other_sid not in freed_at:
-                    freed_at[other_sid] = st
+            same = by_key.get(key, ())
+            j = done.get(key, 0)
+            while j < len(same) and same[j] <= sid:
+                freed_at.setdefault(same[j], st)
+                j += 1
+            done[key] = j
     na = len(a_bytes)
     allocations: Table[Allocation] = Table(Allocation, {
         "index": range(na), "bytes": a_bytes, "alloc_at": a_at, "free_at": a_free,
