@@ -273,11 +273,12 @@ def _off_unseen_sum() -> Trace:
     _forward(t)
     t.events = [
         (EV_UNPACK, 2, 310, 13),  # TanhBackward0 unpacks its result
+        (EV_FREED, 2, 0, None),  # found freed as the next node starts: Tanh's step freed it
         (EV_UNPACK, 0, 320, 13), (EV_UNPACK, 1, 321, 13),  # MulBackward0 unpacks two
         (EV_PRE, 3, 330, 13), (EV_PRE, 4, 332, 13),
     ]
     t.backwards = [BackwardRow("backward", False, False, roots=[0], inputs=[], seq0=13, seq1=13,
-                               t0_ns=300, t1_ns=400, ev0=0, ev1=5)]
+                               t0_ns=300, t1_ns=400, ev0=0, ev1=6)]
     return t
 
 
@@ -288,6 +289,8 @@ def test_off_steps_of_nodes_that_save_nothing_come_from_the_engine_order() -> No
     assert [s.start_s for s in r.steps] == [310e-9, 310e-9, 320e-9, 330e-9, 332e-9]
     assert [s.duration_s for s in r.steps][:2] == [0.0, 10e-9]
     assert [n.executed for n in r.nodes] == [1, 1, 1, 1, 1]
+    # the free found at Mul's start stays with Tanh's step once Sum's step is put before it
+    assert [s.freed_bytes for s in r.steps] == [0, 16, 0, 0, 0] and r.saved[2].freed_at_step == 1
 
 
 def test_engine_order_runs_the_highest_sequence_number_first_and_stops_at_inputs() -> None:
@@ -321,6 +324,7 @@ def test_off_steps_seen_out_of_the_engine_order_are_kept_alone() -> None:
     t = _off_unseen_sum()
     t.events = [(EV_UNPACK, 0, 310, 13), (EV_UNPACK, 1, 311, 13), (EV_UNPACK, 2, 320, 13),
                 (EV_PRE, 3, 330, 13), (EV_PRE, 4, 332, 13)]  # Mul seen before Tanh
+    t.backwards[0].ev1 = 5
     r = P.build(t)
     assert [s.node for s in r.steps] == [2, 1, 3, 4]
     assert any("did not come in the order" in n for n in r.notes)
