@@ -77,6 +77,8 @@ node_seq = operator.methodcaller("_sequence_nr")  # a node's sequence number
 tensor_version = operator.attrgetter("_version")  # a tensor's version counter (in-place changes)
 storage_cdata = operator.attrgetter("_cdata")  # a storage's key: see storage_key
 storage_weak = torch.UntypedStorage._weak_ref  # a weak handle to a storage: see storage_weak_ref
+weak_expired = torch.UntypedStorage._expired  # whether that handle's storage died: see weak_ref_expired
+weak_free = torch.UntypedStorage._free_weak_ref  # let go of the handle: see free_weak_ref
 
 
 def is_view(t: torch.Tensor) -> bool:
@@ -110,16 +112,6 @@ def weak_ref_expired(ref: int) -> bool:
 
 def free_weak_ref(ref: int) -> None:
     torch.UntypedStorage._free_weak_ref(ref)
-
-
-def weak_ref_expired_fn() -> Callable[[int], bool]:
-    """:func:`weak_ref_expired` as the raw binding, for hot paths (no Python frame per call)."""
-    return torch.UntypedStorage._expired  # type: ignore[return-value]
-
-
-def free_weak_ref_fn() -> Callable[[int], None]:
-    """:func:`free_weak_ref` as the raw binding, for hot paths."""
-    return torch.UntypedStorage._free_weak_ref  # type: ignore[return-value]
 
 
 def is_zero_tensor(t: torch.Tensor) -> bool:

@@ -306,15 +306,16 @@ def _add_unseen_steps(graph: Graph, b: BackwardRow, out: Steps, first: int, free
     rows = graph.rows
     acc = _compat.ACC_SEQ
     last = -1
+    seen_set = set(seen)
+    agree = len(seen_set) == len(seen)  # a node seen twice in one pass: not the single-threaded engine
     for d in seen:  # the seen steps must come in the simulated order (AccumulateGrad ties aside)
         p = pos.get(d)
-        if p is None or (rows[d][N_SEQ] != acc and p <= last):
-            out.unordered_passes += 1
-            return
-        if rows[d][N_SEQ] != acc:
+        if p is None:
+            agree = False
+        elif rows[d][N_SEQ] != acc:
+            agree = agree and p > last
             last = p
-    seen_set = set(seen)
-    if len(seen_set) != len(seen):  # a node seen twice in one pass: not the single-threaded engine's order
+    if not agree:
         out.unordered_passes += 1
         return
     node_l, t0_l, pos_l, before_l, after_l = (out.node[first:], out.t0[first:], out.start_pos[first:],

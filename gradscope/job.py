@@ -722,8 +722,8 @@ def _summary_text(job: Job, v: JobView) -> str:
         moved: dict[int, dict[str, int]] = {}
         for c in v.collectives:
             if c.source == "captured":
-                fam = moved.setdefault(c.rank, {})
-                fam[_op_family(c.op)] = fam.get(_op_family(c.op), 0) + c.bytes
+                fam, op = moved.setdefault(c.rank, {}), _op_family(c.op)
+                fam[op] = fam.get(op, 0) + c.bytes
         if moved:
             lines.append("communication (the collectives each rank's recording captured, with the bytes they moved):")
         else:

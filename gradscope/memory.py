@@ -323,11 +323,7 @@ class ProfilerSource:
         check_device = torch.cuda.is_available()  # without CUDA every allocation is the CPU's
         events: list[AllocEvent] = []
         scopes: list[EvalScope] = []
-        offset = 0
-        for r in roots:
-            if r.name == _CLOCK:
-                offset = r.start_time_ns - self._clock_ns
-                break
+        offset = _clock_offset(roots, self._clock_ns)
         new_event = tuple.__new__
         append = events.append
         mem_name = _MEMORY_EVENT
@@ -404,11 +400,7 @@ def _collective_rows(roots: Any, clock_ns: int) -> list[tuple[str, int, int, int
     """``(op, t0_ns, t1_ns, bytes, kind)`` for every collective in the profiler's event tree, in
     time order, on the clock of ``clock_ns``; ``kind`` is "call" (c10d's operator) or "backend"
     (the backend's work). See NOTE [ collectives in a recording ]."""
-    offset = 0
-    for r in roots:
-        if r.name == _CLOCK:
-            offset = r.start_time_ns - clock_ns
-            break
+    offset = _clock_offset(roots, clock_ns)
     rows: list[tuple[str, int, int, int, str]] = []
     stack = list(roots)
     while stack:
@@ -421,6 +413,15 @@ def _collective_rows(roots: Any, clock_ns: int) -> list[tuple[str, int, int, int
         stack.extend(ev.children)
     rows.sort(key=lambda r: r[1])
     return rows
+
+
+def _clock_offset(roots: Any, clock_ns: int) -> int:
+    """The profiler's clock minus ours, from the scope opened beside a ``time.time_ns()`` reading
+    when the source started (see NOTE [ profiler clock ]); 0 when it is missing."""
+    for r in roots:
+        if r.name == _CLOCK:
+            return int(r.start_time_ns - clock_ns)
+    return 0
 
 
 def _in_distributed_job() -> bool:

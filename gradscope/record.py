@@ -472,7 +472,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         internal = self._internal
         pending = st.pending
         pending_append = pending.append
-        expired, free = _compat.weak_ref_expired_fn(), _compat.free_weak_ref_fn()
+        expired, free = _compat.weak_expired, _compat.weak_free
         # NOTE [ the packed value is the tensor ]: what the pack hook returns lives as long as the
         # saved variable, and every object it adds is one more for Python's cyclic collector to
         # walk until the backward frees it: a graph of small ops packs thousands, and a collector
