@@ -155,6 +155,30 @@ def raw_saved(fn: Any, raw_attr: str) -> list[Any]:
     return list(raw) if isinstance(raw, list | tuple) else [raw]
 
 
+def raw_saved_listed(fn: Any, raw_attr: str) -> tuple[list[Any], bool]:
+    """:func:`raw_saved` and whether the attribute is a list of tensors, from one read."""
+    try:
+        raw = getattr(fn, raw_attr, None)
+    except (RuntimeError, AttributeError):
+        return [], False
+    if raw is None:
+        return [], False
+    if isinstance(raw, list | tuple):
+        return list(raw), True
+    return [raw], False
+
+
+def packed_by(raw: Any, unpack: Callable[..., Any]) -> Any:
+    """What the pack hook returned for a raw saved variable if ``unpack`` is its unpack hook,
+    else :data:`NOT_VISIBLE` (also where this torch cannot show either: see :func:`capabilities`)."""
+    try:
+        if raw.unpack_hook is unpack:
+            return raw.data
+    except (RuntimeError, AttributeError):
+        pass
+    return NOT_VISIBLE
+
+
 def _probe_saved_data() -> bool:
     from torch.autograd.graph import saved_tensors_hooks
 

@@ -112,7 +112,14 @@ def graph_pass(trace: Trace) -> Graph:
     n = len(trace.nodes)
     src: list[int] = []
     dst: list[int] = []
-    for a, b in trace.edges:
+    pairs = dict(trace.edges)
+    index_get = index.get
+    for k, b in zip(trace.edge_keys, trace.edge_dst, strict=True):
+        if k is not None:
+            a = -1 - k if k < 0 else index_get(k)
+            if a is not None:
+                pairs[(a, b)] = None
+    for a, b in pairs:
         if 0 <= a < n and 0 <= b < n:
             src.append(a)
             dst.append(b)

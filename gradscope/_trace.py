@@ -23,7 +23,8 @@ Row layouts (tuples, fields by position; the constants below name them):
   ``AccumulateGrad`` (see NOTE [ node identity ] in :mod:`gradscope._walk`); ``leaf`` is
   ``(root, path in root)`` for a parameter of a root module, ``"input"`` for other leaves, None
   for other nodes.
-- ``edges``: ``(src, dst)`` node indices, ``src`` being one of ``dst``'s ``next_functions``.
+- ``edges``: ``(src, dst)`` node indices, ``src`` being one of ``dst``'s ``next_functions``;
+  ``edge_keys``/``edge_dst``: the same as the walk met them (source by key, resolved later).
 - ``gradient_keys``: ``(backward, skey, ptr, t_ns)`` for each gradient a pass produced (the
   ``.grad`` it accumulated into, or a result of ``autograd.grad``), read when the pass ended.
 - ``calls``: module calls, ``[root, rel, seq0, seq1, t0_ns, t1_ns, index, class name]`` (a
@@ -130,6 +131,11 @@ class Trace:
     nodes: list[tuple[Any, ...]] = field(default_factory=list)
     node_index: dict[Hashable, int] = field(default_factory=dict)
     edges: dict[tuple[int, int], None] = field(default_factory=dict)
+    # edges as the walk met them, resolved by the graph pass: the source's key (a sequence number;
+    # ``-1 - id`` for an AccumulateGrad resolved when its walk ended; None: unknown) and the
+    # destination's id
+    edge_keys: list[Any] = field(default_factory=list)
+    edge_dst: list[int] = field(default_factory=list)
     gradient_keys: list[tuple[int, int, int, int]] = field(default_factory=list)
     roots: list[tuple[str, str | None]] = field(default_factory=list)  # (class, given name)
     root_names: dict[int, str] = field(default_factory=dict)  # root -> user's variable name

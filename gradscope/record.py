@@ -650,7 +650,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                 if m is module:
                     break
             # plain tensors only: a compiler tracing the module (fake tensors) makes no graph of ours
-            if type(output) is torch.Tensor and output.grad_fn is not None:
+            if type(output) is torch.Tensor and not output.is_leaf:  # has a grad_fn (none made here)
                 self._roots.append(weakref.ref(output))
         except Exception as e:
             self._internal(e)
@@ -810,13 +810,15 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         trace = self._trace
         self._packed(-1)
         packed = self._packed_seqs
-        nodes, index, edges = trace.nodes, trace.node_index, trace.edges
+        nodes, index = trace.nodes, trace.node_index
+        edge_keys = trace.edge_keys
+        key_out, dst_out = edge_keys.append, trace.edge_dst.append
         for i, ref in list(self._acc_vars.items()):
             if ref() is None:  # a leaf that died: its id() may name a new leaf now
                 index.pop(nodes[i][0], None)
                 del self._acc_vars[i]
-        pending_edges: list[tuple[Any, int]] = []
-        acc_known: list[tuple[Any, Any]] = []  # (parent node, known AccumulateGrad key)
+        acc_edges: list[int] = []  # positions in edge_keys of AccumulateGrad keys (resolved below)
+        acc_known: dict[Any, Any] = {}  # known AccumulateGrad key -> a parent node
         src = self._source
         hook_all = src is not None and src.node_hooks
         hooking = self._hooking
@@ -831,7 +833,6 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         hold = held.append
         stack = [(r, node_key(r)) for r in roots if r is not None]
         pop, push = stack.pop, stack.append
-        edge_out = pending_edges.append
         try:
             while stack:
                 fn, key = pop()
@@ -844,14 +845,17 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                 if info is None:
                     info = _type_info(fn)
                 name, attrs, custom, single = info
-                for nxt, _ in fn.next_functions:
+                nf = fn.next_functions
+                for nxt, _ in nf:
                     if nxt is not None:
                         k = seq_of(nxt)
                         if k == acc:
                             k = node_key(nxt)
-                            if hooking and k in index:
-                                acc_known.append((fn, k))
-                        edge_out((k, i))
+                            if hooking and k in index and k not in acc_known:
+                                acc_known[k] = fn
+                            acc_edges.append(len(edge_keys))
+                        key_out(k)
+                        dst_out(i)
                         if k not in index:
                             push((nxt, k))
                 if key.__class__ is int:
@@ -862,10 +866,15 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                             seq_attr[key] = single  # see NOTE [ which node saved a tensor ]
                         elif ours and (order := orders.get(type(fn))) is not None and packed[key] == len(order):
                             seq_order[key] = order  # see NOTE [ pack order ]
+                        elif ours and (order := orders.get(okey := (type(fn), packed[key], _absent(nf)))) is not None:
+                            seq_order[key] = order  # fewer saves than attributes: see NOTE [ pack order ]
                         else:
                             try:
                                 if ours:
-                                    self._learn_order(fn, self._name_saves(fn, key, attrs), len(attrs))
+                                    n = packed[key]  # before naming: it may find more (see _reattribute)
+                                    read = self._name_saves(fn, key, attrs)
+                                    _learn_order(type(fn), read, len(attrs))
+                                    _learn_order(okey, read, n)
                                 elif key >= seq0:
                                     self._count_unseen(fn, key, attrs)
                             except Exception as e:  # a node whose saves cannot be read: noted, the walk goes on
@@ -893,11 +902,10 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                         self._hook_leaf(fn, i, name, post=hook_all)
         finally:
             held.clear()
-        for k, i in pending_edges:  # every key of this walk is indexed now
-            j = index.get(k)
-            if j is not None:
-                edges[(j, i)] = None
-        for fn, k in acc_known:
+        for p in acc_edges:  # every key of this walk is indexed now; a leaf's key may name another later
+            j = index.get(edge_keys[p])
+            edge_keys[p] = -1 - j if j is not None else None
+        for k, fn in acc_known.items():
             self._rehook_leaf(fn, k, post=hook_all)
 
     def _name_saves(self, fn: Any, seq: int, attrs: tuple[tuple[str, str], ...]) -> list[tuple[int, str]] | None:
@@ -916,18 +924,23 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         names = trace.save_attr
         caps = self._caps
         named: list[tuple[int, str]] | None = []
+        packed_by, not_visible, unpack, packed_info = _compat.packed_by, _compat.NOT_VISIBLE, self._unpack, self._packed_info
         for attr, raw_attr in attrs:
-            raws = _compat.raw_saved(fn, raw_attr)
-            many = isinstance(getattr(fn, raw_attr, None), list | tuple) and attr != "saved_tensors" or len(raws) > 1
+            raws, listed = _compat.raw_saved_listed(fn, raw_attr)
+            many = listed and attr != "saved_tensors" or len(raws) > 1
             if many:
                 named = None
             for k, raw in enumerate(raws):
                 label = f"{attr}[{k}]" if many else attr
                 if caps.saved_data:
-                    if _compat.unpack_hook_of(raw) is self._unpack:
-                        info = self._packed_info.get(id(_compat.packed_value(raw)))
-                        if info is None:
-                            continue
+                    value = packed_by(raw, unpack)
+                    if value is not_visible:
+                        continue
+                    value_id = id(value)
+                    info = packed_info.get(value_id)
+                    if info is not None:
+                        if info[2] != seq:
+                            self._reattribute(info[0], seq, value_id)
                         names[info[0]] = label
                         if named is not None:
                             named.append((info[0], label))
@@ -937,25 +950,6 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                         named += got
                     break
         return named
-
-    def _learn_order(self, fn: Any, named: list[tuple[int, str]] | None, n_attrs: int) -> None:
-        """NOTE [ pack order ]: PyTorch's generated code saves a node's tensors in one fixed order
-        per node class, so once a node of a class has had all its saved tensors packed and read
-        (one per attribute, no lists), the k-th save of any node of that class with as many saves
-        is that attribute: naming it needs no read of the node's saved variables (a few
-        microseconds per node). Nodes with fewer saves (optional ones were undefined) are read.
-        The order is trusted after two nodes agree; a class whose nodes disagree is always read."""
-        cls = type(fn)
-        if cls in _ORDERS or cls in _NO_ORDER or named is None or len(named) != n_attrs:
-            return
-        order = tuple(label for _, label in sorted(named))
-        seen = _ORDER_SEEN.get(cls)
-        if seen is None:
-            _ORDER_SEEN[cls] = order
-        elif seen == order:
-            _ORDERS[cls] = order
-        else:
-            _NO_ORDER.add(cls)
 
     def _read_by_unpacking(self, fn: Any, attr: str, label: str | None, names: dict[int, str]) -> list[tuple[int, str]]:
         """Older torch: read the attribute; our unpack hook notes which saves it returned. Only
@@ -972,11 +966,35 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
             st.reading = None
         del value
         out = []
+        seq = int(_compat.node_seq(fn))
         for k, sid in enumerate(read):
+            if self._trace.saves[sid][S_SEQ] != seq:
+                self._reattribute(sid, seq, None)
             names[sid] = label if label is not None else (attr if len(read) == 1 and attr != "saved_tensors"
                                                           else f"{attr}[{k}]")
             out.append((sid, names[sid]))
         return out
+
+    def _reattribute(self, sid: int, seq: int, value_id: int | None) -> None:
+        """NOTE [ saves packed under another number ]: the counter minus one is not the saving
+        node when the op runs another differentiable op between making its node and saving: an
+        in-place ``mul_`` that needs its input's old value saves a clone, made (with a node of
+        its own that no graph keeps) after the ``MulBackward0``. The node whose raw saved
+        variable holds our packed value is the saver; its save moves there (a GRU cell step
+        saves two tensors so; before this they were reported as belonging to freed nodes)."""
+        saves = self._trace.saves
+        row = saves[sid]
+        packed = self._packed_seqs
+        old = row[S_SEQ]
+        packed[old] -= 1
+        if packed[old] <= 0:
+            del packed[old]
+        packed[seq] += 1
+        saves[sid] = (seq, *row[1:])
+        if value_id is not None:
+            info = self._packed_info.get(value_id)
+            if info is not None:  # the unpack hook's node (step events): see NOTE [ how steps are seen ]
+                self._packed_info[value_id] = (info[0], info[1], seq)
 
     def _count_unseen(self, fn: Any, seq: int, attrs: tuple[tuple[str, str], ...]) -> None:
         """NOTE [ saves packed by other hooks ]: only the innermost saved_tensors_hooks pair
@@ -994,10 +1012,18 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
             if lo <= seq and (hi < 0 or seq < hi):
                 return  # see NOTE [ torch.func and our hooks ]: said in the notes already
         trace = self._trace
-        for _, raw_attr in attrs:
-            for raw in _compat.raw_saved(fn, raw_attr):
+        for attr, raw_attr in attrs:
+            raws = _compat.raw_saved(fn, raw_attr)
+            for k, raw in enumerate(raws):
                 hook = _compat.unpack_hook_of(raw)
-                if hook is _compat.NOT_VISIBLE:
+                if hook is self._unpack:  # ours, packed under another number
+                    value_id = id(_compat.packed_value(raw))
+                    info = self._packed_info.get(value_id)
+                    if info is not None:
+                        self._reattribute(info[0], seq, value_id)
+                        many = len(raws) > 1 or isinstance(getattr(fn, raw_attr, None), list | tuple)
+                        trace.save_attr[info[0]] = f"{attr}[{k}]" if many else attr
+                elif hook is _compat.NOT_VISIBLE:
                     if any(lo <= seq and (hi < 0 or seq < hi) for lo, hi in self._other_seq):
                         trace.unseen_saves += 1
                 elif hook is not None and hook is not self._unpack:
@@ -1178,10 +1204,42 @@ _TYPES: dict[type, tuple[str, tuple[tuple[str, str], ...], bool, str | None]] = 
 _LISTS: set[type] = set()  # classes whose single saved attribute is a list of tensors
 # See NOTE [ pack order ]: per class, the attributes of its saves in pack order (trusted), the
 # first order seen (to be confirmed), and classes whose nodes disagreed.
-_ORDERS: dict[type, tuple[str, ...]] = {}
-_ORDER_SEEN: dict[type, tuple[str, ...]] = {}
-_NO_ORDER: set[type] = set()
+_ORDERS: dict[Any, tuple[str, ...]] = {}  # a class, or (class, number of saves, inputs without an edge)
+_ORDER_SEEN: dict[Any, tuple[str, ...]] = {}
+_NO_ORDER: set[Any] = set()
 _SEQ_OF = operator.itemgetter(S_SEQ)
+
+
+def _absent(next_functions: tuple[tuple[Any, int], ...]) -> int:
+    """Which of a node's inputs have no gradient edge, as bits (see NOTE [ pack order ])."""
+    bits = 0
+    for k, (nxt, _) in enumerate(next_functions):
+        if nxt is None:
+            bits |= 1 << k
+    return bits
+
+
+def _learn_order(key: Any, named: list[tuple[int, str]] | None, count: int) -> None:
+    """NOTE [ pack order ]: PyTorch's generated code saves a node's tensors in one fixed order
+    per node class, so once a node of a class has had all its saved tensors packed and read
+    (one per attribute, no lists), the k-th save of any node of that class with as many saves
+    is that attribute: naming it needs no read of the node's saved variables (a few
+    microseconds per node). Which tensors a node saves besides depends on which of its inputs
+    need a gradient (``mul`` saves ``other`` for ``self``'s gradient and ``self`` for
+    ``other``'s; an undefined optional tensor has no edge either), so a node with fewer saves
+    than attributes is keyed by its class, its number of saves and the inputs without a
+    gradient edge (one RNN cell step makes hundreds of such nodes). An order is trusted after
+    two nodes agree; a key whose nodes disagree is always read."""
+    if key in _ORDERS or key in _NO_ORDER or named is None or len(named) != count or not count:
+        return
+    order = tuple(label for _, label in sorted(named))
+    seen = _ORDER_SEEN.get(key)
+    if seen is None:
+        _ORDER_SEEN[key] = order
+    elif seen == order:
+        _ORDERS[key] = order
+    else:
+        _NO_ORDER.add(key)
 
 
 def _type_info(fn: Any) -> tuple[str, tuple[tuple[str, str], ...], bool, str | None]:

@@ -107,6 +107,89 @@ def test_saved_bytes_equal_own_pack_hook_accounting(name: str) -> None:
     assert all(s.bytes > 0 and s.attribute for s in rec.recording.saved)
 
 
+def _gru_loop(cell: nn.GRUCell, xs: torch.Tensor) -> torch.Tensor:
+    h = torch.zeros(xs.shape[1], cell.hidden_size)
+    outs = []
+    for x in xs:  # the way users write an RNN loop
+        h = cell(x, h)
+        outs.append(h)
+    return torch.stack(outs).pow(2).mean()
+
+
+def test_saves_an_in_place_op_makes_after_its_node_belong_to_that_node() -> None:
+    """An in-place op that needs its input's old value (GRUCell's ``mul_`` on CPU) saves a clone
+    made after its node, so the saving node is not the counter minus one. Every save still
+    belongs to the node that holds it, also once the naming orders are learnt (second run)."""
+    torch.manual_seed(0)
+    cell, xs = nn.GRUCell(6, 8), torch.randn(5, 3, 6)
+    saves: list[int] = []
+    storages: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saves.append(1)
+        st = t.untyped_storage()
+        storages[st.data_ptr()] = st.nbytes()
+        return t
+
+    with saved_tensors_hooks(pack, lambda t: t):
+        loss = _gru_loop(cell, xs)
+    del loss
+    for _ in range(2):
+        with gs.record(memory="off") as rec:
+            _gru_loop(cell, xs).backward()
+        r = rec.recording
+        assert len(r.saved) == len(saves) and r.saved_bytes == sum(storages.values())
+        assert not [n for n in r.notes if "freed before" in n]
+
+    a = torch.randn(4, 4, requires_grad=True)
+    b = torch.randn(4, 4, requires_grad=True)
+    for _ in range(3):
+        with gs.record(memory="off") as rec:
+            (a * 2).mul_(b).sum().backward()
+        r = rec.recording
+        mul = [i for i, n in enumerate(r.nodes) if n.name == "MulBackward0" and r.nodes[i].order == 0]
+        by_node = sorted((r.nodes[s.node].name, s.attribute) for s in r.saved)
+        assert by_node == [("MulBackward0", "_saved_other"), ("MulBackward0", "_saved_self")], by_node
+        assert len(mul) == 2 and {s.node for s in r.saved} <= set(mul)
+
+
+def test_learnt_pack_orders_name_saves_as_reading_every_node_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTE [ pack order ]: after two nodes agree, the saves of a node class (and, for nodes with
+    fewer saves than attributes, of a class, a number of saves and a set of inputs without a
+    gradient) are named without reading the node. On code that mixes inputs with and without
+    gradients, the names must be those a read of every node's saved variables gives."""
+    import importlib
+
+    rec_mod = importlib.import_module("gradscope.record")
+
+    def run() -> list[tuple[str, str, tuple[int, ...]]]:
+        torch.manual_seed(0)
+        gru, lstm = nn.GRUCell(6, 8), nn.LSTMCell(6, 8)
+        xs = torch.randn(4, 3, 6)
+        w = torch.randn(6, 6, requires_grad=True)
+        with gs.record(memory="off") as rec:
+            (xs[0] * w[0] + xs[1] * w[1] + xs[2] * w[2]).sum().backward()  # saves self: learnt
+            (w[3] * xs[3] + xs[2] * xs[3].detach().requires_grad_()).sum().backward()  # saves other; both
+            _gru_loop(gru, xs).backward()
+            h = c = torch.zeros(3, 8)
+            for x in xs:
+                h, c = lstm(x @ w, (h, c))
+            (h.sum() + torch.addmm(w, xs[0].T, xs[1]).sum()).backward()
+        r = rec.recording
+        return [(r.nodes[s.node].name, s.attribute, s.shape) for s in r.saved]
+
+    for table in ("_ORDERS", "_ORDER_SEEN", "_NO_ORDER"):
+        monkeypatch.setattr(rec_mod, table, type(getattr(rec_mod, table))())
+    run()
+    learnt = run()
+    assert any(isinstance(k, tuple) for k in rec_mod._ORDERS)  # orders keyed by the saves' pattern were used
+    assert any(n == "MulBackward0" and a == "_saved_other" for n, a, _ in learnt)
+    monkeypatch.setattr(rec_mod, "_learn_order", lambda *a: None)
+    for table in ("_ORDERS", "_ORDER_SEEN", "_NO_ORDER"):
+        monkeypatch.setattr(rec_mod, table, type(getattr(rec_mod, table))())
+    assert learnt == run()
+
+
 def test_view_counts_whole_storage() -> None:
     w = torch.randn(8, requires_grad=True)
     big = torch.randn(1024, 1024)  # 4 MiB
