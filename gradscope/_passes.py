@@ -530,14 +530,19 @@ def saves_pass(trace: Trace, graph: Graph, prefixes: Sequence[str]) -> Saves:
     position: dict[int, int] = {}  # saves of a node in seq_order seen so far
     kind_of = {"parameter": Kind.PARAMETER, "buffer": Kind.BUFFER}
     input_kind, activation = Kind.INPUT, Kind.ACTIVATION
+    moves_get = trace.seq_moves.get
     for sid, s in enumerate(trace.saves):
         seq = s[S_SEQ]
         node = by_seq_get(seq)
-        if node is None:
-            continue
+        attr = save_attr_get(sid)
+        if node is None:  # see NOTE [ saves packed under another number ] in gradscope.record
+            moved = moves_get(seq)
+            if moved is None or (node := by_seq_get(moved[0])) is None:
+                continue
+            attr = attr or moved[1]
         sids.append(sid)
         nodes.append(node)
-        attr = save_attr_get(sid) or seq_attr_get(seq)
+        attr = attr or seq_attr_get(seq)
         if attr is None and seq in seq_order:  # see NOTE [ pack order ] in gradscope.record
             k = position.get(seq, 0)
             position[seq] = k + 1

@@ -128,6 +128,9 @@ class Trace:
     seq_attr: dict[int, str] = field(default_factory=dict)  # node seq -> its one attribute
     # node seq -> the attributes of its saves in pack order (see NOTE [ pack order ] in record)
     seq_order: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    # a number without a node -> (the node whose save was made under it, attribute): see NOTE [ saves
+    # packed under another number ] in record
+    seq_moves: dict[int, tuple[int, str]] = field(default_factory=dict)
     nodes: list[tuple[Any, ...]] = field(default_factory=list)
     node_index: dict[Hashable, int] = field(default_factory=dict)
     edges: dict[tuple[int, int], None] = field(default_factory=dict)

@@ -864,17 +864,18 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                         ours = key in packed
                         if ours and single is not None:
                             seq_attr[key] = single  # see NOTE [ which node saved a tensor ]
-                        elif ours and (order := orders.get(type(fn))) is not None and packed[key] == len(order):
-                            seq_order[key] = order  # see NOTE [ pack order ]
-                        elif ours and (order := orders.get(okey := (type(fn), packed[key], _absent(nf)))) is not None:
-                            seq_order[key] = order  # fewer saves than attributes: see NOTE [ pack order ]
+                        elif ours and (rule := orders.get(type(fn))) is not None and packed[key] == len(rule[0]):
+                            seq_order[key] = rule[0]  # see NOTE [ pack order ]
+                        elif ours and (rule := orders.get(okey := (type(fn), packed[key], _absent(nf)))) is not None \
+                                and (not rule[1] or self._move_saves(key, rule[1])):
+                            seq_order[key] = rule[0]  # fewer saves than attributes: see NOTE [ pack order ]
                         else:
                             try:
                                 if ours:
                                     n = packed[key]  # before naming: it may find more (see _reattribute)
                                     read = self._name_saves(fn, key, attrs)
-                                    _learn_order(type(fn), read, len(attrs))
-                                    _learn_order(okey, read, n)
+                                    _learn_order(type(fn), read, len(attrs), moves=False)
+                                    _learn_order(okey, read, n, moves=True)
                                 elif key >= seq0:
                                     self._count_unseen(fn, key, attrs)
                             except Exception as e:  # a node whose saves cannot be read: noted, the walk goes on
@@ -908,9 +909,10 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         for k, fn in acc_known.items():
             self._rehook_leaf(fn, k, post=hook_all)
 
-    def _name_saves(self, fn: Any, seq: int, attrs: tuple[tuple[str, str], ...]) -> list[tuple[int, str]] | None:
+    def _name_saves(self, fn: Any, seq: int, attrs: tuple[tuple[str, str], ...]) -> list[tuple[int, str, int]] | None:
         """Attribute names of one node's saves (see NOTE [ which node saved a tensor ]); the
-        ``(save index, label)`` pairs it named, None when a list attribute was among them."""
+        ``(save index, label, offset)`` it named (offset: the save's first number minus the node's,
+        see _reattribute), None when a list attribute was among them."""
         trace = self._trace
         if len(attrs) == 1 and type(fn) not in _LISTS:
             raw = getattr(fn, attrs[0][1], None)
@@ -922,36 +924,53 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                 trace.seq_attr[seq] = attrs[0][0]
                 return None
         names = trace.save_attr
-        caps = self._caps
-        named: list[tuple[int, str]] | None = []
-        packed_by, not_visible, unpack, packed_info = _compat.packed_by, _compat.NOT_VISIBLE, self._unpack, self._packed_info
-        for attr, raw_attr in attrs:
-            raws, listed = _compat.raw_saved_listed(fn, raw_attr)
-            many = listed and attr != "saved_tensors" or len(raws) > 1
-            if many:
-                named = None
-            for k, raw in enumerate(raws):
-                label = f"{attr}[{k}]" if many else attr
-                if caps.saved_data:
-                    value = packed_by(raw, unpack)
-                    if value is not_visible:
-                        continue
-                    value_id = id(value)
-                    info = packed_info.get(value_id)
-                    if info is not None:
-                        if info[2] != seq:
-                            self._reattribute(info[0], seq, value_id)
-                        names[info[0]] = label
-                        if named is not None:
-                            named.append((info[0], label))
-                else:
-                    got = self._read_by_unpacking(fn, attr, label if not many else None, names)
+        named: list[tuple[int, str, int]] | None = []
+        if not self._caps.saved_data:
+            for attr, raw_attr in attrs:
+                raws, listed = _compat.raw_saved_listed(fn, raw_attr)
+                many = listed and attr != "saved_tensors" or len(raws) > 1
+                if many:
+                    named = None
+                if raws:
+                    got = self._read_by_unpacking(fn, attr, None if many else attr, names)
                     if named is not None:
                         named += got
-                    break
+            return named
+        # each raw saved variable shows what our pack hook returned for it (one getattr each)
+        packed_by, not_visible, unpack = _compat.packed_by, _compat.NOT_VISIBLE, self._unpack
+        info_get = self._packed_info.get
+        for attr, raw_attr in attrs:
+            try:
+                raw = getattr(fn, raw_attr, None)
+            except (RuntimeError, AttributeError):
+                continue
+            if raw is None:
+                continue
+            if isinstance(raw, (list, tuple)):  # noqa: UP038 - a tuple of types checks faster than a union
+                many = attr != "saved_tensors" or len(raw) > 1
+                if many:
+                    named = None
+                items = raw
+            else:
+                many, items = False, (raw,)
+            for k, one in enumerate(items):
+                value = packed_by(one, unpack)
+                if value is not_visible:
+                    continue
+                info = info_get(id(value))
+                if info is None:
+                    continue
+                offset = info[2] - seq
+                if offset:
+                    self._reattribute(info[0], seq, id(value))
+                label = f"{attr}[{k}]" if many else attr
+                names[info[0]] = label
+                if named is not None:
+                    named.append((info[0], label, offset))
         return named
 
-    def _read_by_unpacking(self, fn: Any, attr: str, label: str | None, names: dict[int, str]) -> list[tuple[int, str]]:
+    def _read_by_unpacking(self, fn: Any, attr: str, label: str | None,
+                           names: dict[int, str]) -> list[tuple[int, str, int]]:
         """Older torch: read the attribute; our unpack hook notes which saves it returned. Only
         nodes whose saves we packed get here, so no other pair's unpack hook runs."""
         st = self._state
@@ -968,12 +987,25 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         out = []
         seq = int(_compat.node_seq(fn))
         for k, sid in enumerate(read):
-            if self._trace.saves[sid][S_SEQ] != seq:
+            offset = self._trace.saves[sid][S_SEQ] - seq
+            if offset:
                 self._reattribute(sid, seq, None)
             names[sid] = label if label is not None else (attr if len(read) == 1 and attr != "saved_tensors"
                                                           else f"{attr}[{k}]")
-            out.append((sid, names[sid]))
+            out.append((sid, names[sid], offset))
         return out
+
+    def _move_saves(self, seq: int, moves: tuple[tuple[int, str], ...]) -> bool:
+        """A learnt order's saves made under later numbers (see NOTE [ saves packed under another
+        number ]): where each such number has exactly the one save of ours and no node walked so
+        far, the analysis moves it to this node (only if no node has that number by then).
+        False where the pattern does not hold: the node is read instead."""
+        packed, index = self._packed_seqs, self._trace.node_index
+        if any(packed.get(seq + d, 0) != 1 or seq + d in index for d, _ in moves):
+            return False
+        for d, label in moves:
+            self._trace.seq_moves[seq + d] = (seq, label)
+        return True
 
     def _reattribute(self, sid: int, seq: int, value_id: int | None) -> None:
         """NOTE [ saves packed under another number ]: the counter minus one is not the saving
@@ -1204,8 +1236,11 @@ _TYPES: dict[type, tuple[str, tuple[tuple[str, str], ...], bool, str | None]] = 
 _LISTS: set[type] = set()  # classes whose single saved attribute is a list of tensors
 # See NOTE [ pack order ]: per class, the attributes of its saves in pack order (trusted), the
 # first order seen (to be confirmed), and classes whose nodes disagreed.
-_ORDERS: dict[Any, tuple[str, ...]] = {}  # a class, or (class, number of saves, inputs without an edge)
-_ORDER_SEEN: dict[Any, tuple[str, ...]] = {}
+# An order is the attributes of the saves made under the node's number, in pack order, and the
+# (offset, attribute) of the saves made under later numbers (see NOTE [ saves packed under another number ]).
+_Order = tuple[tuple[str, ...], tuple[tuple[int, str], ...]]
+_ORDERS: dict[Any, _Order] = {}  # a class, or (class, number of saves, inputs without an edge)
+_ORDER_SEEN: dict[Any, _Order] = {}
 _NO_ORDER: set[Any] = set()
 _SEQ_OF = operator.itemgetter(S_SEQ)
 
@@ -1219,7 +1254,7 @@ def _absent(next_functions: tuple[tuple[Any, int], ...]) -> int:
     return bits
 
 
-def _learn_order(key: Any, named: list[tuple[int, str]] | None, count: int) -> None:
+def _learn_order(key: Any, named: list[tuple[int, str, int]] | None, count: int, moves: bool) -> None:
     """NOTE [ pack order ]: PyTorch's generated code saves a node's tensors in one fixed order
     per node class, so once a node of a class has had all its saved tensors packed and read
     (one per attribute, no lists), the k-th save of any node of that class with as many saves
@@ -1228,11 +1263,19 @@ def _learn_order(key: Any, named: list[tuple[int, str]] | None, count: int) -> N
     need a gradient (``mul`` saves ``other`` for ``self``'s gradient and ``self`` for
     ``other``'s; an undefined optional tensor has no edge either), so a node with fewer saves
     than attributes is keyed by its class, its number of saves and the inputs without a
-    gradient edge (one RNN cell step makes hundreds of such nodes). An order is trusted after
-    two nodes agree; a key whose nodes disagree is always read."""
-    if key in _ORDERS or key in _NO_ORDER or named is None or len(named) != count or not count:
+    gradient edge (one RNN cell step makes hundreds of such nodes); such a key also learns the
+    saves its nodes make under later numbers (``moves``: an in-place ``mul_`` saving a clone).
+    An order is trusted after two nodes agree; a key whose nodes disagree is always read."""
+    if key in _ORDERS or key in _NO_ORDER or named is None or not count:
         return
-    order = tuple(label for _, label in sorted(named))
+    own = sorted((sid, label) for sid, label, offset in named if not offset)
+    later = tuple(sorted((offset, label) for _, label, offset in named if offset))
+    if len(own) != count or (later and not moves):
+        return
+    if len({offset for offset, _ in later}) != len(later) or any(offset < 0 for offset, _ in later):
+        _NO_ORDER.add(key)  # two saves under one later number, or under an earlier one: read each time
+        return
+    order = (tuple(label for _, label in own), later)
     seen = _ORDER_SEEN.get(key)
     if seen is None:
         _ORDER_SEEN[key] = order

@@ -113,6 +113,28 @@ def test_graph_naming_steps_orders_modules_saves() -> None:
     assert saves.name == [None, "lin.weight", None] and saves.storage == [0, 1, 2] and saves.dropped == 0
 
 
+def test_a_save_made_under_a_later_number_moves_to_its_node_only_where_no_node_has_that_number() -> None:
+    """NOTE [ saves packed under another number ]: an in-place op saves a clone made (with a
+    node no graph keeps, number 13) after its own node; the recorder's learnt rule says the save
+    numbered 13 belongs to node 10. Where a node numbered 13 exists, the save stays with it."""
+    t = tracker_trace()
+    t.saves.append((13, 510, 0xA0, 16, (4,), F32, "cpu", 115, False))
+    t.seq_moves = {13: (10, "_saved_self")}
+    saves = P.saves_pass(t, P.graph_pass(t), P.naming_pass(t))
+    assert saves.node == [2, 2, 1, 2] and saves.sid == [0, 1, 2, 3] and saves.dropped == 0
+    assert saves.attribute == ["_saved_self", "_saved_other", "_saved_result", "_saved_self"]
+    assert saves.kind[3] is Kind.ACTIVATION and saves.storage == [0, 1, 2, 3]
+
+    t.nodes = [*_nodes(), (13, 13, "CloneBackward0", None, None, False)]
+    saves = P.saves_pass(t, P.graph_pass(t), P.naming_pass(t))
+    assert saves.node == [2, 2, 1, 5] and saves.attribute[3] == "saved[3]"
+
+    t.seq_moves = {}
+    t.nodes = _nodes()
+    saves = P.saves_pass(t, P.graph_pass(t), P.naming_pass(t))
+    assert saves.node == [2, 2, 1] and saves.dropped == 1
+
+
 def test_the_allocation_table_categories_and_peak() -> None:
     r = P.build(tracker_trace())
     OT, A, G, B = Category.OTHER, Category.ACTIVATION, Category.GRADIENT, Category.BACKWARD_TEMP
