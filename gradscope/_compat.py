@@ -146,13 +146,7 @@ def saved_tensor_attributes(fn: Any) -> tuple[tuple[str, str], ...]:
 def raw_saved(fn: Any, raw_attr: str) -> list[Any]:
     """The raw saved variables behind one attribute (a list, for tensor lists), never unpacked.
     Empty when the node's saves were already freed or the attribute does not apply."""
-    try:
-        raw = getattr(fn, raw_attr, None)
-    except (RuntimeError, AttributeError):
-        return []
-    if raw is None:
-        return []
-    return list(raw) if isinstance(raw, list | tuple) else [raw]
+    return raw_saved_listed(fn, raw_attr)[0]
 
 
 def raw_saved_listed(fn: Any, raw_attr: str) -> tuple[list[Any], bool]:
