@@ -74,7 +74,7 @@ from gradscope._trace import (
     BackwardRow,
     Trace,
 )
-from gradscope._walk import node_key, node_name, roots_of, walk
+from gradscope._walk import node_key, node_name, roots_of
 from gradscope.errors import GradscopeError, MemoryBudgetExceeded
 from gradscope.memory import MemorySource, make_source, parse_size, resolve_memory
 from gradscope.recording import Recording
@@ -1101,14 +1101,35 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         does not run past."""
 
         index = self._trace.node_index
-        stop = {node_key(r) for r in inputs}
         names = self._trace.nodes
         self._packed(-1)
         packed, hooked, leaf_hooks = self._packed_seqs, self._hooked, self._leaf_hooks
-        for fn, key, _kids in walk(roots, stop=stop):
-            i = index.get(key)
-            if i is not None and i not in hooked and i not in leaf_hooks and key not in packed:
-                into.append(fn.register_prehook(self._make_pre(i, names[i][2])))
+        # the walk of gradscope._walk.walk, inlined as in _discover (no next keys wanted here)
+        seen = {node_key(r) for r in inputs}
+        held: list[Any] = []
+        hold, mark = held.append, seen.add
+        stack = [(r, node_key(r)) for r in roots if r is not None]
+        pop, push = stack.pop, stack.append
+        acc, seq_of = _compat.ACC_SEQ, _compat.node_seq
+        try:
+            while stack:
+                fn, key = pop()
+                if key in seen:
+                    continue
+                mark(key)
+                hold(fn)
+                i = index.get(key)
+                if i is not None and i not in hooked and i not in leaf_hooks and key not in packed:
+                    into.append(fn.register_prehook(self._make_pre(i, names[i][2])))
+                for nxt, _ in fn.next_functions:
+                    if nxt is not None:
+                        k = seq_of(nxt)
+                        if k == acc:
+                            k = node_key(nxt)
+                        if k not in seen:
+                            push((nxt, k))
+        finally:
+            held.clear()
 
     def _make_pre(self, i: int, name: str) -> Callable[[Any], None]:
         st = self._state
