@@ -35,6 +35,25 @@ def encoder() -> tuple[nn.Module, torch.Tensor]:
 MODELS = {"mlp": mlp, "cnn": cnn, "encoder": encoder}
 
 
+def op_db_cases() -> list[Any]:
+    """The ops of PyTorch's OpInfo database that support autograd (empty without expecttest,
+    which the database imports)."""
+    try:
+        from torch.testing._internal.common_methods_invocations import op_db
+    except Exception:
+        return []
+    return [op for op in op_db if op.supports_autograd]
+
+
+def floating_tensors(t: Any) -> list[torch.Tensor]:
+    """The floating-point tensors that require a gradient in a value, a list or a tuple."""
+    if isinstance(t, torch.Tensor):
+        return [t] if t.is_floating_point() and t.requires_grad else []
+    if isinstance(t, list | tuple):
+        return [x for v in t for x in floating_tensors(v)]
+    return []
+
+
 def independent_nodes(*roots: Any) -> list[Any]:
     """Every node reachable from ``roots`` through next_functions, by object identity; the node
     objects are held in the returned list, so identity is stable while the caller holds it."""

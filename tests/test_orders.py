@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import independent_nodes
+from conftest import floating_tensors, independent_nodes, op_db_cases
 
 import gradscope as gs
 
@@ -58,28 +58,12 @@ def test_second_order_pass_gives_order_two() -> None:
     assert all(n.order <= 2 for n in r.nodes)
 
 
-def _op_db_cases() -> list[Any]:
-    try:
-        from torch.testing._internal.common_methods_invocations import op_db
-    except Exception:  # expecttest is not installed: see test_orders_on_op_db
-        return []
-    return [op for op in op_db if op.supports_autograd and op.supports_gradgrad]
-
-
-def _floating(t: Any) -> list[torch.Tensor]:
-    if isinstance(t, torch.Tensor):
-        return [t] if t.is_floating_point() and t.requires_grad else []
-    if isinstance(t, list | tuple):
-        return [x for v in t for x in _floating(v)]
-    return []
-
-
 def test_orders_on_op_db() -> None:
     """PyTorch's OpInfo database: for each op that supports double backward, its first float64
     sample, forward and autograd.grad(create_graph=True) recorded; every node the grad made is
     order 1 and every other node order 0 (21 ops gave engine-made nodes order 0 before)."""
     pytest.importorskip("expecttest")
-    ops = _op_db_cases()
+    ops = [op for op in op_db_cases() if op.supports_gradgrad]
     assert len(ops) > 300
     wrong: list[str] = []
     checked = 0
@@ -90,14 +74,14 @@ def test_orders_on_op_db() -> None:
             sample = next(iter(op.sample_inputs("cpu", torch.float64, requires_grad=True)))
         except StopIteration:
             continue
-        inputs = _floating([sample.input, *sample.args])
+        inputs = floating_tensors([sample.input, *sample.args])
         if not inputs:
             continue
         try:
             torch.manual_seed(0)
             with gs.record(memory="off") as rec:
                 out = op(sample.input, *sample.args, **sample.kwargs)
-                outs = _floating(out)
+                outs = floating_tensors(out)
                 if not outs:
                     continue
                 loss = sum(o.sum() for o in outs)
