@@ -681,6 +681,25 @@ def test_timelines_are_downsampled_without_losing_the_peak() -> None:
     assert series.peak_t_s == pytest.approx(top * 1e-4)
 
 
+def test_captured_collectives_are_kept_inside_the_block() -> None:
+    """A backend's worker stamps the end of its work after waking the waiting thread, so on a busy
+    machine a span can end past the block (seen once in CI: 0.17 ms past it). The view keeps each
+    span inside the block; a recording without a block length keeps the spans as they are."""
+    from gradscope.recording import MemoryPoint, Phase, Recording
+
+    rows = [{"op": "gloo:all_reduce", "t_s": 0.010, "duration_s": 0.004, "bytes": 64, "kind": "backend"},
+            {"op": "gloo:all_reduce", "t_s": 0.030, "duration_s": 0.008, "bytes": 32, "kind": "backend"}]
+    timeline = (MemoryPoint(0.002, 10, Phase.FORWARD, "op"), MemoryPoint(0.030, 20, Phase.BACKWARD, "op"))
+
+    def spans(wall: float) -> list[tuple[float, float, int]]:
+        rec = Recording(timeline=timeline, wall_time_s=wall, extra={"collectives": rows})
+        view = job_view(Job((RankEntry(0, RankStatus.COMPLETE, rec),)))
+        return [(round(c.t_start_s, 9), round(c.t_end_s, 9), c.bytes) for c in view.collectives]
+
+    assert spans(0.035) == [(0.008, 0.012, 64), (0.028, 0.033, 32)]  # the second cut at the block's end
+    assert spans(0.0) == [(0.008, 0.012, 64), (0.028, 0.036, 32)]
+
+
 def test_the_widget_and_the_page_read_job_view(jobs: dict[str, Any]) -> None:
     """The job view's data (gradscope.job.job_payload, what the widget and the page draw) holds the
     numbers of job_view, itself held to each rank's own recording above: per-rank rows, the
