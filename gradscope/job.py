@@ -566,8 +566,7 @@ def _collectives(rank: int, r: Recording) -> list[CollectiveSpan]:
                 t = float(c["t_s"]) - t0
                 end = min(hi, t + float(c.get("duration_s", 0.0)))
                 start = min(max(lo, t), end)
-                out.append(CollectiveSpan(rank, str(c["op"]), start, max(start, end), int(c.get("bytes", 0)),
-                                          "captured"))
+                out.append(CollectiveSpan(rank, str(c["op"]), start, end, int(c.get("bytes", 0)), "captured"))
             except (KeyError, TypeError, ValueError, AttributeError):
                 continue
         if out:

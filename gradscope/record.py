@@ -74,7 +74,7 @@ from gradscope._trace import (
     BackwardRow,
     Trace,
 )
-from gradscope._walk import node_key, node_name, roots_of
+from gradscope._walk import node_key, node_name, roots_of, walk
 from gradscope.errors import GradscopeError, MemoryBudgetExceeded
 from gradscope.memory import MemorySource, make_source, parse_size, resolve_memory
 from gradscope.recording import Recording
@@ -928,7 +928,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         if not self._caps.saved_data:
             for attr, raw_attr in attrs:
                 raws, listed = _compat.raw_saved_listed(fn, raw_attr)
-                many = listed and attr != "saved_tensors" or len(raws) > 1
+                many = _indexed(attr, listed, len(raws))
                 if many:
                     named = None
                 if raws:
@@ -947,7 +947,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
             if raw is None:
                 continue
             if isinstance(raw, (list, tuple)):  # noqa: UP038 - a tuple of types checks faster than a union
-                many = attr != "saved_tensors" or len(raw) > 1
+                many = _indexed(attr, True, len(raw))
                 if many:
                     named = None
                 items = raw
@@ -1046,7 +1046,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                 return  # see NOTE [ torch.func and our hooks ]: said in the notes already
         trace = self._trace
         for attr, raw_attr in attrs:
-            raws = _compat.raw_saved(fn, raw_attr)
+            raws, listed = _compat.raw_saved_listed(fn, raw_attr)
             for k, raw in enumerate(raws):
                 hook = _compat.unpack_hook_of(raw)
                 if hook is self._unpack:  # ours, packed under another number
@@ -1054,8 +1054,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                     info = self._packed_info.get(value_id)
                     if info is not None:
                         self._reattribute(info[0], seq, value_id)
-                        many = len(raws) > 1 or isinstance(getattr(fn, raw_attr, None), list | tuple)
-                        trace.save_attr[info[0]] = f"{attr}[{k}]" if many else attr
+                        trace.save_attr[info[0]] = f"{attr}[{k}]" if _indexed(attr, listed, len(raws)) else attr
                 elif hook is _compat.NOT_VISIBLE:
                     if any(lo <= seq and (hi < 0 or seq < hi) for lo, hi in self._other_seq):
                         trace.unseen_saves += 1
@@ -1104,32 +1103,11 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         names = self._trace.nodes
         self._packed(-1)
         packed, hooked, leaf_hooks = self._packed_seqs, self._hooked, self._leaf_hooks
-        # the walk of gradscope._walk.walk, inlined as in _discover (no next keys wanted here)
-        seen = {node_key(r) for r in inputs}
-        held: list[Any] = []
-        hold, mark = held.append, seen.add
-        stack = [(r, node_key(r)) for r in roots if r is not None]
-        pop, push = stack.pop, stack.append
-        acc, seq_of = _compat.ACC_SEQ, _compat.node_seq
-        try:
-            while stack:
-                fn, key = pop()
-                if key in seen:
-                    continue
-                mark(key)
-                hold(fn)
-                i = index.get(key)
-                if i is not None and i not in hooked and i not in leaf_hooks and key not in packed:
-                    into.append(fn.register_prehook(self._make_pre(i, names[i][2])))
-                for nxt, _ in fn.next_functions:
-                    if nxt is not None:
-                        k = seq_of(nxt)
-                        if k == acc:
-                            k = node_key(nxt)
-                        if k not in seen:
-                            push((nxt, k))
-        finally:
-            held.clear()
+        stop = {node_key(r) for r in inputs}
+        for fn, key, _kids in walk(roots, stop=stop):
+            i = index.get(key)
+            if i is not None and i not in hooked and i not in leaf_hooks and key not in packed:
+                into.append(fn.register_prehook(self._make_pre(i, names[i][2])))
 
     def _make_pre(self, i: int, name: str) -> Callable[[Any], None]:
         st = self._state
@@ -1265,6 +1243,12 @@ _ORDERS: dict[Any, _Order] = {}  # a class, or (class, number of saves, inputs w
 _ORDER_SEEN: dict[Any, _Order] = {}
 _NO_ORDER: set[Any] = set()
 _SEQ_OF = operator.itemgetter(S_SEQ)
+
+
+def _indexed(attr: str, listed: bool, n: int) -> bool:
+    """Whether a save's label carries its position: several saves behind one attribute, or a list
+    attribute (a custom Function's ``saved_tensors`` holding one tensor is named plainly)."""
+    return listed and attr != "saved_tensors" or n > 1
 
 
 def _absent(next_functions: tuple[tuple[Any, int], ...]) -> int:
