@@ -195,6 +195,7 @@ def _steps_from_events(trace: Trace, graph: Graph, b_index: int, b: BackwardRow,
     cur_node = -1
     closed = True
     closed_at: dict[int, int] = {}
+    step_of: dict[int | None, int] = {}  # node -> its (last) step in this pass
     live: int | None = None
     for pos in range(b.ev0, b.ev1):
         kind, ident, t, value = events[pos]
@@ -216,9 +217,13 @@ def _steps_from_events(trace: Trace, graph: Graph, b_index: int, b: BackwardRow,
             continue
         else:  # EV_FREED
             if len(node_l) > first:
-                freed[ident] = len(node_l) - 1
+                k = len(node_l) - 1
+                if value is not None:  # found at the pass's end: see NOTE [ frees checked once a pass ] in record
+                    k = step_of.get(_save_node(trace, by_seq, value), k)
+                freed[ident] = k
                 freed_here.append(ident)
             continue
+        step_of[node] = len(node_l)
         node_l.append(node)
         t0_l.append(t)
         t1_l.append(t)
@@ -234,6 +239,17 @@ def _steps_from_events(trace: Trace, graph: Graph, b_index: int, b: BackwardRow,
     for k in range(first, n):  # a step without a post hook ends where the next begins
         end = closed_at.get(k)
         t1_l[k] = end if end is not None else (t0_l[k + 1] if k + 1 < n else max(b.t1_ns, t0_l[k]))
+
+
+def _save_node(trace: Trace, by_seq: Mapping[int, int], sid: int) -> int | None:
+    """The node a save belongs to (see NOTE [ saves packed under another number ] in record)."""
+    seq = trace.saves[sid][S_SEQ]
+    node = by_seq.get(seq)
+    if node is None:
+        moved = trace.seq_moves.get(seq)
+        if moved is not None:
+            node = by_seq.get(moved[0])
+    return node
 
 
 def engine_order(graph: Graph, b: BackwardRow) -> list[int]:

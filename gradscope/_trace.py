@@ -53,7 +53,8 @@ C_ROOT, C_REL, C_SEQ0, C_SEQ1, C_T0, C_T1 = range(6)
 EV_UNPACK = 0  # a node unpacked one of our saves: ident = save index; value unused
 EV_PRE = 1  # a node's pre hook: ident = node index; value = sequence counter then
 EV_POST = 2  # a node's post hook: ident = node index; value = live bytes (online sources)
-EV_FREED = 3  # a saved storage was found freed at a step boundary: ident = save index
+EV_FREED = 3  # a saved storage was found freed at a step boundary: ident = save index; value: None, or (found at
+#   the pass's end) the save whose node's step freed it (see NOTE [ frees checked once a pass ] in record)
 EV_LIVE = 4  # live bytes read at a step start (online sources): ident = node index
 
 

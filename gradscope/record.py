@@ -71,6 +71,7 @@ from gradscope._trace import (
     EV_PRE,
     EV_UNPACK,
     S_SEQ,
+    S_SKEY,
     BackwardRow,
     Trace,
 )
@@ -497,7 +498,38 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                     free(ref)
             pending.clear()
 
-        self._check_frees: Callable[[], None] = check_frees
+        def check_frees_at_end() -> None:
+            """NOTE [ frees checked once a pass ]: with ``memory="off"`` the saves a pass unpacked
+            are checked once, when it ends, instead of at every step boundary (a check at each
+            step cost as much as a tenth of a small op's recording). A storage the engine freed
+            died when the last of its holders' nodes ran and let go of its saved variables: the
+            free belongs to the step of the save of ours that unpacked it last (``value``; the
+            graph pass finds that step by the save's node), and is reported on the storage's
+            newest save (``ident``), so that every save of it made before is freed there too. A
+            holder we cannot see (a node whose saves another pair of hooks packed, a custom
+            Function's ``ctx`` attribute) that lets go later in the pass makes the free show at
+            our holder's step, as it showed at the next step we saw before."""
+            last: dict[int, list[Any]] = {}  # storage key -> [save unpacked last, newest save, freed?]
+            for q in reversed(pending):
+                k = saves[q][S_SKEY]
+                e = last.get(k)
+                if e is None:
+                    ref = weak[q]
+                    last[k] = [q, q, ref is not None and expired(ref)]
+                elif q > e[1]:
+                    e[1] = q
+            for q_last, q_new, dead in last.values():
+                if dead:
+                    events_append((EV_FREED, q_new, 0, q_last))
+            for q in pending:
+                ref = weak[q]
+                if ref is not None and last[saves[q][S_SKEY]][2]:
+                    weak[q] = None
+                    free(ref)
+            pending.clear()
+
+        batched = memory == "off"
+        self._check_frees: Callable[[], None] = check_frees_at_end if batched else check_frees
 
         def pack(t: torch.Tensor) -> Any:
             # No thread filter: saved-tensor hooks are thread-local, and the engine carries them
@@ -537,7 +569,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                 raise _inplace_error(t, version)
             if st.bw is not None:
                 if st.marks and node != st.last_seq:
-                    if pending:
+                    if pending and not batched:
                         check_frees()
                     st.last_seq = node
                     # the counter as the node starts: see NOTE [ orders ] in gradscope._passes
@@ -1145,7 +1177,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         """Between two steps (or at a pass's end): frees of the last step's saves, the source's
         reading after the last step (``"X done"``) and before the next one (``name``)."""
         st = self._state
-        if st.pending:
+        if st.pending and (name is None or self._memory != "off"):  # see NOTE [ frees checked once a pass ]
             self._check_frees()
         src = self._source
         if src is not None and src.node_hooks:

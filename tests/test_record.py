@@ -302,6 +302,55 @@ def test_cpu_peak_equals_profiler_running_sum(name: str) -> None:
     assert phases == {Phase.FORWARD, Phase.BACKWARD}
 
 
+def _user_gru_loop() -> Any:
+    torch.manual_seed(0)
+    cell, xs = nn.GRUCell(4, 8), torch.randn(5, 2, 4)
+
+    def step() -> None:  # a user's RNN loop: the outputs list holds every h through the backward
+        h, out = torch.zeros(2, 8), []
+        for t in range(5):
+            h = cell(xs[t], h)
+            out.append(h)
+        torch.stack(out).pow(2).mean().backward()
+
+    return step
+
+
+def _shared_storage() -> Any:
+    x = torch.randn(64, requires_grad=True)
+
+    def step() -> None:  # y saved by exp (output), by mul twice and by the last mul
+        y = x.exp()
+        (((y * y).sin()) * y).sum().backward()
+
+    return step
+
+
+def _mlp_step() -> Any:
+    model, x = mlp()
+    return lambda: _step(model, x)
+
+
+@pytest.mark.parametrize("make", [_user_gru_loop, _shared_storage, _mlp_step], ids=["gru_loop", "shared", "mlp"])
+def test_off_frees_equal_the_allocators_own(make: Any) -> None:
+    """memory="off" finds frees of saved storages by weak reference, once a pass (see NOTE [ frees
+    checked once a pass ]); the CPU allocator's own events (memory="cpu") must tell the same:
+    which saves were freed, by which step, and the bytes each step freed."""
+    step = make()
+    step()  # warm up
+    seen = {}
+    for memory in ("cpu", "off"):
+        with gs.record(memory=memory) as rec:
+            step()
+        r = rec.recording
+        assert r.steps and any(s.freed_at_step is not None for s in r.saved)
+        seen[memory] = ([(r.nodes[s.node].name, s.shape,
+                          None if s.freed_at_step is None else r.nodes[r.steps[s.freed_at_step].node].name)
+                         for s in r.saved],
+                        [(r.nodes[s.node].name, s.freed_bytes) for s in r.steps])
+    assert seen["off"] == seen["cpu"]
+
+
 def test_backward_steps_release_saved_activations() -> None:
     model, x = mlp()
     with gs.record(memory="cpu") as rec:
