@@ -101,6 +101,25 @@ def storage_key(t: torch.Tensor) -> int | None:
         return None
 
 
+_SPARSE_PARTS = {
+    torch.sparse_coo: ("_indices", "_values"),
+    torch.sparse_csr: ("crow_indices", "col_indices", "values"),
+    torch.sparse_csc: ("ccol_indices", "row_indices", "values"),
+    torch.sparse_bsr: ("crow_indices", "col_indices", "values"),
+    torch.sparse_bsc: ("ccol_indices", "row_indices", "values"),
+}
+
+
+def sparse_parts(t: torch.Tensor) -> list[torch.Tensor] | None:
+    """The dense tensors a sparse tensor is made of (indices first, values last), whose storages
+    hold its bytes; None for a tensor of another layout. A sparse tensor has no storage of its own
+    (``untyped_storage()`` raises)."""
+    names = _SPARSE_PARTS.get(t.layout)
+    if names is None:
+        return None
+    return [getattr(t, n)() for n in names]
+
+
 def storage_weak_ref(storage: Any) -> int:
     """A weak reference to a storage (an int handle); free it with :func:`free_weak_ref`."""
     return int(storage._weak_ref())

@@ -474,6 +474,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         pending = st.pending
         pending_append = pending.append
         expired, free = _compat.weak_expired, _compat.weak_free
+        sparse_parts = _compat.sparse_parts
         # NOTE [ the packed value is the tensor ]: what the pack hook returns lives as long as the
         # saved variable, and every object it adds is one more for Python's cyclic collector to
         # walk until the backward frees it: a graph of small ops packs thousands, and a collector
@@ -552,9 +553,31 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                 packed_info[id(d)] = (sid, version_of(t), node)
                 return d
             except Exception as e:  # observing must never break the model: save the tensor as is
-                packed_info[id(t)] = None
-                internal(e)
-                return t
+                err = e
+            try:  # a sparse tensor has no storage of its own
+                parts = sparse_parts(t)
+                if parts is not None:
+                    return pack_parts(t, parts)
+            except Exception as e:
+                err = e
+            packed_info[id(t)] = None
+            internal(err)
+            return t
+
+        def pack_parts(t: torch.Tensor, parts: list[torch.Tensor]) -> Any:
+            """A sparse tensor's save: its bytes are those of its parts' storages (indices and
+            values), its storage is its values' (named, weakly held and matched by address)."""
+            storages = {key_of(s): s for s in (p.untyped_storage() for p in parts)}
+            s = parts[-1].untyped_storage()
+            sid = len(saves)
+            node = seq() - 1
+            saves_append((node, key_of(s), s.data_ptr() if need_ptr else 0, sum(x.nbytes() for x in storages.values()),
+                          tuple(t.shape), t.dtype, t.device, time_ns() if need_time else sid, t.is_leaf))
+            if need_weak:
+                weak_append(weak_of(s))  # type: ignore[arg-type]
+            d = t.detach()
+            packed_info[id(d)] = (sid, version_of(t), node)
+            return d
 
         def unpack(t: torch.Tensor) -> torch.Tensor:
             info = packed_info.get(id(t))
