@@ -95,6 +95,7 @@ class Graph:
     leaves: list[int]  # ids of AccumulateGrad nodes
     made: list[tuple[int, int]] = field(default_factory=list)  # (sequence number, id), sorted
     _kids: dict[int, list[int]] | None = None
+    _parents: dict[int, list[int]] | None = None
 
     def kids(self) -> dict[int, list[int]]:
         """Node id -> ids of its next nodes (made once: every backward pass reads it)."""
@@ -104,6 +105,16 @@ class Graph:
                 kids.setdefault(d_, []).append(s_)
             self._kids = kids
         return self._kids
+
+    def parents(self) -> dict[int, list[int]]:
+        """Node id -> ids of the nodes whose next nodes include it (made once, as kids)."""
+        if self._parents is None:
+            parents: dict[int, list[int]] = {}
+            for d_, kids in self.kids().items():
+                for s_ in kids:
+                    parents.setdefault(s_, []).append(d_)
+            self._parents = parents
+        return self._parents
 
 
 def graph_pass(trace: Trace) -> Graph:
@@ -271,29 +282,35 @@ def engine_order(graph: Graph, b: BackwardRow) -> list[int]:
     n = len(rows)
     kids = graph.kids()
     roots = [r for r in dict.fromkeys(b.roots) if 0 <= r < n]
-    reach: set[int] = set()
-    stack = list(roots)
-    while stack:
-        d = stack.pop()
-        if d not in reach:
-            reach.add(d)
-            stack.extend(kids.get(d, ()))
-    run = reach
-    if b.inputs:
-        parents: dict[int, list[int]] = {}
-        for d in reach:
-            for s_ in kids.get(d, ()):
-                parents.setdefault(s_, []).append(d)
-        needed: set[int] = set()
-        stack = [i for i in b.inputs if i in reach]
+    run: set[int] = set()
+    if b.inputs:  # the nodes on a path from a root to an input: found from the inputs' side (a
+        # pass of an unrolled loop reaches every earlier step's graph, but leads to its inputs
+        # through its own step only), among the nodes that existed when the pass started (those
+        # the later steps of the loop made lead to the inputs too, but no root reaches them)
+        parents = graph.parents()
+        known = b.nodes_known if b.nodes_known is not None else n
+        leads: set[int] = set()  # nodes from which an input is reached (inputs included)
+        stack = list(b.inputs)
         while stack:
             s_ = stack.pop()
-            if s_ not in needed:
-                needed.add(s_)
-                stack.extend(parents.get(s_, ()))
+            if s_ not in leads:
+                leads.add(s_)
+                stack.extend(p for p in parents.get(s_, ()) if p < known)
+        stack = [r for r in roots if r in leads]
+        while stack:
+            d = stack.pop()
+            if d not in run:
+                run.add(d)
+                stack.extend(k for k in kids.get(d, ()) if k in leads)
         if b.api != "backward":  # autograd.grad captures an input's gradient without running it
-            needed -= {i for i in b.inputs if not any(k in needed for k in kids.get(i, ()))}
-        run = needed
+            run -= {i for i in b.inputs if not any(k in run for k in kids.get(i, ()))}
+    else:
+        stack = list(roots)
+        while stack:
+            d = stack.pop()
+            if d not in run:
+                run.add(d)
+                stack.extend(kids.get(d, ()))
     deps = dict.fromkeys(run, 0)
     for d in run:
         for s_ in kids.get(d, ()):
@@ -346,14 +363,11 @@ def _add_unseen_steps(graph: Graph, b: BackwardRow, out: Steps, first: int, free
     for col in (out.node, out.t0, out.t1, out.start_pos, out.live_before, out.live_after):
         del col[first:]
 
-    def put(node: int, t: int, pos: int, before: int | None, after: int | None) -> None:
-        out.node.append(node)
-        out.t0.append(t)
-        out.t1.append(t)
-        out.start_pos.append(pos)
-        out.live_before.append(before)
-        out.live_after.append(after)
-
+    # each step of the pass, in order: its node, the seen step it takes its time and memory from,
+    # and how (0: ran unseen before that step, 1: that step, 2: ran unseen after the last one)
+    nodes: list[int] = []
+    src: list[int] = []
+    how: list[int] = []
     remap: dict[int, int] = {}
     j = 0
     for k, d in enumerate(node_l):
@@ -362,14 +376,28 @@ def _add_unseen_steps(graph: Graph, b: BackwardRow, out: Steps, first: int, free
             u = order[j]
             j += 1
             if u not in seen_set:  # ran unseen before this step: no time, no memory of its own
-                put(u, t0_l[k], pos_l[k], before_l[k], before_l[k])
+                nodes.append(u)
+                src.append(k)
+                how.append(0)
         if j == p:
             j += 1
-        remap[first + k] = len(out.node)
-        put(d, t0_l[k], pos_l[k], before_l[k], after_l[k])
+        remap[first + k] = first + len(nodes)
+        nodes.append(d)
+        src.append(k)
+        how.append(1)
+    k_last = len(node_l) - 1
     for u in order[j:]:
         if u not in seen_set:
-            put(u, t0_l[-1], pos_l[-1], after_l[-1], after_l[-1])
+            nodes.append(u)
+            src.append(k_last)
+            how.append(2)
+    t0 = [t0_l[k] for k in src]
+    out.node += nodes
+    out.t0 += t0
+    out.t1 += t0
+    out.start_pos += [pos_l[k] for k in src]
+    out.live_before += [after_l[k] if h == 2 else before_l[k] for k, h in zip(src, how, strict=True)]
+    out.live_after += [before_l[k] if h == 0 else after_l[k] for k, h in zip(src, how, strict=True)]
     freed = out.freed
     for sid in freed_here:
         freed[sid] = remap[freed[sid]]

@@ -74,6 +74,7 @@ class BackwardRow:
     ev0: int = 0  # first and one-past-last index into Trace.events
     ev1: int = 0
     observed: bool = True  # False: run unobserved (reentrant, inside torch.func)
+    nodes_known: int | None = None  # nodes walked when it started: every node it can reach is among them
 
 
 @dataclass

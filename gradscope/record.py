@@ -807,6 +807,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                 inputs = roots_of(call.inputs)
                 with _no_gc():
                     self._discover(roots)
+                row.nodes_known = len(trace.nodes)
                 idx = trace.node_index
 
                 row.roots = [idx[k] for k in (node_key(r) for r in roots) if k in idx]
