@@ -120,6 +120,12 @@ def sparse_parts(t: torch.Tensor) -> list[torch.Tensor] | None:
     return [getattr(t, n)() for n in names]
 
 
+def parts_bytes(parts: list[torch.Tensor]) -> int:
+    """The bytes of the storages behind ``parts`` (a sparse tensor's: see sparse_parts), each once.
+    The values' storage names the tensor's save (its key, address and weak reference)."""
+    return sum({int(p.untyped_storage()._cdata): int(p.untyped_storage().nbytes()) for p in parts}.values())
+
+
 def storage_weak_ref(storage: Any) -> int:
     """A weak reference to a storage (an int handle); free it with :func:`free_weak_ref`."""
     return int(storage._weak_ref())

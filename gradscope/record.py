@@ -474,7 +474,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         pending = st.pending
         pending_append = pending.append
         expired, free = _compat.weak_expired, _compat.weak_free
-        sparse_parts = _compat.sparse_parts
+        sparse_parts, parts_bytes = _compat.sparse_parts, _compat.parts_bytes
         # NOTE [ the packed value is the tensor ]: what the pack hook returns lives as long as the
         # saved variable, and every object it adds is one more for Python's cyclic collector to
         # walk until the backward frees it: a graph of small ops packs thousands, and a collector
@@ -536,11 +536,18 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
             # No thread filter: saved-tensor hooks are thread-local, and the engine carries them
             # into its device threads only for backward passes started in this block.
             try:
-                s = t.untyped_storage()
+                try:
+                    s = t.untyped_storage()
+                    nbytes = s.nbytes()
+                except (NotImplementedError, RuntimeError):
+                    parts = sparse_parts(t)  # a sparse tensor has no storage of its own
+                    if parts is None:
+                        raise
+                    s, nbytes = parts[-1].untyped_storage(), parts_bytes(parts)
                 sid = len(saves)
                 node = seq() - 1
                 # is_leaf is ``grad_fn is None`` without making the producer's Python node object
-                saves_append((node, key_of(s), s.data_ptr() if need_ptr else 0, s.nbytes(), tuple(t.shape), t.dtype,
+                saves_append((node, key_of(s), s.data_ptr() if need_ptr else 0, nbytes, tuple(t.shape), t.dtype,
                               t.device, time_ns() if need_time else sid, t.is_leaf))
                 if need_weak:
                     weak_append(weak_of(s))  # type: ignore[arg-type]  # an int handle at run time
@@ -553,31 +560,9 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                 packed_info[id(d)] = (sid, version_of(t), node)
                 return d
             except Exception as e:  # observing must never break the model: save the tensor as is
-                err = e
-            try:  # a sparse tensor has no storage of its own
-                parts = sparse_parts(t)
-                if parts is not None:
-                    return pack_parts(t, parts)
-            except Exception as e:
-                err = e
-            packed_info[id(t)] = None
-            internal(err)
-            return t
-
-        def pack_parts(t: torch.Tensor, parts: list[torch.Tensor]) -> Any:
-            """A sparse tensor's save: its bytes are those of its parts' storages (indices and
-            values), its storage is its values' (named, weakly held and matched by address)."""
-            storages = {key_of(s): s for s in (p.untyped_storage() for p in parts)}
-            s = parts[-1].untyped_storage()
-            sid = len(saves)
-            node = seq() - 1
-            saves_append((node, key_of(s), s.data_ptr() if need_ptr else 0, sum(x.nbytes() for x in storages.values()),
-                          tuple(t.shape), t.dtype, t.device, time_ns() if need_time else sid, t.is_leaf))
-            if need_weak:
-                weak_append(weak_of(s))  # type: ignore[arg-type]
-            d = t.detach()
-            packed_info[id(d)] = (sid, version_of(t), node)
-            return d
+                packed_info[id(t)] = None
+                internal(e)
+                return t
 
         def unpack(t: torch.Tensor) -> torch.Tensor:
             info = packed_info.get(id(t))
