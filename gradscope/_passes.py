@@ -809,7 +809,9 @@ def _event_steps(trace: Trace, steps: Steps, scope_l: Sequence[int | None], bw_l
                  stamp_l: Sequence[int | None], t_l: Sequence[int]) -> list[int | None]:
     """The backward step each memory event belongs to: the node scope it happened in; for
     events between node scopes of a backward (the engine releasing the last node's saved
-    tensors), the node that ran last; for online sources, the step events before it."""
+    tensors), the node that ran last, also when the next node's scope carries the same time
+    stamp (the profiler's clock may not tell a release from the next start apart); for online
+    sources, the step events before it."""
     n = len(t_l)
     out: list[int | None] = [None] * n
     if not len(steps):
@@ -838,7 +840,7 @@ def _event_steps(trace: Trace, steps: Steps, scope_l: Sequence[int | None], bw_l
         if bw is not None:
             got = by_b.get(bw)
             if got is not None:
-                j = right(got[0], t_l[i]) - 1
+                j = bisect.bisect_left(got[0], t_l[i]) - 1  # a step that starts at t ran after
                 if j >= 0:
                     out[i] = got[1][j]
             continue

@@ -266,6 +266,10 @@ def test_steps_from_profiler_scopes_match_accumulate_grad_in_hook_order() -> Non
     assert [p.step for p in r.timeline] == [None, 1, 1, 2]  # the free after tanh's scope: its step
     assert [s.live_before for s in r.steps][:3] == [16, 16, 16] and r.steps[1].live_after == 32
     assert r.allocations[0].node == 1 and r.allocations[0].category is Category.ACTIVATION
+    # the release stamped with the next scope's start (the profiler's clock did not tell them
+    # apart) is still the step before: the next node's scope would hold it if it were its own
+    t.memory_trace.events[2] = E(320, -16, 0x30, "free", backward=0)
+    assert [p.step for p in P.build(t).timeline] == [None, 1, 1, 2]
 
 
 # ----- memory="off": steps from unpacks, frees from weak-reference checks ----------------------------
