@@ -204,7 +204,8 @@ _profiler_lock = threading.Lock()
 _profiler_busy = False  # see NOTE [ one profiler at a time ]
 MARK = "gradscope."
 _MEMORY_EVENT = "[memory]"  # the name the profiler gives allocation events
-_CLOCK = "gradscope.clock#0"
+_CLOCK = "gradscope.clock#"  # numbered: see NOTE [ profiler clock ]
+_CLOCK_READINGS = 5
 _OPT_STEP = "Optimizer.step#"
 _ZERO_GRAD = ("Optimizer.zero_grad#", "Module.zero_grad")
 
@@ -231,7 +232,7 @@ class ProfilerSource:
 
     def __init__(self) -> None:
         self._running = False
-        self._clock_ns = 0
+        self._clock: list[tuple[int, int]] = []
         self._noise = LineFilter()
         self._ops = False  # op scopes (a distributed job): collectives are read from them
 
@@ -256,11 +257,18 @@ class ProfilerSource:
                 _compat.start_node_profiler(ops=self._ops)
             self._running = True
             self._noise.start()  # see NOTE [ the profiler's free warning ] in gradscope._stderr
-            # NOTE [ profiler clock ]: the profiler stamps events with its own clock; one scope
-            # opened right here, beside a time.time_ns() reading, gives the offset to ours.
-            handle = _compat.record_scope_enter(_CLOCK)
-            self._clock_ns = time.time_ns()
-            _compat.record_scope_exit(handle)
+            # NOTE [ profiler clock ]: the profiler stamps events with its own clock; a scope
+            # opened between two time.time_ns() readings gives the offset to ours, to within the
+            # time between them. A thread preempted there (a busy machine) would shift every event
+            # by as much and pair saves with the wrong allocations, so a few are opened and the
+            # tightest pair of readings is used.
+            clock = []
+            for k in range(_CLOCK_READINGS):
+                before = time.time_ns()
+                handle = _compat.record_scope_enter(f"{_CLOCK}{k}")
+                clock.append((before, time.time_ns()))
+                _compat.record_scope_exit(handle)
+            self._clock = clock
         except BaseException:
             self._noise.stop()
             if self._running:
@@ -282,13 +290,13 @@ class ProfilerSource:
         finally:
             self._noise.stop()
             _profiler_busy = False
-        ops, clock_ns = self._ops, self._clock_ns
+        ops, clock = self._ops, self._clock
 
         def read(trace: MemoryTrace) -> None:  # see NOTE [ analysis on first look ] in gradscope.record
             roots = _compat.results_event_tree(results)
             trace.events, trace.scopes = self._parse(roots)
             if ops:
-                trace.collectives = _collective_rows(roots, clock_ns)
+                trace.collectives = _collective_rows(roots, clock)
 
         out.pending = read
         return out
@@ -323,7 +331,7 @@ class ProfilerSource:
         check_device = torch.cuda.is_available()  # without CUDA every allocation is the CPU's
         events: list[AllocEvent] = []
         scopes: list[EvalScope] = []
-        offset = _clock_offset(roots, self._clock_ns)
+        offset = _clock_offset(roots, self._clock)
         new_event = tuple.__new__
         append = events.append
         mem_name = _MEMORY_EVENT
@@ -396,11 +404,11 @@ _COMM_CALLS = ("c10d::", "_c10d_functional::")
 _COMM_SKIP = frozenset({"_c10d_functional::wait_tensor"})
 
 
-def _collective_rows(roots: Any, clock_ns: int) -> list[tuple[str, int, int, int, str]]:
+def _collective_rows(roots: Any, clock: list[tuple[int, int]]) -> list[tuple[str, int, int, int, str]]:
     """``(op, t0_ns, t1_ns, bytes, kind)`` for every collective in the profiler's event tree, in
-    time order, on the clock of ``clock_ns``; ``kind`` is "call" (c10d's operator) or "backend"
-    (the backend's work). See NOTE [ collectives in a recording ]."""
-    offset = _clock_offset(roots, clock_ns)
+    time order, on ``time.time_ns()``'s clock (``clock``: see _clock_offset); ``kind`` is "call"
+    (c10d's operator) or "backend" (the backend's work). See NOTE [ collectives in a recording ]."""
+    offset = _clock_offset(roots, clock)
     rows: list[tuple[str, int, int, int, str]] = []
     stack = list(roots)
     while stack:
@@ -415,13 +423,21 @@ def _collective_rows(roots: Any, clock_ns: int) -> list[tuple[str, int, int, int
     return rows
 
 
-def _clock_offset(roots: Any, clock_ns: int) -> int:
-    """The profiler's clock minus ours, from the scope opened beside a ``time.time_ns()`` reading
-    when the source started (see NOTE [ profiler clock ]); 0 when it is missing."""
+def _clock_offset(roots: Any, clock: list[tuple[int, int]]) -> int:
+    """The profiler's clock minus ours (see NOTE [ profiler clock ]): ``clock[k]`` is the pair of
+    ``time.time_ns()`` readings around the opening of scope ``k``; the scope with the tightest
+    pair gives the offset, from its start and the pair's midpoint. 0 when none is found."""
+    best: tuple[int, int] | None = None
     for r in roots:
-        if r.name == _CLOCK:
-            return int(r.start_time_ns - clock_ns)
-    return 0
+        name = r.name
+        if name.startswith(_CLOCK):
+            try:
+                before, after = clock[int(name[len(_CLOCK):])]
+            except (ValueError, IndexError):
+                continue
+            if best is None or after - before < best[0]:
+                best = (after - before, int(r.start_time_ns) - (before + after) // 2)
+    return best[1] if best is not None else 0
 
 
 def _in_distributed_job() -> bool:
