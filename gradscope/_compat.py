@@ -123,7 +123,7 @@ def sparse_parts(t: torch.Tensor) -> list[torch.Tensor] | None:
 def parts_bytes(parts: list[torch.Tensor]) -> int:
     """The bytes of the storages behind ``parts`` (a sparse tensor's: see sparse_parts), each once.
     The values' storage names the tensor's save (its key, address and weak reference)."""
-    return sum({int(p.untyped_storage()._cdata): int(p.untyped_storage().nbytes()) for p in parts}.values())
+    return sum({int(s._cdata): int(s.nbytes()) for s in (p.untyped_storage() for p in parts)}.values())
 
 
 def storage_weak_ref(storage: Any) -> int:

@@ -529,7 +529,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                     free(ref)
             pending.clear()
 
-        batched = memory == "off"
+        batched = self._frees_once_a_pass = memory == "off"
         self._check_frees: Callable[[], None] = check_frees_at_end if batched else check_frees
 
         def pack(t: torch.Tensor) -> Any:
@@ -1186,7 +1186,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         """Between two steps (or at a pass's end): frees of the last step's saves, the source's
         reading after the last step (``"X done"``) and before the next one (``name``)."""
         st = self._state
-        if st.pending and (name is None or self._memory != "off"):  # see NOTE [ frees checked once a pass ]
+        if st.pending and (name is None or not self._frees_once_a_pass):  # see NOTE [ frees checked once a pass ]
             self._check_frees()
         src = self._source
         if src is not None and src.node_hooks:
