@@ -33,6 +33,11 @@ from torch.autograd.graph import saved_tensors_hooks
 from torch.func import functional_call
 
 import gradscope as gs
+from gradscope._stderr import LineFilter
+
+# Newer profilers write a start and a stop line to fd 2 for every run whatever KINETO_LOG_LEVEL
+# says: dropped here (every other line passes), so that the table stays readable.
+_PROFILER_LINES = ("SyncActivityProfilerHandler.cpp", "CPUAllocator.cpp")
 
 Step = Callable[[], None]
 
@@ -169,8 +174,14 @@ def main() -> int:
     print(f"{'workload':34s} {'plain':>8s} {'profiler':>9s} {'pack hook':>9s} {'off':>7s} {'default':>8s}"
           f" {'default/profiler':>17s} {'off/pack hook':>14s}   with a first look: {'default':>8s} {'off':>6s}")
     ok = True
+    quiet = LineFilter(_PROFILER_LINES)
     for name in args.only.split(","):
-        med = measure(WORKLOADS[name](), args.repeats, clock)
+        sys.stdout.flush()
+        quiet.start()
+        try:
+            med = measure(WORKLOADS[name](), args.repeats, clock)
+        finally:
+            quiet.stop()
         plain = med["plain"]
         r = {k: v / plain for k, v in med.items()}
         d_vs_p = med["default"] / med["profiler"]

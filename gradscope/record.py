@@ -484,8 +484,10 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         # plain ints under the tensor's id, which no other live object shares while the saved
         # variable holds it (a new pack of a reused id overwrites the entry first). Rows hold no
         # object the collector tracks either (the shape as a tuple of ints).
-        packed_info: dict[int, tuple[int, int, int] | None] = {}
+        packed_info: dict[int, int | None] = {}  # the packed value's id -> its save's index
         self._packed_info = packed_info
+        versions: list[int] = []  # by save index: the saved tensor's version when packed
+        versions_append = versions.append
 
         def check_frees() -> None:
             """The engine releases a node's saved tensors right after the node (and its post
@@ -545,10 +547,13 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                         raise
                     s, nbytes = parts[-1].untyped_storage(), parts_bytes(parts)
                 sid = len(saves)
-                node = seq() - 1
                 # is_leaf is ``grad_fn is None`` without making the producer's Python node object
-                saves_append((node, key_of(s), s.data_ptr() if need_ptr else 0, nbytes, tuple(t.shape), t.dtype,
-                              t.device, time_ns() if need_time else sid, t.is_leaf))
+                row = (seq() - 1, key_of(s), s.data_ptr() if need_ptr else 0, nbytes, tuple(t.shape), t.dtype,
+                       t.device, time_ns() if need_time else sid, t.is_leaf)
+                version = version_of(t)
+                # nothing above may fail once a list has grown: the lists are indexed by save
+                saves_append(row)
+                versions_append(version)
                 if need_weak:
                     weak_append(weak_of(s))  # type: ignore[arg-type]  # an int handle at run time
                 # NOTE [ pack a detached tensor ]: a node that saves its own output (exp, tanh)
@@ -557,7 +562,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                 # variable, not from the tensor the hook returns, so keeping only the data (as
                 # PyTorch does without hooks) is exact.
                 d = t.detach()
-                packed_info[id(d)] = (sid, version_of(t), node)
+                packed_info[id(d)] = sid
                 return d
             except Exception as e:  # observing must never break the model: save the tensor as is
                 packed_info[id(t)] = None
@@ -565,18 +570,18 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                 return t
 
         def unpack(t: torch.Tensor) -> torch.Tensor:
-            info = packed_info.get(id(t))
-            if info is None:
+            sid = packed_info.get(id(t))
+            if sid is None:
                 return t  # packed while observing failed
-            sid, version, node = info
             # NOTE [ in-place checks ]: while saved-tensor hooks are active PyTorch does not check
             # that a saved tensor was left unmodified (measured: no error, silently different
             # gradients), so a program that fails without gradscope would run with wrong
             # gradients under it. The check is made here, with PyTorch's words.
-            if version_of(t) != version:
-                raise _inplace_error(t, version)
+            if version_of(t) != versions[sid]:
+                raise _inplace_error(t, versions[sid])
             if st.bw is not None:
-                if st.marks and node != st.last_seq:
+                # the save's node, as the graph walk may have moved it (see _reattribute)
+                if st.marks and (node := saves[sid][0]) != st.last_seq:
                     if pending and not batched:
                         check_frees()
                     st.last_seq = node
@@ -979,7 +984,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
             return named
         # each raw saved variable shows what our pack hook returned for it (one getattr each)
         packed_by, not_visible, unpack = _compat.packed_by, _compat.NOT_VISIBLE, self._unpack
-        info_get = self._packed_info.get
+        info_get, saves = self._packed_info.get, trace.saves
         for attr, raw_attr in attrs:
             try:
                 raw = getattr(fn, raw_attr, None)
@@ -998,16 +1003,16 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                 value = packed_by(one, unpack)
                 if value is not_visible:
                     continue
-                info = info_get(id(value))
-                if info is None:
+                sid = info_get(id(value))
+                if sid is None:
                     continue
-                offset = info[2] - seq
+                offset = saves[sid][S_SEQ] - seq
                 if offset:
-                    self._reattribute(info[0], seq, id(value))
+                    self._reattribute(sid, seq)
                 label = f"{attr}[{k}]" if many else attr
-                names[info[0]] = label
+                names[sid] = label
                 if named is not None:
-                    named.append((info[0], label, offset))
+                    named.append((sid, label, offset))
         return named
 
     def _read_by_unpacking(self, fn: Any, attr: str, label: str | None,
@@ -1030,7 +1035,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         for k, sid in enumerate(read):
             offset = self._trace.saves[sid][S_SEQ] - seq
             if offset:
-                self._reattribute(sid, seq, None)
+                self._reattribute(sid, seq)
             names[sid] = label if label is not None else (attr if len(read) == 1 and attr != "saved_tensors"
                                                           else f"{attr}[{k}]")
             out.append((sid, names[sid], offset))
@@ -1048,7 +1053,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
             self._trace.seq_moves[seq + d] = (seq, label)
         return True
 
-    def _reattribute(self, sid: int, seq: int, value_id: int | None) -> None:
+    def _reattribute(self, sid: int, seq: int) -> None:
         """NOTE [ saves packed under another number ]: the counter minus one is not the saving
         node when the op runs another differentiable op between making its node and saving: an
         in-place ``mul_`` that needs its input's old value saves a clone, made (with a node of
@@ -1064,11 +1069,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         if packed[old] <= 0:
             del packed[old]
         packed[seq] += 1
-        saves[sid] = (seq, *row[1:])
-        if value_id is not None:
-            info = self._packed_info.get(value_id)
-            if info is not None:  # the unpack hook's node (step events): see NOTE [ how steps are seen ]
-                self._packed_info[value_id] = (info[0], info[1], seq)
+        saves[sid] = (seq, *row[1:])  # the unpack hook's node too (step events): see NOTE [ how steps are seen ]
 
     def _count_unseen(self, fn: Any, seq: int, attrs: tuple[tuple[str, str], ...]) -> None:
         """NOTE [ saves packed by other hooks ]: only the innermost saved_tensors_hooks pair
@@ -1091,11 +1092,10 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
             for k, raw in enumerate(raws):
                 hook = _compat.unpack_hook_of(raw)
                 if hook is self._unpack:  # ours, packed under another number
-                    value_id = id(_compat.packed_value(raw))
-                    info = self._packed_info.get(value_id)
-                    if info is not None:
-                        self._reattribute(info[0], seq, value_id)
-                        trace.save_attr[info[0]] = f"{attr}[{k}]" if _indexed(attr, listed, len(raws)) else attr
+                    sid = self._packed_info.get(id(_compat.packed_value(raw)))
+                    if sid is not None:
+                        self._reattribute(sid, seq)
+                        trace.save_attr[sid] = f"{attr}[{k}]" if _indexed(attr, listed, len(raws)) else attr
                 elif hook is _compat.NOT_VISIBLE:
                     if any(lo <= seq and (hi < 0 or seq < hi) for lo, hi in self._other_seq):
                         trace.unseen_saves += 1
