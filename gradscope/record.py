@@ -475,6 +475,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         pending_append = pending.append
         expired, free = _compat.weak_expired, _compat.weak_free
         sparse_parts, parts_bytes = _compat.sparse_parts, _compat.parts_bytes
+        skey_of = operator.itemgetter(S_SKEY)
         # NOTE [ the packed value is the tensor ]: what the pack hook returns lives as long as the
         # saved variable, and every object it adds is one more for Python's cyclic collector to
         # walk until the backward frees it: a graph of small ops packs thousands, and a collector
@@ -512,6 +513,16 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
             holder we cannot see (a node whose saves another pair of hooks packed, a custom
             Function's ``ctx`` attribute) that lets go later in the pass makes the free show at
             our holder's step, as it showed at the next step we saw before."""
+            keys = list(map(skey_of, map(saves.__getitem__, pending)))
+            if len(set(keys)) == len(keys):  # each storage unpacked once: its save is both the newest and the last
+                for q in pending:
+                    ref = weak[q]
+                    if ref is not None and expired(ref):
+                        events_append((EV_FREED, q, 0, q))
+                        weak[q] = None
+                        free(ref)
+                pending.clear()
+                return
             last: dict[int, list[Any]] = {}  # storage key -> [save unpacked last, newest save, freed?]
             for q in reversed(pending):
                 k = saves[q][S_SKEY]

@@ -368,7 +368,22 @@ def _mlp_step() -> Any:
     return lambda: _step(model, x)
 
 
-@pytest.mark.parametrize("make", [_user_gru_loop, _shared_storage, _mlp_step], ids=["gru_loop", "shared", "mlp"])
+def _chain_some_kept() -> Any:
+    x = torch.randn(32, requires_grad=True)
+
+    def step() -> None:  # each storage saved once (by the op that made it); the user keeps every fourth
+        kept, y = [], x
+        for i in range(24):
+            y = (y.tanh(), y.exp(), y.sigmoid())[i % 3]
+            if i % 4 == 0:
+                kept.append(y)
+        y.sum().backward()
+
+    return step
+
+
+@pytest.mark.parametrize("make", [_user_gru_loop, _shared_storage, _mlp_step, _chain_some_kept],
+                         ids=["gru_loop", "shared", "mlp", "chain_some_kept"])
 def test_off_frees_equal_the_trackers(make: Any) -> None:
     """memory="off" finds frees of saved storages by weak reference, once a pass (see NOTE [ frees
     checked once a pass ]); the tracker, which follows every storage through a dispatch mode and
