@@ -490,14 +490,14 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         versions: list[int] = []  # by save index: the saved tensor's version when packed
         versions_append = versions.append
 
-        def check_frees() -> None:
+        def check_frees(by_save: bool = False) -> None:
             """The engine releases a node's saved tensors right after the node (and its post
             hooks) ran; at the next step boundary, the storages of the saves it unpacked that
-            are gone were freed by that step."""
+            are gone were freed by that step (``by_save``: by the step of the save's node)."""
             for q in pending:
                 ref = weak[q]
                 if ref is not None and expired(ref):
-                    events_append((EV_FREED, q, 0, None))
+                    events_append((EV_FREED, q, 0, q if by_save else None))
                     weak[q] = None
                     free(ref)
             pending.clear()
@@ -515,13 +515,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
             our holder's step, as it showed at the next step we saw before."""
             keys = list(map(skey_of, map(saves.__getitem__, pending)))
             if len(set(keys)) == len(keys):  # each storage unpacked once: its save is both the newest and the last
-                for q in pending:
-                    ref = weak[q]
-                    if ref is not None and expired(ref):
-                        events_append((EV_FREED, q, 0, q))
-                        weak[q] = None
-                        free(ref)
-                pending.clear()
+                check_frees(by_save=True)
                 return
             last: dict[int, list[Any]] = {}  # storage key -> [save unpacked last, newest save, freed?]
             for q in reversed(pending):
