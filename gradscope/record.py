@@ -518,8 +518,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                 check_frees(by_save=True)
                 return
             last: dict[int, list[Any]] = {}  # storage key -> [save unpacked last, newest save, freed?]
-            for q in reversed(pending):
-                k = saves[q][S_SKEY]
+            for q, k in zip(reversed(pending), reversed(keys), strict=True):
                 e = last.get(k)
                 if e is None:
                     ref = weak[q]
@@ -529,9 +528,9 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
             for q_last, q_new, dead in last.values():
                 if dead:
                     events_append((EV_FREED, q_new, 0, q_last))
-            for q in pending:
+            for q, k in zip(pending, keys, strict=True):
                 ref = weak[q]
-                if ref is not None and last[saves[q][S_SKEY]][2]:
+                if ref is not None and last[k][2]:
                     weak[q] = None
                     free(ref)
             pending.clear()
@@ -586,7 +585,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                 raise _inplace_error(t, versions[sid])
             if st.bw is not None:
                 # the save's node, as the graph walk may have moved it (see _reattribute)
-                if st.marks and (node := saves[sid][0]) != st.last_seq:
+                if st.marks and (node := saves[sid][S_SEQ]) != st.last_seq:
                     if pending and not batched:
                         check_frees()
                     st.last_seq = node
