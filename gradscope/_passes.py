@@ -80,6 +80,7 @@ __all__ = [
 
 _DEEP_GRAPH = 40_000  # nodes above which freeing may crash PyTorch: see NOTE [ freeing deep graphs ]
 _CLOCK_SLACK_NS = 200_000  # the profiler's clock against time.time_ns(): see saves_to_allocations
+_REGION_MARGIN_NS = 20_000  # a marked region that began this long after a pack began after it
 # Backward formulas PyTorch picks differently under any Python dispatch mode (see tracker_note).
 _MODE_SENSITIVE = ("prod", "cumprod", "det", "vander", "ctc_loss")
 
@@ -647,6 +648,39 @@ def memory_pass(trace: Trace, graph: Graph, prefixes: Sequence[str], steps: Step
     peak_v = max(lives) if lives else 0
     peak_i = lives.index(peak_v) if peak_v > 0 else -1
     peak_v = max(peak_v, 0)
+    pairable = mt.key_kind != "none"
+    a_bytes: list[int] = []
+    a_at: list[int] = []
+    a_key: list[int] = []
+    a_free: list[int | None] = []
+    a_free_t: list[int | None] = []
+    point_alloc: list[int | None] = [None] * n
+    if pairable:  # one sweep: an allocation is open from its event to the free of its key
+        open_: dict[int, int] = {}
+        open_pop = open_.pop
+        for k, size in enumerate(size_l):
+            if size > 0:
+                ai = len(a_bytes)
+                open_[key_l[k]] = ai
+                a_bytes.append(size)
+                a_at.append(k)
+                a_free.append(None)
+                a_free_t.append(None)
+                point_alloc[k] = ai
+            else:
+                found = open_pop(key_l[k], None)
+                if found is not None:
+                    point_alloc[k] = found
+                    a_free[found] = k
+                    a_free_t[found] = t_l[k]
+        a_key = [key_l[k] for k in a_at]
+    a_t = [t_l[k] for k in a_at]
+    allocs = _AllocColumns(a_bytes, a_at, a_free, a_t, a_free_t, a_key, [], [], [])
+    save_alloc, saver = (_saves_to_allocations(trace, saves, allocs, mt.key_kind, [call_l[k] for k in a_at],
+                                               [bw_l[k] for k in a_at]) if pairable else ({}, {}))
+    if not mt.online and save_alloc:
+        _releases_stamped_late(trace, steps, scope_l, ev_step, sorted(set(save_alloc.values())), allocs)
+    allocs.free_step = [None if k is None else ev_step[k] for k in a_free]
     backward, optimizer, other, forward = Phase.BACKWARD, Phase.OPTIMIZER, Phase.OTHER, Phase.FORWARD
     windows = sorted((o[1], o[2] or trace.t1_ns) for o in trace.optimizer_steps)
     win_starts = [w[0] for w in windows]
@@ -677,35 +711,6 @@ def memory_pass(trace: Trace, graph: Graph, prefixes: Sequence[str], steps: Step
                else ph.value)
         for lb, st, c, ph in zip(label_l, ev_step, call_l, phases, strict=True)
     ]
-    pairable = mt.key_kind != "none"
-    a_bytes: list[int] = []
-    a_at: list[int] = []
-    a_key: list[int] = []
-    a_free: list[int | None] = []
-    a_free_t: list[int | None] = []
-    a_free_step: list[int | None] = []
-    point_alloc: list[int | None] = [None] * n
-    if pairable:  # one sweep: an allocation is open from its event to the free of its key
-        open_: dict[int, int] = {}
-        open_pop = open_.pop
-        for k, size in enumerate(size_l):
-            if size > 0:
-                ai = len(a_bytes)
-                open_[key_l[k]] = ai
-                a_bytes.append(size)
-                a_at.append(k)
-                a_free.append(None)
-                a_free_t.append(None)
-                a_free_step.append(None)
-                point_alloc[k] = ai
-            else:
-                found = open_pop(key_l[k], None)
-                if found is not None:
-                    point_alloc[k] = found
-                    a_free[found] = k
-                    a_free_t[found] = t_l[k]
-                    a_free_step[found] = ev_step[k]
-        a_key = [key_l[k] for k in a_at]
     # bytes around each step, for sources that are not online: the events at its boundaries
     if not mt.online and len(steps) and n:
         for k, sc in enumerate(steps.scope):
@@ -715,10 +720,8 @@ def memory_pass(trace: Trace, graph: Graph, prefixes: Sequence[str], steps: Step
             b = bisect.bisect_right(t_l, steps.t1[k])
             steps.live_before[k] = lives[a - 1] if a > 0 else 0
             steps.live_after[k] = lives[b - 1] if b > 0 else 0
-    a_t = [t_l[k] for k in a_at]
-    allocs = _AllocColumns(a_bytes, a_at, a_free, a_t, a_free_t, a_key, a_free_step,
-                           [phases[k] for k in a_at], [ev_step[k] for k in a_at])
-    save_alloc, saver = _saves_to_allocations(trace, saves, allocs, mt.key_kind) if pairable else ({}, {})
+    allocs.phase = [phases[k] for k in a_at]
+    allocs.step = [ev_step[k] for k in a_at]
     categories = _categories(trace, orders, saves, allocs, save_alloc, mt.key_kind)
     # frees of saved storages: which step freed each (allocation table), or the weak-ref checks
     freed_at: dict[int, int] = {}
@@ -728,7 +731,7 @@ def memory_pass(trace: Trace, graph: Graph, prefixes: Sequence[str], steps: Step
         for sid, ai in save_alloc.items():
             saved_allocs.setdefault(ai, []).append(sid)
         for ai, sids in saved_allocs.items():
-            st = a_free_step[ai]
+            st = allocs.free_step[ai]
             if a_free[ai] is not None and st is not None:
                 for sid in sids:
                     freed_at[sid] = st
@@ -855,6 +858,29 @@ def _event_steps(trace: Trace, steps: Steps, scope_l: Sequence[int | None], bw_l
     return out
 
 
+def _releases_stamped_late(trace: Trace, steps: Steps, scope_l: Sequence[int | None], ev_step: list[int | None],
+                           saved_allocs: Sequence[int], allocs: _AllocColumns) -> None:
+    """NOTE [ releases stamped late ]: the engine releases a node's saved tensors after the node's
+    scope has ended and before the next node's begins: no node frees a saved storage inside its
+    own scope (it only reads its saves there). The profiler stamps allocator events and scopes
+    from two clocks, so the free of the last release can carry a time microseconds inside the next
+    node's scope, and the profiler's tree then puts it there (seen under load, in CI). A free of a
+    saved storage inside a node scope, of an allocation made before that scope began, is moved to
+    the step before it in the same pass (a storage made inside the scope, such as one a
+    checkpointed segment recomputes there, stays its own). ``ev_step`` is changed in place."""
+    s_backward, s_scope, s_t0 = steps.backward, steps.scope, steps.t0
+    a_free, a_t = allocs.free, allocs.t
+    for ai in saved_allocs:
+        k = a_free[ai]
+        if k is None or scope_l[k] is None:
+            continue
+        st = ev_step[k]
+        if st is None or st == 0 or s_scope[st] is None or a_t[ai] >= s_t0[st]:
+            continue
+        if s_backward[st - 1] == s_backward[st] and s_scope[st - 1] is not None:
+            ev_step[k] = st - 1
+
+
 @dataclass
 class _AllocColumns:
     """The allocation table while it is built (one list per field)."""
@@ -870,13 +896,19 @@ class _AllocColumns:
     step: list[int | None]
 
 
-def _saves_to_allocations(trace: Trace, saves: Saves, allocs: _AllocColumns,
-                          key_kind: str) -> tuple[dict[int, int], dict[int, int]]:
+def _saves_to_allocations(trace: Trace, saves: Saves, allocs: _AllocColumns, key_kind: str,
+                          a_call: Sequence[int | None], a_bw: Sequence[int | None],
+                          ) -> tuple[dict[int, int], dict[int, int]]:
     """Each save's allocation: the one that held the save's key (storage key for the tracker,
     address for the allocators) when it was packed. Keys are reused once freed, so the candidate
     is the latest allocation of that key made no later than the pack, still alive then. The
     profiler's clock and ``time.time_ns()`` differ by microseconds: times are compared with
     :data:`_CLOCK_SLACK_NS` of slack (an output is packed microseconds after it is allocated).
+    Within that slack the allocator may already have given the address again, once the save was
+    freed (a small graph's backward starts microseconds after its forward): an allocation made
+    inside a backward pass or module call (``a_bw``, ``a_call``: known from the source's marks, not
+    from a clock) that began after the pack, by :data:`_REGION_MARGIN_NS` or more, is a later
+    one, and the candidate before it is taken.
     Returns (save index -> allocation, allocation -> the first node that saved it)."""
     a_t, a_free_t = allocs.t, allocs.free_t
     # per key, its allocations and their times (allocation order is time order); an address
@@ -894,6 +926,16 @@ def _saves_to_allocations(trace: Trace, saves: Saves, allocs: _AllocColumns,
     saver: dict[int, int] = {}
     right = bisect.bisect_right
     tsaves = trace.saves
+    # when each allocation's innermost marked region began (our clock), where a source marks them
+    region_t0: list[int | None] = [None] * len(a_bw)
+    if slack:
+        bw_t0 = [b.t0_ns for b in trace.backwards]
+        call_t0 = [c[C_T0] for c in trace.calls]
+        for i, (b, c) in enumerate(zip(a_bw, a_call, strict=True)):
+            if b is not None and 0 <= b < len(bw_t0):
+                region_t0[i] = bw_t0[b]
+            elif c is not None and 0 <= c < len(call_t0):
+                region_t0[i] = call_t0[c]
     for sid, node in zip(saves.sid, saves.node, strict=True):
         s = tsaves[sid]
         cands = by_key.get(s[key_field])
@@ -901,6 +943,8 @@ def _saves_to_allocations(trace: Trace, saves: Saves, allocs: _AllocColumns,
             continue
         t = s[S_T]
         j = right(cands[1], t + slack) - 1
+        while j >= 0 and (r0 := region_t0[cands[0][j]]) is not None and r0 > t + _REGION_MARGIN_NS:
+            j -= 1  # made in a region that began after the pack: the address given again
         if j < 0:
             continue
         best = cands[0][j]

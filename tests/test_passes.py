@@ -272,6 +272,78 @@ def test_steps_from_profiler_scopes_match_accumulate_grad_in_hook_order() -> Non
     assert [p.step for p in P.build(t).timeline] == [None, 1, 1, 2]
 
 
+
+def test_a_release_stamped_inside_the_next_scope_is_the_step_before() -> None:
+    """See NOTE [ releases stamped late ] in gradscope._passes: the engine frees a node's saves
+    between node scopes, but the profiler's two clocks can put that free microseconds inside the
+    next node's scope. A saved storage made before that scope and freed inside it was released by
+    the step before; frees of what the scope made itself, or of storages nobody saved, stay."""
+    t = Trace(memory="cpu", t0_ns=0, t1_ns=500, seq0=10, seq1=13)
+    _forward(t)
+    S = EvalScope
+    t.memory_trace = MemoryTrace(source="cpu", online=False, key_kind="address", scopes=[
+        S("SumBackward0", 12, 300, 305, 0, False), S("TanhBackward0", 11, 310, 315, 0, False),
+        S("MulBackward0", 10, 320, 330, 0, False)])
+    E = AllocEvent
+    t.memory_trace.events = [
+        E(115, 16, 0x30, "aten::tanh", call=0),  # tanh's result, saved by TanhBackward0
+        E(116, 8, 0x40, "aten::empty", call=0),  # made before, saved by nobody
+        E(311, 16, 0x70, "aten::tanh_backward", scope=1, backward=0),
+        E(321, 16, 0x80, "aten::mul", scope=2, backward=0),
+        E(322, -16, 0x30, "free", scope=2, backward=0),  # the release after tanh's scope, stamped late
+        E(323, -8, 0x40, "free", scope=2, backward=0),
+        E(324, -16, 0x80, "free", scope=2, backward=0),
+    ]
+    t.events = [(EV_PRE, 4, 332, 13), (EV_PRE, 3, 330, 13)]
+    t.backwards = [BackwardRow("backward", False, False, roots=[0], inputs=[], seq0=13, seq1=13,
+                               t0_ns=300, t1_ns=400, ev0=0, ev1=2)]
+    r = P.build(t)
+    assert [r.nodes[s.node].name for s in r.steps][:3] == ["SumBackward0", "TanhBackward0", "MulBackward0"]
+    assert [p.step for p in r.timeline] == [None, None, 1, 2, 1, 2, 2]
+    saved = {a.index: a for a in r.allocations}
+    assert saved[0].node == 1 and r.saved[2].freed_at_step == 1
+    assert [s.freed_bytes for s in r.steps][:3] == [0, 16, 0]
+    # the same free stamped before the next scope began was the step before already
+    t.memory_trace.events[4] = E(318, -16, 0x30, "free", backward=0)
+    t.memory_trace.events.sort(key=lambda e: e.t_ns)
+    r2 = P.build(t)
+    assert r2.saved[2].freed_at_step == 1 and [s.freed_bytes for s in r2.steps][:3] == [0, 16, 0]
+
+
+
+def test_a_save_is_not_matched_with_an_allocation_its_address_got_after_it_was_freed() -> None:
+    """A save finds its allocation by address, with the clocks' slack (200 us); in a small graph
+    the backward starts within that slack, frees the save and gives its address to a gradient.
+    That gradient, made inside a backward pass that began after the save was packed, is not the
+    save's allocation (see _saves_to_allocations)."""
+    t = Trace(memory="cpu", t0_ns=0, t1_ns=90_000, seq0=10, seq1=13)
+    _forward(t)  # tanh's result packed at 120 ns, at 0x30
+    S = EvalScope
+    b0 = 50_000  # the backward began 50 us after the pack
+    t.memory_trace = MemoryTrace(source="cpu", online=False, key_kind="address", scopes=[
+        S("SumBackward0", 12, b0 + 300, b0 + 305, 0, False), S("TanhBackward0", 11, b0 + 310, b0 + 315, 0, False),
+        S("MulBackward0", 10, b0 + 320, b0 + 330, 0, False)])
+    E = AllocEvent
+    t.memory_trace.events = [
+        E(115, 16, 0x30, "aten::tanh", call=0),
+        E(b0 + 311, 16, 0x70, "aten::tanh_backward", scope=1, backward=0),
+        E(b0 + 316, -16, 0x30, "free", backward=0),  # tanh's result released after its node
+        E(b0 + 321, 16, 0x30, "aten::mul", scope=2, backward=0),  # a gradient at the same address
+        E(b0 + 340, -16, 0x30, "free", backward=0),
+    ]
+    t.events = [(EV_PRE, 4, b0 + 332, 13), (EV_PRE, 3, b0 + 330, 13)]
+    t.backwards = [BackwardRow("backward", False, False, roots=[0], inputs=[], seq0=13, seq1=13,
+                               t0_ns=b0, t1_ns=b0 + 400, ev0=0, ev1=2)]
+    r = P.build(t)
+    assert r.allocations[0].node == 1 and r.allocations[0].category is Category.ACTIVATION
+    assert r.allocations[2].node is None and r.allocations[2].category is not Category.ACTIVATION
+    assert r.saved[2].freed_at_step == 1 and [s.freed_bytes for s in r.steps][:3] == [0, 16, 0]
+    # a backward that began right at the pack (within the clocks' margin) proves nothing: the
+    # latest allocation made no later than the pack, with the slack, is taken as before
+    t.backwards[0].t0_ns = 130
+    assert P.build(t).allocations[2].node == 1
+
+
 # ----- memory="off": steps from unpacks, frees from weak-reference checks ----------------------------
 def test_off_steps_from_unpacks_and_frees_from_checks() -> None:
     t = Trace(memory="off", t0_ns=0, t1_ns=500, seq0=10, seq1=13)
