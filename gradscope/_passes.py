@@ -675,11 +675,11 @@ def memory_pass(trace: Trace, graph: Graph, prefixes: Sequence[str], steps: Step
                     a_free_t[found] = t_l[k]
         a_key = [key_l[k] for k in a_at]
     a_t = [t_l[k] for k in a_at]
-    allocs = _AllocColumns(a_bytes, a_at, a_free, a_t, a_free_t, a_key, [], [], [])
+    allocs = _AllocColumns(a_bytes, a_at, a_free, a_t, a_free_t, a_key, [], [], [])  # steps and phases below
     save_alloc, saver = (_saves_to_allocations(trace, saves, allocs, mt.key_kind, [call_l[k] for k in a_at],
                                                [bw_l[k] for k in a_at]) if pairable else ({}, {}))
     if not mt.online and save_alloc:
-        _releases_stamped_late(trace, steps, scope_l, ev_step, sorted(set(save_alloc.values())), allocs)
+        _releases_stamped_late(steps, scope_l, ev_step, sorted(set(save_alloc.values())), allocs)
     allocs.free_step = [None if k is None else ev_step[k] for k in a_free]
     backward, optimizer, other, forward = Phase.BACKWARD, Phase.OPTIMIZER, Phase.OTHER, Phase.FORWARD
     windows = sorted((o[1], o[2] or trace.t1_ns) for o in trace.optimizer_steps)
@@ -858,7 +858,7 @@ def _event_steps(trace: Trace, steps: Steps, scope_l: Sequence[int | None], bw_l
     return out
 
 
-def _releases_stamped_late(trace: Trace, steps: Steps, scope_l: Sequence[int | None], ev_step: list[int | None],
+def _releases_stamped_late(steps: Steps, scope_l: Sequence[int | None], ev_step: list[int | None],
                            saved_allocs: Sequence[int], allocs: _AllocColumns) -> None:
     """NOTE [ releases stamped late ]: the engine releases a node's saved tensors after the node's
     scope has ended and before the next node's begins: no node frees a saved storage inside its

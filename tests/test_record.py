@@ -382,6 +382,19 @@ def _chain_some_kept() -> Any:
     return step
 
 
+def _frees_by_step(step: Any, memory: str) -> tuple[list[Any], list[Any]]:
+    """Which saves a recording of ``step`` says were freed, by which step's node, and the bytes
+    each step freed."""
+    with gs.record(memory=memory) as rec:
+        step()
+    r = rec.recording
+    assert r.steps and any(s.freed_at_step is not None for s in r.saved)
+    return ([(r.nodes[s.node].name, s.shape,
+              None if s.freed_at_step is None else r.nodes[r.steps[s.freed_at_step].node].name)
+             for s in r.saved],
+            [(r.nodes[s.node].name, s.freed_bytes) for s in r.steps])
+
+
 @pytest.mark.parametrize("make", [_user_gru_loop, _shared_storage, _mlp_step, _chain_some_kept],
                          ids=["gru_loop", "shared", "mlp", "chain_some_kept"])
 def test_off_frees_equal_the_trackers(make: Any) -> None:
@@ -391,17 +404,8 @@ def test_off_frees_equal_the_trackers(make: Any) -> None:
     the bytes each step freed. (The CPU profiler's frees: test_cpu_frees_equal_the_trackers.)"""
     step = make()
     step()  # warm up
-    seen = {}
-    for memory in ("tracker", "off"):
-        with gs.record(memory=memory) as rec:
-            step()
-        r = rec.recording
-        assert r.steps and any(s.freed_at_step is not None for s in r.saved)
-        seen[memory] = ([(r.nodes[s.node].name, s.shape,
-                          None if s.freed_at_step is None else r.nodes[r.steps[s.freed_at_step].node].name)
-                         for s in r.saved],
-                        [(r.nodes[s.node].name, s.freed_bytes) for s in r.steps])
-    assert seen["off"] == seen["tracker"]
+    tracker = _frees_by_step(step, "tracker")
+    assert _frees_by_step(step, "off") == tracker
 
 
 @pytest.mark.parametrize("make", [_user_gru_loop, _shared_storage, _mlp_step, _chain_some_kept],
@@ -409,23 +413,14 @@ def test_off_frees_equal_the_trackers(make: Any) -> None:
 def test_cpu_frees_equal_the_trackers(make: Any) -> None:
     """memory="cpu" reads frees from the profiler's allocator events, each in the node scope the
     profiler's tree puts it in: the same saves freed by the same steps, with the same bytes, as the
-    tracker says. Two things made it differ on these small graphs (each seen here in 2 runs of 40 on
-    the shared-storage case): the release after a node stamped inside the next node's scope (see
-    NOTE [ releases stamped late ] in gradscope._passes), and a save matched with an allocation the
+    tracker says. Two things made it differ on these small graphs (2 runs of 40 on the
+    shared-storage case): the release after a node stamped inside the next node's scope (see NOTE
+    [ releases stamped late ] in gradscope._passes), and a save matched with an allocation the
     backward made at its address after it was freed (see _saves_to_allocations)."""
     step = make()
     step()  # warm up
-    seen = {}
-    for memory in ("tracker", "cpu"):
-        with gs.record(memory=memory) as rec:
-            step()
-        r = rec.recording
-        assert r.steps and any(s.freed_at_step is not None for s in r.saved)
-        seen[memory] = ([(r.nodes[s.node].name, s.shape,
-                          None if s.freed_at_step is None else r.nodes[r.steps[s.freed_at_step].node].name)
-                         for s in r.saved],
-                        [(r.nodes[s.node].name, s.freed_bytes) for s in r.steps])
-    assert seen["cpu"] == seen["tracker"]
+    tracker = _frees_by_step(step, "tracker")
+    assert _frees_by_step(step, "cpu") == tracker
 
 
 def test_backward_steps_release_saved_activations() -> None:
