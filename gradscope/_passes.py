@@ -679,7 +679,7 @@ def memory_pass(trace: Trace, graph: Graph, prefixes: Sequence[str], steps: Step
     save_alloc, saver = (_saves_to_allocations(trace, saves, allocs, mt.key_kind, [call_l[k] for k in a_at],
                                                [bw_l[k] for k in a_at]) if pairable else ({}, {}))
     if not mt.online and save_alloc:
-        _releases_stamped_late(steps, scope_l, ev_step, sorted(set(save_alloc.values())), allocs)
+        _releases_stamped_late(steps, scope_l, ev_step, set(save_alloc.values()), allocs)
     allocs.free_step = [None if k is None else ev_step[k] for k in a_free]
     backward, optimizer, other, forward = Phase.BACKWARD, Phase.OPTIMIZER, Phase.OTHER, Phase.FORWARD
     windows = sorted((o[1], o[2] or trace.t1_ns) for o in trace.optimizer_steps)
@@ -859,7 +859,7 @@ def _event_steps(trace: Trace, steps: Steps, scope_l: Sequence[int | None], bw_l
 
 
 def _releases_stamped_late(steps: Steps, scope_l: Sequence[int | None], ev_step: list[int | None],
-                           saved_allocs: Sequence[int], allocs: _AllocColumns) -> None:
+                           saved_allocs: set[int], allocs: _AllocColumns) -> None:
     """NOTE [ releases stamped late ]: the engine releases a node's saved tensors after the node's
     scope has ended and before the next node's begins: no node frees a saved storage inside its
     own scope (it only reads its saves there). The profiler stamps allocator events and scopes
@@ -868,16 +868,14 @@ def _releases_stamped_late(steps: Steps, scope_l: Sequence[int | None], ev_step:
     saved storage inside a node scope, of an allocation made before that scope began, is moved to
     the step before it in the same pass (a storage made inside the scope, such as one a
     checkpointed segment recomputes there, stays its own). ``ev_step`` is changed in place."""
-    s_backward, s_scope, s_t0 = steps.backward, steps.scope, steps.t0
+    s_backward, s_t0 = steps.backward, steps.t0
     a_free, a_t = allocs.free, allocs.t
     for ai in saved_allocs:
         k = a_free[ai]
         if k is None or scope_l[k] is None:
             continue
-        st = ev_step[k]
-        if st is None or st == 0 or s_scope[st] is None or a_t[ai] >= s_t0[st]:
-            continue
-        if s_backward[st - 1] == s_backward[st] and s_scope[st - 1] is not None:
+        st = ev_step[k]  # its scope's step (where the profiler gives scopes, every step is a scope's)
+        if st and a_t[ai] < s_t0[st] and s_backward[st - 1] == s_backward[st]:
             ev_step[k] = st - 1
 
 

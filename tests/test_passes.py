@@ -272,7 +272,6 @@ def test_steps_from_profiler_scopes_match_accumulate_grad_in_hook_order() -> Non
     assert [p.step for p in P.build(t).timeline] == [None, 1, 1, 2]
 
 
-
 def test_a_release_stamped_inside_the_next_scope_is_the_step_before() -> None:
     """See NOTE [ releases stamped late ] in gradscope._passes: the engine frees a node's saves
     between node scopes, but the profiler's two clocks can put that free microseconds inside the
@@ -308,7 +307,6 @@ def test_a_release_stamped_inside_the_next_scope_is_the_step_before() -> None:
     t.memory_trace.events.sort(key=lambda e: e.t_ns)
     r2 = P.build(t)
     assert r2.saved[2].freed_at_step == 1 and [s.freed_bytes for s in r2.steps][:3] == [0, 16, 0]
-
 
 
 def test_a_save_is_not_matched_with_an_allocation_its_address_got_after_it_was_freed() -> None:
