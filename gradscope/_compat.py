@@ -81,6 +81,11 @@ weak_expired = torch.UntypedStorage._expired  # whether that handle's storage di
 weak_free = torch.UntypedStorage._free_weak_ref  # let go of the handle: see free_weak_ref
 
 
+def cxx11_abi() -> int:
+    """Whether this PyTorch was built with the C++11 string ABI (code compiled against it must match)."""
+    return int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True))
+
+
 def is_view(t: torch.Tensor) -> bool:
     return bool(t._is_view())
 

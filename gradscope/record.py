@@ -61,7 +61,7 @@ import torch
 from torch import nn
 from torch.autograd.graph import saved_tensors_hooks
 
-from gradscope import _compat, _names, _passes
+from gradscope import _compat, _names, _native, _passes
 from gradscope._trace import (
     C_SEQ1,
     C_T1,
@@ -204,6 +204,21 @@ class _State:
         self.prev_node: int | None = None  # hooks mode: the node of the last pre hook
         self.reading: list[int] | None = None  # names read by unpacking (older torch)
         self.stack: list[tuple[Any, list[Any], Any]] = []  # open module calls
+
+
+_STATE_CLASSES: dict[type, type] = {}
+
+
+def _new_state(native: Any) -> _State:
+    """A :class:`_State`; with the compiled hooks, one they read directly (the same fields in C)."""
+    if native is None:
+        return _State()
+    cls = _STATE_CLASSES.get(native.State)
+    if cls is None:
+        cls = _STATE_CLASSES[native.State] = type("_State", (native.State,),
+                                                  {"__slots__": (), "__init__": _State.__init__,
+                                                   "__doc__": _State.__doc__})
+    return cls()  # type: ignore[no-any-return]
 
 
 class record:  # noqa: N801 - reads like a function, as torch.no_grad does
@@ -366,7 +381,8 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
     # ------------------------------------------------------------------ set-up
     def _init_state(self) -> None:
         self._tid = threading.get_ident()
-        self._state = _State()
+        self._native = _native.hooks()  # None: the Python pair records (see NOTE [ compiled hooks ])
+        self._state = _new_state(self._native)
         caps = _compat.capabilities()
         self._caps = caps
         tr = self._trace = Trace(tid=self._tid, memory=self._memory, label=self._label,
@@ -597,7 +613,14 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                 st.reading.append(sid)
             return t
 
-        return pack, unpack
+        if self._native is None:
+            return pack, unpack
+        # the same pair, compiled: the Python pack hook packs what it does not read exactly
+        compiled = self._native.Hooks(saves, versions, packed_info, weak if need_weak else None, events, pending, st,
+                                      pack, None if batched else check_frees, _inplace_error, need_ptr, need_time)
+        if batched:
+            self._check_frees = compiled.frees_at_end
+        return compiled.pack, compiled.unpack  # bound once: the pair is known by identity
 
     def _free_checks_needed(self) -> bool:
         """Frees of saved storages are checked by weak reference at step boundaries where the

@@ -1,0 +1,439 @@
+// gradscope's saved-tensor hooks, compiled: the same rows as the Python pair in record.py, made
+// without a Python frame per save (see NOTE [ compiled hooks ] in gradscope/_native/__init__.py).
+//
+// Every tensor this file does not know how to read exactly (a subclass, a tensor without a plain
+// storage, anything that throws) is handed to the Python pack hook, so the rows are the Python
+// pair's rows by construction; tests/test_native.py compares the two pairs row by row.
+
+#include <Python.h>
+#include <structmember.h>
+
+#include <ATen/SequenceNumber.h>
+#include <c10/core/StorageImpl.h>
+#include <c10/core/TensorImpl.h>
+#include <c10/util/intrusive_ptr.h>
+#include <torch/csrc/Device.h>
+#include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <ctime>
+#include <typeinfo>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+namespace {
+
+// ------------------------------------------------------------------ the hooks' state
+// What the hooks read and change while a block runs; record.py's _State derives from it, so that
+// the Python code reads and sets the same fields (see _State there for their meaning).
+struct State {
+  PyObject_HEAD
+  PyObject* bw;
+  PyObject* marks;
+  long long last_seq;
+  PyObject* pending;
+  PyObject* prev_node;
+  PyObject* reading;
+  PyObject* stack;
+  long long func_depth;
+};
+
+PyMemberDef state_members[] = {
+    {"bw", T_OBJECT, offsetof(State, bw), 0, nullptr},
+    {"marks", T_OBJECT, offsetof(State, marks), 0, nullptr},
+    {"last_seq", T_LONGLONG, offsetof(State, last_seq), 0, nullptr},
+    {"pending", T_OBJECT, offsetof(State, pending), 0, nullptr},
+    {"prev_node", T_OBJECT, offsetof(State, prev_node), 0, nullptr},
+    {"reading", T_OBJECT, offsetof(State, reading), 0, nullptr},
+    {"stack", T_OBJECT, offsetof(State, stack), 0, nullptr},
+    {"func_depth", T_LONGLONG, offsetof(State, func_depth), 0, nullptr},
+    {nullptr, 0, 0, 0, nullptr}};
+
+int state_traverse(State* self, visitproc visit, void* arg) {
+  Py_VISIT(self->bw);
+  Py_VISIT(self->marks);
+  Py_VISIT(self->pending);
+  Py_VISIT(self->prev_node);
+  Py_VISIT(self->reading);
+  Py_VISIT(self->stack);
+  return 0;
+}
+
+int state_clear(State* self) {
+  Py_CLEAR(self->bw);
+  Py_CLEAR(self->marks);
+  Py_CLEAR(self->pending);
+  Py_CLEAR(self->prev_node);
+  Py_CLEAR(self->reading);
+  Py_CLEAR(self->stack);
+  return 0;
+}
+
+void state_dealloc(State* self) {
+  PyObject_GC_UnTrack(self);
+  state_clear(self);
+  Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
+}
+
+PyTypeObject StateType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+bool is_true(PyObject* o) {
+  if (o == nullptr || o == Py_None || o == Py_False) return false;
+  if (o == Py_True) return true;
+  return PyObject_IsTrue(o) == 1;
+}
+
+long long time_ns() {
+  // time.time_ns()'s clock: rows are compared with times Python took
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<long long>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
+}
+
+// ------------------------------------------------------------------ the hooks
+struct Hooks {
+  PyObject_HEAD
+  PyObject* saves;          // list of rows (see gradscope._trace)
+  PyObject* versions;       // list: each save's version when packed
+  PyObject* info;           // dict: id of the packed value -> save index
+  PyObject* weak;           // list of weak handles, or None when frees are not checked by handle
+  PyObject* events;         // list of step events
+  PyObject* pending;        // list: saves unpacked since frees were last checked
+  State* state;
+  PyObject* fallback;       // the Python pack hook (any tensor read here would not be read exactly)
+  PyObject* check_frees;    // callable, or None where frees are checked once a pass
+  PyObject* inplace_error;  // callable(tensor, expected version) -> the exception to raise
+  int need_ptr;
+  int need_time;
+};
+
+int hooks_traverse(Hooks* self, visitproc visit, void* arg) {
+  Py_VISIT(self->saves);
+  Py_VISIT(self->versions);
+  Py_VISIT(self->info);
+  Py_VISIT(self->weak);
+  Py_VISIT(self->events);
+  Py_VISIT(self->pending);
+  Py_VISIT(reinterpret_cast<PyObject*>(self->state));
+  Py_VISIT(self->fallback);
+  Py_VISIT(self->check_frees);
+  Py_VISIT(self->inplace_error);
+  return 0;
+}
+
+int hooks_clear(Hooks* self) {
+  Py_CLEAR(self->saves);
+  Py_CLEAR(self->versions);
+  Py_CLEAR(self->info);
+  Py_CLEAR(self->weak);
+  Py_CLEAR(self->events);
+  Py_CLEAR(self->pending);
+  Py_CLEAR(self->state);
+  Py_CLEAR(self->fallback);
+  Py_CLEAR(self->check_frees);
+  Py_CLEAR(self->inplace_error);
+  return 0;
+}
+
+void hooks_dealloc(Hooks* self) {
+  PyObject_GC_UnTrack(self);
+  hooks_clear(self);
+  Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
+}
+
+int hooks_init(Hooks* self, PyObject* args, PyObject* kwds) {
+  PyObject *saves, *versions, *info, *weak, *events, *pending, *state, *fallback, *check_frees, *inplace_error;
+  int need_ptr, need_time;
+  if (!PyArg_ParseTuple(args, "O!O!O!OO!O!O!OOOpp", &PyList_Type, &saves, &PyList_Type, &versions, &PyDict_Type,
+                        &info, &weak, &PyList_Type, &events, &PyList_Type, &pending, &StateType, &state, &fallback,
+                        &check_frees, &inplace_error, &need_ptr, &need_time))
+    return -1;
+  if (weak != Py_None && !PyList_Check(weak)) {
+    PyErr_SetString(PyExc_TypeError, "weak: a list or None");
+    return -1;
+  }
+  PyObject* olds[] = {self->saves, self->versions, self->info, self->weak, self->events,
+                      self->pending, reinterpret_cast<PyObject*>(self->state), self->fallback,
+                      self->check_frees, self->inplace_error};
+  Py_INCREF(saves), Py_INCREF(versions), Py_INCREF(info), Py_INCREF(weak), Py_INCREF(events);
+  Py_INCREF(pending), Py_INCREF(state), Py_INCREF(fallback), Py_INCREF(check_frees), Py_INCREF(inplace_error);
+  self->saves = saves, self->versions = versions, self->info = info, self->weak = weak, self->events = events;
+  self->pending = pending, self->state = reinterpret_cast<State*>(state), self->fallback = fallback;
+  self->check_frees = check_frees, self->inplace_error = inplace_error;
+  self->need_ptr = need_ptr, self->need_time = need_time;
+  for (PyObject* o : olds) Py_XDECREF(o);
+  return 0;
+}
+
+// A tensor whose row this file makes exactly as the Python pack hook would: a torch.Tensor or
+// nn.Parameter (no subclass: its methods may be overridden) whose TensorImpl is the plain class
+// (not sparse, nested, batched, functional, quantized, ...) with a storage.
+bool plain(PyObject* obj) {
+  if (!THPVariable_CheckExact(obj)) return false;
+  const at::Tensor& t = THPVariable_Unpack(obj);
+  c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  return typeid(*impl) == typeid(c10::TensorImpl) && impl->has_storage() && !impl->is_python_dispatch() &&
+         t.layout() == c10::kStrided;
+}
+
+PyObject* pack_plain(Hooks* self, PyObject* obj) {
+  const at::Tensor& t = THPVariable_Unpack(obj);
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  Py_ssize_t sid = PyList_GET_SIZE(self->saves);
+  long long seq = static_cast<long long>(at::sequence_number::peek()) - 1;
+  auto sizes = t.sizes();
+  PyObject* shape = PyTuple_New(static_cast<Py_ssize_t>(sizes.size()));
+  if (shape == nullptr) return nullptr;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    PyObject* n = PyLong_FromLongLong(sizes[i]);
+    if (n == nullptr) {
+      Py_DECREF(shape);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(shape, static_cast<Py_ssize_t>(i), n);
+  }
+  PyObject* dtype = reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type()));
+  Py_XINCREF(dtype);
+  PyObject* device = THPDevice_New(t.device());
+  PyObject* row = Py_BuildValue(
+      "(LKKKNNNLO)", seq, static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(s)),
+      static_cast<unsigned long long>(self->need_ptr ? reinterpret_cast<uintptr_t>(s->data()) : 0),
+      static_cast<unsigned long long>(s->nbytes()), shape, dtype, device,
+      self->need_time ? time_ns() : static_cast<long long>(sid), t.grad_fn() ? Py_False : Py_True);
+  if (row == nullptr) return nullptr;  // Py_BuildValue's N took shape, dtype and device either way
+  PyObject* version = PyLong_FromLongLong(static_cast<long long>(t._version()));
+  at::Tensor d = t.detach();
+  PyObject* packed = THPVariable_Wrap(std::move(d));
+  PyObject* id = packed != nullptr ? PyLong_FromVoidPtr(packed) : nullptr;
+  PyObject* index = PyLong_FromSsize_t(sid);
+  PyObject* handle = nullptr;
+  bool ok = version != nullptr && packed != nullptr && id != nullptr && index != nullptr;
+  if (ok && self->weak != Py_None) {
+    // the same handle as UntypedStorage._weak_ref(): the StorageImpl, one weak count more
+    handle = PyLong_FromVoidPtr(c10::raw::intrusive_ptr::make_weak(s));
+    ok = handle != nullptr;
+  }
+  // nothing may fail once a list has grown: the lists are indexed by save
+  ok = ok && PyDict_SetItem(self->info, id, index) == 0 && PyList_Append(self->saves, row) == 0 &&
+       PyList_Append(self->versions, version) == 0 && (handle == nullptr || PyList_Append(self->weak, handle) == 0);
+  Py_DECREF(row);
+  Py_XDECREF(version);
+  Py_XDECREF(id);
+  Py_XDECREF(index);
+  Py_XDECREF(handle);
+  if (!ok) {
+    Py_XDECREF(packed);
+    return nullptr;
+  }
+  return packed;
+}
+
+PyObject* hooks_pack(Hooks* self, PyObject* obj) {
+  if (plain(obj)) {
+    Py_ssize_t n = PyList_GET_SIZE(self->saves);
+    try {
+      PyObject* r = pack_plain(self, obj);
+      if (r != nullptr) return r;
+    } catch (...) {
+    }
+    // the lists did not grow (see pack_plain): the Python hook packs it, and says what failed
+    if (PyList_GET_SIZE(self->saves) != n) {
+      PyErr_SetString(PyExc_SystemError, "gradscope: a compiled pack hook left a row half made");
+      return nullptr;
+    }
+    PyErr_Clear();
+  }
+  return PyObject_CallOneArg(self->fallback, obj);
+}
+
+PyObject* hooks_unpack(Hooks* self, PyObject* t) {
+  PyObject* id = PyLong_FromVoidPtr(t);
+  if (id == nullptr) return nullptr;
+  PyObject* index = PyDict_GetItemWithError(self->info, id);  // borrowed
+  Py_DECREF(id);
+  if (index == nullptr && PyErr_Occurred()) return nullptr;
+  if (index == nullptr || index == Py_None) {  // packed while observing failed
+    Py_INCREF(t);
+    return t;
+  }
+  Py_ssize_t sid = PyLong_AsSsize_t(index);
+  if (sid < 0 || sid >= PyList_GET_SIZE(self->versions)) {
+    PyErr_SetString(PyExc_SystemError, "gradscope: an unpacked save has no row");
+    return nullptr;
+  }
+  // NOTE [ in-place checks ] in record.py
+  PyObject* expected = PyList_GET_ITEM(self->versions, sid);
+  long long version;
+  if (THPVariable_Check(t)) {
+    version = static_cast<long long>(THPVariable_Unpack(t)._version());
+  } else {
+    PyObject* v = PyObject_GetAttrString(t, "_version");
+    if (v == nullptr) return nullptr;
+    version = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+  }
+  if (version != PyLong_AsLongLong(expected)) {
+    PyObject* e = PyObject_CallFunctionObjArgs(self->inplace_error, t, expected, nullptr);
+    if (e != nullptr) {
+      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(e)), e);
+      Py_DECREF(e);
+    }
+    return nullptr;
+  }
+  State* st = self->state;
+  if (st->bw != nullptr && st->bw != Py_None) {
+    if (is_true(st->marks)) {
+      // the save's node, as the graph walk may have moved it (see _reattribute)
+      PyObject* row = PyList_GET_ITEM(self->saves, sid);
+      long long node = PyLong_AsLongLong(PyTuple_GET_ITEM(row, 0));
+      if (node != st->last_seq) {
+        if (PyList_GET_SIZE(self->pending) && self->check_frees != Py_None) {
+          PyObject* r = PyObject_CallNoArgs(self->check_frees);
+          if (r == nullptr) return nullptr;
+          Py_DECREF(r);
+        }
+        st->last_seq = node;
+        // the counter as the node starts: see NOTE [ orders ] in gradscope._passes
+        PyObject* ev = Py_BuildValue("(inLK)", 0, sid, time_ns(),
+                                     static_cast<unsigned long long>(at::sequence_number::peek()));
+        if (ev == nullptr) return nullptr;
+        int rc = PyList_Append(self->events, ev);
+        Py_DECREF(ev);
+        if (rc) return nullptr;
+      }
+    }
+    if (self->weak != Py_None && PyList_Append(self->pending, index)) return nullptr;
+  } else if (st->reading != nullptr && st->reading != Py_None) {
+    if (PyList_Append(st->reading, index)) return nullptr;
+  }
+  Py_INCREF(t);
+  return t;
+}
+
+// UntypedStorage._expired and _free_weak_ref, on the handles pack_plain and _weak_ref make
+bool expired(PyObject* handle) {
+  auto* s = static_cast<c10::StorageImpl*>(PyLong_AsVoidPtr(handle));
+  return c10::raw::weak_intrusive_ptr::use_count(s) == 0;
+}
+
+void free_handle(PyObject* handle) {
+  c10::raw::weak_intrusive_ptr::decref(static_cast<c10::StorageImpl*>(PyLong_AsVoidPtr(handle)));
+}
+
+int append_freed(PyObject* events, Py_ssize_t ident, Py_ssize_t value) {
+  PyObject* ev = Py_BuildValue("(innn)", 3, ident, 0, value);  // EV_FREED
+  if (ev == nullptr) return -1;
+  int rc = PyList_Append(events, ev);
+  Py_DECREF(ev);
+  return rc;
+}
+
+// check_frees_at_end of record.py (see NOTE [ frees checked once a pass ] there), the same events in
+// the same order
+PyObject* hooks_frees_at_end(Hooks* self, PyObject* /*unused*/) {
+  PyObject* pending = self->pending;
+  if (self->weak == Py_None) return PyErr_Format(PyExc_SystemError, "gradscope: frees without handles");
+  Py_ssize_t n = PyList_GET_SIZE(pending);
+  std::vector<Py_ssize_t> qs(n);
+  std::vector<unsigned long long> keys(n);
+  std::unordered_set<unsigned long long> distinct;
+  for (Py_ssize_t j = 0; j < n; ++j) {
+    qs[j] = PyLong_AsSsize_t(PyList_GET_ITEM(pending, j));
+    if (qs[j] < 0 || qs[j] >= PyList_GET_SIZE(self->saves) || qs[j] >= PyList_GET_SIZE(self->weak))
+      return PyErr_Format(PyExc_SystemError, "gradscope: a pending save has no row");
+    keys[j] = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(PyList_GET_ITEM(self->saves, qs[j]), 1));
+    distinct.insert(keys[j]);
+  }
+  if (PyErr_Occurred()) return nullptr;
+  PyObject* weak = self->weak;
+  if (static_cast<Py_ssize_t>(distinct.size()) == n) {  // each storage unpacked once
+    for (Py_ssize_t j = 0; j < n; ++j) {
+      PyObject* ref = PyList_GET_ITEM(weak, qs[j]);
+      if (ref != Py_None && expired(ref)) {
+        if (append_freed(self->events, qs[j], qs[j])) return nullptr;
+        Py_INCREF(ref);
+        Py_INCREF(Py_None);
+        PyList_SetItem(weak, qs[j], Py_None);
+        free_handle(ref);
+        Py_DECREF(ref);
+      }
+    }
+  } else {
+    struct Last {
+      Py_ssize_t q_last, q_new;
+      bool dead;
+    };
+    std::unordered_map<unsigned long long, size_t> at;
+    std::vector<Last> order;
+    for (Py_ssize_t j = n - 1; j >= 0; --j) {
+      auto it = at.find(keys[j]);
+      if (it == at.end()) {
+        PyObject* ref = PyList_GET_ITEM(weak, qs[j]);
+        at.emplace(keys[j], order.size());
+        order.push_back({qs[j], qs[j], ref != Py_None && expired(ref)});
+      } else if (qs[j] > order[it->second].q_new) {
+        order[it->second].q_new = qs[j];
+      }
+    }
+    for (const Last& e : order)
+      if (e.dead && append_freed(self->events, e.q_new, e.q_last)) return nullptr;
+    for (Py_ssize_t j = 0; j < n; ++j) {
+      PyObject* ref = PyList_GET_ITEM(weak, qs[j]);
+      if (ref != Py_None && order[at[keys[j]]].dead) {
+        Py_INCREF(ref);
+        Py_INCREF(Py_None);
+        PyList_SetItem(weak, qs[j], Py_None);
+        free_handle(ref);
+        Py_DECREF(ref);
+      }
+    }
+  }
+  if (PyList_SetSlice(pending, 0, n, nullptr)) return nullptr;
+  Py_RETURN_NONE;
+}
+
+PyMethodDef hooks_methods[] = {
+    {"frees_at_end", reinterpret_cast<PyCFunction>(hooks_frees_at_end), METH_NOARGS,
+     "Frees of the saves a pass unpacked, checked when it ends."},
+    {"pack", reinterpret_cast<PyCFunction>(hooks_pack), METH_O, "The pack hook."},
+    {"unpack", reinterpret_cast<PyCFunction>(hooks_unpack), METH_O, "The unpack hook."},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyTypeObject HooksType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_hooks", "gradscope's compiled saved-tensor hooks.", -1,
+                          nullptr};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit__hooks(void) {
+  StateType.tp_name = "gradscope._native._hooks.State";
+  StateType.tp_basicsize = sizeof(State);
+  StateType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC;
+  StateType.tp_members = state_members;
+  StateType.tp_traverse = reinterpret_cast<traverseproc>(state_traverse);
+  StateType.tp_clear = reinterpret_cast<inquiry>(state_clear);
+  StateType.tp_dealloc = reinterpret_cast<destructor>(state_dealloc);
+  StateType.tp_new = PyType_GenericNew;
+  HooksType.tp_name = "gradscope._native._hooks.Hooks";
+  HooksType.tp_basicsize = sizeof(Hooks);
+  HooksType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC;
+  HooksType.tp_methods = hooks_methods;
+  HooksType.tp_traverse = reinterpret_cast<traverseproc>(hooks_traverse);
+  HooksType.tp_clear = reinterpret_cast<inquiry>(hooks_clear);
+  HooksType.tp_dealloc = reinterpret_cast<destructor>(hooks_dealloc);
+  HooksType.tp_init = reinterpret_cast<initproc>(hooks_init);
+  HooksType.tp_new = PyType_GenericNew;
+  if (PyType_Ready(&StateType) < 0 || PyType_Ready(&HooksType) < 0) return nullptr;
+  PyObject* m = PyModule_Create(&module_def);
+  if (m == nullptr) return nullptr;
+  Py_INCREF(&StateType);
+  Py_INCREF(&HooksType);
+  if (PyModule_AddObject(m, "State", reinterpret_cast<PyObject*>(&StateType)) < 0 ||
+      PyModule_AddObject(m, "Hooks", reinterpret_cast<PyObject*>(&HooksType)) < 0) {
+    Py_DECREF(m);
+    return nullptr;
+  }
+  return m;
+}

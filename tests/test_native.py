@@ -1,0 +1,249 @@
+"""gradscope's compiled saved-tensor hooks (see NOTE [ compiled hooks ] in gradscope._native): the
+same rows, events, frees and recordings as the Python pair, on the graphs users write; the build,
+its cache and its failure paths."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import gradscope as gs
+from gradscope import _native
+from gradscope._trace import S_PTR, S_SEQ, S_SKEY, S_T
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPILER = shutil.which("c++") or shutil.which("g++")
+pytestmark = pytest.mark.skipif(
+    COMPILER is None or os.environ.get("GRADSCOPE_NATIVE") == "0",
+    reason="no C++ compiler here (or GRADSCOPE_NATIVE=0): the Python hooks record",
+)
+
+
+def _tanh_chain() -> None:
+    x = torch.randn(16, requires_grad=True)
+    y = x
+    for _ in range(50):
+        y = y.tanh()
+    y.sum().backward()
+
+
+def _shared_storage() -> None:  # y saved by exp (its output), by mul twice, by the last mul
+    x = torch.randn(64, requires_grad=True)
+    y = x.exp()
+    (((y * y).sin()) * y).sum().backward()
+
+
+def _lstm_loop() -> None:  # a user's RNN loop; parameters saved by every step
+    torch.manual_seed(0)
+    cell, xs = nn.LSTMCell(4, 8), torch.randn(6, 2, 4)
+    h = c = torch.zeros(2, 8)
+    out = []
+    for t in range(6):
+        h, c = cell(xs[t], (h, c))
+        out.append(h)
+    torch.stack(out).pow(2).mean().backward()
+
+
+def _views() -> None:  # saves that are views of a bigger storage (the storage's bytes count)
+    x = torch.randn(8, 8, requires_grad=True)
+    big = x * 2
+    (big[2:4].exp() * big[:, 1].sum()).sum().backward()
+
+
+def _sparse() -> None:  # a sparse save has no storage of its own: the Python pack hook reads it
+    i = torch.tensor([[0, 1, 2], [2, 0, 1]])
+    s = torch.sparse_coo_tensor(i, torch.randn(3), (3, 3)).coalesce()
+    w = torch.randn(3, 4, requires_grad=True)
+    torch.sparse.mm(s, w).pow(2).sum().backward()
+
+
+class _Sub(torch.Tensor):  # a subclass: its methods could be overridden, the Python hook reads it
+    pass
+
+
+def _subclass() -> None:
+    x = torch.randn(5, requires_grad=True)
+    (x.as_subclass(_Sub).exp() * 3).sum().backward()
+
+
+def _unrolled_sgd() -> None:  # seed 002's pattern: create_graph passes, then one through all of them
+    torch.manual_seed(0)
+    w = torch.randn(4, 1, requires_grad=True)
+    lr = torch.tensor(0.1, requires_grad=True)
+    x, t = torch.randn(8, 4), torch.randn(8, 1)
+    p = w
+    for _ in range(3):
+        (g,) = torch.autograd.grad(((x @ p - t) ** 2).mean(), p, create_graph=True)
+        p = p - lr * g
+    ((x @ p - t) ** 2).mean().backward()
+
+
+GRAPHS: dict[str, Callable[[], None]] = {
+    "tanh_chain": _tanh_chain, "shared": _shared_storage, "lstm_loop": _lstm_loop, "views": _views,
+    "sparse": _sparse, "subclass": _subclass, "unrolled_sgd": _unrolled_sgd,
+}
+
+
+def _capture(step: Callable[[], None], memory: str) -> dict[str, Any]:
+    """What a block's hooks wrote (rows made comparable across runs: storages and addresses by
+    first appearance, numbers from the block's first), and what its recording says."""
+    with gs.record(memory=memory) as rec:
+        step()
+    trace = rec._trace
+    keys: dict[int, int] = {}
+    ptrs: dict[int, int] = {}
+    rows = []
+    for row in trace.saves:
+        r = list(row)
+        r[S_SEQ] = row[S_SEQ] - trace.seq0
+        r[S_SKEY] = keys.setdefault(row[S_SKEY], len(keys))
+        r[S_PTR] = ptrs.setdefault(row[S_PTR], len(ptrs)) if row[S_PTR] else 0
+        r[S_T] = row[S_T] if memory == "off" else row[S_T] > 0  # off: the save's index; else a time
+        rows.append(tuple(r))
+    events = [(e[0], e[1], e[3] if e[0] == 3 else None) for e in trace.events]  # kind, ident, save freed by
+    r = rec.recording
+    return {
+        "rows": rows, "events": events, "notes": sorted(r.notes),
+        "nodes": [n.name for n in r.nodes],
+        "saved": [(r.nodes[s.node].name, s.attribute, s.shape, s.bytes,
+                   None if s.freed_at_step is None else r.steps[s.freed_at_step].node) for s in r.saved],
+        "steps": [(r.nodes[s.node].name, r.nodes[s.node].order, s.backward, s.freed_bytes) for s in r.steps],
+    }
+
+
+@pytest.mark.parametrize("name", list(GRAPHS))
+def test_compiled_rows_equal_the_python_hooks(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every row, step event and free the compiled pair writes is the Python pair's, and so is the
+    recording made from them (memory="off": frees by weak handle, checked once a pass)."""
+    step = GRAPHS[name]
+    step()  # warm up (classes learnt the same way for both)
+    compiled = _capture(step, "off")
+    assert compiled["rows"], "the graph saved nothing: the test would compare nothing"
+    with monkeypatch.context() as m:
+        m.setattr(_native, "hooks", lambda: None)
+        python = _capture(step, "off")
+    assert compiled == python
+
+
+@pytest.mark.parametrize("name", ["shared", "lstm_loop", "views"])
+def test_compiled_rows_equal_the_python_hooks_with_addresses_and_times(name: str,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """memory="tracker" and "cpu" rows carry a time (and "cpu" the data address): the same fields."""
+    step = GRAPHS[name]
+    step()
+    for memory in ("tracker", "cpu"):
+        compiled = _capture(step, memory)
+        with monkeypatch.context() as m:
+            m.setattr(_native, "hooks", lambda: None)
+            python = _capture(step, memory)
+        assert compiled["rows"] == python["rows"], memory
+        assert compiled["saved"][:3] and [s[:4] for s in compiled["saved"]] == [s[:4] for s in python["saved"]]
+        assert compiled["nodes"] == python["nodes"]
+
+
+def test_the_compiled_pair_is_the_one_recording() -> None:
+    with gs.record(memory="off") as rec:
+        _shared_storage()
+    assert _native.status()["compiled"] is True, _native.status()
+    assert type(rec._pack).__name__ == "builtin_function_or_method"
+    assert rec._pack.__self__ is rec._unpack.__self__
+    r = rec.recording
+    # exp saves its 64-float output; mul saves y twice, sin its input, the last mul two tensors
+    assert r.saved_bytes == 64 * 4 * 3
+    x = torch.randn(64, requires_grad=True)
+    y = x.exp()
+    (((y * y).sin()) * y).sum().backward()
+    grad = x.grad.clone()
+    x.grad = None
+    with gs.record(memory="off"):
+        y = x.exp()
+        (((y * y).sin()) * y).sum().backward()
+    assert torch.equal(x.grad, grad)
+
+
+def test_inplace_change_of_a_save_is_caught_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTE [ in-place checks ]: the compiled unpack hook raises PyTorch's words as the Python one."""
+
+    def run() -> str:
+        x = torch.randn(4, requires_grad=True)
+        with gs.record(memory="off"):
+            y = x.exp()
+            z = (y * 2).sum()
+            y.add_(1)
+            with pytest.raises(RuntimeError) as info:
+                z.backward()
+        return str(info.value)
+
+    compiled = run()
+    with monkeypatch.context() as m:
+        m.setattr(_native, "hooks", lambda: None)
+        python = run()
+    assert "modified by an inplace operation" in compiled and compiled == python
+
+
+def test_weak_handles_are_pytorchs_own() -> None:
+    """The compiled pack hook's weak handles are those UntypedStorage._weak_ref makes: PyTorch's
+    _expired and _free_weak_ref read them (a storage freed shows as expired)."""
+    x = torch.randn(8, requires_grad=True)
+    with gs.record(memory="off") as rec:
+        y = x.exp()
+        handle = rec._weak[-1]
+        assert handle == y.untyped_storage()._cdata
+        assert not torch.UntypedStorage._expired(handle)
+        del y
+        assert torch.UntypedStorage._expired(handle)  # the graph died with y: its save was freed
+
+
+def _run(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    e = {**os.environ, "PYTHONPATH": str(ROOT), **env}
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=e,
+                          timeout=300)
+
+
+RECORD_AND_SAY = """
+    import torch, gradscope as gs
+    from gradscope import _native
+    x = torch.randn(4, requires_grad=True)
+    with gs.record(memory="off") as rec:
+        x.exp().sum().backward()
+    print(_native.status()["compiled"], _native.status()["reason"], rec.recording.saved_bytes)
+"""
+
+
+def test_without_the_compiled_hooks_the_python_pair_records(tmp_path: Path) -> None:
+    off = _run(RECORD_AND_SAY, GRADSCOPE_NATIVE="0")
+    assert off.returncode == 0, off.stderr
+    assert off.stdout.split() == ["False", "GRADSCOPE_NATIVE=0", "16"]
+    # a compiler that fails: said in status(), the Python pair records, nothing is cached
+    failing = _run(RECORD_AND_SAY, CXX="/bin/false", GRADSCOPE_CACHE=str(tmp_path))
+    assert failing.returncode == 0, failing.stderr
+    assert failing.stdout.startswith("False could not build the compiled hooks: the C++ compiler failed")
+    assert failing.stdout.split()[-1] == "16"
+    assert not list((tmp_path / "native").glob("_hooks-*"))
+    strict = _run(RECORD_AND_SAY, CXX="/bin/false", GRADSCOPE_CACHE=str(tmp_path), GRADSCOPE_NATIVE="1")
+    assert strict.returncode != 0 and "GRADSCOPE_NATIVE=1 but its compiled hooks could not be built" in strict.stderr
+    bad = _run(RECORD_AND_SAY, GRADSCOPE_NATIVE="yes")
+    assert bad.returncode != 0 and "GRADSCOPE_NATIVE is 0, 1 or auto" in bad.stderr
+
+
+def test_built_once_then_cached(tmp_path: Path) -> None:
+    """A fresh cache builds (one line on stderr says so), the next process loads the built file."""
+    first = _run(RECORD_AND_SAY, GRADSCOPE_CACHE=str(tmp_path))
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.split() == ["True", "None", "16"]
+    assert "[c++] compiling its saved-tensor hooks" in first.stderr
+    built = list((tmp_path / "native").glob("_hooks-*"))
+    assert len(built) == 1
+    again = _run(RECORD_AND_SAY, GRADSCOPE_CACHE=str(tmp_path))
+    assert again.stdout.split() == ["True", "None", "16"] and "compiling" not in again.stderr
+    assert list((tmp_path / "native").glob("_hooks-*")) == built
