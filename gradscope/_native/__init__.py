@@ -66,7 +66,7 @@ def _command(out: Path) -> list[str]:
         raise OSError("no C++ compiler found (set CXX, or install g++)")
     root = Path(torch.__file__).parent
     abi = _compat.cxx11_abi()
-    cmd = [cxx, "-O2", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden", "-w",
+    cmd = [cxx, "-O2", "-std=c++20", "-shared", "-fPIC", "-fvisibility=hidden", "-w",
            f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-I{root / 'include'}",
            f"-I{sysconfig.get_paths()['include']}", str(_SOURCE), "-o", str(out),
            f"-L{root / 'lib'}", "-ltorch_python", "-ltorch", "-ltorch_cpu", "-lc10",
@@ -78,8 +78,9 @@ def _command(out: Path) -> list[str]:
 
 
 def _target() -> Path:
-    """The built file's path: one per source, PyTorch build and Python."""
+    """The built file's path: one per source, compiler command, PyTorch build and Python."""
     h = hashlib.sha256(_SOURCE.read_bytes())
+    h.update(" ".join(_command(Path("out"))).encode())
     h.update(f"{torch.__version__} {torch.version.git_version} {sys.implementation.cache_tag}".encode())
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
     return cache_dir() / "native" / f"_hooks-{torch.__version__.replace('+', '-')}-{h.hexdigest()[:16]}{suffix}"
@@ -106,7 +107,8 @@ def build(quiet: bool = False) -> Path:
             out = Path(tmp) / target.name
             proc = subprocess.run(_command(out), capture_output=True, text=True)
             if proc.returncode != 0:
-                raise OSError(f"the C++ compiler failed:\n{proc.stderr[-3000:]}")
+                first = next((ln for ln in proc.stderr.splitlines() if "error" in ln), "")
+                raise OSError(f"the C++ compiler failed: {first.strip()}\n{proc.stderr[-3000:]}")
             os.replace(out, target)
     return target
 
