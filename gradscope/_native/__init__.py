@@ -60,7 +60,8 @@ def _mode() -> str:
     return mode
 
 
-def _command(out: Path) -> list[str]:
+def _command() -> list[str]:
+    """The compiler's command, less its output (``-o FILE``, added by :func:`build`)."""
     cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
     if cxx is None:
         raise OSError("no C++ compiler found (set CXX, or install g++)")
@@ -68,7 +69,7 @@ def _command(out: Path) -> list[str]:
     abi = _compat.cxx11_abi()
     cmd = [cxx, "-O2", "-std=c++20", "-shared", "-fPIC", "-fvisibility=hidden", "-w",
            f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-I{root / 'include'}",
-           f"-I{sysconfig.get_paths()['include']}", str(_SOURCE), "-o", str(out),
+           f"-I{sysconfig.get_paths()['include']}", str(_SOURCE),
            f"-L{root / 'lib'}", "-ltorch_python", "-ltorch", "-ltorch_cpu", "-lc10",
            f"-Wl,-rpath,{root / 'lib'}"]
     if sys.platform == "darwin":
@@ -77,19 +78,20 @@ def _command(out: Path) -> list[str]:
     return cmd
 
 
-def _target() -> Path:
+def _target(command: list[str]) -> Path:
     """The built file's path: one per source, compiler command, PyTorch build and Python."""
     h = hashlib.sha256(_SOURCE.read_bytes())
-    h.update(" ".join(_command(Path("out"))).encode())
+    h.update(" ".join(command).encode())
     h.update(f"{torch.__version__} {torch.version.git_version} {sys.implementation.cache_tag}".encode())
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
     return cache_dir() / "native" / f"_hooks-{torch.__version__.replace('+', '-')}-{h.hexdigest()[:16]}{suffix}"
 
 
-def build(quiet: bool = False) -> Path:
+def build() -> Path:
     """Compile the hooks for this PyTorch unless a build is cached; returns the built file.
-    Raises OSError (no compiler, the compiler failed) or GradscopeError."""
-    target = _target()
+    Raises OSError (no compiler, the compiler failed, the cache not writable)."""
+    command = _command()
+    target = _target(command)
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -100,12 +102,11 @@ def build(quiet: bool = False) -> Path:
             fcntl.flock(lock, fcntl.LOCK_EX)  # another process building the same file: wait for it
         if target.exists():
             return target
-        if not quiet:
-            print(f"gradscope: [c++] compiling its saved-tensor hooks for torch {torch.__version__} (once, "
-                  "~15 s; GRADSCOPE_NATIVE=0 skips it)", file=sys.stderr, flush=True)
+        print(f"gradscope: [c++] compiling its saved-tensor hooks for torch {torch.__version__} (once, "
+              "~15 s; GRADSCOPE_NATIVE=0 skips it)", file=sys.stderr, flush=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             out = Path(tmp) / target.name
-            proc = subprocess.run(_command(out), capture_output=True, text=True)
+            proc = subprocess.run([*command, "-o", str(out)], capture_output=True, text=True)
             if proc.returncode != 0:
                 first = next((ln for ln in proc.stderr.splitlines() if "error" in ln), "")
                 raise OSError(f"the C++ compiler failed: {first.strip()}\n{proc.stderr[-3000:]}")

@@ -101,7 +101,7 @@ struct Hooks {
   PyObject* events;         // list of step events
   PyObject* pending;        // list: saves unpacked since frees were last checked
   State* state;
-  PyObject* fallback;       // the Python pack hook (any tensor read here would not be read exactly)
+  PyObject* fallback;       // the Python pack hook: packs every tensor this file would not read exactly
   PyObject* check_frees;    // callable, or None where frees are checked once a pass
   PyObject* inplace_error;  // callable(tensor, expected version) -> the exception to raise
   int need_ptr;
@@ -237,7 +237,7 @@ PyObject* hooks_pack(Hooks* self, PyObject* obj) {
       if (r != nullptr) return r;
     } catch (...) {
     }
-    // the lists did not grow (see pack_plain): the Python hook packs it, and says what failed
+    // the lists did not grow (see pack_plain): the Python hook packs it instead
     if (PyList_GET_SIZE(self->saves) != n) {
       PyErr_SetString(PyExc_SystemError, "gradscope: a compiled pack hook left a row half made");
       return nullptr;
