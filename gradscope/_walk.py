@@ -33,7 +33,7 @@ import torch
 from gradscope._compat import ACC_SEQ, is_view, node_seq, tensor_version
 from gradscope.errors import GradscopeError
 
-__all__ = ["node_key", "node_name", "plain_pack", "plain_unpack", "release", "roots_of", "walk"]
+__all__ = ["keys_of", "node_key", "node_name", "plain_pack", "plain_unpack", "release", "roots_of", "walk"]
 
 
 def node_key(fn: Any) -> Hashable:
@@ -77,6 +77,22 @@ def roots_of(values: Iterable[Any]) -> list[Any]:
         except (RuntimeError, AttributeError):  # a wrapped tensor (torch.func) without a usable edge
             continue
     return [r for r in out if r is not None]
+
+
+def keys_of(values: Iterable[Any]) -> list[Hashable]:
+    """The keys of the nodes :func:`roots_of` finds, without making a leaf's AccumulateGrad node:
+    a leaf's key is its tensor's (see node_key)."""
+    out: list[Hashable] = []
+    for t in values:
+        try:
+            leaf = isinstance(t, torch.Tensor) and t.is_leaf and t.requires_grad
+        except (RuntimeError, AttributeError):  # a wrapped tensor (torch.func): as roots_of reads it
+            leaf = False
+        if leaf:
+            out.append(("acc", id(t)))  # what node_key reads from the leaf's node (its .variable is t)
+        else:
+            out += [node_key(r) for r in roots_of((t,))]
+    return out
 
 
 def walk(roots: Iterable[Any], stop: Any = None,

@@ -49,11 +49,13 @@ from __future__ import annotations
 import collections
 import contextlib
 import gc
+import itertools
 import operator
 import sys
 import threading
 import time
 import weakref
+from collections import _count_elements  # type: ignore[attr-defined]  # Counter.update's C loop
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
@@ -75,7 +77,7 @@ from gradscope._trace import (
     BackwardRow,
     Trace,
 )
-from gradscope._walk import node_key, node_name, roots_of, walk
+from gradscope._walk import keys_of, node_key, node_name, roots_of, walk
 from gradscope.errors import GradscopeError, MemoryBudgetExceeded
 from gradscope.memory import MemorySource, make_source, parse_size, resolve_memory
 from gradscope.recording import Recording
@@ -406,6 +408,10 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         self._other_depth = 0
         self._source: MemorySource | None = None
         self._pack, self._unpack = self._make_pack()
+        tr = self._trace
+        self._walker = None if self._native is None else self._native.Walker(  # see NOTE [ compiled walk ]
+            tr.node_index, tr.nodes, tr.edge_keys, tr.edge_dst, self._packed_seqs, tr.seq_attr, tr.seq_order,
+            self._hooked, self._leaf_hooks, _type_info, node_key, self._name_node, self._hook, self._leaf_row)
 
     def _install(self) -> None:
         src = make_source(self._memory, budget=self._budget, device_type=self._tracker_device,
@@ -821,17 +827,18 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         try:
             try:
                 roots = roots_of(outputs)
-                inputs = roots_of(call.inputs)
+                keys = [node_key(r) for r in roots]
+                input_keys = keys_of(call.inputs)
                 with _no_gc():
-                    self._discover(roots)
+                    self._discover(roots, keys)
                 row.nodes_known = len(trace.nodes)
                 idx = trace.node_index
 
-                row.roots = [idx[k] for k in (node_key(r) for r in roots) if k in idx]
-                row.inputs = [idx[k] for k in (node_key(r) for r in inputs) if k in idx]
+                row.roots = [idx[k] for k in keys if k in idx]
+                row.inputs = [idx[k] for k in input_keys if k in idx]
                 if call.create_graph:
-                    self._hook_for_pass(roots, inputs, temporary)
-                del roots, inputs
+                    self._hook_for_pass(roots, keys, set(input_keys), temporary)
+                del roots
             except Exception as e:  # the user's backward runs whatever happens to observing
                 self._internal(e)
             st.bw = row
@@ -873,28 +880,50 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         """Whether this recording's pack hook saved for the node numbered ``seq``."""
         saves = self._trace.saves
         if self._packed_upto < len(saves):
-            self._packed_seqs.update(map(_SEQ_OF, saves[self._packed_upto:]))
+            _count_elements(self._packed_seqs, map(_SEQ_OF, itertools.islice(saves, self._packed_upto, None)))
             self._packed_upto = len(saves)
         return seq in self._packed_seqs
 
-    def _discover(self, roots: list[Any]) -> None:
+    def _discover(self, roots: list[Any], keys: list[Any] | None = None) -> None:
         """Walk from ``roots`` through nodes not walked before, appending node and edge rows,
-        naming saves and hooking the nodes whose steps the unpack hook cannot see."""
+        naming saves and hooking the nodes whose steps the unpack hook cannot see (``keys``: the
+        roots' keys, where the caller has them)."""
         trace = self._trace
         self._packed(-1)
-        packed = self._packed_seqs
-        nodes, index = trace.nodes, trace.node_index
-        edge_keys = trace.edge_keys
-        key_out, dst_out = edge_keys.append, trace.edge_dst.append
+        nodes, index, edge_keys = trace.nodes, trace.node_index, trace.edge_keys
         for i, ref in list(self._acc_vars.items()):
             if ref() is None:  # a leaf that died: its id() may name a new leaf now
                 index.pop(nodes[i][0], None)
                 del self._acc_vars[i]
-        acc_edges: list[int] = []  # positions in edge_keys of AccumulateGrad keys (resolved below)
-        acc_known: dict[Any, Any] = {}  # known AccumulateGrad key -> a parent node
         src = self._source
         hook_all = src is not None and src.node_hooks
         hooking = self._hooking
+        walker = self._walker
+        found: Any = NotImplemented
+        if walker is not None:  # see NOTE [ compiled walk ] in gradscope._native
+            live = roots if keys is not None else [r for r in roots if r is not None]
+            found = walker.discover(live, keys if keys is not None else [node_key(r) for r in live], hooking,
+                                    hook_all, trace.seq0, _TYPES, _ORDERS)
+            del live
+        acc_edges, acc_known = self._walk_nodes(roots, hooking, hook_all) if found is NotImplemented else found
+        for p in acc_edges:  # every key of this walk is indexed now; a leaf's key may name another later
+            j = index.get(edge_keys[p])
+            edge_keys[p] = -1 - j if j is not None else None
+        for k, fn in acc_known.items():
+            self._rehook_leaf(fn, k, post=hook_all)
+
+    def _walk_nodes(self, roots: list[Any], hooking: bool,
+                    hook_all: bool) -> tuple[list[int], dict[Any, Any]]:
+        """The walk of _discover in Python (where the compiled walk is not in use, or a root is not
+        a node it reads): the positions in edge_keys of AccumulateGrad keys, and a parent of each
+        AccumulateGrad node walked before."""
+        trace = self._trace
+        packed = self._packed_seqs
+        nodes, index = trace.nodes, trace.node_index
+        edge_keys = trace.edge_keys
+        key_out, dst_out = edge_keys.append, trace.edge_dst.append
+        acc_edges: list[int] = []  # positions in edge_keys of AccumulateGrad keys (resolved below)
+        acc_known: dict[Any, Any] = {}  # known AccumulateGrad key -> a parent node
         seq0 = trace.seq0
         seq_attr, seq_order = trace.seq_attr, trace.seq_order
         types, orders = _TYPES, _ORDERS
@@ -939,48 +968,58 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                             seq_attr[key] = single  # see NOTE [ which node saved a tensor ]
                         elif ours and (rule := orders.get(type(fn))) is not None and packed[key] == len(rule[0]):
                             seq_order[key] = rule[0]  # see NOTE [ pack order ]
-                        elif ours and (rule := orders.get(okey := (type(fn), packed[key], _absent(nf)))) is not None \
-                                and (not rule[1] or self._move_saves(key, rule[1])):
-                            seq_order[key] = rule[0]  # fewer saves than attributes: see NOTE [ pack order ]
-                        else:
-                            try:
-                                if ours:
-                                    n = packed[key]  # before naming: it may find more (see _reattribute)
-                                    read = self._name_saves(fn, key, attrs)
-                                    _learn_order(type(fn), read, len(attrs), moves=False)
-                                    _learn_order(okey, read, n, moves=True)
-                                elif key >= seq0:
-                                    self._count_unseen(fn, key, attrs)
-                            except Exception as e:  # a node whose saves cannot be read: noted, the walk goes on
-                                self._internal(e)
+                        elif ours or key >= seq0:
+                            self._name_node(fn, key, attrs, _absent(nf), ours)
                     if not hooking:
                         continue
                     if hook_all:
                         self._hook(fn, i, name=name, post=True)
                     elif custom:  # see NOTE [ steps nobody saw ] in gradscope._passes
                         self._hook(fn, i, name=name, post=False)
-                else:  # AccumulateGrad: the leaf names it
-                    leaf: Any = "input"
-                    leaf_shape = None
-                    try:
-                        var = fn.variable
-                        self._acc_vars[i] = weakref.ref(var)
-                        leaf_shape = tuple(var.shape)
-                        named = self._param_by_id.get(id(var))
-                        if named is not None and named[0]() is var:
-                            leaf = (named[1], named[2])
-                    except (AttributeError, RuntimeError):
-                        pass
-                    nodes.append((key, acc, name, leaf, leaf_shape, custom))
-                    if hooking:
-                        self._hook_leaf(fn, i, name, post=hook_all)
+                else:
+                    self._leaf_row(fn, i, key, name, custom, hooking, hook_all)
         finally:
             held.clear()
-        for p in acc_edges:  # every key of this walk is indexed now; a leaf's key may name another later
-            j = index.get(edge_keys[p])
-            edge_keys[p] = -1 - j if j is not None else None
-        for k, fn in acc_known.items():
-            self._rehook_leaf(fn, k, post=hook_all)
+        return acc_edges, acc_known
+
+    def _name_node(self, fn: Any, key: int, attrs: tuple[tuple[str, str], ...], absent: int, ours: bool) -> None:
+        """The saves of a node made in the block whose class's learnt order does not name them
+        (both walks call this): a learnt order for its pattern of saves, else they are read (and
+        the orders learnt), or counted when another pair packed them."""
+        packed = self._packed_seqs
+        if ours:
+            okey = (type(fn), packed[key], absent)
+            rule = _ORDERS.get(okey)
+            if rule is not None and (not rule[1] or self._move_saves(key, rule[1])):
+                self._trace.seq_order[key] = rule[0]  # fewer saves than attributes: see NOTE [ pack order ]
+                return
+        try:
+            if ours:
+                n = packed[key]  # before naming: it may find more (see _reattribute)
+                read = self._name_saves(fn, key, attrs)
+                _learn_order(type(fn), read, len(attrs), moves=False)
+                _learn_order(okey, read, n, moves=True)
+            elif key >= self._trace.seq0:
+                self._count_unseen(fn, key, attrs)
+        except Exception as e:  # a node whose saves cannot be read: noted, the walk goes on
+            self._internal(e)
+
+    def _leaf_row(self, fn: Any, i: int, key: Any, name: str, custom: bool, hooking: bool, hook_all: bool) -> None:
+        """An AccumulateGrad node's row (both walks call this): its leaf names it."""
+        leaf: Any = "input"
+        leaf_shape = None
+        try:
+            var = fn.variable
+            self._acc_vars[i] = weakref.ref(var)
+            leaf_shape = tuple(var.shape)
+            named = self._param_by_id.get(id(var))
+            if named is not None and named[0]() is var:
+                leaf = (named[1], named[2])
+        except (AttributeError, RuntimeError):
+            pass
+        self._trace.nodes.append((key, _compat.ACC_SEQ, name, leaf, leaf_shape, custom))
+        if hooking:
+            self._hook_leaf(fn, i, name, post=hook_all)
 
     def _name_saves(self, fn: Any, seq: int, attrs: tuple[tuple[str, str], ...]) -> list[tuple[int, str, int]] | None:
         """Attribute names of one node's saves (see NOTE [ which node saved a tensor ]); the
@@ -1161,7 +1200,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         if post:
             self._handles.append(fn.register_hook(self._make_post(i)))
 
-    def _hook_for_pass(self, roots: list[Any], inputs: list[Any], into: list[Any]) -> None:
+    def _hook_for_pass(self, roots: list[Any], keys: list[Any], stop: set[Any], into: list[Any]) -> None:
         """Pre hooks for one create_graph pass on every node it may run that has none yet and
         unpacks none of our saves (a node's first unpack reads the counter as a pre hook would:
         see NOTE [ how steps are seen ]); the walk stops at ``inputs=`` nodes, which the engine
@@ -1171,7 +1210,19 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         names = self._trace.nodes
         self._packed(-1)
         packed, hooked, leaf_hooks = self._packed_seqs, self._hooked, self._leaf_hooks
-        stop = {node_key(r) for r in inputs}
+        walker = self._walker
+        if walker is not None:  # see NOTE [ compiled walk ] in gradscope._native
+            if self._source is None and self._frees_once_a_pass:  # see NOTE [ compiled pass hooks ] in walk.cc
+                found = walker.hook_pass(roots, keys, stop, self._state, self._trace.events)
+                if found is not NotImplemented:
+                    into.append(found)
+                    return
+            else:
+                found = walker.unhooked(roots, keys, stop)
+                if found is not NotImplemented:
+                    for fn, i in found:
+                        into.append(fn.register_prehook(self._make_pre(i, names[i][2])))
+                    return
         for fn, key, _kids in walk(roots, stop=stop):
             i = index.get(key)
             if i is not None and i not in hooked and i not in leaf_hooks and key not in packed:

@@ -1,9 +1,10 @@
-"""gradscope's compiled saved-tensor hooks (see NOTE [ compiled hooks ] in gradscope._native): the
-same rows, events, frees and recordings as the Python pair, on the graphs users write; the build,
-its cache and its failure paths."""
+"""gradscope's compiled saved-tensor hooks and graph walk (see NOTE [ compiled hooks ] and NOTE
+[ compiled walk ] in gradscope._native): the same rows, events, frees, graph rows and recordings as
+the Python pair and walk, on the graphs users write; the build, its cache and its failure paths."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import subprocess
@@ -88,10 +89,66 @@ def _unrolled_sgd() -> None:  # seed 002's pattern: create_graph passes, then on
     ((x @ p - t) ** 2).mean().backward()
 
 
+class _Clamp(torch.autograd.Function):  # a user's own Function: a custom node, hooked by the walk
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return x.clamp(-1, 1)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return g * (x.abs() <= 1)
+
+
+def _model_with_function() -> None:  # parameters by name, a custom Function, a leaf input
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 2))
+    x = torch.randn(5, 6, requires_grad=True)
+    _Clamp.apply(model(x) * 3).pow(2).sum().backward()
+
+
+def _hypergradient() -> None:  # seed 002 with a model: functional_call, autograd.grad, then backward
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    lr = torch.tensor(0.1, requires_grad=True)
+    x, t = torch.randn(8, 4), torch.randn(8, 1)
+    params = {k: v.detach().requires_grad_() for k, v in model.named_parameters()}
+    for _ in range(3):
+        loss = ((torch.func.functional_call(model, params, (x,)) - t) ** 2).mean()
+        grads = torch.autograd.grad(loss, list(params.values()), create_graph=True)
+        params = {k: p - lr * g for (k, p), g in zip(params.items(), grads, strict=True)}
+    ((torch.func.functional_call(model, params, (x,)) - t) ** 2).mean().backward()
+
+
 GRAPHS: dict[str, Callable[[], None]] = {
     "tanh_chain": _tanh_chain, "shared": _shared_storage, "lstm_loop": _lstm_loop, "views": _views,
     "sparse": _sparse, "subclass": _subclass, "unrolled_sgd": _unrolled_sgd,
+    "model_with_function": _model_with_function, "hypergradient": _hypergradient,
 }
+
+
+def _graph_rows(trace: Any) -> dict[str, Any]:
+    """The walk's rows, made comparable across runs: node numbers from the block's first, leaves'
+    keys (their tensors' ids) by first appearance."""
+    leaves: dict[Any, int] = {}
+
+    def key(k: Any) -> Any:
+        return ("seq", k - trace.seq0) if isinstance(k, int) else ("leaf", leaves.setdefault(k, len(leaves)))
+
+    def edge(k: Any) -> Any:  # a node number, or an AccumulateGrad node's index as -1 - index
+        return None if k is None else ("seq", k - trace.seq0) if k >= 0 else ("acc", k)
+
+    return {
+        "nodes": [(key(r[0]), "acc" if r[1] != r[0] else None, *r[2:]) for r in trace.nodes],
+        "index": sorted((key(k), i) for k, i in trace.node_index.items()),
+        "edges": [(edge(k), d) for k, d in zip(trace.edge_keys, trace.edge_dst, strict=True)],
+        "seq_attr": sorted((k - trace.seq0, v) for k, v in trace.seq_attr.items()),
+        "seq_order": sorted((k - trace.seq0, v) for k, v in trace.seq_order.items()),
+        "seq_moves": sorted((k - trace.seq0, v[0] - trace.seq0, v[1]) for k, v in trace.seq_moves.items()),
+        "save_attr": sorted(trace.save_attr.items()),
+        "counts": (trace.unseen_saves, trace.foreign_saves),
+    }
 
 
 def _capture(step: Callable[[], None], memory: str) -> dict[str, Any]:
@@ -111,9 +168,10 @@ def _capture(step: Callable[[], None], memory: str) -> dict[str, Any]:
         r[S_T] = row[S_T] if memory == "off" else row[S_T] > 0  # off: the save's index; else a time
         rows.append(tuple(r))
     events = [(e[0], e[1], e[3] if e[0] == 3 else None) for e in trace.events]  # kind, ident, save freed by
+    graph = _graph_rows(trace)
     r = rec.recording
     return {
-        "rows": rows, "events": events, "notes": sorted(r.notes),
+        "rows": rows, "events": events, "notes": sorted(r.notes), "graph": graph,
         "nodes": [n.name for n in r.nodes],
         "saved": [(r.nodes[s.node].name, s.attribute, s.shape, s.bytes,
                    None if s.freed_at_step is None else r.steps[s.freed_at_step].node) for s in r.saved],
@@ -123,10 +181,13 @@ def _capture(step: Callable[[], None], memory: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize("name", list(GRAPHS))
 def test_compiled_rows_equal_the_python_hooks(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every row, step event and free the compiled pair writes is the Python pair's, and so is the
-    recording made from them (memory="off": frees by weak handle, checked once a pass)."""
+    """Every row, step event and free the compiled pair writes is the Python pair's, every node and
+    edge row and save name of the compiled walk the Python walk's, and so is the recording made
+    from them (memory="off": frees by weak handle, checked once a pass; a create_graph pass's pre
+    hooks compiled)."""
     step = GRAPHS[name]
-    step()  # warm up (classes learnt the same way for both)
+    for _ in range(2):  # warm up: node classes learnt, pack orders seen twice (trusted) before both
+        _capture(step, "off")  # (a fresh process: see the next test)
     compiled = _capture(step, "off")
     assert compiled["rows"], "the graph saved nothing: the test would compare nothing"
     with monkeypatch.context() as m:
@@ -149,6 +210,69 @@ def test_compiled_rows_equal_the_python_hooks_with_addresses_and_times(name: str
         assert compiled["rows"] == python["rows"], memory
         assert compiled["saved"][:3] and [s[:4] for s in compiled["saved"]] == [s[:4] for s in python["saved"]]
         assert compiled["nodes"] == python["nodes"]
+        assert compiled["graph"] == python["graph"], memory  # every node hooked: each has its Python object
+
+
+@pytest.mark.parametrize("name", ["lstm_loop", "model_with_function", "hypergradient"])
+@pytest.mark.parametrize("memory", ["off", "tracker"])
+def test_compiled_walk_learns_as_the_python_walk_in_a_fresh_process(name: str, memory: str,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """With nothing learnt yet (node classes, pack orders: as in a new process) the compiled walk
+    hands each node it cannot read to the same Python code, and learns the same: the same rows
+    on a first and a second block, and the same tables after them."""
+    rec_mod = importlib.import_module("gradscope.record")
+    step = GRAPHS[name]
+    tables = ("_TYPES", "_LISTS", "_ORDERS", "_ORDER_SEEN", "_NO_ORDER")
+
+    def twice() -> tuple[list[dict[str, Any]], list[Any]]:
+        for table in tables:
+            monkeypatch.setattr(rec_mod, table, type(getattr(rec_mod, table))())
+        runs = [_capture(step, memory) for _ in range(2)]
+        return runs, [sorted(map(repr, getattr(rec_mod, t))) for t in tables]
+
+    compiled = twice()
+    assert compiled[0][0]["graph"]["seq_order"] or compiled[0][0]["graph"]["seq_attr"]
+    with monkeypatch.context() as m:
+        m.setattr(_native, "hooks", lambda: None)
+        python = twice()
+    assert compiled == python
+
+
+def test_compiled_pass_hooks_mark_steps_and_come_off() -> None:
+    """NOTE [ compiled pass hooks ]: a create_graph pass's nodes without a save of ours get a C++
+    pre hook (their steps are seen: the graph tests above compare them with the Python hooks'),
+    and none stays on a node after the pass, nor after a pass that failed."""
+
+    class Spy:  # the recorder's walker, keeping what hook_pass made
+        def __init__(self, walker: Any) -> None:
+            self.walker, self.made = walker, []
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.walker, name)
+
+        def hook_pass(self, *args: Any) -> Any:
+            hooks = self.walker.hook_pass(*args)
+            self.made.append((hooks, hooks.attached()))
+            return hooks
+
+    torch.manual_seed(0)
+    w = torch.randn(3, requires_grad=True)
+    with gs.record(memory="off") as rec:
+        spy = rec._walker = Spy(rec._walker)
+        loss = (w.exp().sum() - 1) ** 2  # SubBackward0 saves nothing: it needs a pre hook
+        (g,) = torch.autograd.grad(loss, w, create_graph=True)
+        bad = (w.exp() * 2).sum() - 1
+        with pytest.raises(RuntimeError, match="does not require grad"):
+            torch.autograd.grad(bad, [w, torch.ones(1)], create_graph=True)
+        (g2,) = torch.autograd.grad(g.sum(), w)
+    assert len(spy.made) == 2
+    assert all(on >= 1 for _, on in spy.made)  # on the nodes while the pass ran
+    assert all(hooks.attached() == 0 for hooks, _ in spy.made)  # and off after it, failed or not
+    r = rec.recording
+    assert "SubBackward0" in [r.nodes[s.node].name for s in r.steps if s.backward == 0]
+    x = w.detach().requires_grad_()
+    ref = torch.autograd.grad(torch.autograd.grad((x.exp().sum() - 1) ** 2, x, create_graph=True)[0].sum(), x)[0]
+    assert torch.allclose(g2, ref) and torch.allclose(g, 2 * (x.exp().sum() - 1) * x.exp())
 
 
 def test_the_compiled_pair_is_the_one_recording() -> None:

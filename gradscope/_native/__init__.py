@@ -12,6 +12,18 @@ of the process, with the C++ compiler found on the machine, into gradscope's cac
 cannot be built (no compiler, an unknown platform) the Python pair records the same rows, more
 slowly; :func:`status` says which pair is in use and why. ``GRADSCOPE_NATIVE=0`` always uses the
 Python pair, ``GRADSCOPE_NATIVE=1`` makes a failed build an error.
+
+NOTE [ compiled walk ]: at each backward's start the recorder walks the graph's new nodes (a row
+per node and edge, its saves named: record._discover); in Python that costs ~1.8 us a node, as
+much as the pack hooks on an RNN loop. ``walk.cc`` walks the C++ nodes themselves: keys, edges,
+rows, and saves named by a learnt pack order are made there; a node gets its Python object and
+goes to the same Python code as in the Python walk only where Python must read it (the first
+node of a class, a custom Function's node, saves not named by a learnt order, a node to hook, an
+AccumulateGrad node's leaf). Its rows are the Python walk's (tests/test_native.py compares them).
+A create_graph pass's pre hooks are compiled too where they write nothing but a step's event (see
+NOTE [ compiled pass hooks ] in walk.cc). Both come with the compiled hooks, and the Python walk
+runs wherever they are not in use or a root is not a node ``walk.cc`` reads. The same module
+holds both (one build, one cache entry).
 """
 
 from __future__ import annotations
@@ -37,7 +49,8 @@ from gradscope.errors import GradscopeError
 
 __all__ = ["build", "build_or_say", "cache_dir", "hooks", "status"]
 
-_SOURCE = Path(__file__).with_name("hooks.cc")
+_SOURCES = (Path(__file__).with_name("hooks.cc"), Path(__file__).with_name("walk.cc"))
+_HEADER = Path(__file__).with_name("native.h")
 _lock = threading.Lock()
 _loaded: ModuleType | None = None
 _reason: str | None = None  # why the compiled pair is not in use (None: not tried yet, or in use)
@@ -69,7 +82,7 @@ def _command() -> list[str]:
     abi = _compat.cxx11_abi()
     cmd = [cxx, "-O2", "-std=c++20", "-shared", "-fPIC", "-fvisibility=hidden", "-w",
            f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-I{root / 'include'}",
-           f"-I{sysconfig.get_paths()['include']}", str(_SOURCE),
+           f"-I{sysconfig.get_paths()['include']}", *map(str, _SOURCES),
            f"-L{root / 'lib'}", "-ltorch_python", "-ltorch", "-ltorch_cpu", "-lc10",
            f"-Wl,-rpath,{root / 'lib'}"]
     if sys.platform == "darwin":
@@ -80,7 +93,9 @@ def _command() -> list[str]:
 
 def _target(command: list[str]) -> Path:
     """The built file's path: one per source, compiler command, PyTorch build and Python."""
-    h = hashlib.sha256(_SOURCE.read_bytes())
+    h = hashlib.sha256()
+    for source in (*_SOURCES, _HEADER):
+        h.update(source.read_bytes())
     h.update(" ".join(command).encode())
     h.update(f"{torch.__version__} {torch.version.git_version} {sys.implementation.cache_tag}".encode())
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]

@@ -16,6 +16,8 @@
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include "native.h"
+
 #include <ctime>
 #include <typeinfo>
 #include <unordered_map>
@@ -24,20 +26,9 @@
 
 namespace {
 
-// ------------------------------------------------------------------ the hooks' state
-// What the hooks read and change while a block runs; record.py's _State derives from it, so that
-// the Python code reads and sets the same fields (see _State there for their meaning).
-struct State {
-  PyObject_HEAD
-  PyObject* bw;
-  PyObject* marks;
-  long long last_seq;
-  PyObject* pending;
-  PyObject* prev_node;
-  PyObject* reading;
-  PyObject* stack;
-  long long func_depth;
-};
+// ------------------------------------------------------------------ the hooks' state (native.h)
+using gradscope_native::State;
+using gradscope_native::time_ns;
 
 PyMemberDef state_members[] = {
     {"bw", T_OBJECT, offsetof(State, bw), 0, nullptr},
@@ -82,13 +73,6 @@ bool is_true(PyObject* o) {
   if (o == nullptr || o == Py_None || o == Py_False) return false;
   if (o == Py_True) return true;
   return PyObject_IsTrue(o) == 1;
-}
-
-long long time_ns() {
-  // time.time_ns()'s clock: rows are compared with times Python took
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return static_cast<long long>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
 }
 
 // ------------------------------------------------------------------ the hooks
@@ -407,6 +391,8 @@ PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_hooks", "gradscope's compiled
 
 }  // namespace
 
+PyTypeObject* gradscope_native::state_type() { return &StateType; }
+
 PyMODINIT_FUNC PyInit__hooks(void) {
   StateType.tp_name = "gradscope._native._hooks.State";
   StateType.tp_basicsize = sizeof(State);
@@ -431,7 +417,7 @@ PyMODINIT_FUNC PyInit__hooks(void) {
   Py_INCREF(&StateType);
   Py_INCREF(&HooksType);
   if (PyModule_AddObject(m, "State", reinterpret_cast<PyObject*>(&StateType)) < 0 ||
-      PyModule_AddObject(m, "Hooks", reinterpret_cast<PyObject*>(&HooksType)) < 0) {
+      PyModule_AddObject(m, "Hooks", reinterpret_cast<PyObject*>(&HooksType)) < 0 || gradscope_add_walker(m) < 0) {
     Py_DECREF(m);
     return nullptr;
   }

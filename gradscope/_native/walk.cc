@@ -1,0 +1,646 @@
+// gradscope's graph walk at a backward's start, compiled: the rows of record.py's Python walk
+// (``record._discover``), made over the C++ nodes without a Python object per node (see NOTE
+// [ compiled walk ] in gradscope/_native/__init__.py).
+//
+// A node gets a Python object only where Python code must read it: the first node of a class
+// (its name and saved attributes are learnt in Python), a custom Function's node (its Python
+// object exists anyway), a node whose saves are named by reading them, a node to hook, an
+// AccumulateGrad node (its leaf names it). Everything else (the key, the edges, the row, the saves'
+// attribute names once a class's pack order is learnt) is read here from the node itself.
+
+#include <Python.h>
+
+#include <ATen/SequenceNumber.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/python_cpp_function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/python_function.h>
+
+#include <cstdint>
+#include <typeinfo>
+#include <unordered_map>
+#include <utility>
+#include <memory>
+#include <vector>
+
+#include "native.h"
+
+namespace {
+
+using torch::autograd::Node;
+// std::shared_ptr<Node> on older PyTorch, c10::intrusive_ptr<Node> on newer.
+using NodePtr = decltype(std::declval<torch::autograd::THPCppFunction&>().cdata);
+
+constexpr uint64_t kAccSeq = UINT64_MAX;  // AccumulateGrad's sequence number (every leaf's node)
+
+// An owned reference, released when it goes out of scope.
+struct Ref {
+  PyObject* p = nullptr;
+  Ref() = default;
+  explicit Ref(PyObject* o) : p(o) {}
+  Ref(const Ref&) = delete;
+  Ref& operator=(const Ref&) = delete;
+  Ref(Ref&& o) noexcept : p(std::exchange(o.p, nullptr)) {}
+  Ref& operator=(Ref&& o) noexcept {
+    std::swap(p, o.p);
+    return *this;
+  }
+  ~Ref() { Py_XDECREF(p); }
+  PyObject* get() const { return p; }
+  PyObject* release() { return std::exchange(p, nullptr); }
+  explicit operator bool() const { return p != nullptr; }
+};
+
+template <class P>
+NodePtr as_node(const P& p) {
+  if constexpr (requires { p.lock(); }) {
+    return p.lock();  // older PyTorch: a custom Function's object holds its node weakly
+  } else {
+    return p;
+  }
+}
+
+// The node behind a Python node object; null for anything else.
+NodePtr node_of(PyObject* obj) {
+  if (torch::autograd::THPCppFunction_Check(obj)) {
+    return reinterpret_cast<torch::autograd::THPCppFunction*>(obj)->cdata;
+  }
+  if (PyObject_TypeCheck(obj, &THPFunctionType)) {
+    return as_node(reinterpret_cast<THPFunction*>(obj)->cdata);
+  }
+  return NodePtr();
+}
+
+// Per C++ node class: its Python class, when every node of the C++ class has that one Python class
+// and record._TYPES holds its information (one class, one name); else every node of the class is
+// read through its Python object (a custom Function's node: one C++ class for all of them).
+struct ClassEntry {
+  PyObject* pytype = nullptr;  // owned for the process's lifetime
+  bool per_node = false;
+};
+// Keyed by the address of the class's type_info (no hashing of its name per node; a class seen
+// under two addresses gets two entries, each right).
+std::unordered_map<const std::type_info*, ClassEntry> g_classes;
+
+// A weak reference to a node, of the kind its strong one has.
+template <class P>
+struct WeakOf;
+template <class T>
+struct WeakOf<std::shared_ptr<T>> {
+  using type = std::weak_ptr<T>;
+};
+template <class T, class N>
+struct WeakOf<c10::intrusive_ptr<T, N>> {
+  using type = c10::weak_intrusive_ptr<T, N>;
+};
+using WeakNode = typename WeakOf<NodePtr>::type;
+
+// ------------------------------------------------------------------ a create_graph pass's pre hooks
+// NOTE [ compiled pass hooks ]: where a step's start needs nothing but its event (memory="off":
+// no source reads live bytes at steps, frees are checked once a pass), the pre hooks that a
+// create_graph pass needs on the nodes without a save of ours (record._hook_for_pass) are C++
+// hooks added to the nodes themselves: no Python object per node, no Python call per step. They
+// write what record._make_pre's hook writes: the event (EV_PRE, node index, time, sequence
+// counter), and the state's prev_node and last_seq. PassHooks.remove() takes them off when the
+// pass ends. A hook holds no Python object (a node may die on a thread without the GIL): it
+// reaches the state and the event list through the PassHooks that added it, and does nothing once
+// that is gone.
+struct PassContext {
+  bool alive = true;                  // read and written with the GIL held
+  gradscope_native::State* state;     // borrowed from the PassHooks while alive
+  PyObject* events;                   // borrowed from the PassHooks while alive
+};
+
+struct PassPre : torch::autograd::FunctionPreHook {
+  std::shared_ptr<PassContext> ctx;
+  long long index;
+  PassPre(std::shared_ptr<PassContext> c, long long i) : ctx(std::move(c)), index(i) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override {
+    PyGILState_STATE gil = PyGILState_Ensure();
+    PassContext& c = *ctx;
+    if (c.alive && c.state->bw != nullptr && c.state->bw != Py_None) {
+      PyObject* i = PyLong_FromLongLong(index);
+      PyObject* ev = i == nullptr ? nullptr
+                                  : Py_BuildValue("(iOLK)", gradscope_native::kEvPre, i, gradscope_native::time_ns(),
+                                                  static_cast<unsigned long long>(at::sequence_number::peek()));
+      if (ev == nullptr || PyList_Append(c.events, ev) < 0) {
+        PyErr_WriteUnraisable(nullptr);  // memory exhausted: the step goes unmarked, the pass runs on
+      } else {
+        Py_INCREF(i);
+        Py_XSETREF(c.state->prev_node, i);
+        c.state->last_seq = -2;  // the next unpack starts a new step (see record._make_pre)
+      }
+      Py_XDECREF(ev);
+      Py_XDECREF(i);
+    }
+    PyGILState_Release(gil);
+    return grads;
+  }
+};
+
+struct PassHooks {
+  PyObject_HEAD
+  PyObject* state;
+  PyObject* events;
+  std::shared_ptr<PassContext>* ctx;
+  std::vector<std::pair<WeakNode, PassPre*>>* added;
+};
+
+void pass_remove_all(PassHooks* self) {
+  if (self->added != nullptr) {
+    for (auto& [weak, hook] : *self->added) {
+      NodePtr node = weak.lock();
+      if (!node) continue;
+      auto& hooks = node->pre_hooks();
+      for (auto it = hooks.begin(); it != hooks.end(); ++it) {
+        if (it->get() == hook) {
+          hooks.erase(it);
+          break;
+        }
+      }
+    }
+    self->added->clear();
+  }
+  if (self->ctx != nullptr) (*self->ctx)->alive = false;
+}
+
+// How many of the hooks it added are on a live node still.
+PyObject* pass_attached(PassHooks* self, PyObject*) {
+  Py_ssize_t on = 0;
+  if (self->added != nullptr) {
+    for (auto& [weak, hook] : *self->added) {
+      NodePtr node = weak.lock();
+      if (!node) continue;
+      for (const auto& h : node->pre_hooks()) on += h.get() == hook;
+    }
+  }
+  return PyLong_FromSsize_t(on);
+}
+
+PyObject* pass_remove(PassHooks* self, PyObject*) {
+  pass_remove_all(self);
+  Py_RETURN_NONE;
+}
+
+int pass_traverse(PassHooks* self, visitproc visit, void* arg) {
+  Py_VISIT(self->state);
+  Py_VISIT(self->events);
+  return 0;
+}
+
+int pass_clear(PassHooks* self) {
+  pass_remove_all(self);
+  Py_CLEAR(self->state);
+  Py_CLEAR(self->events);
+  return 0;
+}
+
+void pass_dealloc(PassHooks* self) {
+  PyObject_GC_UnTrack(self);
+  pass_clear(self);
+  delete self->added;
+  delete self->ctx;
+  Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
+}
+
+PyMethodDef pass_methods[] = {
+    {"remove", reinterpret_cast<PyCFunction>(pass_remove), METH_NOARGS, "Take the pass's pre hooks off."},
+    {"attached", reinterpret_cast<PyCFunction>(pass_attached), METH_NOARGS,
+     "How many of its pre hooks are on a live node."},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyTypeObject PassHooksType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+struct Walker {
+  PyObject_HEAD
+  PyObject* index;      // dict: node key -> node index (gradscope._trace)
+  PyObject* nodes;      // list of node rows
+  PyObject* edge_keys;  // list
+  PyObject* edge_dst;   // list
+  PyObject* packed;     // Counter: node number -> saves the pack hook made under it
+  PyObject* seq_attr;   // dict: node number -> the attribute of its one saved tensor
+  PyObject* seq_order;  // dict: node number -> its saves' attributes in pack order
+  PyObject* hooked;     // set of node indices with a pre hook for the whole block
+  PyObject* leaf_hooks; // dict: node index -> a leaf's pre hook
+  PyObject* type_info;  // callable(fn) -> (name, attributes, custom, single)
+  PyObject* node_key;   // callable(fn) -> an AccumulateGrad node's key
+  PyObject* name_node;  // callable(fn, key, attributes, absent bits, ours): the saves read in Python
+  PyObject* hook;       // callable(fn, index, name, post)
+  PyObject* leaf_row;   // callable(fn, index, key, name, custom, hooking, hook_all)
+};
+
+constexpr int kFields = 14;
+
+PyObject** fields(Walker* self) { return &self->index; }
+
+int walker_traverse(Walker* self, visitproc visit, void* arg) {
+  for (int k = 0; k < kFields; ++k) Py_VISIT(fields(self)[k]);
+  return 0;
+}
+
+int walker_clear(Walker* self) {
+  for (int k = 0; k < kFields; ++k) Py_CLEAR(fields(self)[k]);
+  return 0;
+}
+
+void walker_dealloc(Walker* self) {
+  PyObject_GC_UnTrack(self);
+  walker_clear(self);
+  Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
+}
+
+int walker_init(Walker* self, PyObject* args, PyObject* kwds) {
+  PyObject* in[kFields];
+  if (!PyArg_ParseTuple(args, "O!O!O!O!O!O!O!O!O!OOOOO", &PyDict_Type, &in[0], &PyList_Type, &in[1],
+                        &PyList_Type, &in[2], &PyList_Type, &in[3], &PyDict_Type, &in[4], &PyDict_Type, &in[5],
+                        &PyDict_Type, &in[6], &PySet_Type, &in[7], &PyDict_Type, &in[8], &in[9], &in[10], &in[11],
+                        &in[12], &in[13]))
+    return -1;
+  for (int k = 0; k < kFields; ++k) {
+    Py_INCREF(in[k]);
+    Py_XSETREF(fields(self)[k], in[k]);
+  }
+  return 0;
+}
+
+// One walk's working set: the nodes it reached (held until it ends, as the Python walk holds their
+// objects: see NOTE [ node identity ] in gradscope/_walk.py), the Python objects it made, and the
+// keys of the AccumulateGrad nodes it met.
+struct Walk {
+  Walker* w;
+  PyObject* types = nullptr;  // record._TYPES (read at each walk: tests replace the tables)
+  std::vector<std::pair<NodePtr, PyObject*>> stack;  // (node, owned key)
+  std::vector<NodePtr> held;
+  Ref objects{PyList_New(0)};
+  std::unordered_map<Node*, PyObject*> acc_keys;  // borrowed from objects
+
+  explicit Walk(Walker* walker) : w(walker) {}
+  ~Walk() {
+    for (auto& f : stack) Py_DECREF(f.second);
+  }
+
+  // The node's Python object (borrowed; held until the walk ends).
+  PyObject* object(const NodePtr& n) {
+    Ref o(torch::autograd::functionToPyObject(n));
+    if (!o || PyList_Append(objects.get(), o.get()) < 0) return nullptr;
+    return o.get();
+  }
+
+  // A node's key (new reference): see node_key in gradscope/_walk.py.
+  PyObject* key(const NodePtr& n) {
+    uint64_t seq = n->sequence_nr();
+    if (seq != kAccSeq) return PyLong_FromUnsignedLongLong(seq);
+    auto it = acc_keys.find(n.get());
+    if (it != acc_keys.end()) {
+      Py_INCREF(it->second);
+      return it->second;
+    }
+    PyObject* fn = object(n);
+    if (fn == nullptr) return nullptr;
+    Ref k(PyObject_CallOneArg(w->node_key, fn));
+    if (!k || PyList_Append(objects.get(), k.get()) < 0) return nullptr;
+    acc_keys.emplace(n.get(), k.get());
+    return k.release();
+  }
+
+  // The node's class information (borrowed) and Python class; ``fn`` is set when the node's
+  // Python object had to be made.
+  PyObject* info(const NodePtr& n, PyObject** fn, PyObject** pytype) {
+    Node& node = *n;
+    const std::type_info* cls = &typeid(node);
+    auto it = g_classes.find(cls);
+    if (it != g_classes.end() && !it->second.per_node) {
+      PyObject* got = PyDict_GetItemWithError(types, it->second.pytype);
+      if (got != nullptr) {
+        *pytype = it->second.pytype;
+        return got;
+      }
+      if (PyErr_Occurred()) return nullptr;
+    }
+    if (*fn == nullptr && (*fn = object(n)) == nullptr) return nullptr;
+    *pytype = reinterpret_cast<PyObject*>(Py_TYPE(*fn));
+    PyObject* got = PyDict_GetItemWithError(types, *pytype);
+    if (got == nullptr) {
+      if (PyErr_Occurred()) return nullptr;
+      Ref made(PyObject_CallOneArg(w->type_info, *fn));
+      if (!made || !PyTuple_Check(made.get()) || PyTuple_GET_SIZE(made.get()) != 4) {
+        if (made) PyErr_SetString(PyExc_TypeError, "gradscope: a node class's information is a 4-tuple");
+        return nullptr;
+      }
+      if (PyList_Append(objects.get(), made.get()) < 0) return nullptr;
+      got = made.get();
+    }
+    if (it == g_classes.end()) {
+      int known = PyDict_Contains(types, *pytype);
+      if (known < 0) return nullptr;
+      ClassEntry e;
+      e.per_node = !known || !torch::autograd::THPCppFunction_Check(*fn);
+      if (!e.per_node) {
+        Py_INCREF(*pytype);
+        e.pytype = *pytype;
+      }
+      g_classes.emplace(cls, e);
+    }
+    return got;
+  }
+
+  bool push_roots(PyObject* roots, PyObject* keys) {
+    Py_ssize_t n = PyList_GET_SIZE(roots);
+    for (Py_ssize_t k = 0; k < n; ++k) {
+      NodePtr p = node_of(PyList_GET_ITEM(roots, k));
+      if (!p) return false;
+      PyObject* key = PyList_GET_ITEM(keys, k);
+      Py_INCREF(key);
+      stack.emplace_back(std::move(p), key);
+    }
+    return true;
+  }
+};
+
+// Bits of the inputs without a gradient edge, as record._absent computes them.
+PyObject* absent_bits(const NodePtr& n) {
+  const auto& edges = n->next_edges();
+  if (edges.size() < 64) {
+    unsigned long long bits = 0;
+    for (size_t k = 0; k < edges.size(); ++k) {
+      if (!edges[k].function) bits |= 1ULL << k;
+    }
+    return PyLong_FromUnsignedLongLong(bits);
+  }
+  Ref bits(PyLong_FromLong(0));
+  for (size_t k = 0; k < edges.size() && bits; ++k) {
+    if (edges[k].function) continue;
+    Ref one(PyLong_FromLong(1)), at(PyLong_FromSize_t(k));
+    if (!one || !at) return nullptr;
+    Ref shifted(PyNumber_Lshift(one.get(), at.get()));
+    if (!shifted) return nullptr;
+    bits = Ref(PyNumber_Or(bits.get(), shifted.get()));
+  }
+  return bits.release();
+}
+
+bool roots_args(PyObject* roots, PyObject* keys) {
+  if (!PyList_Check(roots) || !PyList_Check(keys) || PyList_GET_SIZE(roots) != PyList_GET_SIZE(keys)) {
+    PyErr_SetString(PyExc_TypeError, "gradscope: roots and their keys are two lists of one length");
+    return false;
+  }
+  return true;
+}
+
+// discover(roots, keys, hooking, hook_all, seq0, types, orders) -> (acc_edges, acc_known), or
+// NotImplemented when a root is not a node this file can read (the Python walk runs instead;
+// nothing was changed). ``types`` and ``orders`` are record._TYPES and record._ORDERS.
+PyObject* walker_discover(Walker* self, PyObject* args) {
+  PyObject *roots, *keys, *seq0, *types, *orders;
+  int hooking, hook_all;
+  if (!PyArg_ParseTuple(args, "OOppOO!O!", &roots, &keys, &hooking, &hook_all, &seq0, &PyDict_Type, &types,
+                        &PyDict_Type, &orders))
+    return nullptr;
+  if (!roots_args(roots, keys)) return nullptr;
+  Walk walk(self);
+  walk.types = types;
+  if (!walk.objects) return nullptr;
+  if (!walk.push_roots(roots, keys)) Py_RETURN_NOTIMPLEMENTED;
+  Ref acc_edges(PyList_New(0)), acc_known(PyDict_New());
+  if (!acc_edges || !acc_known) return nullptr;
+  PyObject* const index = self->index;
+  while (!walk.stack.empty()) {
+    NodePtr node = std::move(walk.stack.back().first);
+    Ref key(walk.stack.back().second);
+    walk.stack.pop_back();
+    int seen = PyDict_Contains(index, key.get());
+    if (seen < 0) return nullptr;
+    if (seen) continue;
+    walk.held.push_back(node);
+    Ref i(PyLong_FromSsize_t(PyList_GET_SIZE(self->nodes)));
+    if (!i || PyDict_SetItem(index, key.get(), i.get()) < 0) return nullptr;
+    PyObject* fn = nullptr;
+    PyObject* pytype = nullptr;
+    PyObject* info = walk.info(node, &fn, &pytype);
+    if (info == nullptr) return nullptr;
+    PyObject* name = PyTuple_GET_ITEM(info, 0);
+    PyObject* attrs = PyTuple_GET_ITEM(info, 1);
+    PyObject* custom = PyTuple_GET_ITEM(info, 2);
+    PyObject* single = PyTuple_GET_ITEM(info, 3);
+    int is_custom = PyObject_IsTrue(custom);
+    if (is_custom < 0) return nullptr;
+    for (const auto& e : node->next_edges()) {
+      if (!e.function) continue;
+      Ref k(walk.key(e.function));
+      if (!k) return nullptr;
+      if (e.function->sequence_nr() == kAccSeq) {
+        if (hooking) {
+          int in_index = PyDict_Contains(index, k.get());
+          if (in_index < 0) return nullptr;
+          int known = in_index ? PyDict_Contains(acc_known.get(), k.get()) : 1;
+          if (known < 0) return nullptr;
+          if (!known) {
+            if (fn == nullptr && (fn = walk.object(node)) == nullptr) return nullptr;
+            if (PyDict_SetItem(acc_known.get(), k.get(), fn) < 0) return nullptr;
+          }
+        }
+        Ref at(PyLong_FromSsize_t(PyList_GET_SIZE(self->edge_keys)));
+        if (!at || PyList_Append(acc_edges.get(), at.get()) < 0) return nullptr;
+      }
+      if (PyList_Append(self->edge_keys, k.get()) < 0 || PyList_Append(self->edge_dst, i.get()) < 0) return nullptr;
+      int in_index = PyDict_Contains(index, k.get());
+      if (in_index < 0) return nullptr;
+      if (!in_index) walk.stack.emplace_back(e.function, k.release());
+    }
+    if (PyLong_CheckExact(key.get())) {
+      Ref row(PyTuple_Pack(6, key.get(), key.get(), name, Py_None, Py_None, custom));
+      if (!row || PyList_Append(self->nodes, row.get()) < 0) return nullptr;
+      int has_attrs = PyObject_IsTrue(attrs);
+      if (has_attrs < 0) return nullptr;
+      if (has_attrs) {
+        PyObject* count = PyDict_GetItemWithError(self->packed, key.get());  // borrowed
+        if (count == nullptr && PyErr_Occurred()) return nullptr;
+        bool done = false;
+        if (count != nullptr && single != Py_None) {
+          if (PyDict_SetItem(self->seq_attr, key.get(), single) < 0) return nullptr;
+          done = true;
+        } else if (count != nullptr) {
+          PyObject* rule = PyDict_GetItemWithError(orders, pytype);
+          if (rule == nullptr && PyErr_Occurred()) return nullptr;
+          if (rule != nullptr) {
+            PyObject* attrs_in_order = PyTuple_GET_ITEM(rule, 0);
+            if (PyLong_AsSsize_t(count) == PyTuple_GET_SIZE(attrs_in_order)) {
+              if (PyDict_SetItem(self->seq_order, key.get(), attrs_in_order) < 0) return nullptr;
+              done = true;
+            }
+          }
+        }
+        Ref bits;
+        if (!done && count != nullptr) {  // a learnt order for this pattern of saves, that moves none
+          bits = Ref(absent_bits(node));
+          Ref okey(bits ? PyTuple_Pack(3, pytype, count, bits.get()) : nullptr);
+          if (!okey) return nullptr;
+          PyObject* rule = PyDict_GetItemWithError(orders, okey.get());
+          if (rule == nullptr && PyErr_Occurred()) return nullptr;
+          if (rule != nullptr && PyTuple_GET_SIZE(PyTuple_GET_ITEM(rule, 1)) == 0) {
+            if (PyDict_SetItem(self->seq_order, key.get(), PyTuple_GET_ITEM(rule, 0)) < 0) return nullptr;
+            done = true;
+          }
+        }
+        if (!done) {
+          int later = count != nullptr ? 1 : PyObject_RichCompareBool(key.get(), seq0, Py_GE);
+          if (later < 0) return nullptr;
+          if (later) {
+            if (fn == nullptr && (fn = walk.object(node)) == nullptr) return nullptr;
+            if (!bits && !(bits = Ref(absent_bits(node)))) return nullptr;
+            Ref r(PyObject_CallFunctionObjArgs(self->name_node, fn, key.get(), attrs, bits.get(),
+                                               count != nullptr ? Py_True : Py_False, nullptr));
+            if (!r) return nullptr;
+          }
+        }
+      }
+      if (hooking && (hook_all || is_custom)) {
+        if (fn == nullptr && (fn = walk.object(node)) == nullptr) return nullptr;
+        Ref r(PyObject_CallFunctionObjArgs(self->hook, fn, i.get(), name, hook_all ? Py_True : Py_False,
+                                           nullptr));
+        if (!r) return nullptr;
+      }
+    } else {  // AccumulateGrad: the leaf names it
+      if (fn == nullptr && (fn = walk.object(node)) == nullptr) return nullptr;
+      Ref r(PyObject_CallFunctionObjArgs(self->leaf_row, fn, i.get(), key.get(), name, custom,
+                                         hooking ? Py_True : Py_False, hook_all ? Py_True : Py_False,
+                                         nullptr));
+      if (!r) return nullptr;
+    }
+  }
+  return PyTuple_Pack(2, acc_edges.get(), acc_known.get());
+}
+
+// The nodes a create_graph pass may run (the walk stops at ``stop`` keys) that have an index, no
+// hook yet and no save of ours (see record._hook_for_pass), each handed to ``visit(walk, node,
+// index)`` (false: a Python error is set). False when a root is not a node this file reads.
+template <class Visit>
+bool walk_pass(Walker* self, Walk& walk, PyObject* stop, Visit&& visit) {
+  Ref seen(PySet_New(nullptr));
+  if (!seen) return false;
+  while (!walk.stack.empty()) {
+    NodePtr node = std::move(walk.stack.back().first);
+    Ref key(walk.stack.back().second);
+    walk.stack.pop_back();
+    int skip = PySet_Contains(seen.get(), key.get());
+    if (skip == 0) skip = PySet_Contains(stop, key.get());
+    if (skip < 0) return false;
+    if (skip) continue;
+    if (PySet_Add(seen.get(), key.get()) < 0) return false;
+    walk.held.push_back(node);
+    PyObject* i = PyDict_GetItemWithError(self->index, key.get());
+    if (i == nullptr && PyErr_Occurred()) return false;
+    if (i != nullptr) {
+      int has = PySet_Contains(self->hooked, i);
+      if (has == 0) has = PyDict_Contains(self->leaf_hooks, i);
+      if (has == 0) has = PyDict_Contains(self->packed, key.get());
+      if (has < 0) return false;
+      if (!has && !visit(walk, node, i)) return false;
+    }
+    for (const auto& e : node->next_edges()) {
+      if (!e.function) continue;
+      Ref k(walk.key(e.function));
+      if (!k) return false;
+      int in_seen = PySet_Contains(seen.get(), k.get());
+      if (in_seen < 0) return false;
+      if (!in_seen) walk.stack.emplace_back(e.function, k.release());
+    }
+  }
+  return true;
+}
+
+// unhooked(roots, keys, stop) -> [(fn, index)]: those nodes, for Python pre hooks; or
+// NotImplemented as discover.
+PyObject* walker_unhooked(Walker* self, PyObject* args) {
+  PyObject *roots, *keys, *stop;
+  if (!PyArg_ParseTuple(args, "OOO!", &roots, &keys, &PySet_Type, &stop)) return nullptr;
+  if (!roots_args(roots, keys)) return nullptr;
+  Walk walk(self);
+  if (!walk.objects) return nullptr;
+  if (!walk.push_roots(roots, keys)) Py_RETURN_NOTIMPLEMENTED;
+  Ref out(PyList_New(0));
+  if (!out) return nullptr;
+  bool ok = walk_pass(self, walk, stop, [&](Walk& w, const NodePtr& node, PyObject* i) {
+    PyObject* fn = w.object(node);
+    if (fn == nullptr) return false;
+    Ref pair(PyTuple_Pack(2, fn, i));
+    return pair && PyList_Append(out.get(), pair.get()) == 0;
+  });
+  return ok ? out.release() : nullptr;
+}
+
+// hook_pass(roots, keys, stop, state, events) -> PassHooks: those nodes get the compiled pre hook
+// (see NOTE [ compiled pass hooks ]); or NotImplemented as discover.
+PyObject* walker_hook_pass(Walker* self, PyObject* args) {
+  PyObject *roots, *keys, *stop, *state, *events;
+  if (!PyArg_ParseTuple(args, "OOO!OO!", &roots, &keys, &PySet_Type, &stop, &state, &PyList_Type, &events))
+    return nullptr;
+  if (!roots_args(roots, keys)) return nullptr;
+  if (!PyObject_TypeCheck(state, gradscope_native::state_type())) {
+    PyErr_SetString(PyExc_TypeError, "gradscope: hook_pass needs the hooks' State");
+    return nullptr;
+  }
+  Walk walk(self);
+  if (!walk.objects) return nullptr;
+  if (!walk.push_roots(roots, keys)) Py_RETURN_NOTIMPLEMENTED;
+  Ref made(PyType_GenericNew(&PassHooksType, nullptr, nullptr));
+  if (!made) return nullptr;
+  auto* hooks = reinterpret_cast<PassHooks*>(made.get());
+  Py_INCREF(state);
+  Py_INCREF(events);
+  hooks->state = state;
+  hooks->events = events;
+  hooks->ctx = new std::shared_ptr<PassContext>(std::make_shared<PassContext>());
+  (*hooks->ctx)->state = reinterpret_cast<gradscope_native::State*>(state);
+  (*hooks->ctx)->events = events;
+  hooks->added = new std::vector<std::pair<WeakNode, PassPre*>>();
+  bool ok = walk_pass(self, walk, stop, [&](Walk&, const NodePtr& node, PyObject* i) {
+    long long index = PyLong_AsLongLong(i);
+    if (index == -1 && PyErr_Occurred()) return false;
+    auto hook = std::make_unique<PassPre>(*hooks->ctx, index);
+    PassPre* raw = hook.get();
+    hooks->added->emplace_back(WeakNode(node), raw);
+    node->add_pre_hook(std::move(hook));
+    return true;
+  });
+  return ok ? made.release() : nullptr;
+}
+
+PyMethodDef walker_methods[] = {
+    {"discover", reinterpret_cast<PyCFunction>(walker_discover), METH_VARARGS,
+     "Walk from roots through nodes not walked before, appending their rows (record._discover)."},
+    {"unhooked", reinterpret_cast<PyCFunction>(walker_unhooked), METH_VARARGS,
+     "The nodes a create_graph pass may run that need a pre hook for it (record._hook_for_pass)."},
+    {"hook_pass", reinterpret_cast<PyCFunction>(walker_hook_pass), METH_VARARGS,
+     "Those nodes, given the compiled pre hook until the result's remove()."},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyTypeObject WalkerType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+}  // namespace
+
+int gradscope_add_walker(PyObject* module) {
+  WalkerType.tp_name = "gradscope._native._hooks.Walker";
+  WalkerType.tp_basicsize = sizeof(Walker);
+  WalkerType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC;
+  WalkerType.tp_methods = walker_methods;
+  WalkerType.tp_traverse = reinterpret_cast<traverseproc>(walker_traverse);
+  WalkerType.tp_clear = reinterpret_cast<inquiry>(walker_clear);
+  WalkerType.tp_dealloc = reinterpret_cast<destructor>(walker_dealloc);
+  WalkerType.tp_init = reinterpret_cast<initproc>(walker_init);
+  WalkerType.tp_new = PyType_GenericNew;
+  PassHooksType.tp_name = "gradscope._native._hooks.PassHooks";
+  PassHooksType.tp_basicsize = sizeof(PassHooks);
+  PassHooksType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC;
+  PassHooksType.tp_methods = pass_methods;
+  PassHooksType.tp_traverse = reinterpret_cast<traverseproc>(pass_traverse);
+  PassHooksType.tp_clear = reinterpret_cast<inquiry>(pass_clear);
+  PassHooksType.tp_dealloc = reinterpret_cast<destructor>(pass_dealloc);
+  if (PyType_Ready(&WalkerType) < 0 || PyType_Ready(&PassHooksType) < 0) return -1;
+  Py_INCREF(&WalkerType);
+  if (PyModule_AddObject(module, "Walker", reinterpret_cast<PyObject*>(&WalkerType)) < 0) {
+    Py_DECREF(&WalkerType);
+    return -1;
+  }
+  return 0;
+}
