@@ -419,8 +419,14 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         hooks = saved_tensors_hooks(self._pack, self._unpack)
         hooks.__enter__()
         self._undo.append(lambda: hooks.__exit__(None, None, None))
-        self._handles.append(nn.modules.module.register_module_forward_pre_hook(self._mod_pre))
-        self._handles.append(nn.modules.module.register_module_forward_hook(self._mod_post))
+        mod_pre, mod_post = self._mod_pre, self._mod_post
+        if self._native is not None and (src is None or not src.marks_calls):  # NOTE [ compiled module hooks ]
+            st, tr = self._state, self._trace
+            compiled = self._native.ModHooks(st, tr.calls, tr.module_paths, self._root_of, self._roots,
+                                             _compat.is_compiling, self._internal, self._tid)
+            mod_pre, mod_post = compiled.pre, compiled.post
+        self._handles.append(nn.modules.module.register_module_forward_pre_hook(mod_pre))
+        self._handles.append(nn.modules.module.register_module_forward_hook(mod_post))
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
         self._handles.append(register_optimizer_step_pre_hook(self._opt_pre))

@@ -169,9 +169,11 @@ def _capture(step: Callable[[], None], memory: str) -> dict[str, Any]:
         rows.append(tuple(r))
     events = [(e[0], e[1], e[3] if e[0] == 3 else None) for e in trace.events]  # kind, ident, save freed by
     graph = _graph_rows(trace)
+    calls = [(c[0], c[1], c[2] - trace.seq0, c[3] - trace.seq0, c[4] <= c[5], *c[6:]) for c in trace.calls]
     r = rec.recording
     return {
         "rows": rows, "events": events, "notes": sorted(r.notes), "graph": graph,
+        "calls": calls, "roots": trace.roots, "modules": [n.module for n in r.nodes],
         "nodes": [n.name for n in r.nodes],
         "saved": [(r.nodes[s.node].name, s.attribute, s.shape, s.bytes,
                    None if s.freed_at_step is None else r.steps[s.freed_at_step].node) for s in r.saved],
@@ -235,6 +237,44 @@ def test_compiled_walk_learns_as_the_python_walk_in_a_fresh_process(name: str, m
     with monkeypatch.context() as m:
         m.setattr(_native, "hooks", lambda: None)
         python = twice()
+    assert compiled == python
+
+
+class _Raises(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.inner(x)
+        raise ValueError("a user's module failing mid-forward")
+
+
+def test_compiled_module_hooks_write_the_python_hooks_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTE [ compiled module hooks ]: nested modules, a module called twice, one that raises inside
+    a parent's forward (its calls are closed, the stack left clean), the graph roots outputs give:
+    the same call rows, root modules and node attribution as the Python hooks."""
+    torch.manual_seed(0)
+    block = nn.Sequential(nn.Linear(4, 4), nn.Tanh())
+    model = nn.Sequential(block, nn.Linear(4, 4), block)
+    failing = nn.Sequential(nn.Linear(4, 4), _Raises())
+    x = torch.randn(3, 4)
+    used: list[str] = []
+
+    def step() -> None:
+        used.append(type(list(nn.modules.module._global_forward_pre_hooks.values())[-1]).__name__)
+        out = model(x)
+        with pytest.raises(ValueError, match="mid-forward"):
+            failing(x)
+        (out.sum() + model(x).pow(2).sum()).backward()
+
+    compiled = _capture(step, "off")
+    with monkeypatch.context() as m:
+        m.setattr(_native, "hooks", lambda: None)
+        python = _capture(step, "off")
+    assert used == ["builtin_function_or_method", "method"]  # the compiled pair, then the Python one
+    # two calls of model (itself, block twice with its two layers, the middle layer), one of failing (4)
+    assert len(compiled["calls"]) == 2 * 8 + 4 and [r[0] for r in compiled["roots"]] == ["Sequential"] * 2
     assert compiled == python
 
 

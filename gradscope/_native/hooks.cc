@@ -386,6 +386,248 @@ PyMethodDef hooks_methods[] = {
 
 PyTypeObject HooksType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
+// ------------------------------------------------------------------ module hooks
+// NOTE [ compiled module hooks ]: record._mod_pre and record._mod_post, for a block whose memory
+// source does not mark module calls (memory="off", or a source that reads no call): a call's row
+// and the module stack in the hooks' state, the graph roots a module's output gives, as the Python
+// pair makes them. A module seen first as the stack's bottom is handed to the recorder's _root_of
+// (Python: it names the module's parameters). An error in either is handed to the recorder's
+// _internal, as the Python pair does.
+struct ModHooks {
+  PyObject_HEAD
+  State* state;
+  PyObject* calls;         // list of call rows (gradscope._trace)
+  PyObject* module_paths;  // list, per root module: dict id(module) -> its path
+  PyObject* root_of;       // callable(module) -> the root's index
+  PyObject* roots;         // list of weak references to results that may root a graph
+  PyObject* is_compiling;  // callable() -> whether a compiler is tracing
+  PyObject* internal;      // callable(exception)
+  unsigned long tid;
+};
+
+int mod_traverse(ModHooks* self, visitproc visit, void* arg) {
+  Py_VISIT(reinterpret_cast<PyObject*>(self->state));
+  Py_VISIT(self->calls);
+  Py_VISIT(self->module_paths);
+  Py_VISIT(self->root_of);
+  Py_VISIT(self->roots);
+  Py_VISIT(self->is_compiling);
+  Py_VISIT(self->internal);
+  return 0;
+}
+
+int mod_clear(ModHooks* self) {
+  Py_CLEAR(self->state);
+  Py_CLEAR(self->calls);
+  Py_CLEAR(self->module_paths);
+  Py_CLEAR(self->root_of);
+  Py_CLEAR(self->roots);
+  Py_CLEAR(self->is_compiling);
+  Py_CLEAR(self->internal);
+  return 0;
+}
+
+void mod_dealloc(ModHooks* self) {
+  PyObject_GC_UnTrack(self);
+  mod_clear(self);
+  Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
+}
+
+int mod_init(ModHooks* self, PyObject* args, PyObject*) {
+  PyObject *state, *calls, *paths, *root_of, *roots, *is_compiling, *internal;
+  unsigned long tid;
+  if (!PyArg_ParseTuple(args, "O!O!O!OO!OOk", &StateType, &state, &PyList_Type, &calls, &PyList_Type, &paths,
+                        &root_of, &PyList_Type, &roots, &is_compiling, &internal, &tid))
+    return -1;
+  PyObject* in[] = {state, calls, paths, root_of, roots, is_compiling, internal};
+  for (PyObject* o : in) Py_INCREF(o);
+  mod_clear(self);
+  self->state = reinterpret_cast<State*>(state);
+  self->calls = calls, self->module_paths = paths, self->root_of = root_of, self->roots = roots;
+  self->is_compiling = is_compiling, self->internal = internal, self->tid = tid;
+  return 0;
+}
+
+// 1: the hook runs; 0: not this block's (another thread, a compiler tracing); -1: an error.
+int mod_applies(ModHooks* self) {
+  if (PyThread_get_thread_ident() != self->tid) return 0;
+  PyObject* r = PyObject_CallNoArgs(self->is_compiling);
+  if (r == nullptr) return -1;
+  int compiling = PyObject_IsTrue(r);
+  Py_DECREF(r);
+  return compiling < 0 ? -1 : !compiling;
+}
+
+// An error inside a hook: to the recorder's _internal (it re-raises a budget's error).
+PyObject* mod_failed(ModHooks* self) {
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  PyErr_NormalizeException(&type, &value, &tb);
+  if (tb != nullptr) PyException_SetTraceback(value, tb);
+  PyObject* r = PyObject_CallOneArg(self->internal, value != nullptr ? value : Py_None);
+  Py_XDECREF(type);
+  Py_XDECREF(value);
+  Py_XDECREF(tb);
+  if (r == nullptr) return nullptr;
+  Py_DECREF(r);
+  Py_RETURN_NONE;
+}
+
+PyObject* class_name(PyObject* obj) { return PyObject_GetAttrString(reinterpret_cast<PyObject*>(Py_TYPE(obj)), "__name__"); }
+
+PyObject* seq_now() { return PyLong_FromUnsignedLongLong(static_cast<unsigned long long>(at::sequence_number::peek())); }
+
+PyObject* mod_pre(ModHooks* self, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs < 1) {
+    PyErr_SetString(PyExc_TypeError, "gradscope: a module pre hook takes (module, args)");
+    return nullptr;
+  }
+  int applies = mod_applies(self);
+  if (applies <= 0) {
+    if (applies < 0) return mod_failed(self);
+    Py_RETURN_NONE;
+  }
+  PyObject* module = args[0];
+  PyObject* stack = self->state->stack;
+  if (stack == nullptr || !PyList_Check(stack)) {
+    PyErr_SetString(PyExc_TypeError, "gradscope: the module stack is a list");
+    return mod_failed(self);
+  }
+  PyObject *root = nullptr, *parent_rel = nullptr;  // new references
+  Py_ssize_t depth = PyList_GET_SIZE(stack);
+  if (depth > 0) {
+    PyObject* parent = PySequence_GetItem(PyList_GET_ITEM(stack, depth - 1), 1);
+    if (parent == nullptr) return mod_failed(self);
+    root = PySequence_GetItem(parent, 0);
+    parent_rel = root == nullptr ? nullptr : PySequence_GetItem(parent, 1);
+    Py_DECREF(parent);
+    if (parent_rel == nullptr) {
+      Py_XDECREF(root);
+      return mod_failed(self);
+    }
+  } else {
+    root = PyObject_CallOneArg(self->root_of, module);
+    if (root == nullptr) return mod_failed(self);
+    Py_INCREF(Py_None);
+    parent_rel = Py_None;
+  }
+  PyObject *paths = nullptr, *ident = nullptr, *rel = nullptr, *cls = nullptr, *call = nullptr, *entry = nullptr;
+  bool ok = false;
+  do {
+    paths = PyObject_GetItem(self->module_paths, root);
+    if (paths == nullptr) break;
+    ident = PyLong_FromVoidPtr(module);
+    if (ident == nullptr) break;
+    rel = PyObject_GetItem(paths, ident);
+    if (rel == nullptr) {
+      if (!PyErr_ExceptionMatches(PyExc_KeyError)) break;
+      PyErr_Clear();
+    } else if (rel == Py_None) {
+      Py_CLEAR(rel);
+    }
+    cls = class_name(module);
+    if (cls == nullptr) break;
+    if (rel == nullptr) {
+      int plain = parent_rel == Py_None;
+      if (!plain) {
+        plain = PyUnicode_Check(parent_rel) && PyUnicode_GET_LENGTH(parent_rel) == 0;
+      }
+      if (plain) {
+        Py_INCREF(cls);
+        rel = cls;
+      } else {
+        rel = PyUnicode_FromFormat("%S.%U", parent_rel, cls);
+        if (rel == nullptr) break;
+      }
+    }
+    Py_ssize_t idx = PyList_GET_SIZE(self->calls);
+    call = Py_BuildValue("[OONiLiNO]", root, rel, seq_now(), -1, time_ns(), 0, PyLong_FromSsize_t(idx), cls);
+    if (call == nullptr || PyList_Append(self->calls, call) < 0) break;
+    entry = PyTuple_Pack(3, module, call, Py_None);
+    if (entry == nullptr || PyList_Append(stack, entry) < 0) break;
+    ok = true;
+  } while (false);
+  Py_XDECREF(root);
+  Py_XDECREF(parent_rel);
+  Py_XDECREF(paths);
+  Py_XDECREF(ident);
+  Py_XDECREF(rel);
+  Py_XDECREF(cls);
+  Py_XDECREF(call);
+  Py_XDECREF(entry);
+  if (!ok) return mod_failed(self);
+  Py_RETURN_NONE;
+}
+
+PyObject* mod_post(ModHooks* self, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs < 3) {
+    PyErr_SetString(PyExc_TypeError, "gradscope: a module hook takes (module, args, output)");
+    return nullptr;
+  }
+  int applies = mod_applies(self);
+  if (applies <= 0) {
+    if (applies < 0) return mod_failed(self);
+    Py_RETURN_NONE;
+  }
+  PyObject* module = args[0];
+  PyObject* output = args[2];
+  PyObject* stack = self->state->stack;
+  if (stack == nullptr || !PyList_Check(stack)) {
+    PyErr_SetString(PyExc_TypeError, "gradscope: the module stack is a list");
+    return mod_failed(self);
+  }
+  while (PyList_GET_SIZE(stack) > 0) {
+    Py_ssize_t last = PyList_GET_SIZE(stack) - 1;
+    PyObject* entry = PyList_GET_ITEM(stack, last);
+    Py_INCREF(entry);
+    if (PyList_SetSlice(stack, last, last + 1, nullptr) < 0) {
+      Py_DECREF(entry);
+      return mod_failed(self);
+    }
+    PyObject* m = PySequence_GetItem(entry, 0);
+    PyObject* call = m == nullptr ? nullptr : PySequence_GetItem(entry, 1);
+    Py_DECREF(entry);
+    if (call == nullptr) {
+      Py_XDECREF(m);
+      return mod_failed(self);
+    }
+    // the row's seq1 and t1 (gradscope._trace C_SEQ1, C_T1)
+    bool failed = !PyList_Check(call) || PyList_GET_SIZE(call) < 6;
+    if (failed) PyErr_SetString(PyExc_TypeError, "gradscope: a module call's row is a list");
+    PyObject* seq = failed ? nullptr : seq_now();
+    PyObject* t1 = seq == nullptr ? nullptr : PyLong_FromLongLong(time_ns());
+    if (t1 == nullptr) {
+      Py_XDECREF(seq);
+      failed = true;
+    } else {
+      PyList_SetItem(call, 3, seq);  // steals
+      PyList_SetItem(call, 5, t1);
+    }
+    Py_DECREF(call);
+    bool done = m == module;
+    Py_DECREF(m);
+    if (failed) return mod_failed(self);
+    if (done) break;
+  }
+  // plain tensors only: a compiler tracing the module (fake tensors) makes no graph of ours
+  if (THPVariable_CheckExact(output) && THPVariable_Unpack(output).grad_fn()) {
+    PyObject* ref = PyWeakref_NewRef(output, nullptr);
+    if (ref == nullptr || PyList_Append(self->roots, ref) < 0) {
+      Py_XDECREF(ref);
+      return mod_failed(self);
+    }
+    Py_DECREF(ref);
+  }
+  Py_RETURN_NONE;
+}
+
+PyMethodDef mod_methods[] = {
+    {"pre", reinterpret_cast<PyCFunction>(mod_pre), METH_FASTCALL, "The global module forward pre hook."},
+    {"post", reinterpret_cast<PyCFunction>(mod_post), METH_FASTCALL, "The global module forward hook."},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyTypeObject ModHooksType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
 PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_hooks", "gradscope's compiled saved-tensor hooks.", -1,
                           nullptr};
 
@@ -411,13 +653,25 @@ PyMODINIT_FUNC PyInit__hooks(void) {
   HooksType.tp_dealloc = reinterpret_cast<destructor>(hooks_dealloc);
   HooksType.tp_init = reinterpret_cast<initproc>(hooks_init);
   HooksType.tp_new = PyType_GenericNew;
-  if (PyType_Ready(&StateType) < 0 || PyType_Ready(&HooksType) < 0) return nullptr;
+  ModHooksType.tp_name = "gradscope._native._hooks.ModHooks";
+  ModHooksType.tp_basicsize = sizeof(ModHooks);
+  ModHooksType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC;
+  ModHooksType.tp_methods = mod_methods;
+  ModHooksType.tp_traverse = reinterpret_cast<traverseproc>(mod_traverse);
+  ModHooksType.tp_clear = reinterpret_cast<inquiry>(mod_clear);
+  ModHooksType.tp_dealloc = reinterpret_cast<destructor>(mod_dealloc);
+  ModHooksType.tp_init = reinterpret_cast<initproc>(mod_init);
+  ModHooksType.tp_new = PyType_GenericNew;
+  if (PyType_Ready(&StateType) < 0 || PyType_Ready(&HooksType) < 0 || PyType_Ready(&ModHooksType) < 0)
+    return nullptr;
   PyObject* m = PyModule_Create(&module_def);
   if (m == nullptr) return nullptr;
   Py_INCREF(&StateType);
   Py_INCREF(&HooksType);
+  Py_INCREF(&ModHooksType);
   if (PyModule_AddObject(m, "State", reinterpret_cast<PyObject*>(&StateType)) < 0 ||
-      PyModule_AddObject(m, "Hooks", reinterpret_cast<PyObject*>(&HooksType)) < 0 || gradscope_add_walker(m) < 0) {
+      PyModule_AddObject(m, "Hooks", reinterpret_cast<PyObject*>(&HooksType)) < 0 ||
+      PyModule_AddObject(m, "ModHooks", reinterpret_cast<PyObject*>(&ModHooksType)) < 0 || gradscope_add_walker(m) < 0) {
     Py_DECREF(m);
     return nullptr;
   }
