@@ -10,8 +10,8 @@ of interleaved runs (drift hits every variant alike). The block is what is timed
 runs on the first look at the recording, as PyTorch's profiler parses its events on first use,
 so the same ratios with that first look included (``rec.recording``; ``prof.events()``) are
 printed beside them, ``memory="off"`` against a pack hook that detaches what it keeps (see
-_detaching_hook), and ``memory="off"`` recorded by gradscope's Python hooks instead of its compiled
-ones (see _python_hooks).
+_detaching_hook), and ``memory="off"`` recorded by gradscope's Python hooks and walk instead of its
+compiled ones (see _python_hooks).
 
     python benchmarks/bench_small_ops.py [--repeats 9] [--clock cpu|wall] [--only tanh,lstm]
 """
@@ -133,7 +133,7 @@ def _recorded(memory: str, look: bool = False) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _python_hooks() -> Iterator[None]:
-    """``memory="off"`` recorded by the Python pair of hooks, as where no compiler is (see NOTE
+    """``memory="off"`` recorded by the Python hooks and walk, as where no compiler is (see NOTE
     [ compiled hooks ] in gradscope._native): printed beside the targets, not part of them."""
     from gradscope import _native
 
