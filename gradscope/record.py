@@ -1209,8 +1209,8 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
     def _hook_for_pass(self, roots: list[Any], keys: list[Any], stop: set[Any], into: list[Any]) -> None:
         """Pre hooks for one create_graph pass on every node it may run that has none yet and
         unpacks none of our saves (a node's first unpack reads the counter as a pre hook would:
-        see NOTE [ how steps are seen ]); the walk stops at ``inputs=`` nodes, which the engine
-        does not run past."""
+        see NOTE [ how steps are seen ]); the walk starts at ``roots`` (their ``keys``) and stops at
+        ``stop``, the keys of the ``inputs=`` nodes, which the engine does not run past."""
 
         index = self._trace.node_index
         names = self._trace.nodes
