@@ -424,7 +424,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
             st, tr = self._state, self._trace
             compiled = self._native.ModHooks(st, tr.calls, tr.module_paths, self._root_of, self._roots,
                                              _compat.is_compiling, self._internal, self._tid)
-            mod_pre, mod_post = compiled.pre, compiled.post
+            mod_pre, mod_post = _outside_compilers(compiled.pre), _outside_compilers(compiled.post)
         self._handles.append(nn.modules.module.register_module_forward_pre_hook(mod_pre))
         self._handles.append(nn.modules.module.register_module_forward_hook(mod_post))
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
@@ -1422,6 +1422,19 @@ def _type_info(fn: Any) -> tuple[str, tuple[tuple[str, str], ...], bool, str | N
     if node_name(fn) == type(fn).__name__:  # one class, one node kind: safe to remember
         _TYPES[type(fn)] = info
     return info
+
+
+def _outside_compilers(hook: Callable[..., None]) -> Callable[..., None]:
+    """A compiled module hook behind a Python test of ``is_compiling``: a compiler tracing a module
+    reads the test as true and skips the call (a compiled hook it cannot trace would break its
+    graph: torch 2.6 then ran the module eagerly). See NOTE [ hooks inside compiled modules ]."""
+    compiling = _compat.is_compiling
+
+    def call(*args: Any) -> None:
+        if not compiling():
+            hook(*args)
+
+    return call
 
 
 def _internal_failure(e: BaseException) -> GradscopeError:
