@@ -42,9 +42,14 @@ def node_key(fn: Any) -> Hashable:
     if seq != ACC_SEQ:
         return seq
     try:
-        return ("acc", id(fn.variable))
+        return _leaf_key(fn.variable)
     except (AttributeError, RuntimeError):
         return ("obj", id(fn))
+
+
+def _leaf_key(leaf: torch.Tensor) -> Hashable:
+    """An AccumulateGrad node's key, named by its leaf tensor (see NOTE [ node identity ])."""
+    return ("acc", id(leaf))
 
 
 _NAMES: dict[type, str] = {}
@@ -89,7 +94,7 @@ def keys_of(values: Iterable[Any]) -> list[Hashable]:
         except (RuntimeError, AttributeError):  # a wrapped tensor (torch.func): as roots_of reads it
             leaf = False
         if leaf:
-            out.append(("acc", id(t)))  # what node_key reads from the leaf's node (its .variable is t)
+            out.append(_leaf_key(t))  # the leaf's node's .variable is t
         else:
             out += [node_key(r) for r in roots_of((t,))]
     return out

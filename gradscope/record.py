@@ -423,7 +423,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         if self._native is not None and (src is None or not src.marks_calls):  # NOTE [ compiled module hooks ]
             st, tr = self._state, self._trace
             compiled = self._native.ModHooks(st, tr.calls, tr.module_paths, self._root_of, self._roots,
-                                             _compat.is_compiling, self._internal, self._tid)
+                                             self._internal, self._tid)
             mod_pre, mod_post = _outside_compilers(compiled.pre), _outside_compilers(compiled.post)
         self._handles.append(nn.modules.module.register_module_forward_pre_hook(mod_pre))
         self._handles.append(nn.modules.module.register_module_forward_hook(mod_post))

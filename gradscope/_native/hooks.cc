@@ -92,39 +92,8 @@ struct Hooks {
   int need_time;
 };
 
-int hooks_traverse(Hooks* self, visitproc visit, void* arg) {
-  Py_VISIT(self->saves);
-  Py_VISIT(self->versions);
-  Py_VISIT(self->info);
-  Py_VISIT(self->weak);
-  Py_VISIT(self->events);
-  Py_VISIT(self->pending);
-  Py_VISIT(reinterpret_cast<PyObject*>(self->state));
-  Py_VISIT(self->fallback);
-  Py_VISIT(self->check_frees);
-  Py_VISIT(self->inplace_error);
-  return 0;
-}
-
-int hooks_clear(Hooks* self) {
-  Py_CLEAR(self->saves);
-  Py_CLEAR(self->versions);
-  Py_CLEAR(self->info);
-  Py_CLEAR(self->weak);
-  Py_CLEAR(self->events);
-  Py_CLEAR(self->pending);
-  Py_CLEAR(self->state);
-  Py_CLEAR(self->fallback);
-  Py_CLEAR(self->check_frees);
-  Py_CLEAR(self->inplace_error);
-  return 0;
-}
-
-void hooks_dealloc(Hooks* self) {
-  PyObject_GC_UnTrack(self);
-  hooks_clear(self);
-  Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
-}
+using HooksRefs = gradscope_native::OwnedRefs<Hooks, 10, &Hooks::saves>;  // saves .. inplace_error
+static_assert(offsetof(Hooks, inplace_error) == offsetof(Hooks, saves) + 9 * sizeof(PyObject*));
 
 int hooks_init(Hooks* self, PyObject* args, PyObject* kwds) {
   PyObject *saves, *versions, *info, *weak, *events, *pending, *state, *fallback, *check_frees, *inplace_error;
@@ -392,7 +361,9 @@ PyTypeObject HooksType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 // and the module stack in the hooks' state, the graph roots a module's output gives, as the Python
 // pair makes them. A module seen first as the stack's bottom is handed to the recorder's _root_of
 // (Python: it names the module's parameters). An error in either is handed to the recorder's
-// _internal, as the Python pair does.
+// _internal, as the Python pair does. A call from another thread is not the block's; a compiler
+// tracing a module never gets here (record._outside_compilers tests that in Python, where the
+// compiler reads the test).
 struct ModHooks {
   PyObject_HEAD
   State* state;
@@ -400,62 +371,26 @@ struct ModHooks {
   PyObject* module_paths;  // list, per root module: dict id(module) -> its path
   PyObject* root_of;       // callable(module) -> the root's index
   PyObject* roots;         // list of weak references to results that may root a graph
-  PyObject* is_compiling;  // callable() -> whether a compiler is tracing
   PyObject* internal;      // callable(exception)
   unsigned long tid;
 };
 
-int mod_traverse(ModHooks* self, visitproc visit, void* arg) {
-  Py_VISIT(reinterpret_cast<PyObject*>(self->state));
-  Py_VISIT(self->calls);
-  Py_VISIT(self->module_paths);
-  Py_VISIT(self->root_of);
-  Py_VISIT(self->roots);
-  Py_VISIT(self->is_compiling);
-  Py_VISIT(self->internal);
-  return 0;
-}
-
-int mod_clear(ModHooks* self) {
-  Py_CLEAR(self->state);
-  Py_CLEAR(self->calls);
-  Py_CLEAR(self->module_paths);
-  Py_CLEAR(self->root_of);
-  Py_CLEAR(self->roots);
-  Py_CLEAR(self->is_compiling);
-  Py_CLEAR(self->internal);
-  return 0;
-}
-
-void mod_dealloc(ModHooks* self) {
-  PyObject_GC_UnTrack(self);
-  mod_clear(self);
-  Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
-}
+using ModRefs = gradscope_native::OwnedRefs<ModHooks, 6, &ModHooks::state>;  // state .. internal
+static_assert(offsetof(ModHooks, internal) == offsetof(ModHooks, state) + 5 * sizeof(PyObject*));
 
 int mod_init(ModHooks* self, PyObject* args, PyObject*) {
-  PyObject *state, *calls, *paths, *root_of, *roots, *is_compiling, *internal;
+  PyObject *state, *calls, *paths, *root_of, *roots, *internal;
   unsigned long tid;
-  if (!PyArg_ParseTuple(args, "O!O!O!OO!OOk", &StateType, &state, &PyList_Type, &calls, &PyList_Type, &paths,
-                        &root_of, &PyList_Type, &roots, &is_compiling, &internal, &tid))
+  if (!PyArg_ParseTuple(args, "O!O!O!OO!Ok", &StateType, &state, &PyList_Type, &calls, &PyList_Type, &paths,
+                        &root_of, &PyList_Type, &roots, &internal, &tid))
     return -1;
-  PyObject* in[] = {state, calls, paths, root_of, roots, is_compiling, internal};
+  PyObject* in[] = {state, calls, paths, root_of, roots, internal};
   for (PyObject* o : in) Py_INCREF(o);
-  mod_clear(self);
+  ModRefs::clear(self);
   self->state = reinterpret_cast<State*>(state);
   self->calls = calls, self->module_paths = paths, self->root_of = root_of, self->roots = roots;
-  self->is_compiling = is_compiling, self->internal = internal, self->tid = tid;
+  self->internal = internal, self->tid = tid;
   return 0;
-}
-
-// 1: the hook runs; 0: not this block's (another thread, a compiler tracing); -1: an error.
-int mod_applies(ModHooks* self) {
-  if (PyThread_get_thread_ident() != self->tid) return 0;
-  PyObject* r = PyObject_CallNoArgs(self->is_compiling);
-  if (r == nullptr) return -1;
-  int compiling = PyObject_IsTrue(r);
-  Py_DECREF(r);
-  return compiling < 0 ? -1 : !compiling;
 }
 
 // An error inside a hook: to the recorder's _internal (it re-raises a budget's error).
@@ -482,11 +417,7 @@ PyObject* mod_pre(ModHooks* self, PyObject* const* args, Py_ssize_t nargs) {
     PyErr_SetString(PyExc_TypeError, "gradscope: a module pre hook takes (module, args)");
     return nullptr;
   }
-  int applies = mod_applies(self);
-  if (applies <= 0) {
-    if (applies < 0) return mod_failed(self);
-    Py_RETURN_NONE;
-  }
+  if (PyThread_get_thread_ident() != self->tid) Py_RETURN_NONE;
   PyObject* module = args[0];
   PyObject* stack = self->state->stack;
   if (stack == nullptr || !PyList_Check(stack)) {
@@ -564,11 +495,7 @@ PyObject* mod_post(ModHooks* self, PyObject* const* args, Py_ssize_t nargs) {
     PyErr_SetString(PyExc_TypeError, "gradscope: a module hook takes (module, args, output)");
     return nullptr;
   }
-  int applies = mod_applies(self);
-  if (applies <= 0) {
-    if (applies < 0) return mod_failed(self);
-    Py_RETURN_NONE;
-  }
+  if (PyThread_get_thread_ident() != self->tid) Py_RETURN_NONE;
   PyObject* module = args[0];
   PyObject* output = args[2];
   PyObject* stack = self->state->stack;
@@ -636,42 +563,21 @@ PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_hooks", "gradscope's compiled
 PyTypeObject* gradscope_native::state_type() { return &StateType; }
 
 PyMODINIT_FUNC PyInit__hooks(void) {
-  StateType.tp_name = "gradscope._native._hooks.State";
-  StateType.tp_basicsize = sizeof(State);
-  StateType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC;
+  using gradscope_native::add_type;
+  using gradscope_native::ready_type;
   StateType.tp_members = state_members;
-  StateType.tp_traverse = reinterpret_cast<traverseproc>(state_traverse);
-  StateType.tp_clear = reinterpret_cast<inquiry>(state_clear);
-  StateType.tp_dealloc = reinterpret_cast<destructor>(state_dealloc);
   StateType.tp_new = PyType_GenericNew;
-  HooksType.tp_name = "gradscope._native._hooks.Hooks";
-  HooksType.tp_basicsize = sizeof(Hooks);
-  HooksType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC;
-  HooksType.tp_methods = hooks_methods;
-  HooksType.tp_traverse = reinterpret_cast<traverseproc>(hooks_traverse);
-  HooksType.tp_clear = reinterpret_cast<inquiry>(hooks_clear);
-  HooksType.tp_dealloc = reinterpret_cast<destructor>(hooks_dealloc);
-  HooksType.tp_init = reinterpret_cast<initproc>(hooks_init);
-  HooksType.tp_new = PyType_GenericNew;
-  ModHooksType.tp_name = "gradscope._native._hooks.ModHooks";
-  ModHooksType.tp_basicsize = sizeof(ModHooks);
-  ModHooksType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC;
-  ModHooksType.tp_methods = mod_methods;
-  ModHooksType.tp_traverse = reinterpret_cast<traverseproc>(mod_traverse);
-  ModHooksType.tp_clear = reinterpret_cast<inquiry>(mod_clear);
-  ModHooksType.tp_dealloc = reinterpret_cast<destructor>(mod_dealloc);
-  ModHooksType.tp_init = reinterpret_cast<initproc>(mod_init);
-  ModHooksType.tp_new = PyType_GenericNew;
-  if (PyType_Ready(&StateType) < 0 || PyType_Ready(&HooksType) < 0 || PyType_Ready(&ModHooksType) < 0)
+  if (ready_type(StateType, "gradscope._native._hooks.State", Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE, nullptr,
+                 state_traverse, state_clear, state_dealloc) < 0 ||
+      ready_type(HooksType, "gradscope._native._hooks.Hooks", Py_TPFLAGS_DEFAULT, hooks_methods,
+                 HooksRefs::traverse, HooksRefs::clear, HooksRefs::dealloc, hooks_init) < 0 ||
+      ready_type(ModHooksType, "gradscope._native._hooks.ModHooks", Py_TPFLAGS_DEFAULT, mod_methods,
+                 ModRefs::traverse, ModRefs::clear, ModRefs::dealloc, mod_init) < 0)
     return nullptr;
   PyObject* m = PyModule_Create(&module_def);
   if (m == nullptr) return nullptr;
-  Py_INCREF(&StateType);
-  Py_INCREF(&HooksType);
-  Py_INCREF(&ModHooksType);
-  if (PyModule_AddObject(m, "State", reinterpret_cast<PyObject*>(&StateType)) < 0 ||
-      PyModule_AddObject(m, "Hooks", reinterpret_cast<PyObject*>(&HooksType)) < 0 ||
-      PyModule_AddObject(m, "ModHooks", reinterpret_cast<PyObject*>(&ModHooksType)) < 0 || gradscope_add_walker(m) < 0) {
+  if (add_type(m, "State", StateType) < 0 || add_type(m, "Hooks", HooksType) < 0 ||
+      add_type(m, "ModHooks", ModHooksType) < 0 || gradscope_add_walker(m) < 0) {
     Py_DECREF(m);
     return nullptr;
   }

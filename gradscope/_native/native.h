@@ -30,6 +30,55 @@ inline long long time_ns() {
 
 constexpr int kEvPre = 1;  // gradscope._trace.EV_PRE
 
+// For a C type whose N fields from ``First`` on are owned references (PyObject*, or a pointer to a
+// Python object's struct): the collector's traverse and clear, and dealloc.
+template <class T, int N, auto First>
+struct OwnedRefs {
+  static PyObject** refs(T* self) { return reinterpret_cast<PyObject**>(&(self->*First)); }
+  static int traverse(T* self, visitproc visit, void* arg) {
+    for (int k = 0; k < N; ++k) Py_VISIT(refs(self)[k]);
+    return 0;
+  }
+  static int clear(T* self) {
+    for (int k = 0; k < N; ++k) Py_CLEAR(refs(self)[k]);
+    return 0;
+  }
+  static void dealloc(T* self) {
+    PyObject_GC_UnTrack(self);
+    clear(self);
+    Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
+  }
+};
+
+// A collected type's slots, then PyType_Ready. ``init`` null: made from C only.
+template <class T>
+int ready_type(PyTypeObject& type, const char* name, unsigned long flags, PyMethodDef* methods,
+               int (*traverse)(T*, visitproc, void*), int (*clear)(T*), void (*dealloc)(T*),
+               int (*init)(T*, PyObject*, PyObject*) = nullptr) {
+  type.tp_name = name;
+  type.tp_basicsize = sizeof(T);
+  type.tp_flags = flags | Py_TPFLAGS_HAVE_GC;
+  type.tp_methods = methods;
+  type.tp_traverse = reinterpret_cast<traverseproc>(traverse);
+  type.tp_clear = reinterpret_cast<inquiry>(clear);
+  type.tp_dealloc = reinterpret_cast<destructor>(dealloc);
+  if (init != nullptr) {
+    type.tp_init = reinterpret_cast<initproc>(init);
+    type.tp_new = PyType_GenericNew;
+  }
+  return PyType_Ready(&type);
+}
+
+// The type as the module's attribute ``name``.
+inline int add_type(PyObject* module, const char* name, PyTypeObject& type) {
+  Py_INCREF(&type);
+  if (PyModule_AddObject(module, name, reinterpret_cast<PyObject*>(&type)) < 0) {
+    Py_DECREF(&type);
+    return -1;
+  }
+  return 0;
+}
+
 // hooks.cc: the State type (for checks in walk.cc).
 PyTypeObject* state_type();
 

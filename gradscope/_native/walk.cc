@@ -231,23 +231,10 @@ struct Walker {
 
 constexpr int kFields = 14;
 
-PyObject** fields(Walker* self) { return &self->index; }
+using WalkerRefs = gradscope_native::OwnedRefs<Walker, kFields, &Walker::index>;
+static_assert(offsetof(Walker, leaf_row) == offsetof(Walker, index) + (kFields - 1) * sizeof(PyObject*));
 
-int walker_traverse(Walker* self, visitproc visit, void* arg) {
-  for (int k = 0; k < kFields; ++k) Py_VISIT(fields(self)[k]);
-  return 0;
-}
-
-int walker_clear(Walker* self) {
-  for (int k = 0; k < kFields; ++k) Py_CLEAR(fields(self)[k]);
-  return 0;
-}
-
-void walker_dealloc(Walker* self) {
-  PyObject_GC_UnTrack(self);
-  walker_clear(self);
-  Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
-}
+PyObject** fields(Walker* self) { return WalkerRefs::refs(self); }
 
 int walker_init(Walker* self, PyObject* args, PyObject* kwds) {
   PyObject* in[kFields];
@@ -620,27 +607,11 @@ PyTypeObject WalkerType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 }  // namespace
 
 int gradscope_add_walker(PyObject* module) {
-  WalkerType.tp_name = "gradscope._native._hooks.Walker";
-  WalkerType.tp_basicsize = sizeof(Walker);
-  WalkerType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC;
-  WalkerType.tp_methods = walker_methods;
-  WalkerType.tp_traverse = reinterpret_cast<traverseproc>(walker_traverse);
-  WalkerType.tp_clear = reinterpret_cast<inquiry>(walker_clear);
-  WalkerType.tp_dealloc = reinterpret_cast<destructor>(walker_dealloc);
-  WalkerType.tp_init = reinterpret_cast<initproc>(walker_init);
-  WalkerType.tp_new = PyType_GenericNew;
-  PassHooksType.tp_name = "gradscope._native._hooks.PassHooks";
-  PassHooksType.tp_basicsize = sizeof(PassHooks);
-  PassHooksType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC;
-  PassHooksType.tp_methods = pass_methods;
-  PassHooksType.tp_traverse = reinterpret_cast<traverseproc>(pass_traverse);
-  PassHooksType.tp_clear = reinterpret_cast<inquiry>(pass_clear);
-  PassHooksType.tp_dealloc = reinterpret_cast<destructor>(pass_dealloc);
-  if (PyType_Ready(&WalkerType) < 0 || PyType_Ready(&PassHooksType) < 0) return -1;
-  Py_INCREF(&WalkerType);
-  if (PyModule_AddObject(module, "Walker", reinterpret_cast<PyObject*>(&WalkerType)) < 0) {
-    Py_DECREF(&WalkerType);
+  using gradscope_native::ready_type;
+  if (ready_type(WalkerType, "gradscope._native._hooks.Walker", Py_TPFLAGS_DEFAULT, walker_methods,
+                 WalkerRefs::traverse, WalkerRefs::clear, WalkerRefs::dealloc, walker_init) < 0 ||
+      ready_type(PassHooksType, "gradscope._native._hooks.PassHooks", Py_TPFLAGS_DEFAULT, pass_methods,
+                 pass_traverse, pass_clear, pass_dealloc) < 0)
     return -1;
-  }
-  return 0;
+  return gradscope_native::add_type(module, "Walker", WalkerType);
 }
