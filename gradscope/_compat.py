@@ -23,7 +23,7 @@ import operator
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -311,11 +311,10 @@ def queue_engine_callback(fn: Callable[[], None]) -> None:
     torch.autograd.Variable._execution_engine.queue_callback(fn)  # type: ignore[attr-defined]
 
 
-@dataclass(frozen=True)
-class EngineCall:
+class EngineCall(NamedTuple):
     """The arguments of one call into the autograd engine, read from ``_engine_run_backward``'s
     positional layout ``(outputs, grad_outputs, retain_graph, create_graph, inputs,
-    allow_unreachable, accumulate_grad)``."""
+    allow_unreachable, accumulate_grad)``. (A named tuple: one is made for every backward.)"""
 
     create_graph: bool
     retain_graph: bool
@@ -324,16 +323,12 @@ class EngineCall:
 
 
 def engine_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> EngineCall:
-    def arg(i: int, name: str, default: Any) -> Any:
-        if len(args) > i:
-            return args[i]
-        return kwargs.get(name, default)
-
-    create = bool(arg(2, "create_graph", False))
-    retain = arg(1, "keep_graph", None)
+    n = len(args)
+    create = bool(args[2] if n > 2 else kwargs.get("create_graph", False))
+    retain = args[1] if n > 1 else kwargs.get("keep_graph", None)
     retain = create if retain is None else bool(retain)
-    inputs = arg(3, "inputs", ()) or ()
-    accumulate = bool(arg(5, "accumulate_grad", True))
+    inputs = (args[3] if n > 3 else kwargs.get("inputs", ())) or ()
+    accumulate = bool(args[5] if n > 5 else kwargs.get("accumulate_grad", True))
     return EngineCall(create, retain, tuple(inputs), accumulate)
 
 

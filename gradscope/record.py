@@ -77,7 +77,7 @@ from gradscope._trace import (
     BackwardRow,
     Trace,
 )
-from gradscope._walk import keys_of, node_key, node_name, roots_of, walk
+from gradscope._walk import _leaf_key, keys_of, node_key, node_name, roots_of, walk
 from gradscope.errors import GradscopeError, MemoryBudgetExceeded
 from gradscope.memory import MemorySource, make_source, parse_size, resolve_memory
 from gradscope.recording import Recording
@@ -411,7 +411,8 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         tr = self._trace
         self._walker = None if self._native is None else self._native.Walker(  # see NOTE [ compiled walk ]
             tr.node_index, tr.nodes, tr.edge_keys, tr.edge_dst, self._packed_seqs, tr.seq_attr, tr.seq_order,
-            self._hooked, self._leaf_hooks, _type_info, node_key, self._name_node, self._hook, self._leaf_row)
+            self._hooked, self._leaf_hooks, _type_info, node_key, self._name_node, self._hook, self._leaf_row,
+            tr.saves, self._acc_vars, _leaf_key)
 
     def _install(self) -> None:
         src = make_source(self._memory, budget=self._budget, device_type=self._tracker_device,
@@ -625,6 +626,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                 st.reading.append(sid)
             return t
 
+        self._free_handles: Callable[[], None] | None = None
         if self._native is None:
             return pack, unpack
         # the same pair, compiled: the Python pack hook packs what it does not read exactly
@@ -632,6 +634,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                                       pack, None if batched else check_frees, _inplace_error, need_ptr, need_time)
         if batched:
             self._check_frees = compiled.frees_at_end
+        self._free_handles = compiled.free_handles  # the Python pair's handles are the same kind
         return compiled.pack, compiled.unpack  # bound once: the pair is known by identity
 
     def _free_checks_needed(self) -> bool:
@@ -640,6 +643,9 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         return self._memory == "off" or (self._memory == "cuda" and not self._history)
 
     def _free_weak_refs(self) -> None:
+        if self._free_handles is not None:  # compiled: one call for every save of the block
+            self._free_handles()
+            return
         free = _compat.free_weak_ref
         for ref in self._weak:
             if ref is not None:
@@ -832,11 +838,15 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         done = False
         try:
             try:
-                roots = roots_of(outputs)
-                keys = [node_key(r) for r in roots]
-                input_keys = keys_of(call.inputs)
-                with _no_gc():
+                roots, keys = self._roots_keys(outputs)
+                input_keys = self._roots_keys(call.inputs, make=False)[1]
+                was = gc.isenabled()  # see NOTE [ no collection while rows are made ] (inline: every pass)
+                gc.disable()
+                try:
                     self._discover(roots, keys)
+                finally:
+                    if was:
+                        gc.enable()
                 row.nodes_known = len(trace.nodes)
                 idx = trace.node_index
 
@@ -884,6 +894,9 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
     # ------------------------------------------------------------------ graph discovery
     def _packed(self, seq: int) -> bool:
         """Whether this recording's pack hook saved for the node numbered ``seq``."""
+        if self._walker is not None:
+            self._walker.count_packed()
+            return seq in self._packed_seqs
         saves = self._trace.saves
         if self._packed_upto < len(saves):
             _count_elements(self._packed_seqs, map(_SEQ_OF, itertools.islice(saves, self._packed_upto, None)))
@@ -895,26 +908,27 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         naming saves and hooking the nodes whose steps the unpack hook cannot see (``keys``: the
         roots' keys, where the caller has them)."""
         trace = self._trace
-        self._packed(-1)
-        nodes, index, edge_keys = trace.nodes, trace.node_index, trace.edge_keys
-        for i, ref in list(self._acc_vars.items()):
-            if ref() is None:  # a leaf that died: its id() may name a new leaf now
-                index.pop(nodes[i][0], None)
-                del self._acc_vars[i]
         src = self._source
         hook_all = src is not None and src.node_hooks
         hooking = self._hooking
         walker = self._walker
-        found: Any = NotImplemented
-        if walker is not None:  # see NOTE [ compiled walk ] in gradscope._native
+        acc_known: Any = NotImplemented
+        if walker is not None:  # see NOTE [ compiled walk ] in gradscope._native: the whole of this
             live = roots if keys is not None else [r for r in roots if r is not None]
-            found = walker.discover(live, keys if keys is not None else [node_key(r) for r in live], hooking,
-                                    hook_all, trace.seq0, _TYPES, _ORDERS)
+            acc_known = walker.discover(live, keys if keys is not None else [node_key(r) for r in live], hooking,
+                                        hook_all, trace.seq0, _TYPES, _ORDERS)
             del live
-        acc_edges, acc_known = self._walk_nodes(roots, hooking, hook_all) if found is NotImplemented else found
-        for p in acc_edges:  # every key of this walk is indexed now; a leaf's key may name another later
-            j = index.get(edge_keys[p])
-            edge_keys[p] = -1 - j if j is not None else None
+        if acc_known is NotImplemented:
+            self._packed(-1)
+            nodes, index, edge_keys = trace.nodes, trace.node_index, trace.edge_keys
+            for i, ref in list(self._acc_vars.items()):
+                if ref() is None:  # a leaf that died: its id() may name a new leaf now
+                    index.pop(nodes[i][0], None)
+                    del self._acc_vars[i]
+            acc_edges, acc_known = self._walk_nodes(roots, hooking, hook_all)
+            for p in acc_edges:  # every key of this walk is indexed now; a leaf's key may name another later
+                j = index.get(edge_keys[p])
+                edge_keys[p] = -1 - j if j is not None else None
         for k, fn in acc_known.items():
             self._rehook_leaf(fn, k, post=hook_all)
 
@@ -1339,20 +1353,35 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
             tensors = [t for t in (result if isinstance(result, list | tuple) else (result,))
                        if isinstance(t, torch.Tensor)]
         else:
-            for kind, ident, _, _ in self._trace.events[row.ev0:row.ev1]:
-                if kind == EV_PRE and ident in self._acc_vars:
-                    var = self._acc_vars[ident]()
-                    if var is not None and var.grad is not None:
-                        tensors.append(var.grad)
+            acc_vars = self._acc_vars  # the leaves whose node ran, in the order they ran
+            ran = dict.fromkeys(e[1] for e in itertools.islice(self._trace.events, row.ev0, row.ev1) if e[0] == EV_PRE)
+            for ident in [i for i in ran if i in acc_vars]:
+                var = acc_vars[ident]()
+                if var is not None and var.grad is not None:
+                    tensors.append(var.grad)
         keys = self._trace.gradient_keys
-        for t in tensors:
-            try:
-                s = t.untyped_storage()
-                keys.append((index, int(_compat.storage_cdata(s)), int(s.data_ptr()), row.t1_ns))
-            except (RuntimeError, NotImplementedError):
-                pass
+        walker = self._walker
+        if walker is None or walker.storage_keys(tensors, index, row.t1_ns, keys) is NotImplemented:
+            for t in tensors:
+                try:
+                    s = t.untyped_storage()
+                    keys.append((index, int(_compat.storage_cdata(s)), int(s.data_ptr()), row.t1_ns))
+                except (RuntimeError, NotImplementedError):
+                    pass
         if row.create_graph:
-            self._discover(roots_of(tensors))
+            self._discover(*self._roots_keys(tensors))
+
+    def _roots_keys(self, values: Any, make: bool = True) -> tuple[list[Any], list[Any]]:
+        """The graph nodes behind ``values`` and their keys (``make``: roots_of and node_key), or
+        their keys only, without making a leaf's node (keys_of): compiled where the walk is."""
+        if self._walker is not None:
+            got = self._walker.roots(values, make)
+            if got is not NotImplemented:
+                return got
+        if not make:
+            return [], keys_of(values)
+        roots = roots_of(values)
+        return roots, [node_key(r) for r in roots]
 
 
 # Per node class: (name, saved tensor attributes, custom Function?, its one attribute if it has

@@ -121,10 +121,30 @@ def _hypergradient() -> None:  # seed 002 with a model: functional_call, autogra
     ((torch.func.functional_call(model, params, (x,)) - t) ** 2).mean().backward()
 
 
+def _gradient_without_its_own_number() -> None:  # ctc_loss's gradient: a NotImplemented node, numbered as leaves are
+    torch.manual_seed(0)
+    log_probs = torch.randn(12, 2, 5, dtype=torch.float64).log_softmax(2).detach().requires_grad_()
+    targets = torch.randint(1, 5, (2, 4))
+    loss = nn.functional.ctc_loss(log_probs, targets, torch.full((2,), 12), torch.full((2,), 4))
+    (g,) = torch.autograd.grad(loss, log_probs, create_graph=True)
+    assert g.grad_fn is not None and g.grad_fn.name() == "torch::autograd::NotImplemented"
+
+
+def _gradient_edges() -> None:  # autograd.grad to an intermediate's GradientEdge and to a parameter
+    torch.manual_seed(0)
+    lin = nn.Linear(4, 4)
+    h = lin(torch.randn(3, 4)).tanh()
+    loss = (h * 2).pow(2).sum()
+    g_h, g_w = torch.autograd.grad(loss, [torch.autograd.graph.get_gradient_edge(h), lin.weight],
+                                   create_graph=True)
+    (g_h.pow(2).sum() + g_w.pow(2).sum()).backward()
+
+
 GRAPHS: dict[str, Callable[[], None]] = {
     "tanh_chain": _tanh_chain, "shared": _shared_storage, "lstm_loop": _lstm_loop, "views": _views,
     "sparse": _sparse, "subclass": _subclass, "unrolled_sgd": _unrolled_sgd,
     "model_with_function": _model_with_function, "hypergradient": _hypergradient,
+    "gradient_without_its_own_number": _gradient_without_its_own_number, "gradient_edges": _gradient_edges,
 }
 
 

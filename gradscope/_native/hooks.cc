@@ -19,6 +19,7 @@
 #include "native.h"
 
 #include <ctime>
+#include <initializer_list>
 #include <typeinfo>
 #include <unordered_map>
 #include <unordered_set>
@@ -27,6 +28,7 @@
 namespace {
 
 // ------------------------------------------------------------------ the hooks' state (native.h)
+using gradscope_native::Ref;
 using gradscope_native::State;
 using gradscope_native::time_ns;
 
@@ -119,15 +121,35 @@ int hooks_init(Hooks* self, PyObject* args, PyObject* kwds) {
   return 0;
 }
 
-// A tensor whose row this file makes exactly as the Python pack hook would: a torch.Tensor or
-// nn.Parameter (no subclass: its methods may be overridden) whose TensorImpl is the plain class
-// (not sparse, nested, batched, functional, quantized, ...) with a storage.
-bool plain(PyObject* obj) {
-  if (!THPVariable_CheckExact(obj)) return false;
-  const at::Tensor& t = THPVariable_Unpack(obj);
-  c10::TensorImpl* impl = t.unsafeGetTensorImpl();
-  return typeid(*impl) == typeid(c10::TensorImpl) && impl->has_storage() && !impl->is_python_dispatch() &&
-         t.layout() == c10::kStrided;
+// One device object per device for every row (rows compare devices by value; each would
+// otherwise hold a new one), held for the process's lifetime.
+PyObject* device_object(const c10::Device& device) {
+  static std::unordered_map<c10::Device, PyObject*> made;
+  auto it = made.find(device);
+  if (it != made.end()) {
+    Py_INCREF(it->second);
+    return it->second;
+  }
+  PyObject* d = THPDevice_New(device);
+  if (d == nullptr) return nullptr;
+  Py_INCREF(d);
+  made.emplace(device, d);
+  return d;
+}
+
+// A tuple of new references, untracked (see NOTE [ rows the collector does not track ] in
+// native.h); nullptr where one is (those made are released).
+PyObject* untracked_tuple(std::initializer_list<PyObject*> items) {
+  bool ok = true;
+  for (PyObject* o : items) ok = ok && o != nullptr;
+  PyObject* tuple = ok ? PyTuple_New(static_cast<Py_ssize_t>(items.size())) : nullptr;
+  if (tuple == nullptr) {
+    for (PyObject* o : items) Py_XDECREF(o);
+    return nullptr;
+  }
+  Py_ssize_t k = 0;
+  for (PyObject* o : items) PyTuple_SET_ITEM(tuple, k++, o);
+  return gradscope_native::untracked(tuple);
 }
 
 PyObject* pack_plain(Hooks* self, PyObject* obj) {
@@ -146,15 +168,18 @@ PyObject* pack_plain(Hooks* self, PyObject* obj) {
     }
     PyTuple_SET_ITEM(shape, static_cast<Py_ssize_t>(i), n);
   }
+  gradscope_native::untracked(shape);
   PyObject* dtype = reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type()));
   Py_XINCREF(dtype);
-  PyObject* device = THPDevice_New(t.device());
-  PyObject* row = Py_BuildValue(
-      "(LKKKNNNLO)", seq, static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(s)),
-      static_cast<unsigned long long>(self->need_ptr ? reinterpret_cast<uintptr_t>(s->data()) : 0),
-      static_cast<unsigned long long>(s->nbytes()), shape, dtype, device,
-      self->need_time ? time_ns() : static_cast<long long>(sid), t.grad_fn() ? Py_False : Py_True);
-  if (row == nullptr) return nullptr;  // Py_BuildValue's N took shape, dtype and device either way
+  PyObject* leaf = t.grad_fn() ? Py_False : Py_True;
+  Py_INCREF(leaf);
+  PyObject* row = untracked_tuple(
+      {PyLong_FromLongLong(seq), PyLong_FromUnsignedLongLong(static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(s))),
+       PyLong_FromUnsignedLongLong(self->need_ptr ? static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(s->data())) : 0ULL),
+       PyLong_FromUnsignedLongLong(static_cast<unsigned long long>(s->nbytes())), shape, dtype,
+       device_object(t.device()), PyLong_FromLongLong(self->need_time ? time_ns() : static_cast<long long>(sid)),
+       leaf});
+  if (row == nullptr) return nullptr;  // untracked_tuple released the items either way
   PyObject* version = PyLong_FromLongLong(static_cast<long long>(t._version()));
   at::Tensor d = t.detach();
   PyObject* packed = THPVariable_Wrap(std::move(d));
@@ -183,7 +208,7 @@ PyObject* pack_plain(Hooks* self, PyObject* obj) {
 }
 
 PyObject* hooks_pack(Hooks* self, PyObject* obj) {
-  if (plain(obj)) {
+  if (gradscope_native::plain_tensor(obj)) {
     Py_ssize_t n = PyList_GET_SIZE(self->saves);
     try {
       PyObject* r = pack_plain(self, obj);
@@ -248,8 +273,8 @@ PyObject* hooks_unpack(Hooks* self, PyObject* t) {
         }
         st->last_seq = node;
         // the counter as the node starts: see NOTE [ orders ] in gradscope._passes
-        PyObject* ev = Py_BuildValue("(inLK)", 0, sid, time_ns(),
-                                     static_cast<unsigned long long>(at::sequence_number::peek()));
+        PyObject* ev = gradscope_native::untracked(Py_BuildValue(
+            "(inLK)", 0, sid, time_ns(), static_cast<unsigned long long>(at::sequence_number::peek())));
         if (ev == nullptr) return nullptr;
         int rc = PyList_Append(self->events, ev);
         Py_DECREF(ev);
@@ -275,7 +300,7 @@ void free_handle(PyObject* handle) {
 }
 
 int append_freed(PyObject* events, Py_ssize_t ident, Py_ssize_t value) {
-  PyObject* ev = Py_BuildValue("(innn)", 3, ident, 0, value);  // EV_FREED
+  PyObject* ev = gradscope_native::untracked(Py_BuildValue("(innn)", 3, ident, 0, value));  // EV_FREED
   if (ev == nullptr) return -1;
   int rc = PyList_Append(events, ev);
   Py_DECREF(ev);
@@ -346,9 +371,24 @@ PyObject* hooks_frees_at_end(Hooks* self, PyObject* /*unused*/) {
   Py_RETURN_NONE;
 }
 
+// record._free_weak_refs: every weak handle the pack hook made is let go of, the list emptied.
+PyObject* hooks_free_handles(Hooks* self, PyObject* /*unused*/) {
+  PyObject* weak = self->weak;
+  if (weak == Py_None) Py_RETURN_NONE;
+  Ref handles(PyList_GetSlice(weak, 0, PyList_GET_SIZE(weak)));
+  if (!handles || PyList_SetSlice(weak, 0, PyList_GET_SIZE(weak), nullptr) < 0) return nullptr;
+  for (Py_ssize_t j = 0; j < PyList_GET_SIZE(handles.get()); ++j) {
+    PyObject* ref = PyList_GET_ITEM(handles.get(), j);
+    if (ref != Py_None) free_handle(ref);
+  }
+  Py_RETURN_NONE;
+}
+
 PyMethodDef hooks_methods[] = {
     {"frees_at_end", reinterpret_cast<PyCFunction>(hooks_frees_at_end), METH_NOARGS,
      "Frees of the saves a pass unpacked, checked when it ends."},
+    {"free_handles", reinterpret_cast<PyCFunction>(hooks_free_handles), METH_NOARGS,
+     "Let go of every weak handle the pack hook made (record._free_weak_refs)."},
     {"pack", reinterpret_cast<PyCFunction>(hooks_pack), METH_O, "The pack hook."},
     {"unpack", reinterpret_cast<PyCFunction>(hooks_unpack), METH_O, "The unpack hook."},
     {nullptr, nullptr, 0, nullptr}};
@@ -561,6 +601,16 @@ PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_hooks", "gradscope's compiled
 }  // namespace
 
 PyTypeObject* gradscope_native::state_type() { return &StateType; }
+
+// See native.h: the tensors whose rows this file makes exactly as the Python pack hook would.
+bool gradscope_native::plain_tensor(PyObject* obj) {
+  if (!THPVariable_CheckExact(obj)) return false;
+  const at::Tensor& t = THPVariable_Unpack(obj);
+  c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  return typeid(*impl) == typeid(c10::TensorImpl) && impl->has_storage() && !impl->is_python_dispatch() &&
+         t.layout() == c10::kStrided;
+}
+
 
 PyMODINIT_FUNC PyInit__hooks(void) {
   using gradscope_native::add_type;

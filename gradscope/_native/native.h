@@ -4,6 +4,7 @@
 #include <Python.h>
 
 #include <ctime>
+#include <utility>
 
 namespace gradscope_native {
 
@@ -21,6 +22,24 @@ struct State {
   long long func_depth;
 };
 
+// An owned reference, released when it goes out of scope.
+struct Ref {
+  PyObject* p = nullptr;
+  Ref() = default;
+  explicit Ref(PyObject* o) : p(o) {}
+  Ref(const Ref&) = delete;
+  Ref& operator=(const Ref&) = delete;
+  Ref(Ref&& o) noexcept : p(std::exchange(o.p, nullptr)) {}
+  Ref& operator=(Ref&& o) noexcept {
+    std::swap(p, o.p);
+    return *this;
+  }
+  ~Ref() { Py_XDECREF(p); }
+  PyObject* get() const { return p; }
+  PyObject* release() { return std::exchange(p, nullptr); }
+  explicit operator bool() const { return p != nullptr; }
+};
+
 inline long long time_ns() {
   // time.time_ns()'s clock: rows are compared with times Python took
   struct timespec ts;
@@ -29,6 +48,15 @@ inline long long time_ns() {
 }
 
 constexpr int kEvPre = 1;  // gradscope._trace.EV_PRE
+
+// NOTE [ rows the collector does not track ]: a row made of ints, strings, dtypes and devices
+// cannot be part of a cycle, but a new tuple is tracked by Python's cyclic collector, which scans
+// every young tracked object at each collection (and would untrack the row itself only then): a
+// block makes a row per save, node, step and free, so they are made untracked. Returns ``row``.
+inline PyObject* untracked(PyObject* row) {
+  if (row != nullptr && PyObject_GC_IsTracked(row)) PyObject_GC_UnTrack(row);
+  return row;
+}
 
 // For a C type whose N fields from ``First`` on are owned references (PyObject*, or a pointer to a
 // Python object's struct): the collector's traverse and clear, and dealloc.
@@ -81,6 +109,11 @@ inline int add_type(PyObject* module, const char* name, PyTypeObject& type) {
 
 // hooks.cc: the State type (for checks in walk.cc).
 PyTypeObject* state_type();
+
+// hooks.cc: a tensor whose storage and row both files read exactly: a torch.Tensor or nn.Parameter
+// (no subclass: its methods may be overridden) whose TensorImpl is the plain class (not sparse,
+// nested, batched, functional, quantized, ...) with a storage.
+bool plain_tensor(PyObject* obj);
 
 }  // namespace gradscope_native
 

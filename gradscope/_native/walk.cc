@@ -15,6 +15,8 @@
 #include <torch/csrc/autograd/python_cpp_function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/python_function.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <cstdint>
 #include <typeinfo>
@@ -33,23 +35,7 @@ using NodePtr = decltype(std::declval<torch::autograd::THPCppFunction&>().cdata)
 
 constexpr uint64_t kAccSeq = UINT64_MAX;  // AccumulateGrad's sequence number (every leaf's node)
 
-// An owned reference, released when it goes out of scope.
-struct Ref {
-  PyObject* p = nullptr;
-  Ref() = default;
-  explicit Ref(PyObject* o) : p(o) {}
-  Ref(const Ref&) = delete;
-  Ref& operator=(const Ref&) = delete;
-  Ref(Ref&& o) noexcept : p(std::exchange(o.p, nullptr)) {}
-  Ref& operator=(Ref&& o) noexcept {
-    std::swap(p, o.p);
-    return *this;
-  }
-  ~Ref() { Py_XDECREF(p); }
-  PyObject* get() const { return p; }
-  PyObject* release() { return std::exchange(p, nullptr); }
-  explicit operator bool() const { return p != nullptr; }
-};
+using gradscope_native::Ref;
 
 template <class P>
 NodePtr as_node(const P& p) {
@@ -121,8 +107,9 @@ struct PassPre : torch::autograd::FunctionPreHook {
     if (c.alive && c.state->bw != nullptr && c.state->bw != Py_None) {
       PyObject* i = PyLong_FromLongLong(index);
       PyObject* ev = i == nullptr ? nullptr
-                                  : Py_BuildValue("(iOLK)", gradscope_native::kEvPre, i, gradscope_native::time_ns(),
-                                                  static_cast<unsigned long long>(at::sequence_number::peek()));
+                                  : gradscope_native::untracked(Py_BuildValue(
+                                        "(iOLK)", gradscope_native::kEvPre, i, gradscope_native::time_ns(),
+                                        static_cast<unsigned long long>(at::sequence_number::peek())));
       if (ev == nullptr || PyList_Append(c.events, ev) < 0) {
         PyErr_WriteUnraisable(nullptr);  // memory exhausted: the step goes unmarked, the pass runs on
       } else {
@@ -227,27 +214,90 @@ struct Walker {
   PyObject* name_node;  // callable(fn, key, attributes, absent bits, ours): the saves read in Python
   PyObject* hook;       // callable(fn, index, name, post)
   PyObject* leaf_row;   // callable(fn, index, key, name, custom, hooking, hook_all)
+  PyObject* saves;      // list of save rows (gradscope._trace): ``packed`` counts them
+  PyObject* acc_vars;   // dict: AccumulateGrad node index -> weak reference to its leaf
+  PyObject* leaf_key;   // callable(leaf tensor) -> its AccumulateGrad node's key
+  Py_ssize_t packed_upto;  // saves counted into ``packed`` so far
 };
 
-constexpr int kFields = 14;
+constexpr int kFields = 17;
 
 using WalkerRefs = gradscope_native::OwnedRefs<Walker, kFields, &Walker::index>;
-static_assert(offsetof(Walker, leaf_row) == offsetof(Walker, index) + (kFields - 1) * sizeof(PyObject*));
+static_assert(offsetof(Walker, leaf_key) == offsetof(Walker, index) + (kFields - 1) * sizeof(PyObject*));
 
 PyObject** fields(Walker* self) { return WalkerRefs::refs(self); }
 
 int walker_init(Walker* self, PyObject* args, PyObject* kwds) {
   PyObject* in[kFields];
-  if (!PyArg_ParseTuple(args, "O!O!O!O!O!O!O!O!O!OOOOO", &PyDict_Type, &in[0], &PyList_Type, &in[1],
+  if (!PyArg_ParseTuple(args, "O!O!O!O!O!O!O!O!O!OOOOOO!O!O", &PyDict_Type, &in[0], &PyList_Type, &in[1],
                         &PyList_Type, &in[2], &PyList_Type, &in[3], &PyDict_Type, &in[4], &PyDict_Type, &in[5],
                         &PyDict_Type, &in[6], &PySet_Type, &in[7], &PyDict_Type, &in[8], &in[9], &in[10], &in[11],
-                        &in[12], &in[13]))
+                        &in[12], &in[13], &PyList_Type, &in[14], &PyDict_Type, &in[15], &in[16]))
     return -1;
   for (int k = 0; k < kFields; ++k) {
     Py_INCREF(in[k]);
     Py_XSETREF(fields(self)[k], in[k]);
   }
+  self->packed_upto = 0;
   return 0;
+}
+
+// Counts the saves made since the last call into ``packed`` by their node number (record._packed).
+bool count_packed(Walker* self) {
+  Py_ssize_t n = PyList_GET_SIZE(self->saves);
+  for (; self->packed_upto < n; ++self->packed_upto) {
+    PyObject* row = PyList_GET_ITEM(self->saves, self->packed_upto);
+    if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) < 1) {
+      PyErr_SetString(PyExc_TypeError, "gradscope: a save's row is a tuple");
+      return false;
+    }
+    PyObject* seq = PyTuple_GET_ITEM(row, 0);  // gradscope._trace S_SEQ
+    PyObject* had = PyDict_GetItemWithError(self->packed, seq);
+    if (had == nullptr && PyErr_Occurred()) return false;
+    long long was = had == nullptr ? 0 : PyLong_AsLongLong(had);
+    if (was == -1 && PyErr_Occurred()) return false;
+    Ref now(PyLong_FromLongLong(was + 1));
+    if (!now || PyDict_SetItem(self->packed, seq, now.get()) < 0) return false;
+  }
+  return true;
+}
+
+PyObject* walker_count_packed(Walker* self, PyObject*) {
+  if (!count_packed(self)) return nullptr;
+  Py_RETURN_NONE;
+}
+
+// Leaves that died since the last walk: their AccumulateGrad keys (the leaf's id) may name a new
+// leaf now, so they leave the index (record._discover).
+bool drop_dead_leaves(Walker* self) {
+  if (PyDict_GET_SIZE(self->acc_vars) == 0) return true;
+  Ref dead(PyList_New(0));
+  if (!dead) return false;
+  Py_ssize_t pos = 0;
+  PyObject *i, *ref;
+  while (PyDict_Next(self->acc_vars, &pos, &i, &ref)) {
+    if (!PyWeakref_Check(ref)) {
+      PyErr_SetString(PyExc_TypeError, "gradscope: a leaf is held by a weak reference");
+      return false;
+    }
+    if (PyWeakref_GetObject(ref) == Py_None && PyList_Append(dead.get(), i) < 0) return false;
+  }
+  for (Py_ssize_t k = 0; k < PyList_GET_SIZE(dead.get()); ++k) {
+    PyObject* at = PyList_GET_ITEM(dead.get(), k);
+    Py_ssize_t row_at = PyLong_AsSsize_t(at);
+    if (row_at < 0 || row_at >= PyList_GET_SIZE(self->nodes)) {
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_IndexError, "gradscope: a leaf's node has no row");
+      return false;
+    }
+    PyObject* row = PyList_GET_ITEM(self->nodes, row_at);
+    if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) < 1) {
+      PyErr_SetString(PyExc_TypeError, "gradscope: a node's row is a tuple");
+      return false;
+    }
+    Ref gone(PyObject_CallMethod(self->index, "pop", "OO", PyTuple_GET_ITEM(row, 0), Py_None));
+    if (!gone || PyDict_DelItem(self->acc_vars, at) < 0) return false;
+  }
+  return true;
 }
 
 // One walk's working set: the nodes it reached (held until it ends, as the Python walk holds their
@@ -374,9 +424,11 @@ bool roots_args(PyObject* roots, PyObject* keys) {
   return true;
 }
 
-// discover(roots, keys, hooking, hook_all, seq0, types, orders) -> (acc_edges, acc_known), or
-// NotImplemented when a root is not a node this file can read (the Python walk runs instead;
-// nothing was changed). ``types`` and ``orders`` are record._TYPES and record._ORDERS.
+// discover(roots, keys, hooking, hook_all, seq0, types, orders) -> acc_known: record._discover
+// whole (the saves counted, dead leaves dropped, the walk, its AccumulateGrad edges resolved), but
+// for the AccumulateGrad nodes walked before (key -> a parent node), which Python hooks again; or
+// NotImplemented when a root is not a node this file can read (the Python walk runs instead; the
+// walk changed nothing). ``types`` and ``orders`` are record._TYPES and record._ORDERS.
 PyObject* walker_discover(Walker* self, PyObject* args) {
   PyObject *roots, *keys, *seq0, *types, *orders;
   int hooking, hook_all;
@@ -384,6 +436,7 @@ PyObject* walker_discover(Walker* self, PyObject* args) {
                         &PyDict_Type, &orders))
     return nullptr;
   if (!roots_args(roots, keys)) return nullptr;
+  if (!count_packed(self) || !drop_dead_leaves(self)) return nullptr;
   Walk walk(self);
   walk.types = types;
   if (!walk.objects) return nullptr;
@@ -435,7 +488,7 @@ PyObject* walker_discover(Walker* self, PyObject* args) {
       if (!in_index) walk.stack.emplace_back(e.function, k.release());
     }
     if (PyLong_CheckExact(key.get())) {
-      Ref row(PyTuple_Pack(6, key.get(), key.get(), name, Py_None, Py_None, custom));
+      Ref row(gradscope_native::untracked(PyTuple_Pack(6, key.get(), key.get(), name, Py_None, Py_None, custom)));
       if (!row || PyList_Append(self->nodes, row.get()) < 0) return nullptr;
       int has_attrs = PyObject_IsTrue(attrs);
       if (has_attrs < 0) return nullptr;
@@ -495,7 +548,25 @@ PyObject* walker_discover(Walker* self, PyObject* args) {
       if (!r) return nullptr;
     }
   }
-  return PyTuple_Pack(2, acc_edges.get(), acc_known.get());
+  // every key of this walk is indexed now; a leaf's key may name another leaf later
+  PyObject* const edge_keys = self->edge_keys;
+  for (Py_ssize_t k = 0; k < PyList_GET_SIZE(acc_edges.get()); ++k) {
+    Py_ssize_t p = PyLong_AsSsize_t(PyList_GET_ITEM(acc_edges.get(), k));
+    if (p < 0) return nullptr;
+    PyObject* j = PyDict_GetItemWithError(index, PyList_GET_ITEM(edge_keys, p));
+    if (j == nullptr && PyErr_Occurred()) return nullptr;
+    PyObject* resolved = Py_None;
+    if (j != nullptr) {  // -1 - j: an edge to an AccumulateGrad node, resolved (record._discover)
+      long long at = PyLong_AsLongLong(j);
+      if (at == -1 && PyErr_Occurred()) return nullptr;
+      resolved = PyLong_FromLongLong(-1 - at);
+      if (resolved == nullptr) return nullptr;
+    } else {
+      Py_INCREF(resolved);
+    }
+    if (PyList_SetItem(edge_keys, p, resolved) < 0) return nullptr;  // steals
+  }
+  return acc_known.release();
 }
 
 // The nodes a create_graph pass may run (the walk stops at ``stop`` keys) that have an index, no
@@ -593,7 +664,80 @@ PyObject* walker_hook_pass(Walker* self, PyObject* args) {
   return ok ? made.release() : nullptr;
 }
 
+// roots(values, make) -> (roots, keys): record._walk's roots_of(values) and their node_keys
+// (``make``), or keys_of(values) (not ``make``: roots is None, a leaf's node is not made); or
+// NotImplemented for a value this file does not read (a GradientEdge, a tensor subclass: Python
+// reads them).
+PyObject* walker_roots(Walker* self, PyObject* args) {
+  PyObject* values;
+  int make;
+  if (!PyArg_ParseTuple(args, "Op", &values, &make)) return nullptr;
+  Ref seq(PySequence_Fast(values, "gradscope: roots of a sequence"));
+  if (!seq) return nullptr;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq.get());
+  PyObject** items = PySequence_Fast_ITEMS(seq.get());
+  for (Py_ssize_t k = 0; k < n; ++k) {
+    if (items[k] != Py_None && !THPVariable_CheckExact(items[k])) Py_RETURN_NOTIMPLEMENTED;
+  }
+  Ref roots(make ? PyList_New(0) : (Py_INCREF(Py_None), Py_None)), keys(PyList_New(0));
+  if (!roots || !keys) return nullptr;
+  for (Py_ssize_t k = 0; k < n; ++k) {
+    PyObject* obj = items[k];
+    if (obj == Py_None) continue;
+    const at::Tensor& t = THPVariable_Unpack(obj);
+    NodePtr fn;
+    bool leaf = false;
+    try {
+      fn = NodePtr(t.grad_fn());
+      leaf = !fn && t.requires_grad();
+      if (leaf && make) fn = NodePtr(torch::autograd::impl::grad_accumulator(t));
+    } catch (...) {
+      Py_RETURN_NOTIMPLEMENTED;  // Python reads it (and skips what fails there)
+    }
+    if (!fn && !leaf) continue;  // no graph behind it
+    Ref root(fn ? torch::autograd::functionToPyObject(fn) : (Py_INCREF(Py_None), Py_None));
+    if (!root) return nullptr;
+    Ref key;
+    if (leaf) {
+      key = Ref(PyObject_CallOneArg(self->leaf_key, obj));
+    } else if (fn->sequence_nr() == kAccSeq) {  // a node without a number of its own (NotImplemented)
+      key = Ref(PyObject_CallOneArg(self->node_key, root.get()));
+    } else {
+      key = Ref(PyLong_FromUnsignedLongLong(fn->sequence_nr()));
+    }
+    if (!key || PyList_Append(keys.get(), key.get()) < 0) return nullptr;
+    if (make && PyList_Append(roots.get(), root.get()) < 0) return nullptr;
+  }
+  return PyTuple_Pack(2, roots.get(), keys.get());
+}
+
+// storage_keys(tensors, index, t1, out) -> True: (index, storage key, data address, t1) appended to
+// ``out`` for each tensor (record._gradient_keys); NotImplemented, with nothing appended, when one
+// is not a plain tensor.
+PyObject* walker_storage_keys(Walker* self, PyObject* args) {
+  PyObject *tensors, *index, *t1, *out;
+  if (!PyArg_ParseTuple(args, "O!OOO!", &PyList_Type, &tensors, &index, &t1, &PyList_Type, &out)) return nullptr;
+  Py_ssize_t n = PyList_GET_SIZE(tensors);
+  for (Py_ssize_t k = 0; k < n; ++k) {
+    if (!gradscope_native::plain_tensor(PyList_GET_ITEM(tensors, k))) Py_RETURN_NOTIMPLEMENTED;
+  }
+  for (Py_ssize_t k = 0; k < n; ++k) {
+    const at::Tensor& t = THPVariable_Unpack(PyList_GET_ITEM(tensors, k));
+    c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+    Ref row(gradscope_native::untracked(Py_BuildValue("(OKKO)", index, static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(s)),
+                          static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(s->data())), t1)));
+    if (!row || PyList_Append(out, row.get()) < 0) return nullptr;
+  }
+  Py_RETURN_TRUE;
+}
+
 PyMethodDef walker_methods[] = {
+    {"roots", reinterpret_cast<PyCFunction>(walker_roots), METH_VARARGS,
+     "The graph nodes behind values and their keys (gradscope._walk's roots_of and keys_of)."},
+    {"storage_keys", reinterpret_cast<PyCFunction>(walker_storage_keys), METH_VARARGS,
+     "The storage rows of a pass's gradients (record._gradient_keys)."},
+    {"count_packed", reinterpret_cast<PyCFunction>(walker_count_packed), METH_NOARGS,
+     "Count the saves made since the last count by their node number (record._packed)."},
     {"discover", reinterpret_cast<PyCFunction>(walker_discover), METH_VARARGS,
      "Walk from roots through nodes not walked before, appending their rows (record._discover)."},
     {"unhooked", reinterpret_cast<PyCFunction>(walker_unhooked), METH_VARARGS,
