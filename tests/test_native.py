@@ -140,11 +140,20 @@ def _gradient_edges() -> None:  # autograd.grad to an intermediate's GradientEdg
     (g_h.pow(2).sum() + g_w.pow(2).sum()).backward()
 
 
+def _sparse_gradient() -> None:  # a sparse gradient beside a dense one: only the dense one has a storage row
+    torch.manual_seed(0)
+    emb = nn.Embedding(10, 3, sparse=True)
+    w = torch.randn(3, 2, requires_grad=True)
+    g_e, g_w = torch.autograd.grad((emb(torch.tensor([1, 2, 1])) @ w).pow(2).sum(), [emb.weight, w])
+    assert g_e.is_sparse and not g_w.is_sparse
+
+
 GRAPHS: dict[str, Callable[[], None]] = {
     "tanh_chain": _tanh_chain, "shared": _shared_storage, "lstm_loop": _lstm_loop, "views": _views,
     "sparse": _sparse, "subclass": _subclass, "unrolled_sgd": _unrolled_sgd,
     "model_with_function": _model_with_function, "hypergradient": _hypergradient,
     "gradient_without_its_own_number": _gradient_without_its_own_number, "gradient_edges": _gradient_edges,
+    "sparse_gradient": _sparse_gradient,
 }
 
 
@@ -189,10 +198,14 @@ def _capture(step: Callable[[], None], memory: str) -> dict[str, Any]:
         rows.append(tuple(r))
     events = [(e[0], e[1], e[3] if e[0] == 3 else None) for e in trace.events]  # kind, ident, save freed by
     graph = _graph_rows(trace)
+    # the gradients' storage rows: (pass, at the pass's end); their storages are checked while the
+    # gradients live (test_gradient_rows_name_the_gradients_storages): here an address a freed
+    # storage left may be reused differently by the two runs
+    gradients = [(g[0], g[3] == trace.backwards[g[0]].t1_ns) for g in trace.gradient_keys]
     calls = [(c[0], c[1], c[2] - trace.seq0, c[3] - trace.seq0, c[4] <= c[5], *c[6:]) for c in trace.calls]
     r = rec.recording
     return {
-        "rows": rows, "events": events, "notes": sorted(r.notes), "graph": graph,
+        "rows": rows, "events": events, "notes": sorted(r.notes), "graph": graph, "gradients": gradients,
         "calls": calls, "roots": trace.roots, "modules": [n.module for n in r.nodes],
         "nodes": [n.name for n in r.nodes],
         "saved": [(r.nodes[s.node].name, s.attribute, s.shape, s.bytes,
@@ -268,6 +281,33 @@ class _Raises(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.inner(x)
         raise ValueError("a user's module failing mid-forward")
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_gradient_rows_name_the_gradients_storages(compiled: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pass's gradient rows (the GRADIENT category) name the storages and addresses of the gradients
+    autograd.grad returned (a sparse one has none: no row), or of the .grad of the leaves backward
+    accumulated into, read here while they live; the compiled rows and the Python ones alike."""
+    if not compiled:
+        monkeypatch.setattr(_native, "hooks", lambda: None)
+    torch.manual_seed(0)
+    emb = nn.Embedding(10, 3, sparse=True)
+    w = torch.randn(3, 2, requires_grad=True)
+    lr = torch.tensor(0.5, requires_grad=True)
+    with gs.record(memory="off") as rec:
+        loss = (emb(torch.tensor([1, 2, 1])) @ (w * lr)).pow(2).sum()
+        dense = torch.autograd.grad(loss, [w, lr], create_graph=True)
+        mixed = torch.autograd.grad((emb(torch.tensor([3])) @ w).sum(), [emb.weight, w])
+        (dense[0].sum() * dense[1]).backward()
+    assert (rec._walker is not None) == compiled
+    trace = rec._trace
+
+    def rows(i: int, tensors: list[torch.Tensor]) -> list[tuple[int, int, int, int]]:
+        return [(i, t.untyped_storage()._cdata, t.untyped_storage().data_ptr(), trace.backwards[i].t1_ns)
+                for t in tensors]
+
+    assert mixed[0].is_sparse and w.grad is not None and lr.grad is not None
+    assert trace.gradient_keys == rows(0, list(dense)) + rows(1, [mixed[1]]) + rows(2, [w.grad, lr.grad])
 
 
 def test_compiled_module_hooks_write_the_python_hooks_calls(monkeypatch: pytest.MonkeyPatch) -> None:
