@@ -22,6 +22,7 @@ import argparse
 import contextlib
 import gc
 import os
+import random
 import statistics
 import sys
 import time
@@ -179,8 +180,12 @@ def measure(step: Step, repeats: int, clock: Callable[[], float]) -> dict[str, f
         for ctx in VARIANTS.values():
             with ctx():
                 step()
-    for _ in range(repeats):  # interleaved, so drift hits every variant alike
-        for name, ctx in VARIANTS.items():
+    order = list(VARIANTS)
+    shuffle = random.Random(0).shuffle
+    for _ in range(repeats):  # interleaved, so drift hits every variant alike; in a new order each
+        shuffle(order)  # round, so that what one variant leaves behind (the profiler's state, a big
+        for name in order:  # recording to free) does not always fall on the same next one
+            ctx = VARIANTS[name]
             gc.collect()
             t0 = clock()
             with ctx():

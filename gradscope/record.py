@@ -838,21 +838,34 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         done = False
         try:
             try:
-                roots, keys = self._roots_keys(outputs)
-                input_keys = self._roots_keys(call.inputs, make=False)[1]
+                walker = self._walker
+                compiled_hooks = call.create_graph and src is None and self._frees_once_a_pass
+                started: Any = NotImplemented
                 was = gc.isenabled()  # see NOTE [ no collection while rows are made ] (inline: every pass)
                 gc.disable()
                 try:
-                    self._discover(roots, keys)
+                    if walker is not None:  # see NOTE [ a pass in two calls ] in walk.cc
+                        started = walker.pass_start(outputs, call.inputs, compiled_hooks, self._hooking,
+                                                    src is not None and src.node_hooks, trace.seq0, _TYPES, _ORDERS,
+                                                    st, trace.events)
+                    if started is NotImplemented:
+                        roots, keys = self._roots_keys(outputs)
+                        input_keys = self._roots_keys(call.inputs, make=False)[1]
+                        self._discover(roots, keys)
+                    else:
+                        acc_known, row.roots, row.inputs, hooks, roots, keys, input_keys = started
+                        self._rehook_known(acc_known)
+                        if hooks is not None:
+                            temporary.append(hooks)
                 finally:
                     if was:
                         gc.enable()
                 row.nodes_known = len(trace.nodes)
-                idx = trace.node_index
-
-                row.roots = [idx[k] for k in keys if k in idx]
-                row.inputs = [idx[k] for k in input_keys if k in idx]
-                if call.create_graph:
+                if started is NotImplemented:
+                    idx = trace.node_index
+                    row.roots = [idx[k] for k in keys if k in idx]
+                    row.inputs = [idx[k] for k in input_keys if k in idx]
+                if call.create_graph and not temporary:
                     self._hook_for_pass(roots, keys, set(input_keys), temporary)
                 del roots
             except Exception as e:  # the user's backward runs whatever happens to observing
@@ -929,6 +942,13 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
             for p in acc_edges:  # every key of this walk is indexed now; a leaf's key may name another later
                 j = index.get(edge_keys[p])
                 edge_keys[p] = -1 - j if j is not None else None
+        self._rehook_known(acc_known)
+
+    def _rehook_known(self, acc_known: dict[Any, Any]) -> None:
+        """The AccumulateGrad nodes a walk met that were walked before (key -> a parent node): a
+        leaf's node may be a new one, to hook again (see _rehook_leaf)."""
+        src = self._source
+        hook_all = src is not None and src.node_hooks
         for k, fn in acc_known.items():
             self._rehook_leaf(fn, k, post=hook_all)
 
@@ -1361,6 +1381,14 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                     tensors.append(var.grad)
         keys = self._trace.gradient_keys
         walker = self._walker
+        if walker is not None:  # see NOTE [ a pass in two calls ] in walk.cc
+            src = self._source
+            acc_known = walker.pass_end(tensors, index, row.t1_ns, keys, row.create_graph, self._hooking,
+                                        src is not None and src.node_hooks, self._trace.seq0, _TYPES, _ORDERS)
+            if acc_known is not NotImplemented:
+                if acc_known is not None:
+                    self._rehook_known(acc_known)
+                return
         if walker is None or walker.storage_keys(tensors, index, row.t1_ns, keys) is NotImplemented:
             for t in tensors:
                 try:

@@ -429,12 +429,8 @@ bool roots_args(PyObject* roots, PyObject* keys) {
 // for the AccumulateGrad nodes walked before (key -> a parent node), which Python hooks again; or
 // NotImplemented when a root is not a node this file can read (the Python walk runs instead; the
 // walk changed nothing). ``types`` and ``orders`` are record._TYPES and record._ORDERS.
-PyObject* walker_discover(Walker* self, PyObject* args) {
-  PyObject *roots, *keys, *seq0, *types, *orders;
-  int hooking, hook_all;
-  if (!PyArg_ParseTuple(args, "OOppOO!O!", &roots, &keys, &hooking, &hook_all, &seq0, &PyDict_Type, &types,
-                        &PyDict_Type, &orders))
-    return nullptr;
+PyObject* discover(Walker* self, PyObject* roots, PyObject* keys, int hooking, int hook_all, PyObject* seq0,
+                   PyObject* types, PyObject* orders) {
   if (!roots_args(roots, keys)) return nullptr;
   if (!count_packed(self) || !drop_dead_leaves(self)) return nullptr;
   Walk walk(self);
@@ -629,10 +625,8 @@ PyObject* walker_unhooked(Walker* self, PyObject* args) {
 
 // hook_pass(roots, keys, stop, state, events) -> PassHooks: those nodes get the compiled pre hook
 // (see NOTE [ compiled pass hooks ]); or NotImplemented as discover.
-PyObject* walker_hook_pass(Walker* self, PyObject* args) {
-  PyObject *roots, *keys, *stop, *state, *events;
-  if (!PyArg_ParseTuple(args, "OOO!OO!", &roots, &keys, &PySet_Type, &stop, &state, &PyList_Type, &events))
-    return nullptr;
+PyObject* hook_pass(Walker* self, PyObject* roots, PyObject* keys, PyObject* stop, PyObject* state,
+                    PyObject* events) {
   if (!roots_args(roots, keys)) return nullptr;
   if (!PyObject_TypeCheck(state, gradscope_native::state_type())) {
     PyErr_SetString(PyExc_TypeError, "gradscope: hook_pass needs the hooks' State");
@@ -668,10 +662,7 @@ PyObject* walker_hook_pass(Walker* self, PyObject* args) {
 // (``make``), or keys_of(values) (not ``make``: roots is None, a leaf's node is not made); or
 // NotImplemented for a value this file does not read (a GradientEdge, a tensor subclass: Python
 // reads them).
-PyObject* walker_roots(Walker* self, PyObject* args) {
-  PyObject* values;
-  int make;
-  if (!PyArg_ParseTuple(args, "Op", &values, &make)) return nullptr;
+PyObject* roots_keys(Walker* self, PyObject* values, int make) {
   Ref seq(PySequence_Fast(values, "gradscope: roots of a sequence"));
   if (!seq) return nullptr;
   Py_ssize_t n = PySequence_Fast_GET_SIZE(seq.get());
@@ -714,9 +705,7 @@ PyObject* walker_roots(Walker* self, PyObject* args) {
 // storage_keys(tensors, index, t1, out) -> True: (index, storage key, data address, t1) appended to
 // ``out`` for each tensor (record._gradient_keys); NotImplemented, with nothing appended, when one
 // is not a plain tensor.
-PyObject* walker_storage_keys(Walker* self, PyObject* args) {
-  PyObject *tensors, *index, *t1, *out;
-  if (!PyArg_ParseTuple(args, "O!OOO!", &PyList_Type, &tensors, &index, &t1, &PyList_Type, &out)) return nullptr;
+PyObject* storage_keys(PyObject* tensors, PyObject* index, PyObject* t1, PyObject* out) {
   Py_ssize_t n = PyList_GET_SIZE(tensors);
   for (Py_ssize_t k = 0; k < n; ++k) {
     if (!gradscope_native::plain_tensor(PyList_GET_ITEM(tensors, k))) Py_RETURN_NOTIMPLEMENTED;
@@ -731,7 +720,116 @@ PyObject* walker_storage_keys(Walker* self, PyObject* args) {
   Py_RETURN_TRUE;
 }
 
+PyObject* walker_discover(Walker* self, PyObject* args) {
+  PyObject *roots, *keys, *seq0, *types, *orders;
+  int hooking, hook_all;
+  if (!PyArg_ParseTuple(args, "OOppOO!O!", &roots, &keys, &hooking, &hook_all, &seq0, &PyDict_Type, &types,
+                        &PyDict_Type, &orders))
+    return nullptr;
+  return discover(self, roots, keys, hooking, hook_all, seq0, types, orders);
+}
+
+PyObject* walker_hook_pass(Walker* self, PyObject* args) {
+  PyObject *roots, *keys, *stop, *state, *events;
+  if (!PyArg_ParseTuple(args, "OOO!OO!", &roots, &keys, &PySet_Type, &stop, &state, &PyList_Type, &events))
+    return nullptr;
+  return hook_pass(self, roots, keys, stop, state, events);
+}
+
+PyObject* walker_roots(Walker* self, PyObject* args) {
+  PyObject* values;
+  int make;
+  if (!PyArg_ParseTuple(args, "Op", &values, &make)) return nullptr;
+  return roots_keys(self, values, make);
+}
+
+PyObject* walker_storage_keys(Walker*, PyObject* args) {
+  PyObject *tensors, *index, *t1, *out;
+  if (!PyArg_ParseTuple(args, "O!OOO!", &PyList_Type, &tensors, &index, &t1, &PyList_Type, &out)) return nullptr;
+  return storage_keys(tensors, index, t1, out);
+}
+
+// The node indices of ``keys`` that have one (a BackwardRow's roots and inputs).
+PyObject* indices_of(Walker* self, PyObject* keys) {
+  Ref out(PyList_New(0));
+  if (!out) return nullptr;
+  for (Py_ssize_t k = 0; k < PyList_GET_SIZE(keys); ++k) {
+    PyObject* i = PyDict_GetItemWithError(self->index, PyList_GET_ITEM(keys, k));
+    if (i == nullptr && PyErr_Occurred()) return nullptr;
+    if (i != nullptr && PyList_Append(out.get(), i) < 0) return nullptr;
+  }
+  return out.release();
+}
+
+// NOTE [ a pass in two calls ]: where everything a backward's start needs is read here (the outputs
+// and inputs are plain tensors or None), record._run_backward makes one call before the engine runs
+// and one after, instead of one per piece (a graph of small ops runs a backward every few
+// milliseconds: Python's calls between the pieces cost as much as a tenth of a pass's recording).
+//
+// pass_start(outputs, inputs, hook_pass, hooking, hook_all, seq0, types, orders, state, events) ->
+// (acc_known, roots' indices, inputs' indices, PassHooks or None, roots, keys, input keys): roots and
+// keys as roots(outputs, True), input keys as roots(inputs, False), then discover(roots, keys, ...),
+// and where ``hook_pass``, hook_pass(roots, keys, set(input keys), state, events). NotImplemented,
+// with nothing changed, where roots() would say so.
+PyObject* walker_pass_start(Walker* self, PyObject* args) {
+  PyObject *outputs, *inputs, *seq0, *types, *orders, *state, *events;
+  int with_hooks, hooking, hook_all;
+  if (!PyArg_ParseTuple(args, "OOpppOO!O!OO!", &outputs, &inputs, &with_hooks, &hooking, &hook_all, &seq0,
+                        &PyDict_Type, &types, &PyDict_Type, &orders, &state, &PyList_Type, &events))
+    return nullptr;
+  Ref out_roots(roots_keys(self, outputs, 1));
+  if (!out_roots || out_roots.get() == Py_NotImplemented) return out_roots.release();
+  Ref in_roots(roots_keys(self, inputs, 0));
+  if (!in_roots || in_roots.get() == Py_NotImplemented) return in_roots.release();
+  PyObject* roots = PyTuple_GET_ITEM(out_roots.get(), 0);
+  PyObject* keys = PyTuple_GET_ITEM(out_roots.get(), 1);
+  PyObject* input_keys = PyTuple_GET_ITEM(in_roots.get(), 1);
+  Ref acc_known(discover(self, roots, keys, hooking, hook_all, seq0, types, orders));
+  if (!acc_known) return nullptr;
+  if (acc_known.get() == Py_NotImplemented) {  // cannot be: the roots are nodes made here
+    PyErr_SetString(PyExc_SystemError, "gradscope: a root the compiled walk made it cannot read");
+    return nullptr;
+  }
+  Ref root_at(indices_of(self, keys)), input_at(indices_of(self, input_keys));
+  if (!root_at || !input_at) return nullptr;
+  Ref hooks(Py_None);
+  Py_INCREF(Py_None);
+  if (with_hooks) {
+    Ref stop(PySet_New(input_keys));
+    if (!stop) return nullptr;
+    hooks = Ref(hook_pass(self, roots, keys, stop.get(), state, events));
+    if (!hooks) return nullptr;
+  }
+  return PyTuple_Pack(7, acc_known.get(), root_at.get(), input_at.get(), hooks.get(), roots, keys, input_keys);
+}
+
+// pass_end(tensors, index, t1, out, walk, hooking, hook_all, seq0, types, orders) -> acc_known, or
+// None where ``walk`` is false: storage_keys(tensors, index, t1, out), then (``walk``: after a
+// create_graph pass) discover from the tensors' nodes. NotImplemented, with nothing changed, where
+// storage_keys or roots would say so (see NOTE [ a pass in two calls ]).
+PyObject* walker_pass_end(Walker* self, PyObject* args) {
+  PyObject *tensors, *index, *t1, *out, *seq0, *types, *orders;
+  int walk, hooking, hook_all;
+  if (!PyArg_ParseTuple(args, "O!OOO!pppOO!O!", &PyList_Type, &tensors, &index, &t1, &PyList_Type, &out, &walk,
+                        &hooking, &hook_all, &seq0, &PyDict_Type, &types, &PyDict_Type, &orders))
+    return nullptr;
+  Ref found;
+  if (walk) {  // read first: NotImplemented must leave the rows as they were
+    found = Ref(roots_keys(self, tensors, 1));
+    if (!found || found.get() == Py_NotImplemented) return found.release();
+  }
+  Ref stored(storage_keys(tensors, index, t1, out));
+  if (!stored || stored.get() == Py_NotImplemented) return stored.release();
+  if (!walk) Py_RETURN_NONE;
+  return discover(self, PyTuple_GET_ITEM(found.get(), 0), PyTuple_GET_ITEM(found.get(), 1), hooking, hook_all, seq0,
+                  types, orders);
+}
+
 PyMethodDef walker_methods[] = {
+    {"pass_start", reinterpret_cast<PyCFunction>(walker_pass_start), METH_VARARGS,
+     "What a backward's start needs, in one call (see NOTE [ a pass in two calls ])."},
+    {"pass_end", reinterpret_cast<PyCFunction>(walker_pass_end), METH_VARARGS,
+     "What a backward's end needs, in one call (see NOTE [ a pass in two calls ])."},
     {"roots", reinterpret_cast<PyCFunction>(walker_roots), METH_VARARGS,
      "The graph nodes behind values and their keys (gradscope._walk's roots_of and keys_of)."},
     {"storage_keys", reinterpret_cast<PyCFunction>(walker_storage_keys), METH_VARARGS,
