@@ -21,8 +21,9 @@ goes to the same Python code as in the Python walk only where Python must read i
 node of a class, a custom Function's node, saves not named by a learnt order, a node to hook, an
 AccumulateGrad node's leaf). Its rows are the Python walk's (tests/test_native.py compares them).
 A create_graph pass's pre hooks are compiled too where they write nothing but a step's event (see
-NOTE [ compiled pass hooks ] in walk.cc). Both come with the compiled hooks, and the Python walk
-runs wherever they are not in use or a root is not a node ``walk.cc`` reads. The same module
+NOTE [ compiled pass hooks ] in walk.cc), and so is the work around a backward's start and end
+(see NOTE [ a pass in two calls ] there). All of it comes with the compiled hooks, and the Python
+walk runs wherever they are not in use or a root is not a node ``walk.cc`` reads. The same module
 holds both (one build, one cache entry).
 """
 

@@ -799,6 +799,10 @@ PyObject* walker_pass_start(Walker* self, PyObject* args) {
     if (!stop) return nullptr;
     hooks = Ref(hook_pass(self, roots, keys, stop.get(), state, events));
     if (!hooks) return nullptr;
+    if (hooks.get() == Py_NotImplemented) {  // cannot be (as above): Python hooks the pass instead
+      Py_INCREF(Py_None);
+      hooks = Ref(Py_None);
+    }
   }
   return PyTuple_Pack(7, acc_known.get(), root_at.get(), input_at.get(), hooks.get(), roots, keys, input_keys);
 }
