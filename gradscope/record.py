@@ -1389,13 +1389,12 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                 if acc_known is not None:
                     self._rehook_known(acc_known)
                 return
-        if walker is None or walker.storage_keys(tensors, index, row.t1_ns, keys) is NotImplemented:
-            for t in tensors:
-                try:
-                    s = t.untyped_storage()
-                    keys.append((index, int(_compat.storage_cdata(s)), int(s.data_ptr()), row.t1_ns))
-                except (RuntimeError, NotImplementedError):
-                    pass
+        for t in tensors:  # a tensor the compiled call does not read (nothing of it was appended)
+            try:
+                s = t.untyped_storage()
+                keys.append((index, int(_compat.storage_cdata(s)), int(s.data_ptr()), row.t1_ns))
+            except (RuntimeError, NotImplementedError):
+                pass
         if row.create_graph:
             self._discover(*self._roots_keys(tensors))
 

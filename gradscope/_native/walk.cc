@@ -702,9 +702,8 @@ PyObject* roots_keys(Walker* self, PyObject* values, int make) {
   return PyTuple_Pack(2, roots.get(), keys.get());
 }
 
-// storage_keys(tensors, index, t1, out) -> True: (index, storage key, data address, t1) appended to
-// ``out`` for each tensor (record._gradient_keys); NotImplemented, with nothing appended, when one
-// is not a plain tensor.
+// (index, storage key, data address, t1) appended to ``out`` for each tensor, as record._gradient_keys
+// appends them (for pass_end); NotImplemented, with nothing appended, when one is not a plain tensor.
 PyObject* storage_keys(PyObject* tensors, PyObject* index, PyObject* t1, PyObject* out) {
   Py_ssize_t n = PyList_GET_SIZE(tensors);
   for (Py_ssize_t k = 0; k < n; ++k) {
@@ -743,11 +742,6 @@ PyObject* walker_roots(Walker* self, PyObject* args) {
   return roots_keys(self, values, make);
 }
 
-PyObject* walker_storage_keys(Walker*, PyObject* args) {
-  PyObject *tensors, *index, *t1, *out;
-  if (!PyArg_ParseTuple(args, "O!OOO!", &PyList_Type, &tensors, &index, &t1, &PyList_Type, &out)) return nullptr;
-  return storage_keys(tensors, index, t1, out);
-}
 
 // The node indices of ``keys`` that have one (a BackwardRow's roots and inputs).
 PyObject* indices_of(Walker* self, PyObject* keys) {
@@ -836,8 +830,6 @@ PyMethodDef walker_methods[] = {
      "What a backward's end needs, in one call (see NOTE [ a pass in two calls ])."},
     {"roots", reinterpret_cast<PyCFunction>(walker_roots), METH_VARARGS,
      "The graph nodes behind values and their keys (gradscope._walk's roots_of and keys_of)."},
-    {"storage_keys", reinterpret_cast<PyCFunction>(walker_storage_keys), METH_VARARGS,
-     "The storage rows of a pass's gradients (record._gradient_keys)."},
     {"count_packed", reinterpret_cast<PyCFunction>(walker_count_packed), METH_NOARGS,
      "Count the saves made since the last count by their node number (record._packed)."},
     {"discover", reinterpret_cast<PyCFunction>(walker_discover), METH_VARARGS,
