@@ -354,17 +354,69 @@ def allocation_tag() -> Any:
     return _EventType.Allocation
 
 
+# NOTE [ scopes outside the dispatcher ]: ``record_function`` opens its scope through two
+# operators (``profiler::_record_function_enter_new`` / ``_record_function_exit``), so a program's
+# own TorchDispatchMode saw them at every module call and backward pass gradscope marked. The
+# autograd bindings' ``_record_function_with_args_enter`` / ``_exit`` open the same user scope
+# (``RecordScope.USER_SCOPE``, which the lean profiler keeps) without an operator. (The profiler's
+# ``_RecordFunctionFast`` also bypasses the dispatcher, but its scopes are operator scopes, which
+# the lean profiler drops: see NOTE [ a lean profiler ].)
+_SCOPE_ENTER: Callable[..., Any] | None = getattr(torch._C._autograd, "_record_function_with_args_enter", None)
+_SCOPE_EXIT: Callable[[Any], None] | None = getattr(torch._C._autograd, "_record_function_with_args_exit", None)
+
+
+def _probe_direct_scopes() -> bool:
+    """Whether user scopes open and close without the dispatcher (a try outside any profiler)."""
+    if _SCOPE_ENTER is None or _SCOPE_EXIT is None:
+        return False
+    try:
+        _SCOPE_EXIT(_SCOPE_ENTER("gradscope.probe"))
+        return True
+    except Exception:
+        return False
+
+
+_DIRECT_SCOPES = _probe_direct_scopes()
+
+
 def record_scope_enter(name: str) -> Any:
-    """Open a profiler scope (a handle for :func:`record_scope_exit`)."""
+    """Open a profiler user scope (a handle for :func:`record_scope_exit`), without the
+    dispatcher where this torch allows (see NOTE [ scopes outside the dispatcher ])."""
+    if _DIRECT_SCOPES:
+        return _SCOPE_ENTER(name)  # type: ignore[misc]
     return torch.ops.profiler._record_function_enter_new(name, None)
 
 
 def record_scope_exit(handle: Any) -> None:
-    torch.ops.profiler._record_function_exit._RecordFunction(handle)
+    if _DIRECT_SCOPES:
+        _SCOPE_EXIT(handle)  # type: ignore[misc]
+    else:
+        torch.ops.profiler._record_function_exit._RecordFunction(handle)
+
+
+def scopes_bypass_dispatch() -> bool:
+    """Whether :func:`record_scope_enter` opens scopes without an operator (no dispatch mode sees it)."""
+    return _DIRECT_SCOPES
 
 
 def profiler_enabled() -> bool:
     return bool(torch.autograd.profiler._is_profiler_enabled) or bool(torch._C._autograd._profiler_enabled())
+
+
+def profiler_session_active() -> bool:
+    """Whether a profiler session is running on this thread (PyTorch's own state, not the flag)."""
+    return bool(torch._C._autograd._profiler_enabled())
+
+
+def _set_profiler_flag(enabled: bool) -> None:
+    """Set ``torch.autograd.profiler._is_profiler_enabled`` as PyTorch's own sessions do
+    (see NOTE [ the profiler flag ])."""
+    prof = torch.autograd.profiler
+    fn = getattr(prof, "_run_on_profiler_start" if enabled else "_run_on_profiler_stop", None)
+    if fn is not None:
+        fn()
+    elif hasattr(prof, "_is_profiler_enabled"):
+        prof._is_profiler_enabled = enabled
 
 
 def start_node_profiler(ops: bool = False) -> None:
@@ -394,15 +446,36 @@ def start_node_profiler(ops: bool = False) -> None:
     cfg = ProfilerConfig(ProfilerState.KINETO, ops, True, False, False, False, _ExperimentalConfig())
     activities = {ProfilerActivity.CPU}
     torch._C._autograd._prepare_profiler(cfg, activities)
-    torch._C._autograd._enable_profiler(  # type: ignore[call-arg]
-        cfg, activities,
-        {RecordScope.BACKWARD_FUNCTION, RecordScope.USER_SCOPE, *((RecordScope.FUNCTION,) if ops else ())},
-    )
+    # NOTE [ the profiler flag ]: PyTorch's sessions set the Python-side flag
+    # ``torch.autograd.profiler._is_profiler_enabled`` before they start and clear it after they
+    # stop (torch.compile's code and ``record_function``'s fast paths read it). A session that fails
+    # to start (``emit_itt``, ``emit_nvtx`` or a second profile inside a running one: "Profiler is
+    # already enabled on this thread") sets it and leaves it set; the running session's stop clears
+    # it. gradscope's session does the same, so that a program's failed start inside a block
+    # leaves nothing behind (before, the flag stayed set and every later memory='cpu' block
+    # refused to start); its own failed start puts the flag back as it was.
+    before = bool(getattr(torch.autograd.profiler, "_is_profiler_enabled", False))
+    _set_profiler_flag(True)
+    try:
+        torch._C._autograd._enable_profiler(  # type: ignore[call-arg]
+            cfg, activities,
+            {RecordScope.BACKWARD_FUNCTION, RecordScope.USER_SCOPE, *((RecordScope.FUNCTION,) if ops else ())},
+        )
+    except BaseException:
+        _set_profiler_flag(before)
+        raise
 
 
 def stop_profiler() -> Any:
-    """Stop the profiler started by :func:`start_node_profiler`; its results."""
-    return torch._C._autograd._disable_profiler()
+    """Stop the profiler started by :func:`start_node_profiler`; its results, or None when no
+    session runs any more (code in between stopped it; torch 2.6 raises when told to stop then).
+    Clears the flag as PyTorch's sessions do (see NOTE [ the profiler flag ])."""
+    try:
+        if not profiler_session_active():
+            return None
+        return torch._C._autograd._disable_profiler()
+    finally:
+        _set_profiler_flag(False)
 
 
 def results_event_tree(results: Any) -> list[Any]:
@@ -441,6 +514,36 @@ def torch_dispatch_mode() -> type:
 
 def has_ignore_compile_internals() -> bool:
     return hasattr(torch_dispatch_mode(), "ignore_compile_internals")
+
+
+def eager_compile_stance() -> Any:
+    """On a torch whose dispatch modes cannot ignore compile internals, set torch.compile's stance
+    to ``"force_eager"`` and return what :func:`restore_compile_stance` needs to put the previous
+    one back; None elsewhere (nothing changed).
+
+    NOTE [ compiled code under the tracker on old torch ]: torch 2.6's Dynamo, asked to run a frame
+    while a non-infra dispatch mode is active, returns no compiled code, and a frame it returns
+    nothing for has its code object marked "skip" with its cache dropped: that function, and every
+    module sharing its ``forward`` (all ``nn.Linear``), runs eagerly for the rest of the process.
+    With the stance ``"force_eager"`` Dynamo's frame callback is not installed at all, so frames run
+    eagerly without being marked. The stance is process-wide: for the block's duration compiled
+    code on other threads runs eagerly too. Dynamo is imported for this (a compiled function made
+    inside the block would be marked too)."""
+    if has_ignore_compile_internals():
+        return None
+    set_stance = getattr(getattr(torch, "compiler", None), "set_stance", None)
+    if set_stance is None:
+        return None
+    try:
+        return set_stance("force_eager")  # sets it now; its __exit__ puts the previous one back
+    except Exception:
+        return None
+
+
+def restore_compile_stance(handle: Any) -> None:
+    """Put back the stance :func:`eager_compile_stance` replaced (None: nothing to do)."""
+    if handle is not None:
+        handle.__exit__(None, None, None)
 
 
 def tree_leaves(x: Any) -> list[Any]:
@@ -506,6 +609,21 @@ SNAPSHOT_TRACES = "device_traces"
 # where this torch lacks the op.
 EFFICIENT_ZERO_OP: Any = getattr(getattr(torch.ops.aten, "_efficientzerotensor", None), "default", None)
 TRACE_ACTION, TRACE_SIZE, TRACE_ADDR, TRACE_TIME_US, TRACE_FRAMES = "action", "size", "addr", "time_us", "frames"
+
+# The operator through which tensors made outside the dispatcher (``torch.tensor(data)``,
+# ``torch.as_tensor``, ``torch.asarray``, ``new_tensor``, ...) enter it (see NOTE [ tensors made
+# outside dispatch ] in gradscope.memory); None where this torch lacks it.
+LIFT_FRESH_OP: Any = getattr(getattr(torch.ops.aten, "lift_fresh", None), "default", None)
+
+
+def allocator_owned(t: torch.Tensor) -> bool:
+    """Whether ``t``'s storage was allocated by PyTorch's allocator (it can be resized) rather
+    than wrapping memory made elsewhere (numpy's array under ``torch.from_numpy`` / ``as_tensor``,
+    a buffer under ``frombuffer``, DLPack), which no allocator event reports."""
+    try:
+        return bool(t.untyped_storage().resizable())
+    except (RuntimeError, NotImplementedError, AttributeError):
+        return False
 
 
 # ----------------------------------------------------------------------------- prediction helpers
@@ -578,7 +696,10 @@ _caps_lock = threading.Lock()
 
 @functools.cache
 def capabilities() -> Capabilities:
-    with _caps_lock:
+    """What this torch lets gradscope see, probed once per process, on tiny tensors of its own
+    that no dispatch mode of the program's sees (a mode around the first block must see only the
+    program's ops)."""
+    with _caps_lock, no_dispatch_modes(), torch.enable_grad():
         return Capabilities(
             sequence_nr=_SEQ is not None,
             saved_data=_probe_saved_data(),

@@ -285,11 +285,22 @@ class ProfilerSource:
         if not running:
             return out
         try:
+            if not _compat.profiler_session_active():
+                # PyTorch ends the running session when code inside starts and stops a profile of
+                # its own (torch 2.13: a second torch.profiler.profile() starts without an error):
+                # the events after that went to it, not to this block.
+                out.failures.append(
+                    "the profiler session memory='cpu' reads was ended inside the block by another "
+                    "profiler (a torch.profiler.profile started inside it): allocations after that "
+                    "are missing. Record that code with memory='tracker', or profile it outside the block."
+                )
             with _quiet_stderr():
                 results = _compat.stop_profiler()
         finally:
             self._noise.stop()
             _profiler_busy = False
+        if results is None:
+            return out
         ops, clock = self._ops, self._clock
 
         def read(trace: MemoryTrace) -> None:  # see NOTE [ analysis on first look ] in gradscope.record
@@ -475,6 +486,19 @@ def _quiet_stderr() -> Iterator[None]:
 # The online tracker (budgets, meta-device prediction)
 # --------------------------------------------------------------------------------------
 _MODE_CLASS: Any = None
+# NOTE [ tensors made outside dispatch ]: ``torch.tensor(data)`` (nested lists and Python scalars
+# too; the optimizers' 0-d ``step`` counters are made this way), ``torch.as_tensor`` /
+# ``torch.asarray`` of Python data, ``Tensor.new_tensor``, the legacy ``torch.Tensor(list)`` and
+# the index and value lists of ``sparse_coo_tensor`` allocate their storage below the dispatcher,
+# then pass the new tensor through ``aten::lift_fresh``, whose output is its input. The rule that
+# skips outputs sharing an input's storage (views, in-place) skipped these, and the tracker missed
+# their bytes where the allocator's events (memory='cpu') count them. So ``lift_fresh``'s output
+# is counted as an allocation when its storage is the allocator's. Storages wrapping memory made
+# elsewhere (``torch.from_numpy``, ``as_tensor``/``asarray`` of a numpy array of the same dtype,
+# which share the array's memory) are not: no allocator event reports them, and the memory was
+# numpy's before the call; a copy made from them (another dtype, ``torch.tensor(array)``) is an
+# ordinary operator output and counts. ``torch.frombuffer`` passes no operator and allocates nothing.
+_LIFT_FRESH = _compat.LIFT_FRESH_OP
 
 
 def _make_tracker_mode(source: TrackerSource) -> Any:
@@ -494,8 +518,14 @@ def _make_tracker_mode(source: TrackerSource) -> Any:
                 dispatch mode that does not ignore compile internals is active is skipped by Dynamo
                 for good: it runs eagerly from then on, also after the block (other numerics, other
                 memory). Ignoring them, compiled code stays compiled; allocations inside it are not
-                seen by the tracker (the recording says so; the profiler source sees them). On a
-                torch without this switch the recording says that compiled code ran eagerly."""
+                seen by the tracker (the recording says so; the profiler source sees them). A torch
+                without this switch (2.6-2.8) marks the code object of every frame it meets under
+                the mode as one never to compile (torch 2.6, measured: a compiled Linear called in
+                the block ran eagerly afterwards, and so did every other compiled Linear and a
+                compiled function called there); there the tracker sets torch.compile's stance to
+                "force_eager" for the block (see eager_compile_stance in gradscope._compat), so
+                compiled code runs eagerly inside it without Dynamo seeing a frame, and compiled
+                again after it; the recording says that compiled code ran eagerly."""
                 return True
 
             def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -511,6 +541,8 @@ def _make_tracker_mode(source: TrackerSource) -> Any:
                 out = func(*args, **kwargs)
                 if func is _compat.EFFICIENT_ZERO_OP:
                     src.zero_tangents = True
+                elif func is _LIFT_FRESH and _compat.allocator_owned(out):
+                    in_keys = set()  # see NOTE [ tensors made outside dispatch ]
                 try:
                     for t in _compat.tree_leaves(out):
                         if isinstance(t, torch.Tensor):
@@ -530,8 +562,16 @@ class TrackerSource:
     """A dispatch mode that counts each operator output's storage until its last reference dies.
 
     Rules it follows: outputs whose storage is also an input's are views or in-place results and
-    are skipped; zero tensors are skipped; only tensors of the recorded device type count
-    (torch.func creates internal meta tensors); it must be active before the forward pass.
+    are skipped, except ``lift_fresh``'s, the way tensors made from Python data enter the
+    dispatcher (see NOTE [ tensors made outside dispatch ]); zero tensors are skipped; only tensors
+    of the recorded device type count (torch.func creates internal meta tensors); it must be
+    active before the forward pass.
+
+    Known limitations: memory a kernel allocates for itself is not seen (CPU convolution's
+    temporaries; the 0-d tensor PyTorch wraps a Python number in for one operator, 8 bytes, and
+    the copy a kernel makes of it in the other operand's dtype: an optimizer step peaks 12 bytes
+    above what the tracker says inside such an operator). Memory shared with numpy
+    (``torch.from_numpy``) is numpy's and counts nowhere, as in the allocator's events.
     """
 
     name = "tracker"
@@ -558,18 +598,30 @@ class TrackerSource:
         self.failed_at: int | None = None  # events recorded when the budget refused an allocation
         self.zero_tangents = False  # see MemoryTrace.zero_tangents
         self._mode: Any = None
+        self._stance: Any = None  # torch.compile's stance to put back (see eager_compile_stance)
         self._call: int | None = None
         self.stopped = False
 
     def start(self) -> None:
-        self._mode = _make_tracker_mode(self)
-        self._mode.__enter__()
+        self._stance = _compat.eager_compile_stance()  # see NOTE [ the tracker and torch.compile ]
+        try:
+            self._mode = _make_tracker_mode(self)
+            self._mode.__enter__()
+        except BaseException:
+            self._mode = None
+            stance, self._stance = self._stance, None
+            _compat.restore_compile_stance(stance)
+            raise
 
     def stop(self) -> MemoryTrace:
         mode, self._mode = self._mode, None
-        if mode is not None:
-            mode.__exit__(None, None, None)
-            mode.source = None  # the mode object may be cached by torch: never keep the source
+        stance, self._stance = self._stance, None
+        try:
+            if mode is not None:
+                mode.__exit__(None, None, None)
+                mode.source = None  # the mode object may be cached by torch: never keep the source
+        finally:
+            _compat.restore_compile_stance(stance)
         self._drain()
         self.stopped = True
         # The finalizers on tensors made in the block (gradients, optimizer state) keep this source
@@ -640,6 +692,17 @@ class TrackerSource:
         self._known[key] = (nbytes, _compat.storage_weak_ref(storage))
         self._holders[key] = 1
         weakref.finalize(t, self._holder_died, key)
+
+    def watch_alias(self, t: torch.Tensor) -> None:
+        """A tensor made without an operator (gradscope's compiled pack hook's alias of a saved
+        tensor) that holds a tracked storage: followed as a view is (see NOTE [ orphaned
+        storages ]), so that the storage's free is seen when its last holder dies."""
+        if self.stopped or t.device.type != self.device_type:
+            return
+        key = _compat.storage_key(t)
+        if key is not None and key in self._known:
+            self._holders[key] = self._holders.get(key, 0) + 1
+            weakref.finalize(t, self._holder_died, key)
 
     def _holder_died(self, key: int) -> None:
         n = self._holders.get(key, 0) - 1
@@ -878,18 +941,30 @@ def _events_from_snapshot(snap: dict[str, Any], index: int, t0_ns: int, t1_ns: i
     return _inside_only(out)
 
 
+_nvml_missing = False  # NVML's library was looked for and is not on this machine
+
+
 def nvml_device_totals(index: int = 0) -> dict[str, int] | None:
     """Whole-device memory from NVML (``nvidia-ml-py``): ``{"total", "used", "free"}``.
 
-    None when NVML is not installed or no NVIDIA driver is present: normal on CPU machines.
+    None when NVML is not installed or no NVIDIA driver is present: normal on CPU machines. A
+    driver library found missing once is not looked for again: each try makes a new ctypes
+    library object, whose function-pointer class is cyclic garbage (see NOTE [ no cycles through
+    the recorder ] in :mod:`gradscope.record`).
     """
+    global _nvml_missing
+    if _nvml_missing:
+        return None
     try:
         import pynvml
     except ImportError:
         return None
     try:
         pynvml.nvmlInit()
-    except Exception:  # NVMLError_LibraryNotFound and friends: no driver here
+    except getattr(pynvml, "NVMLError_LibraryNotFound", ()):
+        _nvml_missing = True
+        return None
+    except Exception:  # no device, a driver too old, ...: asked again next time
         return None
     try:
         h = pynvml.nvmlDeviceGetHandleByIndex(index)
