@@ -29,7 +29,8 @@ Row layouts (tuples, fields by position; the constants below name them):
   ``.grad`` it accumulated into, or a result of ``autograd.grad``), read when the pass ended.
 - ``calls``: module calls, ``[root, rel, seq0, seq1, t0_ns, t1_ns, index, class name]`` (a
   list: the exit fills ``seq1``/``t1``); ``root`` indexes ``roots``.
-- ``backwards``: :class:`BackwardRow` per call into the autograd engine from the block's thread.
+- ``backwards``: :class:`BackwardRow` per call into the autograd engine from the block's thread
+  (also a call that raised: its error, and the events up to the failure).
 - ``events``: step events in engine order, ``(kind, ident, t_ns, value)``: see ``EV_*``.
 - ``optimizer_steps``: ``[name, t0_ns, t1_ns, seq0, seq1]``.
 """
@@ -75,6 +76,11 @@ class BackwardRow:
     ev1: int = 0
     observed: bool = True  # False: run unobserved (reentrant, inside torch.func)
     nodes_known: int | None = None  # nodes walked when it started: every node it can reach is among them
+    # the exception the call raised ("TypeName: message"; None: it returned), and whether it was an
+    # out-of-memory (torch.OutOfMemoryError, gs.MemoryBudgetExceeded among them); see NOTE [ a
+    # backward that raised ] in gradscope._passes
+    error: str | None = None
+    oom: bool = False
 
 
 @dataclass

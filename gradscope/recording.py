@@ -248,6 +248,15 @@ class BackwardCall:
     ``accumulated`` the ``AccumulateGrad`` nodes that ran (the leaves whose ``.grad`` it wrote);
     ``steps`` the ``[first, last]`` indices into :attr:`Recording.steps` it ran (None: no step
     seen). ``observed`` is False for a pass gradscope let run unobserved (another's hooks region).
+
+    A call that raised (and was caught inside the block, or ended it) has ``error``, the
+    exception as ``"TypeName: message"`` (None: it returned), and ``oom``, True for an
+    out-of-memory (``torch.OutOfMemoryError``, :class:`~gradscope.MemoryBudgetExceeded` among
+    them). Its steps are the nodes that started before the failure, the last one seen last;
+    ``failed_step`` is the step that raised (started and never finished), known where every node
+    is hooked (``memory="tracker"`` or ``"cuda"``; None elsewhere, or when it raised between
+    nodes or before the first). ``accumulated`` then lists the leaves whose ``.grad`` it wrote
+    before the failure. Files written before these fields existed load with ``error=None``.
     """
 
     index: int
@@ -260,6 +269,9 @@ class BackwardCall:
     first_step: int | None = None
     last_step: int | None = None
     observed: bool = True
+    error: str | None = None
+    oom: bool = False
+    failed_step: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -966,6 +978,7 @@ def _check_links(r: Recording) -> None:
             inside(i, n, "backward call node")
         inside(c.first_step, m, "backward call step")
         inside(c.last_step, m, "backward call step")
+        inside(c.failed_step, m, "backward call step")
     if r.held is not None:
         for h in r.held.rows:
             inside(h.node, n, "held node")

@@ -66,6 +66,7 @@ def summary_text(rec: Recording, top: int = 5) -> str:
         passes = "pass" if rec.backward_passes == 1 else "passes"
         lines.append(f"  backward: {rec.backward_passes} {passes}, {len(rec.steps)} node steps"
                      + _backward_calls_text(rec))
+    lines += _failed_calls_lines(rec)
     if rec.where.memory_source == "off":
         lines.append("  memory: not measured (memory='off')")
     else:
@@ -133,6 +134,36 @@ def _backward_calls_text(rec: Recording) -> str:
         elif c.retain_graph:
             kept.append(f"backward {i} with retain_graph=True")
     return ("; " + ", ".join(kept) + " (the graph was kept)") if kept else ""
+
+
+def _failed_calls_lines(rec: Recording) -> list[str]:
+    """One line per backward call that raised, e.g. ``backward 2 (backward) raised in step 3
+    (BoomBackward), after steps 1-2: ValueError: boom`` (see NOTE [ a backward that raised ] in
+    gradscope._passes)."""
+    lines = []
+
+    def node_of(step: int) -> str:
+        node = rec.steps[step].node if 0 <= step < len(rec.steps) else -1
+        return rec.nodes[node].name if 0 <= node < len(rec.nodes) else "?"
+
+    def span(a: int, b: int) -> str:
+        return f"step {step_number(a)}" if a == b else f"steps {step_number(a)}-{step_number(b)}"
+
+    for i, c in enumerate(rec.backward_calls, 1):
+        if c.error is None:
+            continue
+        first, last, failed = c.first_step, c.last_step, c.failed_step
+        if first is None or last is None:
+            where = " with no step seen"
+        elif failed is not None:
+            where = f" in step {step_number(failed)} ({node_of(failed)})"
+            if failed > first:
+                where += ", after " + span(first, failed - 1)
+        else:
+            where = f" after {span(first, last)} (last seen: {node_of(last)})"
+        oom = " [out of memory]" if c.oom else ""
+        lines.append(f"  backward {i} ({c.api}) raised{oom}{where}: {_one_line(c.error, 160)}")
+    return lines
 
 
 def _snapshot_summary(rec: Recording, top: int) -> str:
