@@ -140,6 +140,33 @@ def graph_pass(trace: Trace) -> Graph:
     return Graph(trace.nodes, Table(Edge, {"src": src, "dst": dst}), index, leaves, made)
 
 
+_INNER_NODE = "\0inner"  # a move's label: the saves of a node that CopySlices holds
+
+
+def inplace_views_pass(trace: Trace, graph: Graph) -> None:
+    """NOTE [ saves inside CopySlices ]: an in-place op on a view (``y = (w * 2).view(-1);
+    y.mul_(noise)``, an in-place dropout on a flattened view, ``hidden[mask] = v`` on a view) makes
+    its node (numbered n) and saves under it, then PyTorch wraps that node in a ``CopySlices`` node
+    made right after it (numbered n + 1), which holds it where no walk can reach it: no edge and no
+    attribute leads to the inner node. Its saves belong to the ``CopySlices`` node (they live as
+    long as it does, and it unpacks them when it runs), so they are moved there, as
+    ``fn.saved[i]``."""
+    by_seq = graph.by_seq
+    rows = graph.rows
+    moves = trace.seq_moves
+    packed: set[int] | None = None
+    for seq, i in by_seq.items():
+        if rows[i][N_NAME] != "CopySlices" or not isinstance(seq, int):
+            continue
+        inner = seq - 1
+        if inner in by_seq or inner in moves:
+            continue
+        if packed is None:
+            packed = {s[S_SEQ] for s in trace.saves}
+        if inner in packed:
+            moves[inner] = (seq, _INNER_NODE)
+
+
 # ----------------------------------------------------------------------------------- naming
 def naming_pass(trace: Trace) -> list[str]:
     """The name of each root module: see NOTE [ naming roots ] in :mod:`gradscope._names`."""
@@ -171,6 +198,8 @@ class Steps:
     scope_step: dict[int, int] = field(default_factory=dict)  # profiler scope -> step
     unresolved_scopes: int = 0
     unordered_passes: int = 0  # memory="off" passes whose unseen steps were not given back
+    # backward index -> the step that raised: started, never finished (see NOTE [ a backward that raised ])
+    failed: dict[int, int] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.node)
@@ -179,7 +208,22 @@ class Steps:
 def steps_pass(trace: Trace, graph: Graph) -> Steps:
     """Backward steps in engine order, from the trace's step events or, with the profiler as
     memory source, from its node scopes (see NOTE [ how steps are seen ] in
-    :mod:`gradscope.record`)."""
+    :mod:`gradscope.record`).
+
+    NOTE [ a backward that raised ]: a call into the engine that raises (an error of the engine's
+    own, a custom Function's backward or a hook that raises, an out-of-memory, a budget crossed)
+    keeps its row, with the exception as text (never the exception: its traceback holds the
+    user's frames) and whether it was an out-of-memory. Its steps are the nodes that started
+    before the failure, the node that raised last: every source sees a node start (its pre hook,
+    its profiler scope, its first unpack) also when it never ends. Where every node is hooked
+    (``memory="tracker"``, ``"cuda"``) a node that started and got no post hook is the one that
+    raised: ``BackwardCall.failed_step``, and a leaf whose ``AccumulateGrad`` raised is not among
+    the leaves it accumulated into. With ``memory="off"`` the steps of nodes that save nothing
+    are given back from the engine's order only between seen steps: where the pass stopped
+    after the last seen step is not known, so none is added after it (a note says so). Its
+    frees are those found at its end (the engine released the saves of the nodes that
+    finished); its gradients the ``.grad`` of the leaves it accumulated into before the failure
+    (``autograd.grad`` returns nothing then)."""
     out = Steps()
     mt = trace.memory_trace
     from_scopes = mt.source == "cpu" and bool(mt.scopes)
@@ -246,6 +290,8 @@ def _steps_from_events(trace: Trace, graph: Graph, b_index: int, b: BackwardRow,
     if trace.memory == "off" and len(node_l) > first:
         _add_unseen_steps(graph, b, out, first, freed_here)
     n = len(node_l)
+    if b.error is not None and n > first and n - 1 not in closed_at and _hooks_every_node(trace):
+        out.failed[b_index] = n - 1  # see NOTE [ a backward that raised ]
     out.backward.extend([b_index] * (n - first))
     out.scope.extend([None] * (n - first))
     for k in range(first, n):  # a step without a post hook ends where the next begins
@@ -338,9 +384,16 @@ def engine_order(graph: Graph, b: BackwardRow) -> list[int]:
     return order
 
 
+def _hooks_every_node(trace: Trace) -> bool:
+    """Whether every node of a pass had a pre and a post hook (the sources that read memory at
+    each step's start and end)."""
+    return trace.memory in ("tracker", "cuda")
+
+
 def _add_unseen_steps(graph: Graph, b: BackwardRow, out: Steps, first: int, freed_here: list[int]) -> None:
     """Insert the steps of nodes that ran unseen (see NOTE [ steps nobody saw ]) among the seen
-    steps ``out[first:]`` of pass ``b``."""
+    steps ``out[first:]`` of pass ``b`` (after the last seen one only where the pass returned:
+    see NOTE [ a backward that raised ])."""
     seen = out.node[first:]
     order = engine_order(graph, b)
     pos = {d: k for k, d in enumerate(order)}
@@ -387,7 +440,7 @@ def _add_unseen_steps(graph: Graph, b: BackwardRow, out: Steps, first: int, free
         src.append(k)
         how.append(1)
     k_last = len(node_l) - 1
-    for u in order[j:]:
+    for u in order[j:] if b.error is None else ():
         if u not in seen_set:
             nodes.append(u)
             src.append(k_last)
@@ -584,6 +637,10 @@ def saves_pass(trace: Trace, graph: Graph, prefixes: Sequence[str]) -> Saves:
             moved = moves_get(seq)
             if moved is None or (node := by_seq_get(moved[0])) is None:
                 continue
+            if moved[1] == _INNER_NODE:  # see NOTE [ saves inside CopySlices ]
+                k = position.get(seq, 0)
+                position[seq] = k + 1
+                attr = attr or f"fn.saved[{k}]"
             attr = attr or moved[1]
         sids.append(sid)
         nodes.append(node)
@@ -1038,12 +1095,13 @@ def backward_calls_pass(trace: Trace, graph: Graph, steps: Steps) -> list[Backwa
     rows = graph.rows
     for i, b in enumerate(trace.backwards):
         ks = by_b.get(i, [])
+        failed = steps.failed.get(i)  # a leaf whose AccumulateGrad raised got no gradient
         accumulated = tuple(dict.fromkeys(steps.node[k] for k in ks
-                                          if rows[steps.node[k]][N_NAME] == "AccumulateGrad"))
+                                          if k != failed and rows[steps.node[k]][N_NAME] == "AccumulateGrad"))
         out.append(BackwardCall(index=i, api=b.api, create_graph=b.create_graph, retain_graph=b.retain_graph,
                                 roots=tuple(b.roots), inputs=tuple(b.inputs), accumulated=accumulated,
                                 first_step=ks[0] if ks else None, last_step=ks[-1] if ks else None,
-                                observed=b.observed))
+                                observed=b.observed, error=b.error, oom=b.oom, failed_step=failed))
     return out
 
 
@@ -1105,6 +1163,13 @@ def notes_pass(trace: Trace, graph: Graph, saves: Saves, steps: Steps) -> list[s
             "order PyTorch's engine runs nodes on one thread (a pass on several devices' threads), so the "
             "steps of nodes that save nothing are not shown there; memory='tracker' hooks every node."
         )
+    raised = sum(1 for b in trace.backwards if b.observed and b.error is not None)
+    if raised and trace.memory == "off":
+        notes.append(
+            f"memory='off': {raised} backward call(s) raised; their steps end at the last node seen to run "
+            "(one that unpacked a saved tensor, a custom Function, a leaf): nodes that save nothing and ran "
+            "after it, the one that raised among them, are not shown. memory='tracker' hooks every node."
+        )
     if steps.unresolved_scopes:
         notes.append(f"{steps.unresolved_scopes} node scopes of the profiler could not be matched with a node "
                      "gradscope saw (made on another thread, or before a walk); they are not steps.")
@@ -1130,7 +1195,7 @@ def tracker_note(trace: Trace) -> str:
                  "materializes them, one weight-sized buffer per layer: the real run can peak higher.")
     if not _compat.capabilities().ignore_compile_internals:
         note += (" This torch cannot tell a dispatch mode to leave compiled code alone: torch.compile'd "
-                 "functions called in the block ran eagerly, and keep running eagerly after it.")
+                 "functions called in the block ran eagerly (they are compiled again after it).")
     return note
 
 
@@ -1140,6 +1205,7 @@ def build(trace: Trace, *, complete: bool = True, error: str | None = None) -> R
     over as columns: see NOTE [ tables are columns ] in :mod:`gradscope.recording`)."""
     trace.memory_trace.resolve()
     graph = graph_pass(trace)
+    inplace_views_pass(trace, graph)
     prefixes = naming_pass(trace)
     steps = steps_pass(trace, graph)
     orders = orders_pass(trace, graph, steps)
@@ -1288,5 +1354,5 @@ def _baseline(trace: Trace, saves: Saves, kinds: Sequence[Kind]) -> int:
 def _where(trace: Trace, device: str) -> Where:
     source = {"cpu": "cpu-allocator (profiler events)", "tracker": "storage tracker",
               "cuda": "cuda caching allocator", "off": "off"}.get(trace.memory, trace.memory)
-    return Where(device=device, memory_source=source, torch_version=trace.torch_version, rank=trace.rank,
+    return Where(device=device, memory_source=source, torch_version=str(trace.torch_version), rank=trace.rank,
                  world_size=trace.world_size, hostname=socket.gethostname())

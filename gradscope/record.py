@@ -48,12 +48,14 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import gc
 import itertools
 import operator
 import sys
 import threading
 import time
+import types
 import weakref
 from collections import _count_elements  # type: ignore[attr-defined]  # Counter.update's C loop
 from collections.abc import Callable, Mapping
@@ -62,6 +64,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 from torch.autograd.graph import saved_tensors_hooks
+from torch.nn.parameter import is_lazy
 
 from gradscope import _compat, _names, _native, _passes
 from gradscope._trace import (
@@ -288,7 +291,10 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         try:
             self._install()
         except BaseException:
-            self._uninstall()
+            try:
+                self._uninstall()
+            finally:
+                self._let_go()
             raise
         _active.rec = self
         return self
@@ -322,6 +328,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
             internal = internal or e
         self._root_mods.clear()
         self._free_weak_refs()
+        self._let_go()
         self._analysis = (exc_type is None, error)
         if internal is not None:
             self._analysis = None
@@ -427,7 +434,9 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                                              self._internal, self._tid)
             mod_pre, mod_post = _outside_compilers(compiled.pre), _outside_compilers(compiled.post)
         self._handles.append(nn.modules.module.register_module_forward_pre_hook(mod_pre))
-        self._handles.append(nn.modules.module.register_module_forward_hook(mod_post))
+        # always_call: a forward that raises closes its call too (a caught error must not leave its
+        # module open, or the nodes made after it would be given to that module)
+        self._handles.append(nn.modules.module.register_module_forward_hook(mod_post, always_call=True))
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
         self._handles.append(register_optimizer_step_pre_hook(self._opt_pre))
@@ -437,6 +446,10 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
             src.start()
             self._source = src
             self._undo.append(self._stop_source)
+            watch_alias = getattr(src, "watch_alias", None)
+            if watch_alias is not None and self._native is not None:
+                self._alias_watchers.append(watch_alias)
+                self._undo.append(self._alias_watchers.clear)
 
     def _stop_source(self) -> None:
         src, self._source = self._source, None
@@ -499,7 +512,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         weak: list[int | None] = []
         self._weak = weak
         weak_append = weak.append
-        internal = self._internal
+        internal = functools.partial(_note_internal, trace.notes)  # see NOTE [ no cycles through the recorder ]
         pending = st.pending
         pending_append = pending.append
         expired, free = _compat.weak_expired, _compat.weak_free
@@ -594,6 +607,17 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                 # Python's collector cannot break. Unpack rebuilds autograd metadata from the saved
                 # variable, not from the tensor the hook returns, so keeping only the data (as
                 # PyTorch does without hooks) is exact.
+                # NOTE [ a save that needs no detaching ]: a tensor that does not require grad
+                # has no node to hold, and PyTorch hands it back from ctx.saved_tensors as the
+                # same Python object (attributes the program set on it, identity checks): it is
+                # packed as itself, unless this object is packed already (its id names one save
+                # in packed_info; an entry of a dead object whose id was reused names another
+                # storage).
+                if not t.requires_grad:
+                    prev = packed_info.get(id(t), -1)
+                    if prev == -1 or (prev is not None and (prev >= sid or saves[prev][S_SKEY] != row[S_SKEY])):
+                        packed_info[id(t)] = sid
+                        return t
                 d = t.detach()
                 packed_info[id(d)] = sid
                 return d
@@ -630,8 +654,19 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         if self._native is None:
             return pack, unpack
         # the same pair, compiled: the Python pack hook packs what it does not read exactly
+        # The tracker follows each storage until its last holder dies; the compiled pack hook makes
+        # its alias without an operator (no dispatch mode sees it), so it tells the tracker (the
+        # source, made later in _install, is put in this list, and taken out when the block ends).
+        watchers: list[Callable[[torch.Tensor], None]] = []
+        self._alias_watchers = watchers
+
+        def watch(alias: torch.Tensor) -> None:
+            for w in watchers:
+                w(alias)
+
         compiled = self._native.Hooks(saves, versions, packed_info, weak if need_weak else None, events, pending, st,
-                                      pack, None if batched else check_frees, _inplace_error, need_ptr, need_time)
+                                      pack, None if batched else check_frees, _inplace_error, need_ptr, need_time,
+                                      watch if memory == "tracker" else None)
         if batched:
             self._check_frees = compiled.frees_at_end
         self._free_handles = compiled.free_handles  # the Python pair's handles are the same kind
@@ -651,6 +686,19 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
             if ref is not None:
                 free(ref)
         self._weak.clear()
+
+    def _let_go(self) -> None:
+        """NOTE [ no cycles through the recorder ]: a recorder dropped after its block must go at
+        once, with its rows, by reference counting: were it on a reference cycle, it (and the
+        trace or recording it holds, thousands of objects) would wait for Python's cyclic
+        collector, whose pass would then run inside the user's code, later. What the block
+        installs never refers back to the recorder after the block: the saved-tensor hooks (which
+        a graph keeps after the block, for its backward) note an internal error into the trace's
+        notes, not through the recorder; memory sources let go of the recorder's callback when
+        they stop; the compiled walk, whose callbacks are the recorder's methods, is dropped here
+        when the block ends (the walk at the block's end is its last use).
+        tests/test_cycles.py counts what the collector finds."""
+        self._walker = None
 
     def _hooks_on_top(self) -> bool:
         """Whether our pair is the innermost saved-tensor hooks pair on this thread."""
@@ -760,6 +808,8 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
             for name, p in named:
                 if kind == "parameter":
                     self._param_by_id[id(p)] = (weakref.ref(p), idx, name)
+                if is_lazy(p):  # a lazy module's parameter before its first call has no storage yet
+                    continue
                 k = _compat.storage_key(p)
                 if k is not None:
                     tr.param_keys.setdefault(k, (idx, name, kind))
@@ -874,31 +924,42 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
             st.marks = self._memory == "off" or (call.create_graph and not (src is not None and src.node_hooks))
             row.seq0 = _compat.sequence_nr()
             row.ev0 = len(trace.events)
-            result = orig(t_outputs, *args, **kwargs)
+            try:
+                result = orig(t_outputs, *args, **kwargs)
+            except BaseException as e:  # see NOTE [ a backward that raised ] in gradscope._passes
+                row.oom = isinstance(e, torch.OutOfMemoryError)  # gs.MemoryBudgetExceeded is one
+                try:
+                    row.error = f"{type(e).__name__}: {e}"
+                except Exception:  # an exception whose str() fails still names its type
+                    row.error = f"{type(e).__name__}: (its message could not be read)"
+                raise
             done = True
             return result
         finally:
             try:
-                self._step_boundary(None)
-            except Exception as e:
-                self._internal(e)
-            st.bw = None
-            st.marks = False
-            st.prev_node = None
-            st.last_seq = -1
-            row.seq1 = _compat.sequence_nr()
-            row.t1_ns = time.time_ns()
-            row.ev1 = len(trace.events)
-            for h in temporary:
-                h.remove()
+                try:
+                    self._step_boundary(None)
+                except Exception as e:
+                    self._internal(e)
+            finally:  # whatever the boundary raised, the pass ends and its hooks go
+                st.bw = None
+                st.marks = False
+                st.prev_node = None
+                st.last_seq = -1
+                row.seq1 = _compat.sequence_nr()
+                row.t1_ns = time.time_ns()
+                row.ev1 = len(trace.events)
+                for h in temporary:
+                    h.remove()
             if src is not None and src.marks_calls:
                 try:
                     src.call_exit(token, "")
                 except Exception as e:
                     self._internal(e)
-            if done:
-                # The gradients it made; after a create_graph=True pass, the nodes it made are
-                # found from them too.
+            if done or row.api == "backward":
+                # The gradients it made (a backward that raised: the .grad of the leaves it
+                # accumulated into before the failure, which stay); after a create_graph=True pass,
+                # the nodes it made are found from them too.
                 try:
                     self._gradient_keys(index, row, result)
                 except Exception as e:
@@ -916,17 +977,18 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
             self._packed_upto = len(saves)
         return seq in self._packed_seqs
 
-    def _discover(self, roots: list[Any], keys: list[Any] | None = None) -> None:
+    def _discover(self, roots: list[Any], keys: list[Any] | None = None, since: int | None = None) -> None:
         """Walk from ``roots`` through nodes not walked before, appending node and edge rows,
         naming saves and hooking the nodes whose steps the unpack hook cannot see (``keys``: the
-        roots' keys, where the caller has them)."""
+        roots' keys, where the caller has them). ``since``: a sequence number below which a node
+        not walked before is not entered (see NOTE [ the block's nodes ]); that walk is Python's."""
         trace = self._trace
         src = self._source
         hook_all = src is not None and src.node_hooks
         hooking = self._hooking
         walker = self._walker
         acc_known: Any = NotImplemented
-        if walker is not None:  # see NOTE [ compiled walk ] in gradscope._native: the whole of this
+        if walker is not None and since is None:  # see NOTE [ compiled walk ] in gradscope._native: the whole of this
             live = roots if keys is not None else [r for r in roots if r is not None]
             acc_known = walker.discover(live, keys if keys is not None else [node_key(r) for r in live], hooking,
                                         hook_all, trace.seq0, _TYPES, _ORDERS)
@@ -938,7 +1000,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                 if ref() is None:  # a leaf that died: its id() may name a new leaf now
                     index.pop(nodes[i][0], None)
                     del self._acc_vars[i]
-            acc_edges, acc_known = self._walk_nodes(roots, hooking, hook_all)
+            acc_edges, acc_known = self._walk_nodes(roots, hooking, hook_all, since)
             for p in acc_edges:  # every key of this walk is indexed now; a leaf's key may name another later
                 j = index.get(edge_keys[p])
                 edge_keys[p] = -1 - j if j is not None else None
@@ -952,8 +1014,8 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         for k, fn in acc_known.items():
             self._rehook_leaf(fn, k, post=hook_all)
 
-    def _walk_nodes(self, roots: list[Any], hooking: bool,
-                    hook_all: bool) -> tuple[list[int], dict[Any, Any]]:
+    def _walk_nodes(self, roots: list[Any], hooking: bool, hook_all: bool,
+                    since: int | None = None) -> tuple[list[int], dict[Any, Any]]:
         """The walk of _discover in Python (where the compiled walk is not in use, or a root is not
         a node it reads): the positions in edge_keys of AccumulateGrad keys, and a parent of each
         AccumulateGrad node walked before."""
@@ -998,7 +1060,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                             acc_edges.append(len(edge_keys))
                         key_out(k)
                         dst_out(i)
-                        if k not in index:
+                        if k not in index and (since is None or k.__class__ is not int or k >= since):
                             push((nxt, k))
                 if key.__class__ is int:
                     nodes.append((key, key, name, None, None, custom))
@@ -1193,8 +1255,10 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
             if lo <= seq and (hi < 0 or seq < hi):
                 return  # see NOTE [ torch.func and our hooks ]: said in the notes already
         trace = self._trace
+        others = any(lo <= seq and (hi < 0 or seq < hi) for lo, hi in self._other_seq)
         for attr, raw_attr in attrs:
             raws, listed = _compat.raw_saved_listed(fn, raw_attr)
+            read = False
             for k, raw in enumerate(raws):
                 hook = _compat.unpack_hook_of(raw)
                 if hook is self._unpack:  # ours, packed under another number
@@ -1203,10 +1267,21 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                         self._reattribute(sid, seq)
                         trace.save_attr[sid] = f"{attr}[{k}]" if _indexed(attr, listed, len(raws)) else attr
                 elif hook is _compat.NOT_VISIBLE:
-                    if any(lo <= seq and (hi < 0 or seq < hi) for lo, hi in self._other_seq):
+                    if others:
                         trace.unseen_saves += 1
+                    else:
+                        read = True
                 elif hook is not None:
                     trace.foreign_saves += 1
+            if read:
+                # An older torch, no other pair on top when the node was made: the saves are ours,
+                # packed under another number (torch 2.6's in-place ops clone self first, under a
+                # node of its own), or None; reading them runs only our unpack hook, which names them.
+                many = _indexed(attr, listed, len(raws))
+                try:
+                    self._read_by_unpacking(fn, attr, None if many else attr, trace.save_attr)
+                except Exception as e:
+                    self._internal(e)
 
     def _hook_leaf(self, fn: Any, i: int, name: str, post: bool) -> None:
         """NOTE [ AccumulateGrad nodes come and go ]: a leaf's AccumulateGrad node lives only while
@@ -1317,16 +1392,14 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                 src.mark(name)
 
     def _internal(self, e: BaseException) -> None:
-        if isinstance(e, MemoryBudgetExceeded):
-            raise e
-        msg = f"gradscope internal error while observing: {e!r}"
-        if msg not in self._trace.notes:
-            self._trace.notes.append(msg)
+        _note_internal(self._trace.notes, e)
 
     # ------------------------------------------------------------------ end of the block
     def _at_block_end(self, frame: Any, tb: Any) -> None:
-        """Roots of graphs the block left behind (results in variables, module outputs, results
-        in the frames an exception unwound) are walked; root modules get their user names."""
+        """Roots of graphs the block left behind (results in variables and in the objects they
+        hold, module outputs, results in the frames an exception unwound) are walked, stopping at
+        nodes made before the block (see NOTE [ the block's nodes ]); root modules get their user
+        names."""
         local_ns, global_ns = _frame_namespaces(frame)
         values: list[Any] = list(local_ns.values()) if local_ns is not None else []
         if local_ns is not global_ns and global_ns is not None:
@@ -1338,26 +1411,19 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                 if loc is not None:
                     values += list(loc.values())
             tb = tb.tb_next
-        roots: list[Any] = []
-        for v in values:
-            items = v.values() if isinstance(v, dict) else v if isinstance(v, list | tuple) else (v,)
-            try:
-                for t in list(items)[:1000]:
-                    fn = t.grad_fn if isinstance(t, torch.Tensor) else None
-                    if fn is not None:
-                        roots.append(fn)
-            except Exception:
-                continue
+        seq0 = self._trace.seq0
+        index = self._trace.node_index
+        roots = [fn for fn in _held_graphs(values) if _made_since(fn, seq0, index)]
         for ref in self._roots:
             t = ref()
             fn = t.grad_fn if t is not None else None
-            if fn is not None:
+            if fn is not None and _made_since(fn, seq0, index):
                 roots.append(fn)
         self._roots.clear()
         del values
         self._hooking = False  # everything is uninstalled: this walk only reads
         try:
-            self._discover(roots)
+            self._discover(roots, since=seq0)
         finally:
             del roots
         mods = [r() for r in self._root_mods]
@@ -1493,6 +1559,16 @@ def _outside_compilers(hook: Callable[..., None]) -> Callable[..., None]:
     return call
 
 
+def _note_internal(notes: list[str], e: BaseException) -> None:
+    """An error of gradscope's own while observing becomes a note (once); a budget's refusal is
+    the user's and goes on."""
+    if isinstance(e, MemoryBudgetExceeded):
+        raise e
+    msg = f"gradscope internal error while observing: {e!r}"
+    if msg not in notes:
+        notes.append(msg)
+
+
 def _internal_failure(e: BaseException) -> GradscopeError:
     return GradscopeError(
         f"gradscope: recording failed inside gradscope ({e!r}); every hook was removed. "
@@ -1535,6 +1611,80 @@ def _distributed() -> tuple[int | None, int | None]:
     except Exception:
         pass
     return None, None
+
+
+# NOTE [ the block's nodes ]: a notebook keeps earlier cells' results alive (an ``out`` whose graph
+# is still there, a list of losses), and a script's globals hold the last step's graph while the
+# next one is recorded. The block's graph is made of the nodes PyTorch created while it ran:
+# PyTorch numbers nodes from a per-thread counter as it creates them, so a node of the recorded
+# thread numbered below the counter at the block's start was made before it. The walk at the
+# block's end takes no such root and enters no such node (an edge to one is dropped); a backward
+# pass run inside the block still records every node it runs through, whenever it was made. Nodes
+# made by other threads (a CUDA backward's ``create_graph`` nodes, made on the engine's device
+# threads with their own counters) are found from the pass's gradients when it ends.
+_SKIP_TYPES: tuple[type, ...] = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType,
+                                 types.MethodType, types.CodeType, types.FrameType, str, bytes, int, float,
+                                 complex, bool, range, weakref.ReferenceType)
+_SKIP_PACKAGES = ("IPython", "ipykernel", "traitlets", "zmq", "tornado", "asyncio", "jupyter_client",
+                  "ipywidgets", "comm", "gradscope", "torch")
+_HELD_LIMIT = 20_000  # objects looked at, in all: a notebook's namespace may hold anything
+_HELD_DEPTH = 6  # out.past_key_values.layers[i].keys is 5 steps from a variable
+_PER_CONTAINER = 1_000
+
+
+def _made_since(fn: Any, seq0: int, index: Mapping[Any, int]) -> bool:
+    """Whether a root node is the block's (see NOTE [ the block's nodes ]) or walked already."""
+    try:
+        seq = _compat.node_sequence_nr(fn)
+    except Exception:
+        return True
+    return seq == _compat.ACC_SEQ or seq >= seq0 or seq in index
+
+
+def _held_graphs(values: list[Any]) -> list[Any]:
+    """The ``grad_fn`` of every tensor held by ``values``: directly, in lists, tuples, sets and
+    dicts, and in the attributes of the objects they hold (a KV cache in a model's output, a list
+    of results kept on an object), breadth first, bounded in depth and in objects looked at. Not
+    entered: Python modules, classes, functions, and objects of the notebook's and PyTorch's own
+    machinery (an ``nn.Module`` is entered: a result kept as its attribute is held)."""
+    found: list[Any] = []
+    seen: set[int] = set()
+    level = values
+    looked = 0
+    for _ in range(_HELD_DEPTH):
+        nxt: list[Any] = []
+        for v in level:
+            if looked >= _HELD_LIMIT:
+                return found
+            if id(v) in seen:
+                continue
+            seen.add(id(v))
+            looked += 1
+            try:
+                if isinstance(v, torch.Tensor):
+                    fn = v.grad_fn
+                    if fn is not None:
+                        found.append(fn)
+                    continue
+                if v is None or isinstance(v, _SKIP_TYPES):
+                    continue
+                if isinstance(v, dict):
+                    nxt.extend(itertools.islice(v.values(), _PER_CONTAINER))
+                elif isinstance(v, list | tuple | set | frozenset | collections.deque):
+                    nxt.extend(itertools.islice(v, _PER_CONTAINER))
+                else:
+                    mod = type(v).__module__ or ""
+                    if mod.split(".", 1)[0] in _SKIP_PACKAGES and not isinstance(v, nn.Module):
+                        continue
+                    d = getattr(v, "__dict__", None)
+                    if isinstance(d, dict):
+                        nxt.extend(itertools.islice(d.values(), _PER_CONTAINER))
+            except Exception:
+                continue
+        if not nxt:
+            break
+        level = nxt
+    return found
 
 
 def _frame_namespaces(frame: Any) -> tuple[Mapping[str, Any] | None, Mapping[str, Any] | None]:

@@ -90,19 +90,21 @@ struct Hooks {
   PyObject* fallback;       // the Python pack hook: packs every tensor this file would not read exactly
   PyObject* check_frees;    // callable, or None where frees are checked once a pass
   PyObject* inplace_error;  // callable(tensor, expected version) -> the exception to raise
+  PyObject* watch;          // callable(packed alias), or None: a memory source that follows each alias
   int need_ptr;
   int need_time;
 };
 
-using HooksRefs = gradscope_native::OwnedRefs<Hooks, 10, &Hooks::saves>;  // saves .. inplace_error
-static_assert(offsetof(Hooks, inplace_error) == offsetof(Hooks, saves) + 9 * sizeof(PyObject*));
+using HooksRefs = gradscope_native::OwnedRefs<Hooks, 11, &Hooks::saves>;  // saves .. watch
+static_assert(offsetof(Hooks, watch) == offsetof(Hooks, saves) + 10 * sizeof(PyObject*));
 
 int hooks_init(Hooks* self, PyObject* args, PyObject* kwds) {
-  PyObject *saves, *versions, *info, *weak, *events, *pending, *state, *fallback, *check_frees, *inplace_error;
+  PyObject *saves, *versions, *info, *weak, *events, *pending, *state, *fallback, *check_frees, *inplace_error,
+      *watch;
   int need_ptr, need_time;
-  if (!PyArg_ParseTuple(args, "O!O!O!OO!O!O!OOOpp", &PyList_Type, &saves, &PyList_Type, &versions, &PyDict_Type,
+  if (!PyArg_ParseTuple(args, "O!O!O!OO!O!O!OOOppO", &PyList_Type, &saves, &PyList_Type, &versions, &PyDict_Type,
                         &info, &weak, &PyList_Type, &events, &PyList_Type, &pending, &StateType, &state, &fallback,
-                        &check_frees, &inplace_error, &need_ptr, &need_time))
+                        &check_frees, &inplace_error, &need_ptr, &need_time, &watch))
     return -1;
   if (weak != Py_None && !PyList_Check(weak)) {
     PyErr_SetString(PyExc_TypeError, "weak: a list or None");
@@ -110,9 +112,11 @@ int hooks_init(Hooks* self, PyObject* args, PyObject* kwds) {
   }
   PyObject* olds[] = {self->saves, self->versions, self->info, self->weak, self->events,
                       self->pending, reinterpret_cast<PyObject*>(self->state), self->fallback,
-                      self->check_frees, self->inplace_error};
+                      self->check_frees, self->inplace_error, self->watch};
   Py_INCREF(saves), Py_INCREF(versions), Py_INCREF(info), Py_INCREF(weak), Py_INCREF(events);
   Py_INCREF(pending), Py_INCREF(state), Py_INCREF(fallback), Py_INCREF(check_frees), Py_INCREF(inplace_error);
+  Py_INCREF(watch);
+  self->watch = watch;
   self->saves = saves, self->versions = versions, self->info = info, self->weak = weak, self->events = events;
   self->pending = pending, self->state = reinterpret_cast<State*>(state), self->fallback = fallback;
   self->check_frees = check_frees, self->inplace_error = inplace_error;
@@ -181,8 +185,55 @@ PyObject* pack_plain(Hooks* self, PyObject* obj) {
        leaf});
   if (row == nullptr) return nullptr;  // untracked_tuple released the items either way
   PyObject* version = PyLong_FromLongLong(static_cast<long long>(t._version()));
-  at::Tensor d = t.detach();
-  PyObject* packed = THPVariable_Wrap(std::move(d));
+  // NOTE [ a save that needs no detaching ] in record.py: the object itself, unless packed already
+  PyObject* packed = nullptr;
+  if (!t.requires_grad()) {
+    PyObject* own = PyLong_FromVoidPtr(obj);
+    PyObject* prev = own != nullptr ? PyDict_GetItemWithError(self->info, own) : nullptr;  // borrowed
+    Py_XDECREF(own);
+    if (own == nullptr || (prev == nullptr && PyErr_Occurred())) {
+      Py_DECREF(row);
+      Py_XDECREF(version);
+      return nullptr;
+    }
+    bool free_id = prev == nullptr;
+    if (prev != nullptr && prev != Py_None) {
+      Py_ssize_t p = PyLong_AsSsize_t(prev);
+      if (p < 0 && PyErr_Occurred()) PyErr_Clear();
+      free_id = p < 0 || p >= sid ||
+                PyObject_RichCompareBool(PyTuple_GET_ITEM(PyList_GET_ITEM(self->saves, p), 1),
+                                         PyTuple_GET_ITEM(row, 1), Py_NE) == 1;
+    }
+    if (free_id) {
+      Py_INCREF(obj);
+      packed = obj;
+    }
+  }
+  // The detached alias (same storage, sizes, strides and version counter; no autograd meta) made
+  // from the TensorImpl itself: t.detach() is an operator, and a plain TensorImpl's copy asks the
+  // innermost dispatch mode to detach while one is active, so that a dispatch mode of the
+  // program's would see an op of ours at every save. With the Python key excluded, the copy is
+  // the TensorImpl's own (a plain tensor: see plain_tensor).
+  if (packed == nullptr) {
+    c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+    c10::intrusive_ptr<c10::TensorImpl> copy;
+    {
+      c10::impl::ExcludeDispatchKeyGuard no_modes(c10::DispatchKey::Python);
+      copy = impl->shallow_copy_and_detach(impl->version_counter(), impl->allow_tensor_metadata_change());
+    }
+    packed = THPVariable_Wrap(at::Tensor(std::move(copy)));
+    // the tracker sees no op making the alias: it is told, to follow its storage's last holder
+    if (packed != nullptr && self->watch != Py_None) {
+      PyObject* r = PyObject_CallOneArg(self->watch, packed);
+      if (r == nullptr) {
+        Py_DECREF(packed);
+        Py_DECREF(row);
+        Py_XDECREF(version);
+        return nullptr;
+      }
+      Py_DECREF(r);
+    }
+  }
   PyObject* id = packed != nullptr ? PyLong_FromVoidPtr(packed) : nullptr;
   PyObject* index = PyLong_FromSsize_t(sid);
   PyObject* handle = nullptr;
