@@ -147,10 +147,13 @@ def inplace_views_pass(trace: Trace, graph: Graph) -> None:
     """NOTE [ saves inside CopySlices ]: an in-place op on a view (``y = (w * 2).view(-1);
     y.mul_(noise)``, an in-place dropout on a flattened view, ``hidden[mask] = v`` on a view) makes
     its node (numbered n) and saves under it, then PyTorch wraps that node in a ``CopySlices`` node
-    made right after it (numbered n + 1), which holds it where no walk can reach it: no edge and no
+    made right after it (numbered n + 1, or n + 2 where the op saved a clone of ``self`` made
+    under a node of its own, n + 1), which holds it where no walk can reach it: no edge and no
     attribute leads to the inner node. Its saves belong to the ``CopySlices`` node (they live as
     long as it does, and it unpacks them when it runs), so they are moved there, as
-    ``fn.saved[i]``."""
+    ``fn.saved[i]``: the saves of the numbers right below the ``CopySlices`` node's that no node
+    walked has (at most three numbers, down to the first number that is a node or saved nothing).
+    """
     by_seq = graph.by_seq
     rows = graph.rows
     moves = trace.seq_moves
@@ -158,12 +161,11 @@ def inplace_views_pass(trace: Trace, graph: Graph) -> None:
     for seq, i in by_seq.items():
         if rows[i][N_NAME] != "CopySlices" or not isinstance(seq, int):
             continue
-        inner = seq - 1
-        if inner in by_seq or inner in moves:
-            continue
         if packed is None:
             packed = {s[S_SEQ] for s in trace.saves}
-        if inner in packed:
+        for inner in range(seq - 1, seq - 4, -1):
+            if inner in by_seq or inner in moves or inner not in packed:
+                break
             moves[inner] = (seq, _INNER_NODE)
 
 
@@ -626,6 +628,7 @@ def saves_pass(trace: Trace, graph: Graph, prefixes: Sequence[str]) -> Saves:
     save_attr_get, seq_attr_get, param_get = trace.save_attr.get, trace.seq_attr.get, trace.param_keys.get
     seq_order = trace.seq_order
     position: dict[int, int] = {}  # saves of a node in seq_order seen so far
+    inner_position: dict[int, int] = {}  # saves of a CopySlices node's inner node seen so far
     kind_of = {"parameter": Kind.PARAMETER, "buffer": Kind.BUFFER}
     input_kind, activation = Kind.INPUT, Kind.ACTIVATION
     moves_get = trace.seq_moves.get
@@ -638,8 +641,8 @@ def saves_pass(trace: Trace, graph: Graph, prefixes: Sequence[str]) -> Saves:
             if moved is None or (node := by_seq_get(moved[0])) is None:
                 continue
             if moved[1] == _INNER_NODE:  # see NOTE [ saves inside CopySlices ]
-                k = position.get(seq, 0)
-                position[seq] = k + 1
+                k = inner_position.get(moved[0], 0)
+                inner_position[moved[0]] = k + 1
                 attr = attr or f"fn.saved[{k}]"
             attr = attr or moved[1]
         sids.append(sid)
