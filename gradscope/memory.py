@@ -235,6 +235,8 @@ class ProfilerSource:
         self._clock: list[tuple[int, int]] = []
         self._noise = LineFilter()
         self._ops = False  # op scopes (a distributed job): collectives are read from them
+        self._taken = False  # see NOTE [ a profiler started inside the block ]
+        self._restore: Callable[[], None] | None = None
 
     def start(self) -> None:
         """NOTE [ one profiler at a time ]: PyTorch runs one profiler session per process. A
@@ -269,6 +271,7 @@ class ProfilerSource:
                 clock.append((before, time.time_ns()))
                 _compat.record_scope_exit(handle)
             self._clock = clock
+            self._watch_takeover()
         except BaseException:
             self._noise.stop()
             if self._running:
@@ -278,8 +281,34 @@ class ProfilerSource:
             _profiler_busy = False
             raise
 
+    def _watch_takeover(self) -> None:
+        """NOTE [ a profiler started inside the block ]: PyTorch runs one profiler session per
+        thread, and a ``torch.profiler.profile`` the program starts inside the block replaces
+        this one (no error on recent torch). From then on the block's scopes would land in the
+        program's profile: so the profiler's start inside ``torch.autograd.profiler`` is watched
+        while the block runs, and after one that succeeded on this thread no scope is opened."""
+        prof = torch.autograd.profiler
+        orig = getattr(prof, "_enable_profiler", None)
+        if orig is None:
+            return
+        tid = threading.get_ident()
+        source = weakref.ref(self)
+
+        def enable(*args: Any, **kwargs: Any) -> Any:
+            out = orig(*args, **kwargs)
+            me = source()
+            if me is not None and threading.get_ident() == tid:
+                me._taken = True
+            return out
+
+        prof._enable_profiler = enable
+        self._restore = lambda: setattr(prof, "_enable_profiler", orig)
+
     def stop(self) -> MemoryTrace:
         global _profiler_busy
+        restore, self._restore = self._restore, None
+        if restore is not None:
+            restore()
         running, self._running = self._running, False
         out = MemoryTrace(source=self.name, device="cpu", online=False, key_kind="address")
         if not running:
@@ -316,10 +345,12 @@ class ProfilerSource:
         return None
 
     def call_enter(self, kind: str, index: int, label: str) -> Any:
+        if self._taken:  # see NOTE [ a profiler started inside the block ]
+            return None
         return _compat.record_scope_enter(f"{MARK}{kind}#{index}")
 
     def call_exit(self, token: Any, label: str) -> None:
-        if token is not None:
+        if token is not None and not self._taken:
             _compat.record_scope_exit(token)
 
     def mark(self, label: str) -> None:
@@ -597,6 +628,10 @@ class TrackerSource:
         self.failures: list[str] = []  # errors while observing (the first 10), for the notes
         self.failed_at: int | None = None  # events recorded when the budget refused an allocation
         self.zero_tangents = False  # see MemoryTrace.zero_tangents
+        # a second device type whose outputs count while it is set (gradscope.predict for a CPU
+        # step: the optimizers' step counters are real CPU tensors among the meta ones)
+        self.also_device_type: str | None = None
+        self._unseen_keys = 0  # keys of count_unseen's allocations: negative, never a storage's
         self._mode: Any = None
         self._stance: Any = None  # torch.compile's stance to put back (see eager_compile_stance)
         self._call: int | None = None
@@ -658,7 +693,7 @@ class TrackerSource:
         self.sweep()
 
     def _observe(self, t: torch.Tensor, in_keys: set[int], func: Any) -> None:
-        if t.device.type != self.device_type:
+        if t.device.type != self.device_type and t.device.type != self.also_device_type:
             return
         if _compat.is_zero_tensor(t):
             return
@@ -697,12 +732,34 @@ class TrackerSource:
         """A tensor made without an operator (gradscope's compiled pack hook's alias of a saved
         tensor) that holds a tracked storage: followed as a view is (see NOTE [ orphaned
         storages ]), so that the storage's free is seen when its last holder dies."""
-        if self.stopped or t.device.type != self.device_type:
+        if self.stopped or t.device.type not in (self.device_type, self.also_device_type):
             return
         key = _compat.storage_key(t)
         if key is not None and key in self._known:
             self._holders[key] = self._holders.get(key, 0) + 1
             weakref.finalize(t, self._holder_died, key)
+
+    def count_unseen(self, nbytes: int, label: str) -> int:
+        """Count ``nbytes`` that no operator output holds (gradscope.predict's model of a Python
+        number PyTorch wraps in a tensor, or a kernel's copy of an input) until :meth:`end_unseen`
+        is called with the key returned. Frees already due are accounted first."""
+        self._drain()
+        if self.budget is not None and self._live + nbytes > self.budget:
+            if self.failed_at is None:
+                self.failed_at = len(self.events)
+            raise MemoryBudgetExceeded(nbytes, self._live, self.budget, where=label)
+        self._unseen_keys -= 1
+        self._live += nbytes
+        step, _ = self.context()
+        key = self._unseen_keys
+        self.events.append(AllocEvent(time.time_ns(), nbytes, key, label, None, step, None, self._call))
+        return key
+
+    def end_unseen(self, key: int, nbytes: int) -> None:
+        """The end of an allocation :meth:`count_unseen` began."""
+        self._live -= nbytes
+        step, _ = self.context()
+        self.events.append(AllocEvent(time.time_ns(), -nbytes, key, "free", None, step))
 
     def _holder_died(self, key: int) -> None:
         n = self._holders.get(key, 0) - 1
