@@ -535,7 +535,8 @@ def eager_compile_stance() -> Any:
     if set_stance is None:
         return None
     try:
-        return set_stance("force_eager")  # sets it now; its __exit__ puts the previous one back
+        with no_dispatch_modes():  # importing Dynamo runs ops: a program's own mode must not see them
+            return set_stance("force_eager")  # sets it now; its __exit__ puts the previous one back
     except Exception:
         return None
 
@@ -586,6 +587,9 @@ def no_dispatch_modes() -> Iterator[None]:
     """Run a few ops without the active Python dispatch modes (gradscope's own probes)."""
     from torch.utils._python_dispatch import _disable_current_modes
 
+    if not torch._C._len_torch_dispatch_stack():
+        yield
+        return
     with _disable_current_modes():
         yield
 

@@ -757,6 +757,8 @@ class TrackerSource:
 
     def end_unseen(self, key: int, nbytes: int) -> None:
         """The end of an allocation :meth:`count_unseen` began."""
+        if self.stopped:
+            return
         self._live -= nbytes
         step, _ = self.context()
         self.events.append(AllocEvent(time.time_ns(), -nbytes, key, "free", None, step))

@@ -1191,7 +1191,8 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         st.reading = []
         try:
             try:
-                value = getattr(fn, attr)
+                with _compat.no_dispatch_modes():  # unpacking makes ops (detach) no mode of the program's may see
+                    value = getattr(fn, attr)
             except (RuntimeError, AttributeError):
                 value = None
             read = st.reading

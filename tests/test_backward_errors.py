@@ -158,6 +158,7 @@ def _truth(case: Case, calls: list[Any]) -> Truth:
     truth = Truth()
     # node -> (label, seen by memory='off' when it starts, saves tensors); keeps the nodes alive
     hooked: dict[Any, tuple[Any, bool, bool]] = {}
+    handles: list[Any] = []  # removed at the end: a hook holding its node is a cycle left to the collector
     current = [0]
 
     def watch(outputs: list[torch.Tensor]) -> None:
@@ -168,8 +169,8 @@ def _truth(case: Case, calls: list[Any]) -> Truth:
                 continue
             custom = isinstance(fn, torch.autograd.function.BackwardCFunction)
             hooked[fn] = (_label(fn), custom or type(fn).__name__ == "AccumulateGrad", _saves_tensors(fn))
-            fn.register_prehook(lambda g, fn=fn: truth.started[current[0]].append(fn))
-            fn.register_hook(lambda gi, go, fn=fn: truth.finished[current[0]].append(fn))
+            handles.append(fn.register_prehook(lambda g, fn=fn: truth.started[current[0]].append(fn)))
+            handles.append(fn.register_hook(lambda gi, go, fn=fn: truth.finished[current[0]].append(fn)))
             stack.extend(n for n, _ in fn.next_functions)
 
     for k, (make, run) in enumerate(calls):
@@ -198,6 +199,9 @@ def _truth(case: Case, calls: list[Any]) -> Truth:
         truth.errors.append(error)
     truth.grads = {k: (v.grad.clone() if v.grad is not None else None)
                    for k, v in env.items() if isinstance(v, torch.Tensor) and v.is_leaf and v.requires_grad}
+    for h in handles:
+        h.remove()
+    hooked.clear()
     return truth
 
 

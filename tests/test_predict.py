@@ -212,7 +212,7 @@ def test_norm_backward_temporaries_are_noted() -> None:
     assert any("aten::native_batch_norm_backward" in n for n in p.notes)
 
 
-def test_multihead_attention_is_exact_but_for_one_wrapped_scalar() -> None:
+def test_multihead_attention_is_exact_with_its_wrapped_scalar() -> None:
     mha = nn.MultiheadAttention(64, 4, batch_first=True)
     x = torch.randn(4, 16, 64)
 
@@ -221,9 +221,10 @@ def test_multihead_attention_is_exact_but_for_one_wrapped_scalar() -> None:
 
     real = _real_peak(mha, x, step)
     p = gs.predict(step, mha, x, device="cpu")
-    # the 8 bytes: a Python float that becomes a 0-dim double tensor outside any operator, saved
-    # for backward by a multiplication; meta tensors never see it
-    assert real - p.peak_bytes == 8
+    # a Python float becomes a 0-dim double tensor outside any operator (8 bytes), saved for backward
+    # by a multiplication: meta tensors never see it, the prediction counts it
+    assert p.peak_bytes == real
+    assert [n for n in p.notes if "Python number saved for backward: 1 (8 bytes" in n]
 
 
 def test_sdpa_uses_the_cpu_kernel_not_the_math_path() -> None:
