@@ -26,8 +26,9 @@ workspaces, typically a few MiB to tens of MiB per stream), the GPU's own kernel
 and dropout take the usual fused kernels for their dtype, see :func:`_kernel_choices`, but a GPU
 also decides by its architecture), the CUDA context itself (hundreds of MiB outside the allocator),
 other streams, and fragmentation from earlier steps. On CPU, the meta run cannot see buffers that
-kernels allocate internally (convolution, norm and flash-attention backward), nor Python numbers
-turned into 8-byte tensors outside any operator; the result's notes say when such ops ran.
+kernels allocate internally (convolution, norm and flash-attention backward); the result's notes
+say when such ops ran. What a CPU step allocates outside operator outputs (Python numbers wrapped
+in tensors, kernels' dtype copies of inputs) is counted: see NOTE [ bytes no operator output holds ].
 
 Example:
     >>> import torch, gradscope as gs
@@ -46,8 +47,10 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -498,10 +501,11 @@ def _run(
             rec,
             torch.device("meta"),
             _kernel_choices(device),
-            _InPlaceAccumulation(rec),
-            _optimizer_steps_on(outside),
+            _AsOnTheDevice(rec, device) as device_mode,
+            _optimizer_steps_on(outside, functools.partial(_count_cpu, rec) if device == "cpu" else None),
         ):
             fn(*meta_args)
+            device_mode.settle()
     except GradscopeError:
         raise
     except Exception as e:
@@ -522,6 +526,12 @@ def _run(
     moves += [(a.free_at, a.index, -a.bytes) for a in r.allocations if a.free_at is not None]
     events += [(index, size) for _, index, size in sorted(moves)]
     notes = list(r.notes)
+    if device_mode.on_cpu:
+        notes.append(
+            "ops whose meta kernels reject what the CPU kernel takes (" + ", ".join(sorted(device_mode.on_cpu))
+            + "): their outputs' shapes and strides came from the CPU kernel run on zero-filled copies of "
+            "their inputs (see NOTE [ meta kernels stricter than the CPU's ] in gradscope.predict)."
+        )
     ops = sorted({a.label for a in r.allocations})
     hidden = [o for o in ops if any(h in o for h in _HIDDEN_WORKSPACE_OPS)]
     if hidden:
@@ -535,6 +545,14 @@ def _run(
             "ops whose CPU kernels allocate internal temporaries (" + ", ".join(temps[:4]) + "): "
             "meta tensors cannot show them; if the peak falls inside one of them the real CPU run "
             "peaks higher (by up to about one activation of that layer)."
+        )
+    if device_mode.unseen:
+        notes.append(
+            "CPU: counted what the real step allocates outside any operator output and meta tensors do not "
+            "(see NOTE [ bytes no operator output holds ] in gradscope.predict): "
+            + "; ".join(f"{what}: {n} ({b} bytes in all)"
+                        for what, (n, b) in sorted(device_mode.unseen.items()))
+            + "."
         )
     if any("scaled_dot_product" in o for o in ops):
         notes.append(
@@ -661,8 +679,17 @@ def _patched_dropout(original: Any) -> Any:
     return dropout
 
 
-class _InPlaceAccumulation(_compat.torch_dispatch_mode()):  # type: ignore[misc]
-    """The autograd engine's gradient accumulation, done in place as it is without observers.
+class _AsOnTheDevice(_compat.torch_dispatch_mode()):  # type: ignore[misc]
+    """Ops on meta tensors made to behave as the target device's kernels do.
+
+    Three corrections, each with its NOTE:
+
+    - gradient accumulation in place, as the engine does it without observers (NOTE [ observers
+      change gradient accumulation ]);
+    - outputs laid out as the device kernels lay them out where a meta kernel differs (NOTE [ meta
+      layouts that differ from the device's ]);
+    - ops whose meta kernel rejects what the CPU kernel takes (NOTE [ meta kernels stricter than
+      the CPU's ]).
 
     NOTE [ observers change gradient accumulation ]: when two gradients reach one input, the
     engine adds the second into the first in place if it holds the only reference to the first;
@@ -672,14 +699,87 @@ class _InPlaceAccumulation(_compat.torch_dispatch_mode()):  # type: ignore[misc]
     832 KiB). The prediction undoes that: an ``add`` the engine makes between one node's post hook
     and the next node's pre hook (the recorder knows that window) with grad mode off runs as the
     in-place ``add_`` the engine would have used.
+
+    NOTE [ meta layouts that differ from the device's ]: a meta kernel that gives an output other
+    strides than the device kernel changes what later ops do: a ``reshape`` of it copies where the
+    device's is a view. Measured on torch 2.13: ``native_layer_norm_backward`` with a
+    non-contiguous ``grad_out`` (Swin's windows) returns ``grad_input`` with ``grad_out``'s strides
+    on meta, contiguous on CPU and CUDA (both kernels write into an ``empty_like`` of the
+    contiguous input), and the prediction of a Swin step was 4 KiB high, one extra copy in a
+    ``ViewBackward0``. Such outputs (:data:`_DEVICE_CONTIGUOUS`) are given the device's strides
+    in place: same storage, no allocation.
+
+    NOTE [ meta kernels stricter than the CPU's ]: some meta kernels check the rules of the CUDA
+    kernel: ``_grouped_mm`` (``F.grouped_mm``, Mixtral's experts in transformers) demands
+    bfloat16 on meta while the CPU kernel takes float32. For ``device="cpu"`` such an op (all of
+    its tensors on meta, functional, its output shape not data-dependent) runs once more as the
+    CPU kernel on zero-filled CPU tensors of the same shapes, strides and dtypes, and its outputs
+    are made on meta with the CPU outputs' shapes, strides and dtypes: exact bytes, at the cost of
+    that op's inputs and outputs in CPU memory for a moment. The ops are listed in a note. For
+    ``device="cuda"``, where the meta kernel stands for the GPU's, the rejection is reported as
+    what it is (a :class:`GradscopeError` naming the op).
     """
 
-    def __init__(self, recorder: Any) -> None:
+    def __init__(self, recorder: Any, device: str) -> None:
         super().__init__()
         self._rec = recorder
+        self._device = device
+        self.on_cpu: set[str] = set()  # ops run by the CPU kernel (NOTE [ meta kernels stricter ... ])
+        # NOTE [ bytes no operator output holds ]: how many of each were counted, and their bytes
+        self.unseen: dict[str, list[int]] = {}
+        self._saved: list[tuple[Any, int, int]] = []  # (weak ref to the op's output, key, bytes)
+
+    def _source(self) -> Any:
+        src = getattr(self._rec, "_source", None) if self._device == "cpu" else None
+        return src if hasattr(src, "count_unseen") else None
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
+        src = self._source()
+        if src is None:
+            return self._dispatch(func, args, kwargs)
+        if self._saved:
+            self.settle()
+        unseen = _unseen_on_cpu(func, args, kwargs)
+        begun: list[tuple[int, int]] = []
+        kept: list[tuple[int, int]] = []
+        try:
+            for nbytes, what in unseen:
+                key = src.count_unseen(nbytes, f"{_label(func)} ({what})")
+                (kept if what == _SAVED_NUMBER else begun).append((key, nbytes))
+                row = self.unseen.setdefault(what, [0, 0])
+                row[0] += 1
+                row[1] += nbytes
+            out = self._dispatch(func, args, kwargs)
+        except BaseException:
+            begun += kept
+            raise
+        finally:
+            for key, nbytes in reversed(begun):
+                src.end_unseen(key, nbytes)
+        if kept:
+            first = next((t for t in _flat([out]) if isinstance(t, torch.Tensor)), None)
+            ref = None if first is None else weakref.ref(first)
+            self._saved += [(ref, key, nbytes) for key, nbytes in kept]
+        return out
+
+    def settle(self) -> None:
+        """Tie each Python number saved for backward to the node that saved it (known once
+        autograd has set the op's output's ``grad_fn``, by the next op): its bytes end when that
+        node's backward has run, as the engine then releases the node's saved tensors."""
+        src = self._source()
+        pending, self._saved = self._saved, []
+        if src is None:
+            return
+        for ref, key, nbytes in pending:
+            t = None if ref is None else ref()
+            node = None if t is None else t.grad_fn
+            if node is None:
+                src.end_unseen(key, nbytes)
+            else:
+                node.register_hook(_EndAfterBackward(src, key, nbytes))
+
+    def _dispatch(self, func: Any, args: Any, kwargs: Any) -> Any:
         if (
             func is torch.ops.aten.add.Tensor
             and not kwargs
@@ -692,12 +792,251 @@ class _InPlaceAccumulation(_compat.torch_dispatch_mode()):  # type: ignore[misc]
             and _dense(args[0])
         ):
             return torch.ops.aten.add_.Tensor(args[0], args[1])
-        return func(*args, **kwargs)
+        try:
+            out = func(*args, **kwargs)
+        except RuntimeError as e:  # NotImplementedError (no meta kernel) is one too
+            if not _cpu_can_stand_in(func, args, kwargs):
+                raise
+            if self._device != "cpu":
+                raise GradscopeError(
+                    f"gradscope: PyTorch's meta kernel for {func} rejects this step's inputs "
+                    f"({type(e).__name__}: {e}); the meta kernel checks the GPU kernel's rules, so the "
+                    "real step may fail on the GPU too. Predict with device='cpu' (the CPU kernel runs "
+                    "such ops), or measure a real run with gs.record()."
+                ) from e
+            out = self._on_cpu(func, args, kwargs, e)
+        fix = _DEVICE_CONTIGUOUS.get(func)
+        if fix is not None:
+            outs = out if isinstance(out, tuple) else (out,)
+            for i in fix:
+                t = outs[i]
+                if isinstance(t, torch.Tensor) and t.device.type == "meta" and not t.is_contiguous():
+                    t.as_strided_(t.shape, _contiguous_strides(t.shape))
+        return out
+
+    def _on_cpu(self, func: Any, args: Any, kwargs: Any, error: Exception) -> Any:
+        """See NOTE [ meta kernels stricter than the CPU's ]."""
+
+        def zeros(t: torch.Tensor) -> torch.Tensor:
+            span = 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True)) if t.numel() else 0
+            return torch.zeros(span, dtype=t.dtype, device="cpu").as_strided(tuple(t.shape), tuple(t.stride()))
+
+        def cpu_version(o: Any) -> Any:
+            if isinstance(o, torch.Tensor):
+                return zeros(o)
+            if isinstance(o, list | tuple):
+                return type(o)(cpu_version(v) for v in o)
+            return o
+
+        try:
+            with torch.no_grad():
+                cpu_out = func(*cpu_version(list(args)), **{k: cpu_version(v) for k, v in kwargs.items()})
+        except Exception:
+            raise error from None  # the CPU kernel rejects it too: the step's own error
+        self.on_cpu.add(str(func.name()) if hasattr(func, "name") else str(func))
+
+        def meta_version(o: Any) -> Any:
+            if isinstance(o, torch.Tensor):
+                return torch.empty_strided(tuple(o.shape), tuple(o.stride()), dtype=o.dtype, device="meta")
+            if isinstance(o, list | tuple):
+                return type(o)(meta_version(v) for v in o)
+            return o
+
+        return meta_version(cpu_out)
+
+
+class _EndAfterBackward:
+    """A node's post hook that ends a saved Python number's bytes (once): see NOTE [ bytes no
+    operator output holds ]."""
+
+    def __init__(self, src: Any, key: int, nbytes: int) -> None:
+        self._src: Any = weakref.ref(src)
+        self._key = key
+        self._nbytes = nbytes
+
+    def __call__(self, grad_inputs: Any, grad_outputs: Any) -> None:
+        src = self._src()
+        if src is not None and self._nbytes:
+            src.end_unseen(self._key, self._nbytes)
+        self._nbytes = 0
+
+
+# Outputs whose device kernels (CPU and CUDA) are contiguous whatever the meta kernel says: see
+# NOTE [ meta layouts that differ from the device's ].
+_DEVICE_CONTIGUOUS: dict[Any, tuple[int, ...]] = {
+    torch.ops.aten.native_layer_norm_backward.default: (0,),
+}
+
+
+def _contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    strides, n = [], 1
+    for size in reversed(shape):
+        strides.append(n)
+        n *= max(int(size), 1)
+    return tuple(reversed(strides))
+
+
+def _cpu_can_stand_in(func: Any, args: Any, kwargs: Any) -> bool:
+    """Whether a CPU run on zero-filled tensors gives ``func``'s exact output layout: a functional
+    op whose outputs' shapes do not depend on values, with every tensor of it on meta."""
+    schema = getattr(func, "_schema", None)
+    if schema is None or schema.is_mutable or any(r.alias_info is not None for r in schema.returns):
+        return False
+    tags = set(getattr(func, "tags", ()))
+    if any(getattr(torch.Tag, n, None) in tags for n in ("dynamic_output_shape", "data_dependent_output")):
+        return False
+    tensors = [a for a in _flat([list(args), dict(kwargs)]) if isinstance(a, torch.Tensor)]
+    return bool(tensors) and all(t.device.type == "meta" for t in tensors)  # no CPU kernel: the CPU run says so
+
+
+# NOTE [ bytes no operator output holds ]: on CPU, three kinds of allocation are made where no
+# dispatch mode sees an operator output, and on meta none of them is made at all (measured with
+# the profiler's allocation events, torch 2.13):
+# - a Python number passed where an operator takes a Tensor (``exp_avg_sq.mul_(beta2)``,
+#   ``x / 2``) is wrapped into a 0-dim tensor by PyTorch's argument parser, outside any operator:
+#   double and int64 8 bytes, complex 16, bool 1; a dispatch mode receives it back as the Python
+#   number, in a Tensor slot of the schema. It dies when the op returns, except that autograd keeps
+#   ``mul``'s and ``div``'s ``other`` (without passing it through saved-tensor hooks) until the
+#   node's backward has run: ``x / math.sqrt(d)`` in attention holds 8 bytes until backward reaches
+#   it (counted until the node's post hook; a graph freed without backward keeps them counted to
+#   the end of the block). The ``.Scalar`` overloads of the binary and comparison
+#   ops (``div_.Scalar`` in dropout, ``mul.Scalar`` in backward formulas) wrap their number the
+#   same way inside the CPU kernel, and the CPU ``mean`` divides by the element count as a wrapped
+#   int64 (``sum(...).div_(n)``);
+# - the CPU's TensorIterator binary and comparison kernels copy every input whose dtype is not the
+#   op's common dtype before allocating the output (``.to(common)``): a wrapped double becomes a
+#   4-byte float32, a bool mask multiplied into float32 becomes a float32 mask of its size; an
+#   in-place op whose own dtype is not the common one also computes into a temporary of it;
+# - the step counters of optimizers (see NOTE [ optimizer steps keep the default device ]).
+# For ``device="cpu"`` each of the first two is counted as alive for the duration of its op
+# (:func:`_unseen_on_cpu`) and the counters are counted as CPU tensors, so that the prediction
+# matches the CPU allocator's events. On a GPU, wrapped numbers live in CPU memory and kernels
+# read them as scalars: nothing is counted for ``device="cuda"``.
+_NUMBER_DTYPES: tuple[tuple[type, torch.dtype], ...] = (
+    (bool, torch.bool),  # before int: a bool is an int
+    (int, torch.int64),
+    (float, torch.float64),
+    (complex, torch.complex128),
+)
+# binary ops whose ``.Scalar`` overloads wrap the number in their CPU kernel (measured one by one)
+_WRAPS_SCALAR = frozenset(
+    "add sub mul div true_divide rsub remainder fmod floor_divide eq ne lt le gt ge "
+    "bitwise_and bitwise_or bitwise_xor".split()
+)
+# TensorIterator ops that copy an input of another dtype than the common one on CPU, with the
+# names of their two operands (measured one by one; ``where``'s kernel copies with ``.to`` itself)
+_PROMOTES_INPUTS: dict[str, tuple[str, str]] = {
+    **{n: ("self", "other") for n in _WRAPS_SCALAR},
+    **{n: ("self", "other") for n in ("maximum", "minimum", "atan2", "logical_and", "logical_or",
+                                      "logical_xor", "where")},
+    "pow": ("self", "exponent"),
+}
+_FLOAT_OPS = frozenset({"div", "true_divide", "atan2"})  # integer inputs compute in the default float
+_SAVED_NUMBER = "Python number saved for backward"
+
+
+def _number_dtype(v: Any) -> torch.dtype | None:
+    """The dtype PyTorch wraps a Python number in (None: not a Python number)."""
+    for kind, dtype in _NUMBER_DTYPES:
+        if type(v) is kind:
+            return dtype
+    return None
+
+
+def _label(func: Any) -> str:
+    return "aten::" + str(getattr(func, "__name__", func))
+
+
+def _unseen_on_cpu(func: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[tuple[int, str]]:
+    """``(bytes, what)`` of each allocation a real CPU run of ``func`` makes that no operator
+    output holds: see NOTE [ bytes no operator output holds ]."""
+    schema = getattr(func, "_schema", None)
+    if schema is None:
+        return []
+    values: dict[str, Any] = {}
+    slots: dict[str, str] = {}
+    for i, a in enumerate(schema.arguments):
+        if i < len(args) and not a.kwarg_only:
+            values[a.name] = args[i]
+        elif a.name in kwargs:
+            values[a.name] = kwargs[a.name]
+        else:
+            continue
+        slots[a.name] = str(a.type)
+    packet = str(schema.name).split("::")[-1]
+    base = packet[:-1] if packet.endswith("_") and not packet.endswith("__") else packet
+    overload = str(schema.overload_name)
+    wraps = base in _WRAPS_SCALAR and overload in ("Scalar", "Scalar_mode")
+    self_ = values.get("self")
+    saves = (  # autograd keeps mul's and div's ``other`` for self's gradient
+        base in ("mul", "div")
+        and overload in ("Tensor", "Tensor_mode")
+        and isinstance(self_, torch.Tensor)
+        and self_.requires_grad
+        and torch.is_grad_enabled()
+        and not torch.is_inference_mode_enabled()
+    )
+    # a C++ backward formula that gets a number in a Tensor slot passes a number its node kept
+    node = _compat.current_node()
+    kept = node is not None and not isinstance(node, torch.autograd.function.BackwardCFunction)
+    out: list[tuple[int, str]] = []
+    wrapped: set[str] = set()
+    for name, v in values.items():
+        dtype = _number_dtype(v)
+        tensor_slot = slots[name] in ("Tensor", "Optional[Tensor]")
+        if dtype is None or not (tensor_slot or (wraps and name == "other")):
+            continue
+        wrapped.add(name)
+        if kept and slots[name] != "number":  # (a Scalar slot's type reads "number")
+            continue
+        what = _SAVED_NUMBER if saves and name == "other" else "Python number as a tensor"
+        out.append((dtype.itemsize, what))
+    if base == "mean" and overload in ("dim", ""):
+        t = values.get("self")
+        dtype = values.get("dtype") or (t.dtype if isinstance(t, torch.Tensor) else None)
+        if dtype in (torch.float32, torch.float64, torch.complex64, torch.complex128):
+            out += [(8, "Python number as a tensor"), (dtype.itemsize, "kernel's copy of an input")]
+        return out
+    names = _PROMOTES_INPUTS.get(base)
+    if names is None or overload.startswith("out") or any(n not in values for n in names):
+        return out
+    if any(not isinstance(values[n], torch.Tensor) and n not in wrapped for n in names):
+        return out  # a number the kernel takes as a Scalar (pow.Tensor_Scalar): no tensor, no copy
+    a, b = (values[n] for n in names)
+    if not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor):
+        return out
+    try:
+        common = torch.result_type(a, b)
+    except (RuntimeError, TypeError):
+        return out
+    integral = not (common.is_floating_point or common.is_complex)
+    if base in _FLOAT_OPS and values.get("rounding_mode") is None and integral:
+        common = torch.get_default_dtype()
+    for v in (a, b):
+        if isinstance(v, torch.Tensor):
+            if v.dtype != common:
+                out.append((v.numel() * common.itemsize, "kernel's copy of an input"))
+        elif _number_dtype(v) not in (None, common):
+            out.append((common.itemsize, "kernel's copy of an input"))
+    if packet != base and isinstance(a, torch.Tensor) and a.dtype != common:  # in place
+        out.append((a.numel() * common.itemsize, "kernel's copy of an input"))
+    return out
+
+
+def _count_cpu(rec: Any, inside: bool) -> None:
+    """Inside an optimizer step of a ``device="cpu"`` prediction, CPU tensors count as the meta ones
+    do: see NOTE [ optimizer steps keep the default device ]."""
+    src = getattr(rec, "_source", None)
+    if src is not None and hasattr(src, "also_device_type"):
+        src.also_device_type = "cpu" if inside else None
 
 
 @contextlib.contextmanager
-def _optimizer_steps_on(default: torch.device) -> Iterator[None]:
-    """While this thread runs an optimizer's ``step``, factory calls make tensors on ``default``.
+def _optimizer_steps_on(
+    default: torch.device, on_step: Callable[[bool], None] | None = None
+) -> Iterator[None]:
+    """While this thread runs an optimizer's ``step``, factory calls make tensors on ``default``
+    (and ``on_step(True)`` / ``on_step(False)`` are called as it starts and ends).
 
     NOTE [ optimizer steps keep the default device ]: optimizers keep their per-parameter step
     counter as a 0-dim tensor made by ``torch.tensor(0.0)`` and read it with ``.item()`` (Adam,
@@ -707,7 +1046,8 @@ def _optimizer_steps_on(default: torch.device) -> Iterator[None]:
     the parameters are on, so inside ``Optimizer.step`` the user's default device (the one outside
     the prediction) is put back. State made from the parameters (``zeros_like(p)``: exp_avg,
     momentum buffers) still follows them onto meta and is counted; the counters are on the default
-    device and, as in the real run's numbers from the tracker, not counted (4 bytes each). For the
+    device: for ``device="cpu"`` they are counted (4 bytes each, as the real CPU run allocates them
+    inside the step), for ``device="cuda"`` not (a real GPU step keeps them in CPU memory). For the
     same reason the copy of an optimizer that has stepped before (or made its state in its
     constructor: Adagrad, ASGD) keeps its 0-dim state tensors as private copies with their values
     (see :func:`_optimizer_scalars`), not as meta tensors.
@@ -724,10 +1064,14 @@ def _optimizer_steps_on(default: torch.device) -> Iterator[None]:
             ctx = torch.device(default)
             ctx.__enter__()
             entered.append(ctx)
+            if on_step is not None:
+                on_step(True)
 
     def post(optimizer: Any, args: Any, kwargs: Any) -> None:
         if threading.get_ident() == me and entered:
             entered.pop().__exit__(None, None, None)
+            if on_step is not None and not entered:
+                on_step(False)
 
     handles = [register_optimizer_step_pre_hook(pre), register_optimizer_step_post_hook(post)]
     try:
@@ -737,6 +1081,8 @@ def _optimizer_steps_on(default: torch.device) -> Iterator[None]:
             h.remove()
         while entered:
             entered.pop().__exit__(None, None, None)
+        if on_step is not None:
+            on_step(False)
 
 
 def _dense(t: torch.Tensor) -> bool:
@@ -800,11 +1146,21 @@ def _float_mask(mask: Any, dtype: torch.dtype) -> Any:
 
 
 def _stand_in(t: Any) -> Any:
+    """A CPU tensor that the CPU's kernel choice cannot tell from ``t``: the same shape, dtype and
+    ``requires_grad``, holding one row of memory.
+
+    NOTE [ stand-ins keep requires_grad ]: the choice depends on which inputs require grad (the
+    CPU flash kernel has no gradient for ``attn_mask``, so a mask that requires grad, as Swin's
+    relative position bias does, sends the real step to the math kernel); a stand-in that
+    dropped the flag would make the prediction take a kernel the real step never runs.
+    """
     if not isinstance(t, torch.Tensor) or t.device.type != "meta":
         return t
     if t.dim() == 0:
-        return torch.empty((), dtype=t.dtype, device="cpu")
-    return torch.empty(t.shape[-1], dtype=t.dtype, device="cpu").expand(t.shape)
+        s = torch.empty((), dtype=t.dtype, device="cpu")
+    else:
+        s = torch.empty(t.shape[-1], dtype=t.dtype, device="cpu").expand(t.shape).detach()
+    return s.requires_grad_(t.requires_grad)
 
 
 # ----------------------------------------------------------------------------------------------
