@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 from torch._C._profiler import _EventType
+from torch.utils._python_dispatch import TorchDispatchMode
 
 os.environ.setdefault("KINETO_LOG_LEVEL", "5")
 
@@ -86,6 +87,18 @@ def profiler_cpu_allocations(step: Any) -> list[tuple[int, int, int]]:
             events.append((e.start_time_ns, int(e.extra_fields.alloc_size), int(e.extra_fields.ptr)))
     events.sort(key=lambda x: x[0])
     return events
+
+
+class OpLog(TorchDispatchMode):
+    """A program's own dispatch mode: it logs every operator it sees, in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
 
 
 def profiler_peak(step: Any) -> int:

@@ -17,9 +17,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import no_gradscope_left, profiler_peak
+from conftest import OpLog, no_gradscope_left, profiler_peak
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import gradscope as gs
 from gradscope import _compat
@@ -113,17 +112,6 @@ def test_tracker_sees_adamw_step_counters(foreach: bool) -> None:
 
 
 # ------------------------------------------------------------------ scopes outside the dispatcher
-class _OpLog(TorchDispatchMode):
-    """A program's own dispatch mode: it logs every operator it sees."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: list[str] = []
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        self.ops.append(str(func))
-        return func(*args, **(kwargs or {}))
-
 
 class _Scale(nn.Module):
     """Saves only its input, which needs no gradient (so no pack hook detaches anything)."""
@@ -147,7 +135,7 @@ class _Two(nn.Module):
 
 def _logged_ops(model: nn.Module, x: torch.Tensor) -> list[str]:
     model.zero_grad(set_to_none=True)
-    with _OpLog() as log:
+    with OpLog() as log:
         model(x).sum().backward()
     return log.ops
 
@@ -181,7 +169,7 @@ def test_cpu_source_adds_no_operator_over_memory_off() -> None:
 
 def test_profiler_scopes_bypass_the_dispatcher() -> None:
     assert _compat.scopes_bypass_dispatch()
-    with _OpLog() as log:
+    with OpLog() as log:
         _compat.record_scope_exit(_compat.record_scope_enter("gradscope.test"))
     assert log.ops == []
 

@@ -21,11 +21,10 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import independent_nodes, no_gradscope_left, profiler_peak
+from conftest import OpLog, independent_nodes, no_gradscope_left, profiler_peak
 from IPython.testing import globalipapp
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import gradscope as gs
 
@@ -524,15 +523,6 @@ def test_forward_errors_caught_in_the_block_leave_the_next_step_intact(case: tup
 
 
 # ------------------------------------------------------ 4. a profiler or dispatch mode of the user's
-class _OpLog(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: list[str] = []
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        self.ops.append(str(func))
-        return func(*args, **(kwargs or {}))
-
 
 def _cache_net() -> tuple[Any, torch.Tensor]:
     ns = _run(_holder_cell("attr_list", 6, 8, 4, 2)[0])
@@ -583,19 +573,19 @@ def test_a_users_dispatch_mode_sees_the_same_ops(case: tuple[Any, ...]) -> None:
     which, (memory, budget), where = case
     step = _step(which)
     step()  # a first run: lazily made state (AccumulateGrad nodes, caches) exists in both runs
-    with _OpLog() as plain:
+    with OpLog() as plain:
         step()
     # PyTorch's, with any pair of saved-tensor hooks (here a bare pair that detaches what requires
     # grad, as gradscope's keeps it): a saved input is detached before its pack hook sees it, and
     # on older torch an unpacked save is detached again. Only detaches may differ from the plain
     # run; under the block, no more of them than under the bare pair.
-    with torch.autograd.graph.saved_tensors_hooks(_detached, _same), _OpLog() as ref:
+    with torch.autograd.graph.saved_tensors_hooks(_detached, _same), OpLog() as ref:
         step()
     pytorchs = collections.Counter(ref.ops) - collections.Counter(plain.ops)
     assert set(pytorchs) <= {DETACH}, pytorchs
     assert not collections.Counter(plain.ops) - collections.Counter(ref.ops)
     rec = gs.record(memory=memory, budget=budget)
-    log = _OpLog()
+    log = OpLog()
     if where == "inside":
         with rec, log:
             step()
