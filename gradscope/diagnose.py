@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import copy
 import html
+import re
 import sys
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
@@ -337,12 +338,34 @@ class _Held:
     where: str | None = None
     budget_resident: int = 0
     error: str | None = None  # why the recorder could not list live tensors
+    caught: bool = False  # the failure was a backward call's, caught inside the block (see `_caught_oom`)
+
+
+# what gs.MemoryBudgetExceeded says (gradscope.errors): requested, live and budget in bytes, and where
+_BUDGET_MESSAGE = re.compile(
+    r"\((\d+) bytes\) with .*? \((\d+) bytes\) of a .*? budget \((\d+) bytes\)(?: \(in (.+?)\))?\. Call"
+)
+
+
+def _caught_oom(rec: Recording) -> dict[str, Any] | None:
+    """The simulated out-of-memory the first backward call that ran out raised, when the block
+    caught it (``except torch.OutOfMemoryError: continue``) and did not fail itself: the
+    diagnosis treats it as the block's failure, at the block's peak (the budget refused what would
+    have crossed it, so the peak is the most the block held). None otherwise."""
+    if rec.oom is not None or rec.error:
+        return None
+    for c in rec.backward_calls:
+        m = _BUDGET_MESSAGE.search(c.error or "") if c.oom else None
+        if m is not None:
+            return {"requested": int(m[1]), "live": int(m[2]), "budget": int(m[3]), "where": m[4] or ""}
+    return None
 
 
 def _read(rec: Recording) -> _Held:
     """The one place that reads the recorder's data about the diagnosed moment."""
     held = rec.held.to_dict() if rec.held is not None else {}
-    oom = rec.oom.to_dict() if rec.oom is not None else {}
+    caught = _caught_oom(rec)
+    oom = rec.oom.to_dict() if rec.oom is not None else caught or {}
     moment = held.get("moment", "none") if "rows" in held else "none"
     if oom:
         moment = "failure"  # even when it failed before anything was allocated
@@ -379,6 +402,7 @@ def _read(rec: Recording) -> _Held:
         where=oom.get("where"),
         budget_resident=int(oom.get("resident", 0)),
         error=held.get("error"),
+        caught=caught is not None,
     )
 
 
@@ -397,6 +421,11 @@ class _Analysis:
         self.notes: list[str] = []
         if self.held.error is not None:
             self.notes.append(f"the recorder could not list live tensors: {self.held.error}")
+        if self.held.caught:
+            self.notes.append(
+                "a backward call ran out of memory and the block caught the error: diagnosed as the "
+                "block's failure, with what was live at its peak."
+            )
 
     # ----- namespace ---------------------------------------------------------------------------
     def _key(self, t: torch.Tensor) -> int | None:
@@ -511,7 +540,7 @@ class _Analysis:
         )
         # Only at a failure is everything the variables hold now either older than the block or
         # alive at that moment (nothing ran after it); after a peak, later allocations exist too.
-        resident = tuple((k, b) for k, b in resident if b > 0) if self.moment == "failure" else ()
+        resident = tuple((k, b) for k, b in resident if b > 0) if self._at_end() else ()
         by_module = tuple(sorted(modules.items(), key=lambda kv: (-kv[1], kv[0]))[: self.top])
         findings = self._findings(holders)
         return Diagnosis(
@@ -538,7 +567,11 @@ class _Analysis:
         (nothing ran after it) and only if the key was not allocated again after the moment.
         After a peak, storages made outside any operator (``torch.tensor``) may reuse a key
         without any event saying so."""
-        return self.moment == "failure" and not r.reused
+        return self._at_end() and not r.reused
+
+    def _at_end(self) -> bool:
+        """Whether the diagnosed moment is where the block ended (a failure it did not catch)."""
+        return self.moment == "failure" and not self.held.caught
 
     def _kind(self, r: _Row) -> str:
         named = self.kind_of_key.get(r.key) if self._matchable(r) else None
@@ -722,7 +755,7 @@ class _Analysis:
     # ----- create_graph through a frozen model: forward AD ------------------------------------------
     def _second_derivatives(self) -> list[Finding]:
         """Seed 000: input gradients taken with create_graph=True through a model with no trainable
-        parameters, then differentiated with respect to another tensor: a mixed second derivative,
+        parameters (or whose parameters no call differentiates and no optimizer steps), then differentiated with respect to another tensor: a mixed second derivative,
         which forward AD computes without keeping any graph of the model. Not when the
         create_graph graph trains parameters (a gradient penalty) or is taken with respect to
         parameters (an unrolled inner loop): there create_graph is the point."""
@@ -748,10 +781,17 @@ class _Analysis:
         else:
             return []
         root = g.main_root(order=0)
-        if root is None or g.trainable(root):
+        if root is None:
             return []
         model = self._module(root)
         name = self._model_name(root)
+        # a model left trainable counts as frozen where the outer derivative was taken, no call
+        # differentiated its parameters and no optimizer trains it (at a failure before the outer
+        # derivative, a later backward may still train it: a gradient penalty)
+        unused = g.trainable(root) and bool(later)
+        if g.trainable(root) and (not unused or root in g.differentiated_roots()
+                                  or (model is not None and self._trained_by_optimizer(model))):
+            return []
         z = g.nodes[cg[0].inputs[0]].leaf_shape if cg[0].inputs else None
         if z is None or y is None:
             return []
@@ -790,6 +830,8 @@ class _Analysis:
                     f"(no parameter of it is trained) keep {name}'s activations and the graphs they built: "
                     f"{format_bytes(held)} at the peak, for a derivative taken afterwards with respect to "
                     f"`{yname}`: a mixed second derivative"
+                    + (f"; {name}'s parameters require grad but nothing uses their gradients, so freezing "
+                       f"{name} ({name}.requires_grad_(False)) is safe and forward AD applies" if unused else "")
                 ),
                 suggestion=(
                     f"push the direction through {name} as a forward-AD tangent instead: no graph of {name} "
@@ -1437,6 +1479,17 @@ class _Facts:
         out = set()
         for c in self.calls:
             for i in c.inputs:
+                leaf = self.leaf_name(i)
+                if leaf and leaf != "input" and _top(leaf):
+                    out.add(_top(leaf) or "")
+        return out
+
+    def differentiated_roots(self) -> set[str]:
+        """Roots whose parameters a backward call differentiated (named them in ``inputs=`` or
+        accumulated into their ``.grad``)."""
+        out = set()
+        for c in self.calls:
+            for i in (*c.inputs, *c.accumulated):
                 leaf = self.leaf_name(i)
                 if leaf and leaf != "input" and _top(leaf):
                     out.add(_top(leaf) or "")
