@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-__all__ = ["demo", "main"]
+__all__ = ["demo", "main", "setup"]
 
 
 def _problem(
@@ -83,8 +83,33 @@ def demo(out: str = "demo.html", depth: int = 24, width: int = 512, batch: int =
     return 0
 
 
+def setup() -> int:
+    """``python -m gradscope setup``: compile the fast saved-tensor hooks for this PyTorch now and say
+    where the build went (a first recording would otherwise build them in the background; see
+    NOTE [ first use never waits for the compiler ] in gradscope._native).
+
+    Returns:
+        The process exit status: 0 when built, cached or skipped (``GRADSCOPE_NATIVE=0``), 1 when
+        the build failed (said on stderr; the Python hooks then record).
+    """
+    from gradscope import _native
+
+    if _native._mode() == "0":
+        print("gradscope: GRADSCOPE_NATIVE=0: the Python hooks record; nothing built")
+        return 0
+    try:
+        path = _native.build()
+    except OSError as e:
+        print(f"gradscope: the compiled hooks could not be built ({str(e).splitlines()[0]}); the Python hooks "
+              "record instead, more slowly. Install a C++ compiler (or set CXX) and run this again.", file=sys.stderr)
+        return 1
+    print(f"gradscope: the compiled saved-tensor hooks for torch {torch.__version__} are in {path}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """The command line: ``python -m gradscope demo [--out demo.html] [--depth 24] [--width 512] [--batch 64]``."""
+    """The command line: ``python -m gradscope demo [--out demo.html] [--depth 24] [--width 512] [--batch 64]``,
+    ``python -m gradscope setup``."""
     parser = argparse.ArgumentParser(prog="python -m gradscope", description="gradscope command line")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("demo", help="record the seed-000 problem and compare create_graph, forward_ad, split")
@@ -92,9 +117,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--depth", type=int, default=24, help="Linear + Tanh layers in the frozen model")
     p.add_argument("--width", type=int, default=512, help="layer width")
     p.add_argument("--batch", type=int, default=64, help="batch size")
+    sub.add_parser("setup", help="compile gradscope's fast saved-tensor hooks now (else done in the background)")
     args = parser.parse_args(argv)
     if args.command == "demo":
         return demo(args.out, args.depth, args.width, args.batch)
+    if args.command == "setup":
+        return setup()
     parser.error(f"unknown command {args.command!r}")
     return 2
 

@@ -52,10 +52,12 @@ import functools
 import gc
 import itertools
 import operator
+import re
 import sys
 import threading
 import time
 import types
+import warnings
 import weakref
 from collections import _count_elements  # type: ignore[attr-defined]  # Counter.update's C loop
 from collections.abc import Callable, Mapping
@@ -437,6 +439,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         # always_call: a forward that raises closes its call too (a caught error must not leave its
         # module open, or the nodes made after it would be given to that module)
         self._handles.append(nn.modules.module.register_module_forward_hook(mod_post, always_call=True))
+        self._undo.append(_quiet_global_hook_warning())
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
         self._handles.append(register_optimizer_step_pre_hook(self._opt_pre))
@@ -1545,6 +1548,38 @@ def _type_info(fn: Any) -> tuple[str, tuple[tuple[str, str], ...], bool, str | N
     if node_name(fn) == type(fn).__name__:  # one class, one node kind: safe to remember
         _TYPES[type(fn)] = info
     return info
+
+
+def _quiet_global_hook_warning() -> Callable[[], None]:
+    """Hide the warning a ``torch.compile``d module gives on each call while global module hooks
+    exist (``OptimizedModule.__call__`` in torch/_dynamo/eval_frame.py: "Using `torch.compile(module)`
+    when there are global hooks on modules ..."), which here are gradscope's own. One filter entry
+    for exactly that message goes first in ``warnings.filters`` for the block; the returned undo
+    removes that entry (by identity), so the program's own filters, changed in the block or not,
+    are as it left them, and its other warnings show as ever."""
+    entry = ("ignore", re.compile(r"Using `torch\.compile\(module\)` when there are global hooks on modules"),
+             UserWarning, None, 0)
+    filters: list[Any] = warnings.filters  # type: ignore[assignment]  # a list at run time
+    filters.insert(0, entry)
+    _warning_filters_changed()
+
+    def undo() -> None:
+        now: list[Any] = warnings.filters  # type: ignore[assignment]  # another list if the program swapped it
+        for lst in (now, filters) if now is not filters else (now,):
+            for i, f in enumerate(lst):
+                if f is entry:
+                    del lst[i]
+                    break
+        _warning_filters_changed()
+
+    return undo
+
+
+def _warning_filters_changed() -> None:
+    """What ``warnings.filterwarnings`` does after changing the list: drop cached decisions."""
+    changed = getattr(warnings, "_filters_mutated", None) or getattr(warnings, "_filters_mutated_lock_held", None)
+    if changed is not None:
+        changed()
 
 
 def _outside_compilers(hook: Callable[..., None]) -> Callable[..., None]:

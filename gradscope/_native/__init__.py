@@ -13,6 +13,17 @@ cannot be built (no compiler, an unknown platform) the Python pair records the s
 slowly; :func:`status` says which pair is in use and why. ``GRADSCOPE_NATIVE=0`` always uses the
 Python pair, ``GRADSCOPE_NATIVE=1`` makes a failed build an error.
 
+NOTE [ first use never waits for the compiler ]: a build takes 15-60 s, too long for a first
+recording (a notebook's first ``%%gradscope`` cell) to wait. Where nothing is cached, :func:`hooks`
+starts the build in a background thread (one per process; the lock file in the cache directory
+makes another process wait for it, not build it again), says so in one line on stderr and returns
+None: that block and every block begun while the build runs record with the Python pair (the same
+rows, more slowly); the first block begun after it ends loads the built file. The compiler writes
+into a temporary directory beside the target and the file is renamed into place, so no process
+loads a half-written file; a process that exits while its build runs kills the compiler and
+removes the temporary directory (``python -m gradscope setup`` builds synchronously).
+``GRADSCOPE_NATIVE=1`` builds synchronously (its failure is an error).
+
 NOTE [ compiled walk ]: at each backward's start the recorder walks the graph's new nodes (a row
 per node and edge, its saves named: record._discover); in Python that costs ~1.8 us a node, as
 much as the pack hooks on an RNN loop. ``walk.cc`` walks the C++ nodes themselves: keys, edges,
@@ -29,6 +40,7 @@ holds both (one build, one cache entry).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import importlib.machinery
@@ -40,6 +52,8 @@ import sys
 import sysconfig
 import tempfile
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -48,14 +62,20 @@ import torch
 from gradscope import _compat
 from gradscope.errors import GradscopeError
 
-__all__ = ["build", "build_or_say", "cache_dir", "hooks", "status"]
+__all__ = ["build", "build_or_say", "building", "cache_dir", "hooks", "status", "wait"]
 
 _SOURCES = (Path(__file__).with_name("hooks.cc"), Path(__file__).with_name("walk.cc"))
 _HEADER = Path(__file__).with_name("native.h")
 _lock = threading.Lock()
 _loaded: ModuleType | None = None
 _reason: str | None = None  # why the compiled pair is not in use (None: not tried yet, or in use)
-_tried = False
+_tried = False  # settled: _loaded is the module, or None for good (GRADSCOPE_NATIVE=0, a failed build)
+_thread: threading.Thread | None = None  # the background build (see NOTE [ first use never waits ... ])
+_built: Path | None = None  # what the background build made
+_build_error: BaseException | None = None  # why it failed
+_running: set[subprocess.Popen[str]] = set()  # compilers running in this process
+_temps: set[str] = set()  # their temporary directories
+_BUILD_SECONDS = ".build-seconds"  # the last build's duration, in the cache (for the estimate said)
 
 
 def cache_dir() -> Path:
@@ -103,8 +123,9 @@ def _target(command: list[str]) -> Path:
     return cache_dir() / "native" / f"_hooks-{torch.__version__.replace('+', '-')}-{h.hexdigest()[:16]}{suffix}"
 
 
-def build() -> Path:
+def build(*, say: bool = True) -> Path:
     """Compile the hooks for this PyTorch unless a build is cached; returns the built file.
+    ``say=False`` prints nothing (the background build said it already).
     Raises OSError (no compiler, the compiler failed, the cache not writable)."""
     command = _command()
     target = _target(command)
@@ -118,16 +139,58 @@ def build() -> Path:
             fcntl.flock(lock, fcntl.LOCK_EX)  # another process building the same file: wait for it
         if target.exists():
             return target
-        print(f"gradscope: [c++] compiling its saved-tensor hooks for torch {torch.__version__} (once, "
-              "~15 s; GRADSCOPE_NATIVE=0 skips it)", file=sys.stderr, flush=True)
+        if say:
+            print(f"gradscope: [c++] compiling its saved-tensor hooks for torch {torch.__version__} (once, "
+                  f"~{_estimate()} s; GRADSCOPE_NATIVE=0 skips it)", file=sys.stderr, flush=True)
+        t0 = time.monotonic()
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-            out = Path(tmp) / target.name
-            proc = subprocess.run([*command, "-o", str(out)], capture_output=True, text=True)
-            if proc.returncode != 0:
-                first = next((ln for ln in proc.stderr.splitlines() if "error" in ln), "")
-                raise OSError(f"the C++ compiler failed: {first.strip()}\n{proc.stderr[-3000:]}")
-            os.replace(out, target)
+            _temps.add(tmp)
+            try:
+                out = Path(tmp) / target.name
+                proc = subprocess.Popen([*command, "-o", str(out)], stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True)
+                _running.add(proc)
+                try:
+                    _, err = proc.communicate()
+                finally:
+                    _running.discard(proc)
+                if proc.returncode != 0:
+                    first = next((ln for ln in err.splitlines() if "error" in ln), "")
+                    raise OSError(f"the C++ compiler failed: {first.strip()}\n{err[-3000:]}")
+                os.replace(out, target)  # atomic: a loader sees no file or the whole file
+            finally:
+                _temps.discard(tmp)
+        with contextlib.suppress(OSError):
+            (target.parent / _BUILD_SECONDS).write_text(f"{time.monotonic() - t0:.0f}\n")
     return target
+
+
+def _estimate() -> int:
+    """Seconds a build takes here: the last build's, else a busy 2-core machine's."""
+    try:
+        return max(1, round(float((cache_dir() / "native" / _BUILD_SECONDS).read_text())))
+    except (OSError, ValueError):
+        return 60
+
+
+@atexit.register
+def _stop_builds() -> None:
+    """A process that ends during a background build kills its compiler and leaves no temporary
+    files (the build starts again in the next process)."""
+    for proc in list(_running):
+        with contextlib.suppress(OSError):
+            proc.kill()
+            proc.wait()
+    for tmp in list(_temps):
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _build_in_background() -> None:
+    global _built, _build_error
+    try:
+        _built = build(say=False)
+    except BaseException as e:  # said by hooks() and status(), never raised in this thread
+        _build_error = e
 
 
 def build_or_say() -> None:
@@ -152,9 +215,10 @@ def _load(path: Path) -> ModuleType:
 
 
 def hooks() -> ModuleType | None:
-    """The compiled module (built on first use), or None where the Python pair records instead
-    (see NOTE [ compiled hooks ] and :func:`status`)."""
-    global _loaded, _reason, _tried
+    """The compiled module, or None where the Python pair records instead (see NOTE [ compiled
+    hooks ], NOTE [ first use never waits for the compiler ] and :func:`status`). Where nothing is
+    cached it starts the build in the background and returns None at once."""
+    global _loaded, _reason, _tried, _thread, _built, _build_error
     if _tried:
         return _loaded
     with _lock:
@@ -162,22 +226,71 @@ def hooks() -> ModuleType | None:
             return _loaded
         mode = _mode()
         if mode == "0":
-            _reason = "GRADSCOPE_NATIVE=0"
-        else:
-            try:
-                _loaded = _load(build())
-                _reason = None
-            except Exception as e:
-                if mode == "1":
-                    raise GradscopeError(
-                        f"gradscope: GRADSCOPE_NATIVE=1 but its compiled hooks could not be built: {e}"
-                    ) from e
-                _reason = f"could not build the compiled hooks: {str(e).splitlines()[0]}"
-        _tried = True
+            _reason, _tried = "GRADSCOPE_NATIVE=0", True
+            return None
+        if _thread is not None:
+            if _thread.is_alive() and mode != "1":
+                return None  # still building: the Python pair records this block too
+            _thread.join()
+            _thread = None
+            if _built is not None:
+                return _settle(lambda: _built, mode)
+            if mode != "1":
+                e, _build_error = _build_error, None
+                _reason, _tried = f"could not build the compiled hooks: {str(e).splitlines()[0]}", True
+                return None
+        if mode == "1":
+            return _settle(build, mode)
+        try:
+            target = _target(_command())
+        except OSError as e:
+            _reason, _tried = f"could not build the compiled hooks: {str(e).splitlines()[0]}", True
+            return None
+        if target.exists():
+            return _settle(lambda: target, mode)
+        _thread = threading.Thread(target=_build_in_background, name="gradscope-build", daemon=True)
+        _thread.start()
+        _reason = "the compiled hooks are being built in the background"
+        print(f"gradscope: compiling the fast saved-tensor hooks in the background (~{_estimate()} s); "
+              "this recording uses the Python hooks", file=sys.stderr, flush=True)
+        return None
+
+
+def _settle(path: Callable[[], Path | None], mode: str) -> ModuleType | None:
+    """Load the built file for good (called under ``_lock``)."""
+    global _loaded, _reason, _tried
+    try:
+        p = path()
+        assert p is not None
+        _loaded, _reason = _load(p), None
+    except Exception as e:
+        if mode == "1":
+            raise GradscopeError(
+                f"gradscope: GRADSCOPE_NATIVE=1 but its compiled hooks could not be built: {e}"
+            ) from e
+        _reason = f"could not build the compiled hooks: {str(e).splitlines()[0]}"
+    _tried = True
     return _loaded
 
 
+def wait(timeout: float | None = None) -> ModuleType | None:
+    """Wait for a background build (if one runs) to end, then answer as :func:`hooks`."""
+    thread = _thread
+    if thread is not None:
+        thread.join(timeout)
+    return hooks()
+
+
+def building() -> bool:
+    """True while this process's background build runs."""
+    thread = _thread
+    return thread is not None and thread.is_alive()
+
+
 def status() -> dict[str, object]:
-    """Which saved-tensor hooks record: ``{"compiled": bool, "reason": str | None, "path": str | None}``."""
+    """Which saved-tensor hooks record now: ``{"compiled": bool, "pair": "compiled" | "python",
+    "reason": str | None, "path": str | None, "building": bool}`` (``building``: a background build
+    runs; the next block begun after it ends uses the compiled pair)."""
     m = hooks()
-    return {"compiled": m is not None, "reason": _reason, "path": getattr(m, "__file__", None)}
+    return {"compiled": m is not None, "pair": "compiled" if m is not None else "python", "reason": _reason,
+            "path": getattr(m, "__file__", None), "building": building()}
