@@ -104,8 +104,14 @@ class OpLog(TorchDispatchMode):
 def profiler_peak(step: Any) -> int:
     """Peak of the running sum of PyTorch profiler's CPU allocation events over ``step()``,
     counting only memory allocated inside the step (frees of older memory are ignored)."""
+    return running_peak((size, ptr) for _, size, ptr in profiler_cpu_allocations(step))
+
+
+def running_peak(events: Any) -> int:
+    """Peak of the running sum of ``(size, address)`` allocation events (frees negative), counting
+    only memory allocated among them (a free of an address not allocated there is ignored)."""
     live, peak, alive = 0, 0, {}
-    for _, size, ptr in profiler_cpu_allocations(step):
+    for size, ptr in events:
         if size > 0:
             alive[ptr] = size
         elif alive.pop(ptr, None) is None:

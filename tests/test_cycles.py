@@ -44,28 +44,27 @@ def cyclic_garbage(scenario: Callable[[], None]) -> list[Any]:
     gc.disable()
     try:
         scenario()
-        gc.set_debug(gc.DEBUG_SAVEALL)
-        try:
-            gc.collect()
-            return list(gc.garbage)
-        finally:
-            gc.set_debug(0)
-            gc.garbage.clear()
+        return _collected()
     finally:
         if was:
             gc.enable()
 
 
-def cyclic_garbage_now() -> int:
-    """How many objects a collection finds unreachable right now (inside a scenario: the collector
-    is off there, so these are the scenario's so far)."""
+def _collected() -> list[Any]:
+    """What one collection finds unreachable now, kept (``DEBUG_SAVEALL``) to be looked at."""
     gc.set_debug(gc.DEBUG_SAVEALL)
     try:
         gc.collect()
-        return len(gc.garbage)
+        return list(gc.garbage)
     finally:
         gc.set_debug(0)
         gc.garbage.clear()
+
+
+def cyclic_garbage_now() -> int:
+    """How many objects a collection finds unreachable right now (inside a scenario: the collector
+    is off there, so these are the scenario's so far)."""
+    return len(_collected())
 
 
 def kinds(objects: list[Any]) -> collections.Counter[str]:

@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 import torch
 import transformers as tf
-from conftest import independent_nodes, profiler_peak
+from conftest import independent_nodes, profiler_peak, running_peak
 from torch import nn
 from torch._C._profiler import _EventType
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -295,17 +295,7 @@ def _profiler_events(arch: str) -> tuple[tuple[int, int, int, tuple[tuple[str, i
 def _running_peak(events: Any, skip: set[int] = frozenset()) -> int:  # type: ignore[assignment]
     """Peak of the running sum of allocations made inside the step (as conftest.profiler_peak),
     leaving out the events whose positions are in ``skip``."""
-    live, peak, alive = 0, 0, {}
-    for i, (_, size, ptr, _) in enumerate(events):
-        if i in skip:
-            continue
-        if size > 0:
-            alive[ptr] = size
-        elif alive.pop(ptr, None) is None:
-            continue
-        live += size
-        peak = max(peak, live)
-    return peak
+    return running_peak((size, ptr) for i, (_, size, ptr, _) in enumerate(events) if i not in skip)
 
 
 # the families of ops whose CPU kernels allocate buffers that are not outputs, as predict's notes name them
