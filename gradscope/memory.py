@@ -702,8 +702,7 @@ class TrackerSource:
             # A view or alias (``_unsafe_view``) of a tracked storage keeps it alive after the
             # tensor that brought it dies: without its own finalizer the free would only be seen
             # at the next sweep (late). In-place and out= results are tensors already watched.
-            self._holders[key] = self._holders.get(key, 0) + 1
-            weakref.finalize(t, self._holder_died, key)
+            self._hold(t, key)
             return
         if key is None or key in in_keys or key in self._known:
             return
@@ -714,14 +713,7 @@ class TrackerSource:
             return
         if nbytes == 0:
             return
-        label = _op_label(func)
-        if self.budget is not None and self._live + nbytes > self.budget:
-            if self.failed_at is None:
-                self.failed_at = len(self.events)
-            raise MemoryBudgetExceeded(nbytes, self._live, self.budget, where=label)
-        self._live += nbytes
-        step, _ = self.context()
-        self.events.append(AllocEvent(time.time_ns(), nbytes, key, label, None, step, None, self._call))
+        self._allocated(nbytes, key, _op_label(func))
         # The finalizer is attached to the tensor object (tensors keep their Python object while
         # C++ holds them); the weak reference below decides when its bytes are really gone.
         self._known[key] = (nbytes, _compat.storage_weak_ref(storage))
@@ -736,32 +728,44 @@ class TrackerSource:
             return
         key = _compat.storage_key(t)
         if key is not None and key in self._known:
-            self._holders[key] = self._holders.get(key, 0) + 1
-            weakref.finalize(t, self._holder_died, key)
+            self._hold(t, key)
+
+    def _hold(self, t: torch.Tensor, key: int) -> None:
+        """One more tensor holding the tracked storage ``key``: its death is checked too."""
+        self._holders[key] = self._holders.get(key, 0) + 1
+        weakref.finalize(t, self._holder_died, key)
+
+    def _allocated(self, nbytes: int, key: int, label: str) -> None:
+        """An allocation of ``nbytes`` under ``key``: refused where it crosses the budget, else
+        live and an event."""
+        if self.budget is not None and self._live + nbytes > self.budget:
+            if self.failed_at is None:
+                self.failed_at = len(self.events)
+            raise MemoryBudgetExceeded(nbytes, self._live, self.budget, where=label)
+        self._live += nbytes
+        step, _ = self.context()
+        self.events.append(AllocEvent(time.time_ns(), nbytes, key, label, None, step, None, self._call))
+
+    def _freed(self, key: int, nbytes: int) -> None:
+        """The free of an allocation counted under ``key``: no longer live, and an event."""
+        self._live -= nbytes
+        step, _ = self.context()
+        self.events.append(AllocEvent(time.time_ns(), -nbytes, key, "free", None, step))
 
     def count_unseen(self, nbytes: int, label: str) -> int:
         """Count ``nbytes`` that no operator output holds (gradscope.predict's model of a Python
         number PyTorch wraps in a tensor, or a kernel's copy of an input) until :meth:`end_unseen`
         is called with the key returned. Frees already due are accounted first."""
         self._drain()
-        if self.budget is not None and self._live + nbytes > self.budget:
-            if self.failed_at is None:
-                self.failed_at = len(self.events)
-            raise MemoryBudgetExceeded(nbytes, self._live, self.budget, where=label)
-        self._unseen_keys -= 1
-        self._live += nbytes
-        step, _ = self.context()
-        key = self._unseen_keys
-        self.events.append(AllocEvent(time.time_ns(), nbytes, key, label, None, step, None, self._call))
+        key = self._unseen_keys - 1
+        self._allocated(nbytes, key, label)
+        self._unseen_keys = key
         return key
 
     def end_unseen(self, key: int, nbytes: int) -> None:
         """The end of an allocation :meth:`count_unseen` began."""
-        if self.stopped:
-            return
-        self._live -= nbytes
-        step, _ = self.context()
-        self.events.append(AllocEvent(time.time_ns(), -nbytes, key, "free", None, step))
+        if not self.stopped:
+            self._freed(key, nbytes)
 
     def _holder_died(self, key: int) -> None:
         n = self._holders.get(key, 0) - 1
@@ -794,10 +798,7 @@ class TrackerSource:
         _compat.free_weak_ref(ref)
         self._holders.pop(key, None)
         self._orphans.discard(key)
-        self._live -= nbytes
-        if not self.stopped:
-            step, _ = self.context()
-            self.events.append(AllocEvent(time.time_ns(), -nbytes, key, "free", None, step))
+        self._freed(key, nbytes)  # not stopped: returned above
 
     def _drain(self) -> None:
         """Check the storages whose tensors died since the last operator (see NOTE above)."""
