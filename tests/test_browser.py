@@ -1148,7 +1148,13 @@ def test_snapshot_and_job_widgets_in_jupyterlab(lab, browser, tmp_path: Path):
         k = len(facts["positions"]) // 2
         snap.locator(".gs-snap-slider").fill(str(k))
         snap.locator(".gs-snap-group").select_option("file")
-        state = _run_cell(page, 3, "VSTATE")
+        # the browser's changes reach the kernel as comm messages, handled between cell runs: a run
+        # may come first, so the kernel is asked again until both changes arrived (or 20 runs)
+        for _ in range(20):
+            state = _run_cell(page, 3, "VSTATE")
+            if state["position"] == facts["positions"][k] and state["group"] == "file":
+                break
+            page.wait_for_timeout(250)
         assert state["position"] == facts["positions"][k] and state["group"] == "file"
         assert state["top"] == state["want"]  # the kernel answers for that moment exactly
         # a moment set from Python shows in the view
