@@ -168,7 +168,7 @@ def test_seed002_an_out_of_memory_caught_in_the_block_is_diagnosed_as_a_failure(
 def test_a_caught_budget_error_is_read_back_exactly(requested: int, live: int, budget: int, where: str) -> None:
     """The diagnosis reads a caught gs.MemoryBudgetExceeded from the call's error text: the text
     gs.MemoryBudgetExceeded writes must give back its numbers exactly (a change of wording fails here)."""
-    from gradscope.diagnose import _BUDGET_MESSAGE
+    from gradscope.diagnose.facts import BUDGET_MESSAGE as _BUDGET_MESSAGE
 
     e = gs.MemoryBudgetExceeded(requested, live, budget, where=where)
     m = _BUDGET_MESSAGE.search(f"{type(e).__name__}: {e}")

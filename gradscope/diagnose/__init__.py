@@ -1,0 +1,212 @@
+"""``gs.diagnose``: who held memory at the failing moment (or the peak), and what to change.
+
+The recording says what was live then (see NOTE [ what is live at the failing moment ] in
+``gradscope._held``): saved tensors with their node, module and order; gradients; what backward
+made; forward results nobody saved. The user's namespace (by default the caller's variables; the
+notebook passes its user namespace) adds what only the live objects know: which variable holds
+this recording's graphs, which optimizer owns which state, which models still require grad
+outside an optimizer (models are matched by identity, see NOTE [ modules by identity ]). All
+recorder data is read through one accessor (see NOTE [ one accessor for what the recording
+held ]). Every finding is one fix with what it saves (see NOTE [ findings are measured fixes ]).
+Patterns found:
+
+- ``differentiated_cut``: a tensor cut out of the graph by an in-place update under no_grad (the
+  block raised "appears to not have been used"): ``hypergradient`` / ``unrolled_params``;
+- ``create_graph``: input gradients with ``create_graph=True`` through a frozen model, differentiated
+  afterwards with respect to another tensor: ``mixed_grad(..., method="forward_ad")``;
+- ``jacobian_rows``: input gradients with ``create_graph=True`` that nothing differentiates:
+  ``strategies.jacobian``;
+- ``graphs_held``: graphs kept in a variable that no backward uses (``.item()``), or many calls of a
+  model summed into one loss (a backward per micro-batch);
+- ``many_outputs``: many calls of a model into one loss that couples them: ``many_inputs_backward``;
+- ``forward_without_backward``: an evaluation forward whose graph nobody back-propagates: no_grad;
+- ``frozen_trainable``: a model in eval mode that no optimizer trains, run with autograd on;
+- ``gradients_discarded``: backward ran into a model whose optimizer did not step: detach its output;
+- ``penalty_branches``: penalties branching off a trunk, alive together: ``PenaltyBranches``;
+- ``retain_graph``: ``retain_graph=True`` whose graphs no later backward reuses;
+- ``optimizer_state``: every gradient alive next to Adam's state at the step: step in backward;
+- ``micro_batches`` / ``deep_activations``: one large batch (micro-batches; with batch norm,
+  checkpointing with the running statistics kept exact).
+
+Example:
+    >>> import torch, gradscope as gs
+    >>> model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Tanh(), torch.nn.Linear(256, 1))
+    >>> xs = [torch.randn(128, 64) for _ in range(50)]
+    >>> losses = []
+    >>> try:
+    ...     with gs.record(budget="1MiB", modules={"model": model}) as rec:
+    ...         for x in xs:
+    ...             losses.append(model(x).square().mean())
+    ... except torch.OutOfMemoryError:
+    ...     pass
+    >>> d = gs.diagnose(rec.recording)
+    >>> d.findings[0].pattern, d.findings[0].code.split("  #")[0]
+    ('many_outputs', 'L = many_inputs_backward(model, xs, g, method="two_pass")')
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from gradscope.diagnose.facts import Context, Graph, held_order
+from gradscope.diagnose.fixes import REGISTRY, inplace_cut
+from gradscope.diagnose.report import Diagnosis, Finding, GraphHolder, HeldTensor
+from gradscope.errors import GradscopeError
+from gradscope.recording import Recording
+
+__all__ = ["Diagnosis", "Finding", "GraphHolder", "HeldTensor", "diagnose"]
+
+if TYPE_CHECKING:
+    from gradscope._snapshot.diagnose import SnapshotDiagnosis
+
+
+# ----------------------------------------------------------------------------------------------
+def diagnose(
+    recording: Recording | Any, namespace: Mapping[str, Any] | None = None, *, top: int = 8
+) -> Diagnosis | SnapshotDiagnosis:
+    """Say what held memory when a recorded block failed (or at its peak) and what to change.
+
+    Args:
+        recording: a :class:`~gradscope.Recording` (or the ``gs.record`` object).
+        namespace: variables to look through for lists of losses, optimizers and models (names
+            are reported as written there). Default: the caller's globals and locals.
+        top: how many modules and tensors to list.
+
+    Returns:
+        A :class:`Diagnosis`; ``print(d)`` shows the report. For a CUDA memory snapshot
+        (``gs.load_snapshot``) a :class:`~gradscope.snapshot.SnapshotDiagnosis`.
+
+    Raises:
+        GradscopeError: when given something that is not a recording.
+
+    Example:
+        >>> import torch, gradscope as gs
+        >>> w = torch.randn(512, 512, requires_grad=True)
+        >>> with gs.record(memory="tracker") as rec:
+        ...     (torch.randn(256, 512) @ w).tanh().sum().backward()
+        >>> gs.diagnose(rec.recording).moment
+        'peak'
+    """
+    rec = recording
+    if not isinstance(rec, Recording):
+        rec = getattr(recording, "recording", None)
+    if not isinstance(rec, Recording):
+        raise GradscopeError(
+            f"gradscope: diagnose() takes a Recording (rec.recording after a gs.record block), not "
+            f"a {type(recording).__name__}."
+        )
+    if rec.where.memory_source == "cuda snapshot":  # allocations with frames, no graph
+        from gradscope._snapshot.diagnose import diagnose_snapshot
+
+        return diagnose_snapshot(rec, top=top)
+    if namespace is None:
+        frame = sys._getframe(1)
+        namespace = {**frame.f_globals, **frame.f_locals}
+    return _run(Context(rec, namespace, top))
+
+
+
+def _run(self: Context) -> Diagnosis:
+    rec = self.rec
+    self.namespace_objects()
+    holders = self.find_holders()
+    kinds: dict[str, int] = {}
+    modules: dict[str, int] = {}
+    held: list[HeldTensor] = []
+    for r in self.rows:
+        kind = self.kind(r)
+        kinds[kind] = kinds.get(kind, 0) + r.bytes
+        mod = r.module or "(no module)"
+        modules[mod] = modules.get(mod, 0) + r.bytes
+        held.append(
+            HeldTensor(
+                bytes=r.bytes,
+                kind=kind,
+                shape=r.shape,
+                dtype=r.dtype,
+                module=r.module,
+                node=r.node_name,
+                order=r.order if r.node_name is not None else None,
+                variable=self.names.get(r.key) if self.matchable(r) else None,
+                via=None if r.reused else self.via.get(r.key),
+            )
+        )
+    if self.omitted:
+        for k, b in self.held.omitted_by_kind:
+            kinds[k] = kinds.get(k, 0) + b
+        for m, b in self.held.omitted_by_module:
+            modules[m] = modules.get(m, 0) + b
+        self.notes.append(
+            f"{self.omitted} smaller live tensors are counted by kind and module but "
+            "not listed one by one."
+        )
+    by_kind = tuple(sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0])))
+    inside = {r.key for r in self.rows if not r.reused}
+    resident = tuple(
+        (k, sum(b for key, b in v.items() if key not in inside)) for k, v in self.resident.items()
+    )
+    # Only at a failure is everything the variables hold now either older than the block or
+    # alive at that moment (nothing ran after it); after a peak, later allocations exist too.
+    resident = tuple((k, b) for k, b in resident if b > 0) if self.at_end() else ()
+    by_module = tuple(sorted(modules.items(), key=lambda kv: (-kv[1], kv[0]))[: self.top])
+    findings = _findings(self, holders)
+    return Diagnosis(
+        label=rec.label,
+        moment=self.moment,
+        live_bytes=self.live,
+        resident_bytes=rec.baseline_bytes,
+        budget=self.held.budget,
+        requested=self.held.requested,
+        where=self.held.where,
+        error=rec.error,
+        by_kind=by_kind,
+        by_module=by_module,
+        resident=resident,
+        largest=tuple(sorted(held, key=held_order)[: self.top]),
+        holders=tuple(holders[: self.top]),
+        findings=tuple(findings),
+        notes=tuple(self.notes),
+        budget_resident=self.held.budget_resident,
+    )
+
+
+
+
+# ----- findings -------------------------------------------------------------------------------
+# NOTE [ findings are measured fixes ]: every finding names one fix, in the user's names, and
+# says what it saves (``saves_bytes``): the recording's peak (at a failure: what the refused
+# allocation asked for on top of what was live) minus the fix's predicted peak. The fix's peak
+# is the block's allocation timeline replayed without what the fix removes (see
+# `replay`), plus, where the fix is a gradscope strategy or another way to run the model,
+# that way's own peak, measured on a copy of the user's model with inputs of the recorded
+# shapes (see `proxy_peak`). A fix whose predicted saving is under a tenth of the peak is not
+# suggested. Advice that would change the result is never given: a model whose gradients
+# were accumulated, or that a create_graph gradient is taken through, is never frozen or run
+# under no_grad; values a later backward differentiates are never turned into numbers; a
+# model with batch-norm statistics is checkpointed only with its statistics kept exact.
+def _findings(self: Context, holders: list[GraphHolder]) -> list[Finding]:
+    self.g = Graph(self.rec)
+    self.holders = holders
+    self.demand = self.demand_bytes()
+    cut = inplace_cut.propose(self, holders)
+    if cut:
+        return cut  # the block raised for a reason no memory advice addresses
+    out: list[Finding] = []
+    for fix in REGISTRY:
+        out += fix.propose(self, holders)
+    out = [f for f in out if f.saves_bytes is None or f.saves_bytes >= self.worth()]
+    out.sort(key=lambda f: (-(f.saves_bytes or 0), -f.bytes, f.pattern))
+    # one fix per model: the one that saves the most (a model run under no_grad needs no
+    # micro-batches; graphs nobody differentiates are one finding, not two)
+    seen: set[str] = set()
+    kept: list[Finding] = []
+    for f in out:
+        if f.module is not None and f.module in seen:
+            continue
+        if f.module is not None:
+            seen.add(f.module)
+        kept.append(f)
+    return kept
+

@@ -1,0 +1,35 @@
+"""The fixes the diagnosis knows, one module each: ``propose(context, holders)`` reads the facts and returns
+findings (each a fix with its code and what it saves). ``REGISTRY`` is the order they are asked in."""
+
+from __future__ import annotations
+
+from gradscope.diagnose.fixes import (
+    detach_output,
+    forward_ad,
+    frozen_model,
+    graphs_unused,
+    inplace_cut,
+    jacobian,
+    many_calls,
+    no_grad_forward,
+    one_large_call,
+    optimizer_state,
+    penalty_branches,
+    retain_graph,
+)
+
+REGISTRY = (
+    forward_ad,
+    jacobian,
+    graphs_unused,
+    no_grad_forward,
+    many_calls,
+    frozen_model,
+    detach_output,
+    penalty_branches,
+    retain_graph,
+    optimizer_state,
+    one_large_call,
+)
+
+__all__ = ["REGISTRY", "inplace_cut"]

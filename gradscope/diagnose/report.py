@@ -1,0 +1,184 @@
+"""The diagnosis as data and text: what held memory, and the findings with their measured fixes."""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+
+from gradscope.recording import format_bytes
+
+__all__ = ["Diagnosis", "Finding", "GraphHolder", "HeldTensor", "KIND_NAMES"]
+
+KIND_NAMES = {
+    "saved": "saved activations",
+    "saved_order1": "saved by create_graph graphs (order >= 1)",
+    "saved_input": "saved inputs",
+    "saved_parameter": "saved parameters",
+    "gradient": "gradients",
+    "optimizer": "optimizer state",
+    "backward": "backward temporaries",
+    "forward": "forward results not saved (variables, temporaries)",
+}
+
+
+@dataclass(frozen=True)
+class HeldTensor:
+    """One allocation alive at the diagnosed moment.
+
+    ``variable`` names a user variable that is this tensor (``model.0.weight.grad``,
+    ``opt.state[0]['exp_avg']``); ``via`` a variable whose graphs save it (``losses``).
+    """
+
+    bytes: int
+    kind: str
+    shape: tuple[int, ...] | None
+    dtype: str | None
+    module: str | None
+    node: str | None
+    order: int | None
+    variable: str | None
+    via: str | None = None
+
+
+@dataclass(frozen=True)
+class GraphHolder:
+    """A user variable that keeps autograd graphs alive.
+
+    ``graphs`` counts distinct ``grad_fn`` roots among its tensors; ``saved_bytes`` is what their
+    graphs' saved tensors hold (each storage once); ``live_bytes`` the part of it that was
+    allocated inside the recording and alive at the diagnosed moment.
+    """
+
+    variable: str
+    graphs: int
+    saved_bytes: int
+    live_bytes: int
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One pattern found, with its culprit and what to do.
+
+    ``bytes`` is what the culprit held at the diagnosed moment; ``saves_bytes`` the predicted drop
+    of the peak if the fix is applied (at a failure: of what was asked for then), negative where a
+    fix of the result costs memory (see NOTE [ findings are measured fixes ]); the scenario suite in
+    ``tests/scenarios`` holds it within 25 % of the measured saving.
+    """
+
+    pattern: str
+    bytes: int
+    message: str
+    suggestion: str
+    code: str
+    variable: str | None = None
+    module: str | None = None
+    saves_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """What held memory at a recording's failing moment (budget or OOM) or at its peak.
+
+    ``text()`` (also ``str()``) is deterministic: the same recording and namespace give the same
+    text. ``findings`` are sorted by the bytes they explain, largest first. ``budget_resident`` is
+    what a notebook's earlier cells held on the simulated device (``%gradscope oom on --budget``).
+    """
+
+    label: str
+    moment: str
+    live_bytes: int
+    resident_bytes: int
+    budget: int | None
+    requested: int | None
+    where: str | None
+    error: str | None
+    by_kind: tuple[tuple[str, int], ...]
+    by_module: tuple[tuple[str, int], ...]
+    resident: tuple[tuple[str, int], ...]
+    largest: tuple[HeldTensor, ...]
+    holders: tuple[GraphHolder, ...]
+    findings: tuple[Finding, ...]
+    notes: tuple[str, ...] = ()
+    budget_resident: int = 0
+
+    def text(self) -> str:
+        """The report as plain text."""
+        lines: list[str] = []
+        title = "gradscope diagnosis" + (f" of {self.label}" if self.label else "")
+        if self.moment == "failure" and self.budget is not None:
+            lines.append(
+                f"{title}: out of memory on a simulated {format_bytes(self.budget)} device"
+                + (f" in {self.where}" if self.where else "")
+                + f": tried to allocate {format_bytes(self.requested)} with {format_bytes(self.live_bytes)} live"
+                + (
+                    f" and {format_bytes(self.budget_resident)} resident from earlier cells"
+                    if self.budget_resident
+                    else ""
+                )
+            )
+        elif self.moment == "failure":
+            lines.append(f"{title}: the block failed ({self.error}); state at its last allocation")
+        elif self.moment == "peak":
+            lines.append(f"{title}: state at the peak")
+        else:
+            lines.append(f"{title}: no memory events were recorded (memory='off'?); graph analysis only")
+        lines.append(
+            f"held: {format_bytes(self.live_bytes)} ({self.live_bytes} bytes) allocated inside the block and "
+            f"alive then; {format_bytes(self.resident_bytes)} existed before it (parameters, inputs)"
+        )
+        if self.resident:
+            lines.append(
+                "resident before the block, from your variables: "
+                + ", ".join(f"{k} {format_bytes(b)}" for k, b in self.resident)
+            )
+        if self.by_kind:
+            lines.append("by kind (allocated inside the block):")
+            for k, b in self.by_kind:
+                lines.append(f"  {format_bytes(b):>10}  {KIND_NAMES.get(k, k)}")
+        if self.by_module:
+            lines.append("by module:")
+            for m, b in self.by_module:
+                lines.append(f"  {format_bytes(b):>10}  {m}")
+        if self.largest:
+            lines.append("largest tensors:")
+            for i, t in enumerate(self.largest, 1):
+                shape = "" if t.shape is None else " [" + ", ".join(str(d) for d in t.shape) + "]"
+                dtype = f" {t.dtype}" if t.dtype else ""
+                bits = [f"{KIND_NAMES.get(t.kind, t.kind)}"]
+                if t.node:
+                    bits.append(f"by {t.node}" + (f" (order {t.order})" if t.order else ""))
+                if t.module:
+                    bits.append(f"in {t.module}")
+                if t.variable:
+                    bits.append(f"= {t.variable}")
+                elif t.via:
+                    bits.append(f"(kept by `{t.via}`)")
+                lines.append(f"  {i}. {format_bytes(t.bytes):>10}{dtype}{shape}  " + " ".join(bits))
+        if self.holders:
+            lines.append("graphs kept alive by variables:")
+            for h in self.holders:
+                lines.append(
+                    f"  {h.variable}: {h.graphs} graph{'s' if h.graphs != 1 else ''}, "
+                    f"{format_bytes(h.saved_bytes)} of saved tensors ({format_bytes(h.live_bytes)} of it live then)"
+                )
+        if self.findings:
+            lines.append("findings:")
+            for i, f in enumerate(self.findings, 1):
+                lines.append(f"  {i}. [{f.pattern}] {f.message}")
+                lines.append(f"     suggestion: {f.suggestion}")
+                if f.saves_bytes is not None:
+                    lines.append(f"     saves: {format_bytes(f.saves_bytes)} of the peak ({f.saves_bytes} bytes)")
+                if f.code:
+                    lines.append(f"     code: {f.code}")
+        else:
+            lines.append("findings: no known pattern; the largest holders above are where to look.")
+        for n in self.notes:
+            lines.append("note: " + n)
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.text()
+
+    def _repr_html_(self) -> str:
+        return "<pre class='gradscope-diagnosis'>" + html.escape(self.text()) + "</pre>"
+
