@@ -1316,7 +1316,7 @@ def build(trace: Trace, *, complete: bool = True, error: str | None = None) -> R
         oom=oom,
         nodes_created=created,
         nodes_created_seen=seen_created,
-        extra=collectives_pass(trace),
+        extra=collectives_pass(trace) | ({"step": trace.step} if trace.step else {}),
     )
 
 

@@ -131,6 +131,7 @@ class Trace:
     t1_ns: int = 0
     seq0: int = 0
     seq1: int = 0
+    step: dict[str, Any] | None = None  # the block's source (see gradscope._source)
     saves: list[tuple[Any, ...]] = field(default_factory=list)
     save_attr: dict[int, str] = field(default_factory=dict)  # save index -> attribute
     seq_attr: dict[int, str] = field(default_factory=dict)  # node seq -> its one attribute

@@ -69,6 +69,7 @@ from torch.autograd.graph import saved_tensors_hooks
 from torch.nn.parameter import is_lazy
 
 from gradscope import _compat, _names, _native, _passes
+from gradscope._source import block_source
 from gradscope._trace import (
     C_SEQ1,
     C_T1,
@@ -287,6 +288,8 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                 "run the inner part in its own block."
             )
         self._entered = True
+        caller = sys._getframe(1)
+        self._step_at = (caller.f_code.co_filename, caller.f_lineno)
         self._init_state()
         self._handles: list[Any] = []
         self._undo: list[Callable[[], None]] = []
@@ -324,6 +327,12 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         error = None
         if exc_type is not None:
             error = f"{exc_type.__name__}: {exc}"
+        trace.step = getattr(self, "given_step", None)  # a notebook cell's source (gradscope.ipython)
+        if trace.step is None and getattr(self, "_step_at", None) is not None:
+            try:
+                trace.step = block_source(*self._step_at)
+            except Exception:  # the step's source is for the diagnosis; never fail the block for it
+                trace.step = None
         try:
             self._at_block_end(frame, tb)
         except Exception as e:

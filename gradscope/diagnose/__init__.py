@@ -46,13 +46,19 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from gradscope.diagnose.facts import Context, Graph, held_order
+import torch
+
+from gradscope.diagnose.facts import MIN_SAVING, Context, Graph, held_order
 from gradscope.diagnose.fixes import REGISTRY, inplace_cut
+from gradscope.diagnose.measure import Bench
 from gradscope.diagnose.report import Diagnosis, Finding, GraphHolder, HeldTensor
+from gradscope.diagnose.step import shape_of
+from gradscope.diagnose.toolbox import TOOLBOX
 from gradscope.errors import GradscopeError
 from gradscope.recording import Recording
 
@@ -186,6 +192,76 @@ def _run(self: Context) -> Diagnosis:
 # were accumulated, or that a create_graph gradient is taken through, is never frozen or run
 # under no_grad; values a later backward differentiates are never turned into numbers; a
 # model with batch-norm statistics is checkpointed only with its statistics kept exact.
+def _bench(ctx: Context) -> Bench | None:
+    """The user's step and variables, to run fixes on copies of (None: the block's source is unknown)."""
+    if getattr(ctx, "bench", None) is None:
+        step = ctx.rec.extra.get("step") if isinstance(ctx.rec.extra, Mapping) else None
+        if not isinstance(step, Mapping) or not isinstance(step.get("source"), str) or not ctx.ns:
+            return None
+        devices = {t.device.type for v in ctx.ns.values() for t in _first_tensors(v)}
+        ctx.bench = Bench(step["source"], ctx.ns, device="cuda" if "cuda" in devices else "cpu")
+    return ctx.bench
+
+
+def _first_tensors(v: Any) -> Sequence[torch.Tensor]:
+    if isinstance(v, torch.Tensor):
+        return [v]
+    if isinstance(v, torch.nn.Module):
+        return list(v.parameters())[:1]
+    return []
+
+
+def _checked(ctx: Context, f: Finding) -> Finding:
+    """A pattern's code runs, verbatim, on copies of the user's objects where it can (see NOTE
+    [ nothing shown that was not run ] in gradscope.diagnose.measure); where it cannot (it names
+    parts of the user's code it replaces), it is marked as a sketch that was not run."""
+    if not f.code:
+        return f
+    bench = _bench(ctx)
+    trial = None if bench is None else bench.execute(f.code)
+    if trial is not None and trial.error is None:
+        return f
+    return dataclasses.replace(f, ran=False)
+
+
+def _toolbox(ctx: Context) -> list[Finding]:
+    """The toolbox's fixes for the step, each run on copies; those that fail, change a result or
+    save nothing are named in a note instead."""
+    bench = _bench(ctx)
+    if bench is None:
+        ctx.notes.append("the block's source is unknown (a loaded recording, or a block not entered by a with "
+                         "statement): fixes that rewrite the step were not tried.")
+        return []
+    shape = shape_of(bench.source)
+    user = bench.user()
+    if shape is None or user.error is not None or user.peak is None:
+        ctx.notes.append(f"your step could not be run on copies of your objects ({user.error}): fixes that "
+                         "rewrite it were not tried.")
+        return []
+    budget = ctx.held.budget if ctx.moment == "failure" else None
+    out: list[Finding] = []
+    for fix in TOOLBOX:
+        for f, trial in fix.propose(ctx, bench, shape, budget):
+            if trial.error is not None:
+                ctx.notes.append(f"[{f.pattern}] not shown: its code failed on copies of your objects ({trial.error}).")
+                continue
+            if trial.same is False:
+                ctx.notes.append(f"[{f.pattern}] not shown: it changes a result ({trial.worst_at} differs by "
+                                 f"{trial.worst:.1e}, relative).")
+                continue
+            saving = user.peak - int(trial.peak or 0)
+            fits = None if budget is None else int(trial.peak or 0) <= budget
+            if saving < MIN_SAVING * user.peak and not fits:
+                continue
+            ratio = None if not user.seconds or trial.seconds is None else trial.seconds / user.seconds
+            note = f" ({', '.join(trial.differs)} then hold{'s' if len(trial.differs) == 1 else ''} other values)" if trial.differs else ""
+            out.append(dataclasses.replace(
+                f, bytes=saving, saves_bytes=saving, peak_before=user.peak, peak_after=trial.peak, fits=fits,
+                time_ratio=ratio, message=f.message + note,
+                tolerance=f.tolerance if f.tolerance is not None and f.tolerance > 1e-4 else None))
+    return out
+
+
 def _findings(self: Context, holders: list[GraphHolder]) -> list[Finding]:
     self.g = Graph(self.rec)
     self.holders = holders
@@ -197,6 +273,10 @@ def _findings(self: Context, holders: list[GraphHolder]) -> list[Finding]:
     for fix in REGISTRY:
         out += fix.propose(self, holders)
     out = [f for f in out if f.saves_bytes is None or f.saves_bytes >= self.worth()]
+    out = [_checked(self, f) for f in out]
+    tools = _toolbox(self)
+    mine = {f.pattern for f in tools}
+    out = [f for f in out if f.pattern not in mine] + tools
     out.sort(key=lambda f: (-(f.saves_bytes or 0), -f.bytes, f.pattern))
     # one fix per model: the one that saves the most (a model run under no_grad needs no
     # micro-batches; graphs nobody differentiates are one finding, not two)

@@ -564,6 +564,16 @@ KIND_RANK = {k: i for i, k in enumerate(KIND_NAMES)}
 
 
 class Context:
+    """What every fix reads: the recording's held rows and graph facts (``g``), the user's variables
+    (``ns``, ``modules``, ``optimizers``, ``names``), the holders of graphs and the block's demand."""
+
+    g: Graph
+    holders: list[GraphHolder]
+    demand: int
+    modules: list[tuple[str, nn.Module]]
+    optimizers: list[tuple[str, torch.optim.Optimizer]]
+    bench: Any = None  # the user's step to run fixes on (gradscope.diagnose.measure.Bench), made on first use
+
     def __init__(self, rec: Recording, namespace: Mapping[str, Any], top: int) -> None:
         self.rec = rec
         self.ns = {k: v for k, v in namespace.items() if isinstance(k, str) and not k.startswith("_")}

@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import ast
+import builtins
 import copy
+import dataclasses
+import math
+import time
+import types
 import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -116,3 +124,310 @@ def hypergradient_proxy(a_shape: tuple[int, ...], x_shape: tuple[int, ...], step
     return run
 
 
+
+
+# ----------------------------------------------------------------------------------------------
+# NOTE [ nothing shown that was not run ]: a fix's code is shown only after it ran here, verbatim,
+# on copies of the user's objects: on the meta device for its peak (``gs.predict``'s machinery: no
+# data, exact tensor bytes; on a CPU copy under the tracker when the code reads values, such as
+# ``.item()``), and on a CPU copy at full size for its results, next to the user's own step (the
+# block's source, see ``gradscope._source``) on another copy from the same state, with the same
+# seed and dropout off in both (a fix that changes how many draws dropout makes could not be
+# compared otherwise). Parameters, gradients, buffers (batch-norm statistics) and optimizer state
+# must agree; variables that differ are named in the finding. The saving shown is the user's
+# step's peak minus the fix's, both measured the same way from the objects as they are when the
+# diagnosis runs.
+_TOLERANCE = 1e-4  # largest relative difference of a result counted as equal (float32 reordering)
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One piece of code run on copies: its peak, its results against the user's step."""
+
+    error: str | None = None
+    peak: int | None = None  # bytes allocated inside the code at its peak (meta, else the CPU copy's)
+    how: str = ""  # "meta" | "cpu copy"
+    cpu_peak: int | None = None  # the CPU copy's peak under the tracker
+    same: bool | None = None  # results equal the user's step's (None: not compared)
+    worst: float = 0.0  # largest relative difference of a result
+    worst_at: str = ""
+    differs: tuple[str, ...] = ()  # other variables the code leaves with other values
+    seconds: float | None = None  # wall time of the CPU copy's run
+
+
+class Bench:
+    """The user's step and namespace, and the copies fixes run on (see NOTE [ nothing shown that
+    was not run ])."""
+
+    def __init__(self, source: str, namespace: Mapping[str, Any], device: str = "cpu") -> None:
+        self.source = source
+        self.ns = namespace
+        self.device = device
+        self._user: Trial | None = None
+        self._user_state: dict[str, Any] | None = None
+
+    # ----- what the code needs ------------------------------------------------------------------
+    def _names(self, code: str) -> set[str]:
+        names = free_names(code)
+        more: set[str] = set()
+        for n in names:  # functions of the user's that read other variables of the namespace
+            f = self.ns.get(n)
+            if isinstance(f, types.FunctionType):
+                more |= set(f.__code__.co_names) & set(self.ns)
+        return (names | more) & set(self.ns)
+
+    def _split(self, code: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(objects to copy, objects passed as they are: Python modules, functions, classes, numbers)."""
+        copied: dict[str, Any] = {}
+        kept: dict[str, Any] = {}
+        for n in sorted(self._names(code) | self._names(self.source)):
+            v = self.ns[n]
+            if isinstance(v, types.ModuleType | types.FunctionType | types.BuiltinFunctionType | type | int
+                          | float | str | bool | bytes | torch.dtype | torch.device) or v is None:
+                kept[n] = v
+            else:
+                copied[n] = v
+        return copied, kept
+
+    @staticmethod
+    def _env(kept: Mapping[str, Any], copies: Mapping[str, Any]) -> dict[str, Any]:
+        env: dict[str, Any] = {"__builtins__": builtins, "torch": torch, **kept, **copies}
+        for n, v in kept.items():  # the user's functions read the copies, not the originals
+            if isinstance(v, types.FunctionType):
+                g = dict(v.__globals__)
+                g.update(copies)
+                env[n] = types.FunctionType(v.__code__, g, v.__name__, v.__defaults__, v.__closure__)
+        return env
+
+    # ----- runs ---------------------------------------------------------------------------------
+    def _meta_peak(self, code: str) -> int:
+        from gradscope.predict import predict
+
+        compiled = compile(code, "<gradscope fix>", "exec")
+        copied, kept = self._split(code)
+
+        def run(objs: dict[str, Any]) -> None:
+            exec(compiled, self._env(kept, objs))
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return int(predict(run, copied, device=self.device).peak_bytes)
+
+    def _cpu_run(self, code: str) -> tuple[Trial, dict[str, Any]]:
+        from gradscope.record import record
+
+        compiled = compile(code, "<gradscope fix>", "exec")
+        copied, kept = self._split(code)
+        copies = _replica(copied)
+        env = self._env(kept, copies)
+        before = set(env)
+        with warnings.catch_warnings(), torch.random.fork_rng(devices=[]):
+            warnings.simplefilter("ignore")
+            torch.manual_seed(0)
+            r = record(memory="tracker")
+            t0 = time.perf_counter()
+            with r:
+                exec(compiled, env)
+            seconds = time.perf_counter() - t0
+        rec = r.recording
+        state = {k: env[k] for k in copies} | {k: env[k] for k in set(env) - before if not k.startswith("_")}
+        peak = None if rec is None else int(rec.peak_bytes)
+        return Trial(peak=peak, cpu_peak=peak, how="cpu copy", seconds=seconds), state
+
+    def _trial(self, code: str) -> tuple[Trial, dict[str, Any] | None]:
+        try:
+            ran, state = self._cpu_run(code)
+        except Exception as e:  # the code fails on the copies: it is not shown
+            return Trial(error=f"{type(e).__name__}: {e}"), None
+        if self.device == "cpu":  # the CPU copy's tracker peak is the CPU's own, exactly
+            return ran, state
+        try:
+            return dataclasses.replace(ran, peak=self._meta_peak(code), how="meta"), state
+        except Exception:  # reads values (.item()): the copy's peak
+            return ran, state
+
+    def execute(self, code: str) -> Trial:
+        """Run ``code`` once on copies (a pattern's code, which replaces part of the step)."""
+        try:
+            return self._cpu_run(code)[0]
+        except Exception as e:
+            return Trial(error=f"{type(e).__name__}: {e}")
+
+    def user(self) -> Trial:
+        """The user's own step, run on copies the same way."""
+        if self._user is None:
+            self._user, self._user_state = self._trial(self.source)
+            if self._user.error is None:  # the first run pays for warming up: time a second one
+                again, _ = self._trial(self.source)
+                if again.seconds is not None and self._user.seconds is not None:
+                    self._user = dataclasses.replace(self._user, seconds=min(again.seconds, self._user.seconds))
+        return self._user
+
+    def run(self, code: str, *, tolerance: float = _TOLERANCE) -> Trial:
+        """Run ``code`` on copies and compare its results with the user's step's."""
+        user = self.user()
+        trial, state = self._trial(code)
+        if trial.error is not None or state is None or self._user_state is None or user.error is not None:
+            return trial
+        worst, where, differs = _compare(self._user_state, state, set(self._split(self.source)[0]))
+        return dataclasses.replace(trial, same=worst <= tolerance, worst=worst, worst_at=where, differs=differs)
+
+
+def free_names(code: str) -> set[str]:
+    """Names the code reads before it assigns them, statement by statement in order (a loop's
+    target, a comprehension's and a lambda's variables count as assigned where they apply)."""
+    assigned: set[str] = set()
+    free: set[str] = set()
+
+    def expr(node: ast.AST | None) -> None:
+        if node is None:
+            return
+        local: set[str] = set()
+        loads: set[str] = set()
+        for n in ast.walk(node):
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
+                loads.add(n.id)
+            elif isinstance(n, ast.comprehension):
+                local |= {t.id for t in ast.walk(n.target) if isinstance(t, ast.Name)}
+            elif isinstance(n, ast.Lambda):
+                local |= {x.arg for x in ast.walk(n.args) if isinstance(x, ast.arg)}
+        free.update(loads - assigned - local)
+
+    def store(target: ast.AST) -> None:
+        for n in ast.walk(target):
+            if isinstance(n, ast.Name):
+                assigned.add(n.id)
+            elif isinstance(n, ast.Subscript | ast.Attribute):
+                expr(n)
+
+    def block(stmts: list[ast.stmt]) -> None:
+        for st in stmts:
+            if isinstance(st, ast.For | ast.AsyncFor):
+                expr(st.iter)
+                store(st.target)
+                block(st.body)
+                block(st.orelse)
+            elif isinstance(st, ast.While | ast.If):
+                expr(st.test)
+                block(st.body)
+                block(st.orelse)
+            elif isinstance(st, ast.With | ast.AsyncWith):
+                for item in st.items:
+                    expr(item.context_expr)
+                    if item.optional_vars is not None:
+                        store(item.optional_vars)
+                block(st.body)
+            elif isinstance(st, ast.Try):
+                block(st.body)
+                for h in st.handlers:
+                    expr(h.type)
+                    if h.name:
+                        assigned.add(h.name)
+                    block(h.body)
+                block(st.orelse)
+                block(st.finalbody)
+            elif isinstance(st, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                assigned.add(st.name)
+            elif isinstance(st, ast.Assign):
+                expr(st.value)
+                for t in st.targets:
+                    store(t)
+            elif isinstance(st, ast.AugAssign | ast.AnnAssign):
+                if isinstance(st, ast.AugAssign):
+                    expr(st.target)
+                expr(st.value)
+                store(st.target)
+            elif isinstance(st, ast.Delete):
+                pass
+            else:
+                expr(st)
+        return None
+
+    block(ast.parse(code).body)
+    return free
+
+
+def _replica(objs: Mapping[str, Any]) -> dict[str, Any]:
+    """A deep copy of the user's objects on their device, with dropout off: tensors that are
+    results of autograd (not leaves) are copied detached, as they cannot be deep-copied."""
+    from gradscope.predict import _collect_tensors
+
+    tensors: dict[int, torch.Tensor] = {}
+    _collect_tensors(dict(objs), tensors, set())
+    memo: dict[int, Any] = {}
+    for i, t in tensors.items():
+        if not t.is_leaf:
+            memo[i] = t.detach().clone().requires_grad_(t.requires_grad)
+    out = copy.deepcopy(dict(objs), memo)
+    for v in out.values():
+        if isinstance(v, nn.Module):
+            for m in v.modules():
+                if isinstance(m, nn.modules.dropout._DropoutNd):
+                    m.p = 0.0
+                for k, a in list(vars(m).items()):
+                    if "dropout" in k and isinstance(a, float):
+                        setattr(m, k, 0.0)
+    return out
+
+
+def _tensors_of(name: str, v: Any, out: dict[str, torch.Tensor]) -> None:
+    if isinstance(v, torch.Tensor):
+        out[name] = v
+        if v.is_leaf and v.grad is not None:
+            out[name + ".grad"] = v.grad
+    elif isinstance(v, nn.Module):
+        for k, p in v.named_parameters():
+            out[f"{name}.{k}"] = p
+            if p.grad is not None:
+                out[f"{name}.{k}.grad"] = p.grad
+        for k, b in v.named_buffers():
+            out[f"{name}.{k}"] = b
+    elif isinstance(v, torch.optim.Optimizer):
+        for i, st in enumerate(v.state.values()):
+            for k, t in st.items():
+                if isinstance(t, torch.Tensor):
+                    out[f"{name}.state[{i}][{k!r}]"] = t
+    elif isinstance(v, list | tuple):
+        for i, x in enumerate(v[:10_000]):
+            _tensors_of(f"{name}[{i}]", x, out)
+    elif isinstance(v, dict):
+        for k, x in list(v.items())[:10_000]:
+            _tensors_of(f"{name}[{k!r}]", x, out)
+
+
+def _compare(a: Mapping[str, Any], b: Mapping[str, Any], objects: set[str]) -> tuple[float, str, tuple[str, ...]]:
+    """The largest relative difference over the user's objects' tensors (parameters, gradients,
+    buffers, optimizer state, inputs), and the other variables whose values differ."""
+    worst, where = 0.0, ""
+    differs: list[str] = []
+    for name in sorted(set(a) & set(b)):
+        ta: dict[str, torch.Tensor] = {}
+        tb: dict[str, torch.Tensor] = {}
+        _tensors_of(name, a[name], ta)
+        _tensors_of(name, b[name], tb)
+        d = _difference(ta, tb)
+        if name in objects:
+            if d[0] > worst:
+                worst, where = d[0], d[1]
+        elif d[0] > _TOLERANCE:
+            differs.append(name)
+    return worst, where, tuple(differs)
+
+
+def _difference(ta: Mapping[str, torch.Tensor], tb: Mapping[str, torch.Tensor]) -> tuple[float, str]:
+    if set(ta) != set(tb):
+        return math.inf, ", ".join(sorted(set(ta) ^ set(tb))[:3])
+    worst, where = 0.0, ""
+    for k in ta:
+        x, y = ta[k].detach(), tb[k].detach()
+        if x.shape != y.shape or x.dtype != y.dtype:
+            return math.inf, k
+        if not x.is_floating_point():
+            d = 0.0 if torch.equal(x, y) else math.inf
+        else:
+            x, y = x.double(), y.double()
+            scale = float(x.abs().max()) if x.numel() else 0.0
+            d = float((x - y).abs().max()) / scale if scale > 0 else float((x - y).abs().max()) if x.numel() else 0.0
+        if d > worst:
+            worst, where = d, k
+    return worst, where

@@ -73,6 +73,12 @@ class Finding:
     variable: str | None = None
     module: str | None = None
     saves_bytes: int | None = None
+    peak_before: int | None = None  # the step's peak (allocated inside it), measured on copies
+    peak_after: int | None = None  # the same with the fix's code
+    fits: bool | None = None  # under a budget: whether the step with the fix stays within it
+    time_ratio: float | None = None  # the fix's wall time over the step's, on the copies
+    tolerance: float | None = None  # results equal up to this relative difference (None: 1e-4)
+    ran: bool = True  # False: ``code`` is a sketch in the user's names that gradscope could not run
 
 
 @dataclass(frozen=True)
@@ -168,8 +174,18 @@ class Diagnosis:
                 lines.append(f"     suggestion: {f.suggestion}")
                 if f.saves_bytes is not None:
                     lines.append(f"     saves: {format_bytes(f.saves_bytes)} of the peak ({f.saves_bytes} bytes)")
+                if f.peak_before is not None and f.peak_after is not None:
+                    bits = [f"step peak {format_bytes(f.peak_before)} -> {format_bytes(f.peak_after)}"]
+                    if f.fits is not None:
+                        bits.append("fits the budget" if f.fits else "still does not fit the budget")
+                    if f.time_ratio is not None:
+                        bits.append(f"time x{f.time_ratio:.2f}")
+                    if f.tolerance is not None:
+                        bits.append(f"results within {f.tolerance:.1e} (relative)")
+                    lines.append("     measured (run on copies of your objects): " + ", ".join(bits))
                 if f.code:
-                    lines.append(f"     code: {f.code}")
+                    lines.append("     code:" if f.ran else "     code (a sketch in your names; gradscope could not run it):")
+                    lines.extend("       " + ln for ln in f.code.rstrip("\n").splitlines())
         else:
             lines.append("findings: no known pattern; the largest holders above are where to look.")
         for n in self.notes:

@@ -1,0 +1,55 @@
+"""The source of a recorded block: the body of the ``with gs.record(...)`` statement it ran in.
+
+The diagnosis runs its fixes on copies of the user's objects with the block's own code (see
+:mod:`gradscope.diagnose.measure`), so a recording keeps that code: ``extra["step"]`` is
+``{"source": ..., "file": ..., "line": ...}`` (the body dedented; the file and line of the ``with``).
+Read at the block's end from ``linecache`` (scripts, modules and IPython cells are all there),
+parsed once per file version. A notebook's ``%%gradscope`` cell gives its cell instead.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import linecache
+import os
+import textwrap
+from typing import Any
+
+__all__ = ["block_source"]
+
+_OWN = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+@functools.lru_cache(maxsize=64)
+def _parse(text: str) -> ast.Module | None:
+    try:
+        return ast.parse(text)
+    except (SyntaxError, ValueError):
+        return None
+
+
+def block_source(filename: str, line: int) -> dict[str, Any] | None:
+    """The body of the innermost ``with`` statement whose header spans ``line`` of ``filename``,
+    or None (no source, or the block was not entered by a ``with`` statement there)."""
+    if filename.startswith(_OWN):  # gradscope's own blocks (predict, the notebook magic): not a user's step
+        return None
+    lines = linecache.getlines(filename)
+    if not lines:
+        return None
+    tree = _parse("".join(lines))
+    if tree is None:
+        return None
+    best: ast.With | ast.AsyncWith | None = None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.With | ast.AsyncWith) and node.body:
+            if node.lineno <= line < node.body[0].lineno and (best is None or node.lineno >= best.lineno):
+                best = node
+    if best is None:
+        return None
+    first, last = best.body[0], best.body[-1]
+    start = first.lineno - 1
+    if hasattr(first, "decorator_list") and first.decorator_list:
+        start = min(d.lineno for d in first.decorator_list) - 1
+    body = textwrap.dedent("".join(lines[start : last.end_lineno]))
+    return {"source": body, "file": filename, "line": best.lineno}

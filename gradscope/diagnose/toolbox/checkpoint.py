@@ -1,0 +1,91 @@
+"""Activation checkpointing of the repeated blocks (non-reentrant): their activations are recomputed
+in backward, one block at a time. A ``transformers`` model uses its own switch; any other model has
+its blocks' ``forward`` wrapped, with batch-norm running statistics put back after the recompute so
+that they move once. Under a budget, the fewest blocks that make the step fit (least recompute)."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+from gradscope._names import code_path
+from gradscope.diagnose.facts import Context
+from gradscope.diagnose.measure import Bench
+from gradscope.diagnose.report import Finding
+from gradscope.diagnose.step import Shape
+from gradscope.diagnose.toolbox._common import has_batch_norm, models, repeated_blocks
+from gradscope.recording import format_bytes
+
+_KEEP_BN = (
+    "class KeepBatchNormStats:  # the recompute must not move the running statistics a second time\n"
+    "    def __init__(self, module):\n"
+    "        self.buffers = [b for m in module.modules() if isinstance(m, torch.nn.modules.batchnorm._NormBase) for b in m.buffers()]\n"
+    "    def __enter__(self):\n"
+    "        self.kept = [b.clone() for b in self.buffers]\n"
+    "    def __exit__(self, *exc):\n"
+    "        for b, k in zip(self.buffers, self.kept):\n"
+    "            b.copy_(k)\n"
+)
+
+
+def _generic(name: str, path: str, k: int | None, bn: bool) -> str:
+    blocks = f"{name}.{code_path(path)}" + (f"[:{k}]" if k is not None else "")
+    lines = ["import contextlib", "import functools", "from torch.utils.checkpoint import checkpoint"]
+    if bn:
+        lines.append(_KEEP_BN.rstrip("\n"))
+    lines.append(f"for block in {blocks}:")
+    if bn:
+        lines.append("    block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False, "
+                     "context_fn=lambda b=block: (contextlib.nullcontext(), KeepBatchNormStats(b)))")
+    else:
+        lines.append("    block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)")
+    return "\n".join(lines) + "\n"
+
+
+def propose(ctx: Context, bench: Bench, shape: Shape, budget: int | None) -> list[tuple[Finding, Any]]:
+    if shape.backward is None:
+        return []
+    out: list[tuple[Finding, Any]] = []
+    for name, model in models(ctx, bench.source)[:1]:
+        if not model.training:
+            continue
+        found = repeated_blocks(model)
+        hf = bool(getattr(model, "supports_gradient_checkpointing", False)) and hasattr(model, "gradient_checkpointing_enable")
+        with warnings.catch_warnings():  # transformers renames the property (a FutureWarning)
+            warnings.simplefilter("ignore")
+            if getattr(model, "is_gradient_checkpointing", False):
+                continue
+        message = f"the activations of {name}'s blocks are alive together until backward reaches them"
+        if hf:
+            setup = f'{name}.gradient_checkpointing_enable(gradient_checkpointing_kwargs={{"use_reentrant": False}})\n'
+            trial = bench.run(setup + bench.source)
+            what = "every block of the model (transformers' own switch)"
+        elif found is not None:
+            path, n = found
+            bn = has_batch_norm(model)
+            trial, k = None, None
+            if budget is not None:  # the fewest blocks (from the first) that make the step fit
+                for k in range(1, n + 1):
+                    trial = bench.run(_generic(name, path, k if k < n else None, bn) + bench.source)
+                    if trial.error is not None or (trial.peak is not None and trial.peak <= budget):
+                        break
+            if trial is None:
+                k = n
+                trial = bench.run(_generic(name, path, None, bn) + bench.source)
+            assert trial is not None
+            setup = _generic(name, path, k if k is not None and k < n else None, bn)
+            what = f"{k if k is not None else n} of the {n} blocks of {name}.{path}"
+        else:
+            continue
+        assert trial is not None
+        user = bench.user()
+        saved = None if user.peak is None or trial.peak is None else user.peak - trial.peak
+        out.append((Finding(
+            pattern="deep_activations",
+            bytes=0 if saved is None else max(saved, 0),
+            message=message + (f" ({format_bytes(user.peak)} at the step's peak)" if user.peak else ""),
+            suggestion=(f"checkpoint {what}: their activations are recomputed in backward, one block at a time "
+                        "(non-reentrant; the same results)"),
+            code=setup + bench.source,
+        ), trial))
+    return out

@@ -1,0 +1,23 @@
+"""``zero_grad(set_to_none=True)``: gradients freed between steps instead of zero-filled and kept."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gradscope.diagnose.facts import Context
+from gradscope.diagnose.measure import Bench
+from gradscope.diagnose.report import Finding
+from gradscope.diagnose.step import Shape, replaced_zero_grad
+
+
+def propose(ctx: Context, bench: Bench, shape: Shape, budget: int | None) -> list[tuple[Finding, Any]]:
+    code = replaced_zero_grad(shape, ctx.ns)
+    if code is None:
+        return []
+    return [(Finding(
+        pattern="set_to_none",
+        bytes=0,
+        message="zero_grad(set_to_none=False) keeps every gradient allocated, filled with zeros",
+        suggestion="zero_grad(set_to_none=True): gradients freed until backward makes them again",
+        code=code,
+    ), bench.run(code))]

@@ -1,0 +1,69 @@
+"""The optimizer step in backward: one optimizer per parameter, of the user's class with its group's
+arguments, stepped by a post-accumulate-grad hook as soon as that parameter's gradient is complete,
+which is then freed. One gradient alive at a time instead of all of them next to the optimizer's
+state; parameters that need no gradient are skipped; the optimizer's state is carried over."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+
+from gradscope.diagnose.facts import Context
+from gradscope.diagnose.measure import Bench
+from gradscope.diagnose.report import Finding
+from gradscope.diagnose.step import Shape, without
+
+
+def _arguments(opt: torch.optim.Optimizer) -> list[str]:
+    """The constructor arguments an optimizer's param groups hold (those its class accepts)."""
+    accepted = set(inspect.signature(type(opt).__init__).parameters) - {"self", "params"}
+    return sorted(k for k in opt.param_groups[0] if k in accepted)
+
+
+def propose(ctx: Context, bench: Bench, shape: Shape, budget: int | None) -> list[tuple[Finding, Any]]:
+    if shape.backward is None:
+        return []
+    steps = shape.optimizer_calls(ctx.ns, "step")
+    if len(steps) != 1 or steps[0][0] < shape.backward:
+        return []
+    i, name = steps[0]
+    opt = ctx.ns[name]
+    cls = type(opt)
+    where = "torch.optim." if getattr(torch.optim, cls.__name__, None) is cls else ""
+    if not where:
+        return []
+    if any(getattr(s, "optimizer", None) is opt for s in ctx.ns.values() if not isinstance(s, torch.optim.Optimizer)):
+        return []  # a learning-rate scheduler of `opt` would not reach the per-parameter optimizers
+    keys = _arguments(opt)
+    args = ", ".join(f"{k}=group[{k!r}]" for k in keys)
+    setup = (
+        "opt_of = {}\n"
+        f"for group in {name}.param_groups:\n"
+        "    for p in group['params']:\n"
+        "        if p.requires_grad:\n"
+        f"            opt_of[p] = {where}{cls.__name__}([p], {args})\n"
+        f"            opt_of[p].state[p] = {name}.state[p]\n"
+        "\n"
+        "def step_in_backward(p):\n"
+        "    opt_of[p].step()\n"
+        "    opt_of[p].zero_grad(set_to_none=True)\n"
+        "\n"
+        "for p in opt_of:\n"
+        "    p.register_post_accumulate_grad_hook(step_in_backward)\n"
+    )
+    drop = {i} | {j for j, _ in shape.optimizer_calls(ctx.ns, "zero_grad") if _ == name}
+    step = without(shape, drop)
+    code = "# once, before the steps:\n" + setup + f"# each step (no {name}.step() or {name}.zero_grad()):\n" + step
+    trial = bench.run(code)
+    return [(Finding(
+        pattern="optimizer_state",
+        bytes=0,
+        variable=name,
+        message=f"every gradient is alive next to {cls.__name__}'s state until {name}.step()",
+        suggestion=("step each parameter in backward as soon as its gradient is complete, and free that "
+                    "gradient then (one optimizer per parameter, a post-accumulate-grad hook): the same "
+                    "updates, one gradient alive at a time"),
+        code=code,
+    ), trial)]
