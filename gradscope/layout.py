@@ -1,9 +1,10 @@
 """Graph layout for the widget and the HTML page, computed in Python.
 
 A layout places every node of a :class:`~gradscope.recording.Recording` in pixels, top to bottom
-in the forward direction (leaves at the top, the loss at the bottom). Big graphs are *collapsed by
-module*: the nodes of one module (at a chosen depth of the dotted path, e.g. ``layers.7``) fold into
-one box. Each box carries its own inner layout, so the front end expands a box in place without
+in the forward direction (leaves at the top, the loss at the bottom). Big graphs are *folded by
+module* into nested boxes: a module's box holds its own nodes and its submodules' boxes, and
+sibling blocks of one structure (``h.0`` … ``h.11``) fold into one repeat box (see NOTE [ nested
+folding ]). Each box carries its own inner layout, so the front end expands a box in place without
 asking Python again (the HTML page has no kernel).
 
 Engines: Graphviz ``dot`` draws the nicest small graphs but is slow on big ones (about 6 s at
@@ -11,7 +12,7 @@ Engines: Graphviz ``dot`` draws the nicest small graphs but is slow on big ones 
 igraph's Sugiyama layout (under a second at 20,000 nodes). All graph walks are iterative.
 
 A recording may be laid out at several *levels* of detail (:func:`layout_levels`): every node,
-and folded by module. The front end picks the finest level whose names are legible at the width
+and folded into nested module boxes. The front end picks the finest level whose names are legible at the width
 it has, and lets the user switch.
 
 Example:
@@ -25,6 +26,7 @@ Example:
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from collections.abc import Sequence
@@ -36,6 +38,7 @@ from gradscope.recording import Recording
 __all__ = [
     "DOT_MAX_NODES",
     "COLLAPSE_MIN_NODES",
+    "NESTED",
     "GROUP_H",
     "GROUP_W",
     "NODE_H",
@@ -57,6 +60,7 @@ _X_STEP = 200  # horizontal distance between neighbours in a layer (px)
 _Y_STEP = 80  # vertical distance between layers (px)
 _MARGIN = 30
 _INNER_PAD = 24  # padding around an expanded module's nodes
+_HEADER = 14  # room for an expanded module's header band above its content
 
 # NOTE [ layout engine thresholds ]: dot's network simplex grows fast (21 s for a 2,000-node
 # worst-case DAG, 6.4 s with -Gnslimit=2); igraph's Sugiyama takes 0.06 s there and 0.9 s at
@@ -73,8 +77,13 @@ _DOT_TIMEOUT_S = 10.0
 class Group:
     """One module folded into a box.
 
-    ``x``/``y`` are the box's centre in the collapsed view; ``inner_w``/``inner_h`` the size of
-    its expanded content, whose node coordinates are relative to the content's top-left corner.
+    ``x``/``y`` are the box's centre in its parent's content (the collapsed view for a top-level
+    box, ``parent == -1``); ``inner_w``/``inner_h`` the size of its expanded content, whose node
+    and child-box coordinates are relative to the content's top-left corner. ``count`` is the
+    number of nodes inside, nested boxes included. ``label`` is the name drawn: the path relative
+    to the box around it (``h.1`` inside ``transformer``). A *repeat* box (``repeat`` > 1) holds
+    ``repeat`` sibling blocks of one structure (``h.0 – h.11 (×12)``), each a box of its own;
+    ``paths`` are the module paths a box covers (one, or one per block).
     """
 
     key: str
@@ -85,6 +94,10 @@ class Group:
     h: float
     inner_w: float
     inner_h: float
+    parent: int = -1
+    label: str = ""
+    repeat: int = 1
+    paths: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -92,7 +105,9 @@ class GraphLayout:
     """Node positions (pixels) and module groups.
 
     For a node with ``group[i] == -1``, ``(x[i], y[i])`` is its centre in the collapsed view;
-    otherwise it is its centre inside the group's expanded content.
+    otherwise it is its centre inside the expanded content of ``group[i]``, the innermost box
+    holding it. Groups come parents first. ``labels[i]`` is a leaf's parameter name shortened
+    to the box around it (``weight`` inside ``ln_2``), None where the node's own name is drawn.
     """
 
     engine: str
@@ -103,11 +118,35 @@ class GraphLayout:
     width: float
     height: float
     depth: int | None
+    labels: tuple[str | None, ...] = ()
 
     @property
     def visible_count(self) -> int:
-        """How many boxes the collapsed view draws (ungrouped nodes plus groups)."""
-        return sum(1 for g in self.group if g < 0) + len(self.groups)
+        """How many boxes the collapsed view draws (top-level nodes and boxes)."""
+        return sum(1 for g in self.group if g < 0) + sum(1 for g in self.groups if g.parent < 0)
+
+    def group_columns(self) -> list[list[int]]:
+        """Per nesting level (top-level boxes first), the box of that level holding each node
+        (-1 for none): every box is in exactly one column, so per-column sums are per-box sums
+        with nested boxes included."""
+        level = [0] * len(self.groups)
+        for gi, grp in enumerate(self.groups):  # parents come first
+            level[gi] = 0 if grp.parent < 0 else level[grp.parent] + 1
+        cols = [[-1] * len(self.group) for _ in range(max(level, default=-1) + 1)]
+        for i, g in enumerate(self.group):
+            while g >= 0:
+                cols[level[g]][i] = g
+                g = self.groups[g].parent
+        return cols
+
+    def group_totals(self, by_module: dict[str, int]) -> list[int]:
+        """Sum of a per-module figure (full module paths) over each box's modules, nested ones
+        included."""
+        out = []
+        for g in self.groups:
+            paths = g.paths or (g.key,)
+            out.append(sum(v for m, v in by_module.items() if any(m == p or m.startswith(p + ".") for p in paths)))
+        return out
 
     def to_payload(self) -> dict[str, object]:
         """Columns for the front end (coordinates rounded to whole pixels)."""
@@ -130,7 +169,11 @@ class GraphLayout:
                 "h": [round(g.h) for g in self.groups],
                 "iw": [round(g.inner_w) for g in self.groups],
                 "ih": [round(g.inner_h) for g in self.groups],
+                "parent": [g.parent for g in self.groups],
+                "label": [g.label or g.key for g in self.groups],
+                "repeat": [g.repeat for g in self.groups],
             },
+            "labels": list(self.labels) if self.labels else None,
         }
 
 
@@ -402,11 +445,21 @@ def _pick_engine(engine: str, n_nodes: int) -> str:
     return engine
 
 
-def _depth_of(modules: Sequence[str | None], collapse: bool | int | str) -> int | None:
+# A level of detail: None (every node), an int (one level of boxes, modules cut to that many
+# components) or NESTED (see NOTE [ nested folding ]).
+NESTED = "nested"
+_Level = int | str | None
+
+
+def _has_modules(rec: Recording) -> bool:
+    return any(n.module for n in rec.nodes)
+
+
+def _level_of(rec: Recording, collapse: bool | int | str) -> _Level:
     if collapse == "auto":
-        return choose_depth(modules)
+        return NESTED if len(rec.nodes) > COLLAPSE_MIN_NODES and _has_modules(rec) else None
     if collapse is True:
-        return choose_depth(modules, min_nodes=0)
+        return NESTED if _has_modules(rec) else None
     if collapse is False or collapse is None:
         return None
     if isinstance(collapse, int) and not isinstance(collapse, bool) and collapse >= 1:
@@ -423,20 +476,19 @@ def layout_recording(
 
     Args:
         rec: the recording.
-        collapse: ``"auto"`` (collapse big graphs by module, see :func:`choose_depth`), ``False``
-            (draw every node), ``True`` (collapse at the automatic depth even if small) or an int
-            (the module depth to collapse at, 1 = top-level modules).
+        collapse: ``"auto"`` (fold big graphs into nested module boxes, see NOTE [ nested
+            folding ]), ``False`` (draw every node), ``True`` (nested module boxes even if small)
+            or an int (one level of boxes: module paths cut to that many components).
         engine: ``"auto"``, ``"dot"`` or ``"sugiyama"``.
     """
-    depth = _depth_of([n.module for n in rec.nodes], collapse)
-    return _with_fallback(rec, [depth], engine)[0]
+    return _with_fallback(rec, [_level_of(rec, collapse)], engine)[0]
 
 
 def layout_levels(
     rec: Recording, *, collapse: bool | int | str = "auto", engine: str = "auto"
 ) -> list[GraphLayout]:
     """Layouts of a recording at the levels of detail the front end can switch between, finest
-    first: every node, then folded by module (``depth`` set).
+    first: every node, then folded into nested module boxes.
 
     NOTE [ levels of detail ]: names must be legible at first paint, and only the front end knows
     its width. So a small graph (at most COLLAPSE_MIN_NODES nodes) travels both as every node and
@@ -444,123 +496,328 @@ def layout_levels(
     names fit. A big graph travels folded only (its every-node layout is what expanding each box
     gives), so its layout time does not double. ``collapse=False`` or a depth asks for one level.
     """
-    modules = [n.module for n in rec.nodes]
     if collapse != "auto":
-        return _with_fallback(rec, [_depth_of(modules, collapse)], engine)
-    depth = choose_depth(modules)
-    if depth is not None:
-        return _with_fallback(rec, [depth], engine)
-    depths: list[int | None] = [None]
-    fold = choose_depth(modules, min_nodes=0) if len(modules) > _FOLD_MIN_NODES else None
-    if fold is not None:
-        group, keys = group_nodes(modules, fold)
-        boxes = sum(1 for g in group if g < 0) + len(keys)
-        if boxes <= 0.75 * len(modules):  # folding must make the picture clearly smaller
-            depths.append(fold)
-    return _with_fallback(rec, depths, engine)
+        return _with_fallback(rec, [_level_of(rec, collapse)], engine)
+    level = _level_of(rec, "auto")
+    if level is not None:
+        return _with_fallback(rec, [level], engine)
+    if len(rec.nodes) <= _FOLD_MIN_NODES or not _has_modules(rec):
+        return _with_fallback(rec, [None], engine)
+    flat, folded = _with_fallback(rec, [None, NESTED], engine)
+    # folding must make the picture clearly smaller
+    return [flat, folded] if folded.visible_count <= 0.75 * len(rec.nodes) else [flat]
 
 
-def _with_fallback(rec: Recording, depths: Sequence[int | None], engine: str) -> list[GraphLayout]:
+def _with_fallback(rec: Recording, levels: Sequence[_Level], engine: str) -> list[GraphLayout]:
     if engine == "auto":
         try:
             eng = _pick_engine("auto", len(rec.nodes))
-            return [_layout_recording(rec, d, eng) for d in depths]
+            return [_layout_level(rec, lv, eng) for lv in levels]
         except GradscopeError:
             # dot failed or timed out: Sugiyama always works
-            return [_layout_recording(rec, d, "sugiyama") for d in depths]
+            return [_layout_level(rec, lv, "sugiyama") for lv in levels]
     eng = _pick_engine(engine, len(rec.nodes))
-    return [_layout_recording(rec, d, eng) for d in depths]
+    return [_layout_level(rec, lv, eng) for lv in levels]
 
 
-def _layout_recording(rec: Recording, depth: int | None, eng: str) -> GraphLayout:
+def _layout_level(rec: Recording, level: _Level, eng: str) -> GraphLayout:
+    if level == NESTED:
+        return _layout_recording(rec, None, eng, nested=True)
+    return _layout_recording(rec, level if isinstance(level, int) else None, eng)
+
+
+# NOTE [ nested folding ]: a folded level is a tree of boxes, one per module that holds at least
+# two nodes, each box holding its own nodes and its submodules' boxes (a model's box contains its
+# layers, not stands beside them). The tree is pruned so that every box says something: a module
+# with no nodes of its own and a single box inside is the same picture as that box, and a single
+# box at the top (the model itself) is the whole drawing, so both are dropped. Siblings named
+# ``<list>.<k>`` for consecutive k whose nodes, names and inner edges match (the same class and
+# structure: ``h.0`` … ``h.11``) fold into one *repeat* box whose content is the blocks, each a
+# box of its own. Labels are paths relative to the box around them. Each box's content is laid
+# out on its own, forward-down (sources on top, the loss at the bottom), with its child boxes as
+# single vertices; the front end nests the contents as boxes open (collapse.js).
+@dataclass
+class _Box:
+    path: str  # module path; for the top, the prefix dropped from every label
+    parent: int
+    own: list[int]
+    kids: list[int]
+    repeat: int = 1
+    base: str = ""  # repeat boxes: the list's path (``transformer.h``)
+    label: str = ""
+    paths: tuple[str, ...] = ()
+
+
+_INDEX = re.compile(r"^(.*)\.(\d+)$")
+
+
+def _signature(box: _Box, members: list[int], info: Sequence[tuple[str, str, str, int]],
+               edges_of: dict[int, list[int]]) -> tuple[object, ...]:
+    """What makes two blocks the same structure: their nodes' module paths and parameter names
+    relative to the block, node classes, and the edges between them (in a canonical order)."""
+    pre = box.path + "."
+
+    def rel(t: str) -> str:
+        return t[len(pre):] if t.startswith(pre) else ("" if t == box.path else t)
+
+    keyed = sorted(
+        (rel(info[i][0]), info[i][1], rel(info[i][2]), info[i][3], i) for i in members
+    )
+    index = {k[-1]: j for j, k in enumerate(keyed)}
+    inner = sorted((index[s], index[d]) for s in members for d in edges_of.get(s, ()) if d in index)
+    return tuple(k[:-1] for k in keyed), tuple(inner)
+
+
+def _nested_boxes(rec: Recording, edges: Sequence[tuple[int, int]]) -> list[_Box]:
+    """The pruned tree of module boxes (NOTE [ nested folding ]); box 0 is the top."""
+    boxes = [_Box("", -1, [], [])]
+    index: dict[str, int] = {}
+    for i, node in enumerate(rec.nodes):
+        m = node.module
+        if not m:
+            boxes[0].own.append(i)
+            continue
+        if m not in index:
+            parts = m.split(".")
+            parent = 0
+            for j in range(1, len(parts) + 1):
+                path = ".".join(parts[:j])
+                b = index.get(path)
+                if b is None:
+                    b = index[path] = len(boxes)
+                    boxes.append(_Box(path, parent, [], []))
+                    boxes[parent].kids.append(b)
+                parent = b
+        boxes[index[m]].own.append(i)
+    count = [len(b.own) for b in boxes]
+    for b in range(len(boxes) - 1, 0, -1):  # children were made after their parents
+        count[boxes[b].parent] += count[b]
+    members: list[list[int]] = [list(b.own) for b in boxes]
+    for b in range(len(boxes) - 1, 0, -1):
+        members[boxes[b].parent].extend(members[b])
+    info = [(n.module or "", n.name, n.leaf or "", n.order) for n in rec.nodes]
+    edges_of: dict[int, list[int]] = {}
+    for s_, d in edges:
+        edges_of.setdefault(s_, []).append(d)
+
+    def dissolve(b: int) -> None:
+        box, up = boxes[b], boxes[boxes[b].parent]
+        up.kids = [k for k in up.kids if k != b]
+        up.own.extend(box.own)
+        for k in box.kids:
+            boxes[k].parent = box.parent
+            up.kids.append(k)
+
+    for b in range(len(boxes) - 1, 0, -1):  # children first
+        box = boxes[b]
+        if count[b] < 2:
+            dissolve(b)
+            continue
+        _fold_repeats(boxes, b, members, info, edges_of, count)
+        if not box.own and len(box.kids) == 1:
+            dissolve(b)
+    _fold_repeats(boxes, 0, members, info, edges_of, count)
+    top = boxes[0]
+    while len(top.kids) == 1 and boxes[top.kids[0]].repeat == 1:
+        only = top.kids[0]
+        top.path = boxes[only].path
+        dissolve(only)
+    return boxes
+
+
+def _fold_repeats(boxes: list[_Box], b: int, members: list[list[int]],
+                  info: Sequence[tuple[str, str, str, int]], edges_of: dict[int, list[int]],
+                  count: list[int]) -> None:
+    """Fold runs of same-structure sibling blocks ``<list>.<k>`` inside box ``b`` into repeat
+    boxes (NOTE [ nested folding ])."""
+    by_base: dict[str, list[tuple[int, int]]] = {}
+    for k in boxes[b].kids:
+        m = _INDEX.match(boxes[k].path)
+        if m and boxes[k].repeat == 1:
+            by_base.setdefault(m.group(1), []).append((int(m.group(2)), k))
+    for base, blocks in by_base.items():
+        blocks.sort()
+        sigs = [_signature(boxes[k], members[k], info, edges_of) for _, k in blocks]
+        run = 0
+        for j in range(1, len(blocks) + 1):
+            if j < len(blocks) and blocks[j][0] == blocks[j - 1][0] + 1 and sigs[j] == sigs[run]:
+                continue
+            if j - run >= 2:
+                ks = [k for _, k in blocks[run:j]]
+                r = len(boxes)
+                boxes.append(_Box(boxes[ks[0]].path, b, [], ks, repeat=len(ks), base=base))
+                count.append(sum(count[k] for k in ks))
+                members.append([i for k in ks for i in members[k]])
+                for k in ks:
+                    boxes[k].parent = r
+                boxes[b].kids = [k for k in boxes[b].kids if k not in ks] + [r]
+            run = j
+
+
+def _flat_boxes(rec: Recording, depth: int) -> list[_Box]:
+    """One level of boxes: modules cut to ``depth`` components (see :func:`group_nodes`)."""
+    group, keys = group_nodes([n.module for n in rec.nodes], depth)
+    boxes = [_Box("", -1, [], [])] + [_Box(k, 0, [], []) for k in keys]
+    boxes[0].kids = list(range(1, len(boxes)))
+    for i, g in enumerate(group):
+        boxes[g + 1 if g >= 0 else 0].own.append(i)
+    return boxes
+
+
+def _natural(path: str) -> tuple[object, ...]:
+    return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", path))
+
+
+def _relative(path: str, prefix: str) -> str:
+    """``path`` without ``prefix``; a list index keeps its list's name (``G.47``, not ``47``)."""
+    if not prefix or not path.startswith(prefix + "."):
+        return path
+    rel = path[len(prefix) + 1:]
+    if rel.split(".", 1)[0].isdigit():
+        return path[len(prefix.rsplit(".", 1)[0]) + 1:] if "." in prefix else path
+    return rel
+
+
+def _label_boxes(boxes: list[_Box]) -> list[int]:
+    """Labels relative to the box around each box; returns the live boxes, parents first."""
+    prefix = {0: boxes[0].path}
+    out: list[int] = []
+    stack = [0]
+    while stack:
+        b = stack.pop()
+        box = boxes[b]
+        if b:
+            out.append(b)
+            around = prefix[box.parent]
+            if box.repeat > 1:
+                first, last = boxes[box.kids[0]].path, boxes[box.kids[-1]].path
+                name = box.base.rsplit(".", 1)[-1]
+                box.label = f"{name}.{first.rsplit('.', 1)[1]} – {name}.{last.rsplit('.', 1)[1]} (×{box.repeat})"
+                box.path = f"{first} – {last}"
+                box.paths = tuple(boxes[k].path for k in box.kids)
+                prefix[b] = box.base.rsplit(".", 1)[0] if "." in box.base else ""
+            else:
+                box.label = _relative(box.path, around)
+                box.paths = (box.path,)
+                prefix[b] = box.path
+        box.kids.sort(key=lambda k: _natural(boxes[k].path))
+        stack.extend(reversed(box.kids))
+    return out
+
+
+def _layout_recording(rec: Recording, depth: int | None, eng: str, nested: bool = False) -> GraphLayout:
     n = len(rec.nodes)
-    modules = [node.module for node in rec.nodes]
     edges = [(e.src, e.dst) for e in rec.edges if 0 <= e.src < n and 0 <= e.dst < n]
     order = [node.order for node in rec.nodes]
     laid_all, weights_all, dot_group = _layout_plan(
         n, edges, order, [node.leaf is not None for node in rec.nodes]
     )
-
-    keys: list[str]
-    if depth is None:
-        group, keys = [-1] * n, []
+    if nested:
+        boxes = _nested_boxes(rec, edges)
+    elif depth is not None:
+        boxes = _flat_boxes(rec, depth)
     else:
-        group, keys = group_nodes(modules, depth)
-
-    # Inner layout of each group: its members and the edges between them.
-    members: list[list[int]] = [[] for _ in keys]
-    for i, g in enumerate(group):
-        if g >= 0:
-            members[g].append(i)
-    local = [0] * n
-    for idx in members:
-        for j, i in enumerate(idx):
-            local[i] = j
-    inner_edges: list[list[tuple[int, int]]] = [[] for _ in keys]
-    inner_weights: list[list[int]] = [[] for _ in keys]
-    for (s, d), w in zip(laid_all, weights_all, strict=True):
-        gs_, gd = group[s], group[d]
-        if gs_ >= 0 and gs_ == gd:
-            inner_edges[gs_].append((local[s], local[d]))
-            inner_weights[gs_].append(w)
-
+        boxes = [_Box("", -1, list(range(n)), [])]
+    live = _label_boxes(boxes)
+    gid = {b: j for j, b in enumerate(live)}  # box -> group index
+    n_groups = len(live)
+    parent = [gid.get(boxes[b].parent, -1) for b in live]
+    group = [-1] * n
+    for b in live:
+        for i in boxes[b].own:
+            group[i] = gid[b]
+    # contents: -1 is the top; each holds its own nodes and its child boxes
+    own: list[list[int]] = [boxes[0].own] + [boxes[b].own for b in live]
+    kids: list[list[int]] = [[gid[k] for k in boxes[0].kids]] + [[gid[k] for k in boxes[b].kids] for b in live]
+    chain: list[list[int]] = [[] for _ in range(n_groups)]  # a box and its ancestors, outermost first
+    for g in range(n_groups):
+        chain[g] = ([] if parent[g] < 0 else chain[parent[g]]) + [g]
+    count = [0] * n_groups
+    main_order: list[int | None] = [None] * n_groups  # lowest order of a main-path node inside
+    for i in range(n):
+        for g in chain[group[i]] if group[i] >= 0 else []:
+            count[g] += 1
+            low = main_order[g]
+            if dot_group[i] is not None and (low is None or order[i] < low):
+                main_order[g] = order[i]
+    slot: list[dict[tuple[str, int], int]] = []
+    for c in range(n_groups + 1):
+        items = {("n", i): j for j, i in enumerate(own[c])}
+        for k in kids[c]:
+            items[("g", k)] = len(items)
+        slot.append(items)
+    content_edges: list[dict[tuple[int, int], int]] = [{} for _ in range(n_groups + 1)]
+    node_chain = [chain[group[i]] if group[i] >= 0 else [] for i in range(n)]
+    for (s_, d), w in zip(laid_all, weights_all, strict=True):
+        cs, cd = node_chain[s_], node_chain[d]
+        L = 0
+        while L < len(cs) and L < len(cd) and cs[L] == cd[L]:
+            L += 1
+        c = cs[L - 1] + 1 if L else 0
+        a = slot[c][("g", cs[L]) if L < len(cs) else ("n", s_)]
+        b_ = slot[c][("g", cd[L]) if L < len(cd) else ("n", d)]
+        if a != b_:
+            content_edges[c][(a, b_)] = max(w, content_edges[c].get((a, b_), 0))
+    sizes_of: list[list[tuple[float, float]]] = []
+    groups_of: list[list[str | None]] = []
+    for c in range(n_groups + 1):
+        sizes_of.append([(float(NODE_W), float(NODE_H))] * len(own[c]) + [(float(GROUP_W), float(GROUP_H))] * len(kids[c]))
+        groups_of.append(
+            [dot_group[i] for i in own[c]]
+            + [None if main_order[k] is None else f"o{main_order[k]}" for k in kids[c]]
+        )
+    ce = [sorted(e) for e in content_edges]
+    if eng == "dot":
+        raw = _layout_dot_many([
+            (len(sizes_of[c]), _dot_source(len(sizes_of[c]), ce[c], sizes_of[c],
+                                           [content_edges[c][e] for e in ce[c]], groups_of[c]))
+            for c in range(n_groups + 1)
+        ])
+    else:
+        raw = [_layout_sugiyama(len(sizes_of[c]), ce[c]) for c in range(n_groups + 1)]
     xs = [0.0] * n
     ys = [0.0] * n
-    inner_size: list[tuple[float, float]] = []
-    node_sizes = [(float(NODE_W), float(NODE_H))]
-    if eng == "dot":
-        jobs = [
-            (len(idx), _dot_source(len(idx), inner_edges[gi], node_sizes * len(idx), inner_weights[gi],
-                                   [dot_group[i] for i in idx]))
-            for gi, idx in enumerate(members)
-        ]
-        raw = _layout_dot_many(jobs)
-    else:
-        raw = [_layout_sugiyama(len(idx), inner_edges[gi]) for gi, idx in enumerate(members)]
-    for gi, idx in enumerate(members):
-        placed, iw, ih = _place(raw[gi], node_sizes * len(idx))
-        for j, i in enumerate(idx):
-            xs[i], ys[i] = placed[j][0] - _MARGIN + _INNER_PAD, placed[j][1] - _MARGIN + _INNER_PAD + 14
-        inner_size.append((iw - 2 * _MARGIN + 2 * _INNER_PAD, ih - 2 * _MARGIN + 2 * _INNER_PAD + 14))
-
-    # Top level: loose nodes and one box per group, edges between them deduplicated.
-    top_of = [0] * n
-    loose = [i for i in range(n) if group[i] < 0]
-    for j, i in enumerate(loose):
-        top_of[i] = j
-    n_top = len(loose) + len(keys)
-    for i in range(n):
-        if group[i] >= 0:
-            top_of[i] = len(loose) + group[i]
-    top_weight: dict[tuple[int, int], int] = {}
-    for (s, d), w in zip(laid_all, weights_all, strict=True):
-        a, b = top_of[s], top_of[d]
-        if a != b:
-            top_weight[(a, b)] = max(w, top_weight.get((a, b), 0))
-    top_edges = sorted(top_weight)
-    top_groups: list[str | None] = [dot_group[i] for i in loose]
-    for idx in members:
-        main = [order[i] for i in idx if dot_group[i] is not None]
-        top_groups.append(f"o{min(main)}" if main else None)
-    sizes = [(NODE_W, NODE_H)] * len(loose) + [(GROUP_W, GROUP_H)] * len(keys)
-    pos, width, height = layout_dag(
-        n_top, top_edges, sizes, engine=eng, weights=[top_weight[e] for e in top_edges], groups=top_groups
-    )
-    for j, i in enumerate(loose):
-        xs[i], ys[i] = pos[j]
+    gx = [0.0] * n_groups
+    gy = [0.0] * n_groups
+    inner = [(0.0, 0.0)] * n_groups
+    width = height = 2.0 * _MARGIN
+    for c in range(n_groups + 1):
+        placed, w_, h_ = _place(raw[c], sizes_of[c])
+        if c == 0:
+            dx, dy = 0.0, 0.0
+            width, height = w_, h_
+        else:
+            dx, dy = _INNER_PAD - _MARGIN, _INNER_PAD - _MARGIN + _HEADER
+            inner[c - 1] = (w_ - 2 * _MARGIN + 2 * _INNER_PAD, h_ - 2 * _MARGIN + 2 * _INNER_PAD + _HEADER)
+        for j, i in enumerate(own[c]):
+            xs[i], ys[i] = placed[j][0] + dx, placed[j][1] + dy
+        for j, k in enumerate(kids[c]):
+            gx[k], gy[k] = placed[len(own[c]) + j][0] + dx, placed[len(own[c]) + j][1] + dy
     groups = tuple(
         Group(
-            key=k,
-            count=len(members[gi]),
-            x=pos[len(loose) + gi][0],
-            y=pos[len(loose) + gi][1],
+            key=boxes[b].path,
+            count=count[g],
+            x=gx[g],
+            y=gy[g],
             w=GROUP_W,
             h=GROUP_H,
-            inner_w=inner_size[gi][0],
-            inner_h=inner_size[gi][1],
+            inner_w=inner[g][0],
+            inner_h=inner[g][1],
+            parent=parent[g],
+            label=boxes[b].label,
+            repeat=boxes[b].repeat,
+            paths=boxes[b].paths,
         )
-        for gi, k in enumerate(keys)
+        for g, b in enumerate(live)
     )
+    labels: list[str | None] = []
+    for i, node in enumerate(rec.nodes):
+        around = boxes[live[group[i]]].path if group[i] >= 0 else boxes[0].path
+        short = _relative(node.leaf, around) if node.leaf else None
+        if short is not None and short == node.leaf and boxes[0].path:
+            short = _relative(node.leaf, boxes[0].path)
+        labels.append(short if short != node.leaf else None)
+    levels = max((len(chain[g]) for g in range(n_groups)), default=0)
     return GraphLayout(
         engine=eng,
         x=tuple(xs),
@@ -569,5 +826,6 @@ def _layout_recording(rec: Recording, depth: int | None, eng: str) -> GraphLayou
         groups=groups,
         width=width,
         height=height,
-        depth=depth,
+        depth=depth if not nested else max(1, levels),
+        labels=tuple(labels),
     )

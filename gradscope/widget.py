@@ -298,10 +298,13 @@ def _level_payload(rec: Recording, lay: GraphLayout, measured: bool) -> dict[str
     graph = lay.to_payload()
     groups: Any = graph["groups"]
     groups["key"] = [str(k) for k in groups["key"]]
-    by_group = F.saved_activations_by_module(rec, groups=lay.group)
-    groups["act"] = [by_group.get(str(g), 0) for g in range(len(lay.groups))]
-    alive = F.alive_at_peak_by_module(rec, lay.depth) if measured and lay.depth is not None else None
-    groups["alive"] = None if alive is None else [alive.get(k, 0) for k in groups["key"]]
+    act = [0] * len(lay.groups)
+    for column in lay.group_columns():  # nested boxes: each box's figure includes its inner boxes
+        for g, v in F.saved_activations_by_module(rec, groups=column).items():
+            act[int(g)] = v
+    groups["act"] = act
+    alive = F.alive_at_peak_by_module(rec) if measured and lay.groups else None
+    groups["alive"] = None if alive is None else lay.group_totals(alive)
     return graph
 
 

@@ -837,19 +837,23 @@ def test_html_page_offline(tmp_path: Path, browser):
             s.attribute for s in by_node[click]
         ]
 
-        # a 48-layer model opens folded; a module expands on click and collapses again
+        # a 48-layer model opens folded: its 48 identical layers are one box of repeated blocks
+        # (nested boxes: repeat > layer > submodule); a box expands on click and collapses again
         page.goto(layered_path.as_uri())
         page.wait_for_selector('.gs-root[data-ready="1"]', timeout=20_000)
         g = page.locator(".gs-graph")
         assert g.get_attribute("data-node-count") == "3601"
-        assert g.get_attribute("data-visible-count") == "49" and g.get_attribute("data-group-count") == "48"
-        assert _graph_state(g)["labelled"] >= 5  # the folded boxes carry their names at first paint
-        pos = g.locator("canvas").evaluate("c => c.gsGroupCenter('layers.1')")
+        assert g.get_attribute("data-visible-count") == "2" and g.get_attribute("data-group-count") == str(1 + 48 + 48 * 6)
+        assert _graph_state(g)["labelled"] == 2  # the folded box and the loss carry their names at first paint
+        pos = g.locator("canvas").evaluate("c => c.gsGroupCenter('layers.0 – layers.47')")
         page.mouse.move(pos["x"], pos["y"])
         assert "folded: click to open" in page.locator(".gs-tip").inner_text()
         page.mouse.click(pos["x"], pos["y"])
-        assert g.get_attribute("data-visible-count") == str(49 - 1 + 75)
-        assert g.get_attribute("data-expanded-count") == "1"
+        assert g.get_attribute("data-visible-count") == str(2 - 1 + 48)
+        pos = g.locator("canvas").evaluate("c => c.gsGroupCenter('layers.1')")
+        page.mouse.click(pos["x"], pos["y"])
+        assert g.get_attribute("data-visible-count") == str(49 - 1 + 6)  # its six submodules
+        assert g.get_attribute("data-expanded-count") == "2"
         # the tooltip under the pointer now says what a click does next, not "click to open"
         pos = g.locator("canvas").evaluate("c => c.gsGroupCenter('layers.1')")  # the frame's header
         page.mouse.move(pos["x"], pos["y"])
@@ -857,18 +861,18 @@ def test_html_page_offline(tmp_path: Path, browser):
         assert "open: click the header to fold it" in tip and "click to open" not in tip
         _shot(page, "html_04_expanded_module")
         page.mouse.click(pos["x"], pos["y"])
-        assert g.get_attribute("data-visible-count") == "49" and g.get_attribute("data-expanded-count") == "0"
-        # a module in the side table opens its box and shows its largest saver
+        assert g.get_attribute("data-visible-count") == "49" and g.get_attribute("data-expanded-count") == "1"
+        # a module in the side table opens its box (and the boxes around it) and shows its largest saver
         item = page.locator(".gs-module").first
         module = item.locator(".gs-module-name").inner_text()
         item.click()
-        assert g.get_attribute("data-expanded-count") == "1"
+        assert g.get_attribute("data-expanded-count") == "3"
         assert page.locator(".gs-node-module").inner_text() == module
         # the find box opens the module holding the match
         page.locator(".gs-find").fill("layers.5.linear1")
         page.locator(".gs-find").press("Enter")
         assert page.locator(".gs-node-module").inner_text() == "layers.5.linear1"
-        assert g.get_attribute("data-expanded-count") == "2"
+        assert g.get_attribute("data-expanded-count") == "5"
         assert page.locator(".gs-found").inner_text().startswith("1/")
         page.locator(".gs-expand-all").click()
         assert g.get_attribute("data-visible-count") == "3601"

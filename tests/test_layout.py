@@ -15,6 +15,7 @@ from gradscope.layout import (
     choose_depth,
     group_nodes,
     layout_dag,
+    layout_levels,
     layout_recording,
 )
 from gradscope.recording import Edge, Node, Recording
@@ -62,28 +63,43 @@ def test_auto_engine_uses_dot_only_for_small_graphs():
     assert big.engine == "sugiyama"
 
 
-def test_encoder_opens_collapsed_to_its_layers():
+def test_encoder_opens_folded_as_one_box_of_repeated_layers():
     rec = layered_recording(48)
     lay = layout_recording(rec)
-    assert lay.depth == 2
-    assert len(lay.groups) == 48
-    assert sorted(g.key for g in lay.groups) == sorted(f"layers.{i}" for i in range(48))
-    assert all(g.count == 75 for g in lay.groups)
-    assert lay.visible_count == 49  # 48 layers + the loss node
-    # inner coordinates fit inside each group's expanded content
+    # the 48 identical layers fold into one repeat box holding 48 layer boxes, each holding its
+    # six submodules; the loss node stays loose
+    top = [g for g in lay.groups if g.parent < 0]
+    assert [(g.label, g.repeat, g.count) for g in top] == [("layers.0 – layers.47 (×48)", 48, 48 * 75)]
+    rep = lay.groups.index(top[0])
+    blocks = [g for g in lay.groups if g.parent == rep]
+    assert [g.key for g in blocks] == [f"layers.{i}" for i in range(48)]
+    assert [g.label for g in blocks] == [f"layers.{i}" for i in range(48)]
+    assert all(g.count == 75 for g in blocks)
+    assert lay.visible_count == 2
+    subs = {g.label for g in lay.groups if g.parent == lay.groups.index(blocks[0])}
+    assert subs == {"self_attn", "linear1", "dropout", "linear2", "norm1", "norm2"}
+    # inner coordinates fit inside each box's content
     for i, g in enumerate(lay.group):
         if g >= 0:
             grp = lay.groups[g]
             assert 0 <= lay.x[i] - NODE_W / 2 and lay.x[i] + NODE_W / 2 <= grp.inner_w
             assert 0 <= lay.y[i] and lay.y[i] <= grp.inner_h
+    for grp in lay.groups:
+        if grp.parent >= 0:
+            outer = lay.groups[grp.parent]
+            assert 0 <= grp.x - grp.w / 2 and grp.x + grp.w / 2 <= outer.inner_w
     assert all(g.w == GROUP_W for g in lay.groups)
+    # forward-down: layer 0 (the input side) above layer 47, the repeat box above the loss
+    ys = {g.key: g.y for g in blocks}
+    assert all(ys[f"layers.{i}"] < ys[f"layers.{i + 1}"] for i in range(47))
+    assert top[0].y < lay.y[0] and rec.nodes[0].name == "MeanBackward0"
 
 
 def test_collapse_options():
     rec = layered_recording(4)
     assert layout_recording(rec, collapse=False).groups == ()
-    # automatic depth: the shallowest showing at least two dozen boxes (6 submodules x 4 layers)
-    assert len(layout_recording(rec, collapse=True).groups) == 24
+    # nested: one repeat box, its 4 layers, their 6 submodules each
+    assert len(layout_recording(rec, collapse=True).groups) == 1 + 4 + 24
     assert len(layout_recording(rec, collapse=2).groups) == 4
     with pytest.raises(GradscopeError, match="collapse"):
         layout_recording(rec, collapse="sometimes")
@@ -140,7 +156,7 @@ def test_auto_engine_falls_back_to_sugiyama_when_dot_fails(monkeypatch):
     def broken(*args, **kwargs):
         raise GradscopeError("gradscope: Graphviz dot failed (TimeoutExpired); use engine='sugiyama'.")
 
-    monkeypatch.setattr(L, "_layout_dot", broken)
+    monkeypatch.setattr(L, "_layout_dot_many", broken)
     monkeypatch.setattr(L, "_dot_available", lambda: True)
     assert layout_recording(tiny_recording()).engine == "sugiyama"
     with pytest.raises(GradscopeError, match="dot failed"):
@@ -192,7 +208,138 @@ def test_small_graphs_travel_with_a_folded_level():
 
     rec = _create_graph_recording(8)
     levels = layout_levels(rec)
-    assert [lv.depth for lv in levels] == [None, 2]
+    assert [lv.depth is None for lv in levels] == [True, False]
     assert levels[1].visible_count < len(rec.nodes) * 0.75
+    # the Sequential's box is the whole model, so its layers are the top boxes; alternating
+    # Linear and Tanh are no repeats; a list index keeps its list's name ("G.3", not "3")
+    assert [(g.key, g.label, g.parent, g.repeat) for g in levels[1].groups] == [
+        (f"G.{k}", f"G.{k}", -1, 1) for k in range(16)
+    ]
     assert [lv.depth for lv in layout_levels(rec, collapse=False)] == [None]
-    assert [lv.depth for lv in layout_levels(layered_recording(8))] == [3]  # big: folded only
+    big = layout_levels(layered_recording(8))  # big: folded only
+    assert len(big) == 1 and big[0].depth == 3 and big[0].visible_count == 2
+
+
+# ----- nested folding of real transformers (tiny configs, random init) --------------------------
+def _tiny_transformer(kind: str):
+    """A recording of one training step of a 4-layer, 32-wide model from ``transformers``, and the
+    module paths of its embeddings and its repeated blocks."""
+    torch = pytest.importorskip("torch")
+    tf = pytest.importorskip("transformers")
+    import gradscope as gs
+
+    torch.manual_seed(0)
+    if kind == "gpt2":
+        cfg = tf.GPT2Config(n_layer=4, n_embd=32, n_head=2, vocab_size=100, n_positions=16,
+                            bos_token_id=0, eos_token_id=0)
+        model = tf.GPT2LMHeadModel(cfg)
+        ids = torch.randint(0, 100, (2, 8))
+        opt = torch.optim.AdamW(model.parameters())
+        with gs.record(memory="off") as r:
+            model(ids, labels=ids).loss.backward()
+            opt.step()
+        return r.recording, ["model.transformer.wte", "model.transformer.wpe"], "model.transformer.h"
+    if kind == "bert":
+        cfg = tf.BertConfig(num_hidden_layers=4, hidden_size=32, num_attention_heads=2, intermediate_size=64,
+                            vocab_size=100, max_position_embeddings=16)
+        model = tf.BertForSequenceClassification(cfg)
+        ids = torch.randint(0, 100, (2, 8))
+        with gs.record(memory="off") as r:
+            model(ids, labels=torch.tensor([0, 1])).loss.backward()
+        return r.recording, ["model.bert.embeddings"], "model.bert.encoder.layer"
+    cfg = tf.ViTConfig(num_hidden_layers=4, hidden_size=32, num_attention_heads=2, intermediate_size=64,
+                       image_size=16, patch_size=4, num_labels=3)
+    model = tf.ViTForImageClassification(cfg)
+    with gs.record(memory="off") as r:
+        model(pixel_values=torch.randn(2, 3, 16, 16), labels=torch.tensor([0, 2])).loss.backward()
+    return r.recording, ["model.vit.embeddings"], "model.vit.layers"
+
+
+def _chain(lay, group: int) -> list[int]:
+    out = []
+    while group >= 0:
+        out.append(group)
+        group = lay.groups[group].parent
+    return out[::-1]
+
+
+def _above(lay, a: tuple[str, int], b: tuple[str, int]) -> bool:
+    """Whether box or node ``a`` is drawn above ``b``: compared in the innermost content holding
+    both (opening boxes only pushes what is below further down, so that order is the drawing's)."""
+    def chain(item):
+        kind, i = item
+        return _chain(lay, i) if kind == "g" else _chain(lay, lay.group[i]) + [("n", i)]
+
+    ca, cb = chain(a), chain(b)
+    k = 0
+    while k < min(len(ca), len(cb)) and ca[k] == cb[k]:
+        k += 1
+    assert k < len(ca) and k < len(cb), (a, b)  # neither holds the other
+
+    def y(x):
+        return lay.y[x[1]] if isinstance(x, tuple) else lay.groups[x].y
+
+    return y(ca[k]) < y(cb[k])
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "bert", "vit"])
+def test_transformer_folds_into_nested_boxes_with_repeated_blocks(kind):
+    rec, embeddings, blocks_path = _tiny_transformer(kind)
+    levels = layout_levels(rec)
+    lay = levels[-1]
+    assert lay.depth is not None and lay.groups
+    name = blocks_path.rsplit(".", 1)[1]
+    # the four blocks fold as one repeat box holding one box per block
+    reps = [g for g in lay.groups if g.repeat > 1]
+    assert [(g.label, g.repeat) for g in reps] == [(f"{name}.0 – {name}.3 (×4)", 4)]
+    rep = lay.groups.index(reps[0])
+    blocks = [gi for gi, g in enumerate(lay.groups) if g.parent == rep]
+    assert [lay.groups[b].key for b in blocks] == [f"{blocks_path}.{i}" for i in range(4)]
+    assert [lay.groups[b].label for b in blocks] == [f"{name}.{i}" for i in range(4)]
+    # each block's box holds exactly the nodes made by its modules (counted from the recording)
+    for b in blocks:
+        path = lay.groups[b].key
+        mine = {n.id for n in rec.nodes if n.module and (n.module == path or n.module.startswith(path + "."))}
+        held = {i for i in range(len(rec.nodes)) if b in _chain(lay, lay.group[i])}
+        assert held == mine and lay.groups[b].count == len(mine) > 10
+        # its submodules' boxes are inside it, labelled relative to it
+        subs = [g for g in lay.groups if g.parent == b]
+        assert subs and all(g.key.startswith(path + ".") and g.label == g.key[len(path) + 1:] for g in subs)
+    assert reps[0].count == sum(lay.groups[b].count for b in blocks)
+    # names shortened from the box around them, never cut from the left
+    for g in lay.groups:
+        assert not g.label.startswith("…") and len(g.label) <= 28, g.label
+        if g.parent >= 0 and g.repeat == 1:
+            assert g.key.endswith("." + g.label) and g.label != g.key
+    for i, short in enumerate(lay.labels):
+        if short is not None:
+            assert rec.nodes[i].leaf.endswith("." + short) and not short.startswith("…")
+    # forward-down: embeddings above the first block above the last block above the loss
+    sinks = set(range(len(rec.nodes))) - {e.src for e in rec.edges}
+    assert len(sinks) == 1
+    loss = sinks.pop()
+    emb = [lay.groups.index(g) for g in lay.groups if g.key in embeddings]
+    assert len(emb) == len(embeddings)
+    for e in emb:
+        assert _above(lay, ("g", e), ("g", rep))
+        assert _above(lay, ("g", e), ("n", loss))
+    assert _above(lay, ("g", blocks[0]), ("g", blocks[-1]))
+    assert all(_above(lay, ("g", blocks[k]), ("g", blocks[k + 1])) for k in range(3))
+    assert _above(lay, ("g", rep), ("n", loss))
+
+
+def test_nested_box_figures_include_inner_boxes():
+    """What the widget sums per box (saved activations by column, alive at peak by module path)
+    covers the nodes of the boxes inside it: checked with node counts, computed from the paths."""
+    from collections import Counter
+
+    rec, _, _ = _tiny_transformer("bert")
+    lay = layout_recording(rec, collapse=True)
+    per_module = Counter(n.module for n in rec.nodes if n.module)
+    assert lay.group_totals(dict(per_module)) == [g.count for g in lay.groups]
+    cols = lay.group_columns()
+    assert len(cols) == lay.depth
+    seen = Counter()
+    for col in cols:
+        seen.update(g for g in col if g >= 0)
+    assert [seen[g] for g in range(len(lay.groups))] == [g.count for g in lay.groups]

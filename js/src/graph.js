@@ -9,11 +9,11 @@
 // outside that scale, since they existed before the block.
 
 import { COLORS, bytesColor, orderStroke, textOn } from "./color.js";
-import { boxCount, visibleLayout } from "./collapse.js";
+import { ancestors, autoOpen, boxCount, descendants, visibleLayout } from "./collapse.js";
 import { nodeLabel } from "./data.js";
 import { h } from "./dom.js";
 import { formatBytes } from "./format.js";
-import { boundsWithTop, chooseLevel, FONT_PX, fitText, labelMode, topView, NAMES } from "./lod.js";
+import { boundsWithTop, chooseLevel, FONT_PX, fitPath, fitText, labelMode, topView, NAMES } from "./lod.js";
 import { centerOn, fitView, hitTest, panBy, toScreen, toWorld, zoomAt } from "./viewport.js";
 
 const ARROW_PX = 7; // arrowhead length on screen
@@ -60,7 +60,7 @@ export class GraphView {
     this.hooks = hooks;
     this.levelIndex = rec.level;
     this.layout = rec.levels[this.levelIndex];
-    this.expanded = new Set();
+    this.expanded = this.layout ? autoOpen(this.layout) : new Set();
     this.selected = -1;
     this.current = -1;
     this.releaseStep = null;
@@ -90,6 +90,9 @@ export class GraphView {
     // what the last frame drew for a node (its text lines and fill), for tests
     this.canvas.gsNodeDrawn = (id) => this._drawn.get(id) || null;
     this._drawn = new Map();
+    this._drawnGroups = new Map();
+    // every drawn box: kind, key, label, the text drawn, its rectangle in client pixels
+    this.canvas.gsBoxes = () => this.drawnBoxes();
     this.resize();
   }
 
@@ -120,7 +123,7 @@ export class GraphView {
     this.layout = this.rec.levels[i];
     this._levelChosen = true;
     this._pinned = true; // the user's choice survives resizes
-    this.expanded.clear();
+    this.expanded = autoOpen(this.layout);
     this._relayout();
     this.hooks.onLevel?.(i);
     if (fit) this.fit();
@@ -206,7 +209,8 @@ export class GraphView {
     const G = this.layout.groups;
     const g = it.id;
     const open = this.expanded.has(g);
-    const lines = [`module ${G.key[g]}`, `${G.count[g]} nodes`, `saved activations: ${formatBytes(this.groupAct[g])}`];
+    const rep = G.repeat ? G.repeat[g] : 1;
+    const lines = [rep > 1 ? `${rep} blocks of one structure: ${G.key[g]}` : `module ${G.key[g]}`, `${G.count[g]} nodes`, `saved activations: ${formatBytes(this.groupAct[g])}`];
     if (this.groupAlive) lines.push(`alive at peak: ${formatBytes(this.groupAlive[g])}`);
     lines.push(open ? "open: click the header to fold it" : "folded: click to open");
     lines.push(`(saved activations: ${def("saved_activations")})`);
@@ -254,9 +258,10 @@ export class GraphView {
   /** Expand (open=true) or collapse a module group, keeping it where it is on screen. */
   toggleGroup(g, open) {
     this.touched = true;
+    this._userOpened = true;
     const before = this.vis.items[this._itemOfGroup(g)];
-    if (open) this.expanded.add(g);
-    else this.expanded.delete(g);
+    if (open) for (const a of ancestors(this.layout, g)) this.expanded.add(a);
+    else for (const d of descendants(this.layout, g)) this.expanded.delete(d);
     this._relayout();
     const after = this.vis.items[this._itemOfGroup(g)];
     if (open && after) {
@@ -273,13 +278,15 @@ export class GraphView {
   }
 
   expandAll() {
+    this._userOpened = true;
     for (let g = 0; g < this.layout.groups.key.length; g++) this.expanded.add(g);
     this._relayout();
     this.fit();
   }
 
   collapseAll() {
-    this.expanded.clear();
+    this._userOpened = true;
+    this.expanded = new Set();
     this._relayout();
     this.fit();
   }
@@ -346,6 +353,31 @@ export class GraphView {
     return it.kind === "frame" ? this._client({ x: it.x, y: it.y - it.h / 2 + 8 }) : this._client(it);
   }
 
+  /** Every drawn box (nodes, folded boxes, frames) with its text and client rectangle (tests). */
+  drawnBoxes() {
+    const r = this.canvas.getBoundingClientRect();
+    const G = this.layout.groups;
+    return this.vis.items.map((it) => {
+      const a = toScreen(this.view, it.x - it.w / 2, it.y - it.h / 2);
+      const b = toScreen(this.view, it.x + it.w / 2, it.y + it.h / 2);
+      const group = it.kind !== "node";
+      const drawn = group ? this._drawnGroups.get(it.id) : this._drawn.get(it.id);
+      return {
+        kind: it.kind,
+        id: it.id,
+        key: group ? G.key[it.id] : null,
+        label: group ? (G.label || G.key)[it.id] : null,
+        parent: group && G.parent ? G.parent[it.id] : -1,
+        repeat: group && G.repeat ? G.repeat[it.id] : 1,
+        lines: drawn ? drawn.lines : [],
+        left: r.left + a.x,
+        top: r.top + a.y,
+        right: r.left + b.x,
+        bottom: r.top + b.y,
+      };
+    });
+  }
+
   _client(it) {
     const r = this.canvas.getBoundingClientRect();
     const s = toScreen(this.view, it.x, it.y);
@@ -354,16 +386,17 @@ export class GraphView {
 
   /** The first view: the finest level of detail whose names fit (see NOTE [ names at first paint ]). */
   firstView() {
-    if (this.expanded.size === 0 && !this._levelChosen) {
+    if (!this._userOpened && !this._levelChosen) {
       this._levelChosen = true;
       const bounds = this.rec.levels.map((lv, i) => {
-        const vis = i === this.levelIndex ? this.vis : visibleLayout(lv, this.rec.edges, new Set());
+        const vis = i === this.levelIndex ? this.vis : visibleLayout(lv, this.rec.edges, autoOpen(lv));
         return boundsWithTop(vis.bounds, vis.items);
       });
       const pick = chooseLevel(bounds, this.width, this.height);
       if (pick.level !== this.levelIndex) {
         this.levelIndex = pick.level;
         this.layout = this.rec.levels[pick.level];
+        this.expanded = autoOpen(this.layout);
         this._relayout();
         this.hooks.onLevel?.(pick.level);
       }
@@ -474,10 +507,16 @@ export class GraphView {
     const style = `${opts.italic ? "italic " : ""}${opts.bold ? "600 " : ""}`;
     let t = String(text);
     let w = this._width(t, style);
+    if (w > availPx && opts.path) {
+      // a dotted path loses its leading components, never a cut word (the frame names them)
+      t = fitPath(String(text), (s) => this._width(s, style) <= availPx);
+      w = this._width(t, style);
+    }
     if (w > availPx) {
+      const base = t;
       let n = Math.max(1, Math.floor((t.length * availPx) / w));
       do {
-        t = fitText(String(text), n, !!opts.keepEnd);
+        t = fitText(base, n, !!opts.keepEnd);
         w = this._width(t, style);
         n--;
       } while (w > availPx && n > 1);
@@ -503,12 +542,13 @@ export class GraphView {
     const px = 1 / scale;
     const line = FONT_PX / scale; // one line of text, in world units
     this._drawn.clear();
+    this._drawnGroups.clear();
 
     this._drawEdges(ctx, w0, w1, scale);
 
     ctx.textAlign = "center";
     ctx.textBaseline = "middle";
-    const keys = this.layout.groups.key;
+    const keys = this.layout.groups.label || this.layout.groups.key;
     const counts = this.layout.groups.count;
     let labelled = 0;
     for (let i = 0; i < items.length; i++) {
@@ -531,7 +571,8 @@ export class GraphView {
         if (lm.mode !== "none" || it.w * scale > 60) {
           ctx.fillStyle = COLORS.text;
           ctx.textAlign = "left";
-          this._text(ctx, `▾ ${keys[it.id]} · ${counts[it.id]} nodes`, left + 6 * px, top + band / 2, scale, it.w * scale - 12, { bold: true });
+          const head = this._text(ctx, `▾ ${keys[it.id]} · ${counts[it.id]} nodes`, left + 6 * px, top + band / 2, scale, it.w * scale - 12, { bold: true });
+          this._drawnGroups.set(it.id, { lines: [head], kind: "frame" });
           ctx.textAlign = "center";
         }
         continue;
@@ -552,10 +593,11 @@ export class GraphView {
           const avail = it.w * scale - 10;
           const name = `▸ ${keys[it.id]}`;
           if (lm.mode === "full") {
-            this._text(ctx, name, it.x, it.y - line * 0.6, scale, avail, { bold: true, keepEnd: true });
-            this._text(ctx, `${counts[it.id]} nodes · ${formatBytes(this.groupAct[it.id])} saved`, it.x, it.y + line * 0.6, scale, avail);
+            const a = this._text(ctx, name, it.x, it.y - line * 0.6, scale, avail, { bold: true, path: true });
+            const b = this._text(ctx, `${counts[it.id]} nodes · ${formatBytes(this.groupAct[it.id])} saved`, it.x, it.y + line * 0.6, scale, avail);
+            this._drawnGroups.set(it.id, { lines: [a, b], kind: "group" });
           } else {
-            this._text(ctx, name, it.x, it.y, scale, avail, { bold: true, keepEnd: true });
+            this._drawnGroups.set(it.id, { lines: [this._text(ctx, name, it.x, it.y, scale, avail, { bold: true, path: true })], kind: "group" });
           }
         }
         continue;
@@ -578,13 +620,14 @@ export class GraphView {
         ctx.fillStyle = textOn(fill);
         // parameter names keep their end (the module path is what the frame already says)
         const avail = it.w * scale - 8;
-        const style = { italic: !!node.leaf, bold: !node.leaf, keepEnd: !!node.leaf };
+        const style = { italic: !!node.leaf, bold: !node.leaf, path: !!node.leaf, keepEnd: !!node.leaf };
+        const label = (this.layout.labels && this.layout.labels[it.id]) || nodeLabel(node);
         if (lm.mode === "full") {
-          const a = this._text(ctx, nodeLabel(node), it.x, it.y - line * 0.6, scale, avail, style);
+          const a = this._text(ctx, label, it.x, it.y - line * 0.6, scale, avail, style);
           const b = this._text(ctx, nodeDetail(node), it.x, it.y + line * 0.6, scale, avail);
           this._drawn.set(it.id, { lines: [a, b], fill });
         } else {
-          this._drawn.set(it.id, { lines: [this._text(ctx, nodeLabel(node), it.x, it.y, scale, avail, style)], fill });
+          this._drawn.set(it.id, { lines: [this._text(ctx, label, it.x, it.y, scale, avail, style)], fill });
         }
       } else {
         this._drawn.set(it.id, { lines: [], fill });

@@ -110,4 +110,25 @@ export function fitText(text, chars, keepEnd = false) {
   return keepEnd ? `…${s.slice(s.length - chars + 1)}` : `${s.slice(0, chars - 1)}…`;
 }
 
+/**
+ * Shorten a dotted path (a module or parameter name) by dropping leading components until
+ * `fits(text)`: "transformer.h.1.ln_2.weight" -> "ln_2.weight", never a word cut in the middle
+ * (the frame around a box names what was dropped); a list index goes with its name ("h.1"). A leading "▸ " or "▾ " stays. Texts with
+ * spaces (a repeat's "h.0 – h.11 (×12)") are not paths and come back whole.
+ */
+export function fitPath(text, fits) {
+  const s = String(text);
+  const mark = /^[▸▾] /.test(s) ? s.slice(0, 2) : "";
+  let rest = s.slice(mark.length);
+  if (/\s/.test(rest)) return s;
+  // a number belongs to the name before it: "h.1" goes as a whole
+  const parts = rest.split(".");
+  let k = 0;
+  while (k < parts.length - 1 && !fits(mark + parts.slice(k).join("."))) {
+    k++;
+    while (k < parts.length - 1 && /^\d+$/.test(parts[k])) k++;
+  }
+  return mark + parts.slice(k).join(".");
+}
+
 export { MAX_SCALE, MIN_SCALE };

@@ -1,6 +1,6 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import { boxCount, groupBytes, visibleLayout } from "../src/collapse.js";
+import { ancestors, autoOpen, boxCount, descendants, groupBytes, visibleLayout } from "../src/collapse.js";
 import { tinyPayload } from "./fixtures.mjs";
 
 function twoGroups() {
@@ -65,4 +65,70 @@ test("payload graph: collapsed and expanded counts", () => {
 test("unknown group indexes are ignored", () => {
   const p = tinyPayload();
   assert.equal(boxCount(visibleLayout(p.levels[0], p.edges, new Set([7, -1])).items), 3);
+});
+
+function nested() {
+  // Box 0 ("enc") holds node 0 and box 1 ("enc.layer"), which holds nodes 1 and 2; box 2 is a
+  // repeat box at the top holding box 3; node 3 is loose at the top, below both.
+  return {
+    node_w: 150,
+    node_h: 30,
+    x: [100, 100, 100, 200, 100],
+    y: [60, 60, 140, 400, 60],
+    group: [0, 1, 1, -1, 3],
+    groups: {
+      key: ["enc", "enc.layer", "rep.0 – rep.1", "rep.0"],
+      label: ["enc", "layer", "rep.0 – rep.1 (×2)", "rep.0"],
+      parent: [-1, 0, -1, 2],
+      repeat: [1, 1, 2, 1],
+      count: [3, 2, 1, 1],
+      x: [100, 120, 400, 120],
+      y: [100, 140, 100, 60],
+      w: [190, 190, 190, 190],
+      h: [50, 50, 50, 50],
+      iw: [260, 250, 240, 240],
+      ih: [220, 200, 120, 120],
+    },
+  };
+}
+
+test("nested boxes: an open box holds its nodes and its inner boxes, which open inside it", () => {
+  const g = nested();
+  const kinds = (v) => v.items.map((i) => `${i.kind}${i.id}`);
+  // folded: two boxes and the loose node; opening an inner box alone shows nothing more
+  assert.deepEqual(kinds(visibleLayout(g, [0, 1, 1, 2, 2, 3], new Set())), ["node3", "group0", "group2"]);
+  assert.deepEqual(kinds(visibleLayout(g, [], new Set([1]))), ["node3", "group0", "group2"]);
+  const one = visibleLayout(g, [0, 1, 1, 2, 2, 3], new Set([0]));
+  assert.deepEqual(kinds(one), ["node3", "frame0", "node0", "group1", "group2"]);
+  const f0 = one.items[1];
+  // the frame starts where the box started (top 75) with the content's size
+  assert.deepEqual([f0.x, f0.y - f0.h / 2, f0.w, f0.h], [100, 75, 260, 220]);
+  const g1 = one.items[3];
+  assert.deepEqual([g1.x, g1.y], [100 - 130 + 120, 75 + 140]);
+  // nodes 1 and 2 are shown by their folded box
+  assert.equal(one.itemOfNode[1], 3);
+  assert.equal(one.itemOfNode[2], 3);
+  const both = visibleLayout(g, [0, 1, 1, 2, 2, 3], new Set([0, 1]));
+  assert.deepEqual(kinds(both), ["node3", "frame0", "node0", "frame1", "node1", "node2", "group2"]);
+  const [outer, inner] = [both.items[1], both.items[3]];
+  const rect = (it) => [it.x - it.w / 2, it.y - it.h / 2, it.x + it.w / 2, it.y + it.h / 2];
+  const inside = (a, b) => a[0] >= b[0] && a[1] >= b[1] && a[2] <= b[2] && a[3] <= b[3];
+  assert.ok(inside(rect(inner), rect(outer)), JSON.stringify([inner, outer]));
+  for (const k of [4, 5]) assert.ok(inside(rect(both.items[k]), rect(inner)));
+  assert.ok(inside(rect(both.items[2]), rect(outer)));
+  // the opened inner box grew its parent: the loose node below moved down further
+  assert.ok(both.items[0].y > one.items[0].y);
+  // the edge between nodes 1 and 2 is drawn now, node 0 -> node 1 too
+  const pairs = [];
+  for (let k = 0; k < both.edges.length; k += 2) pairs.push([both.items[both.edges[k]].id, both.items[both.edges[k + 1]].id]);
+  assert.deepEqual(pairs.slice(0, 2), [[0, 1], [1, 2]]);
+});
+
+test("the first view opens the boxes holding half the graph, never a repeat box, within a box budget", () => {
+  const g = nested();
+  assert.deepEqual([...autoOpen(g)], [0]); // "enc.layer" holds 2 of the 5 nodes: less than half
+  assert.deepEqual([...autoOpen(g, 3)], []); // opening "enc" would show 4 boxes
+  assert.deepEqual([...autoOpen(g, 4)], [0]);
+  assert.deepEqual(ancestors(g, 1), [1, 0]);
+  assert.deepEqual(descendants(g, 2), [2, 3]);
 });

@@ -1,6 +1,6 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import { chooseLevel, fitText, FULL, labelMode, NAMES, topView, zoomAnchor } from "../src/lod.js";
+import { chooseLevel, fitPath, fitText, FULL, labelMode, NAMES, topView, zoomAnchor } from "../src/lod.js";
 import { toScreen, toWorld } from "../src/viewport.js";
 
 const box = (w, h) => ({ minX: 0, minY: 0, maxX: w, maxY: h });
@@ -86,4 +86,13 @@ test("a drawing wider than the screen opens on its topmost box, not on empty spa
   // near an edge the view stays within the drawing
   const left = topView({ ...b, topX: 30 }, 800, 500, 0.5);
   assert.equal(toScreen(left, 20, 0).x, 20);
+});
+
+test("a path too long for its box loses whole leading components, not letters", () => {
+  const fits = (n) => (s) => s.length <= n;
+  assert.equal(fitPath("transformer.h.1.ln_2.weight", fits(12)), "ln_2.weight");
+  assert.equal(fitPath("transformer.h.1.ln_2.weight", fits(40)), "transformer.h.1.ln_2.weight");
+  assert.equal(fitPath("▸ transformer.h.1.mlp.c_proj", fits(14)), "▸ mlp.c_proj");
+  assert.equal(fitPath("weight", fits(3)), "weight"); // one word: left to the end cut
+  assert.equal(fitPath("h.0 – h.11 (×12)", fits(5)), "h.0 – h.11 (×12)"); // not a path
 });
