@@ -74,11 +74,17 @@ def demo(out: str = "demo.html", depth: int = 24, width: int = 512, batch: int =
     if out:
         print()
         try:
-            import gradscope.html  # noqa: F401
+            from gradscope.html import comparison_html
         except ImportError as e:
             print(f"gradscope.html is not available ({e}); no {out} written.")
         else:
-            cmp.to_html(out)
+            problem = (
+                f"The problem (seed 000): d/dy <1, d f(y, G(z))/dz> through a frozen G of {depth} x (Linear {width} + "
+                f"Tanh), batch {batch}; double backward with create_graph=True keeps G's graph and the graph of its "
+                "own backward alive at once, forward AD needs neither, and the two-step split loses the gradient."
+            )
+            with open(out, "w", encoding="utf-8") as fh:
+                fh.write(comparison_html(cmp, problem=problem))
             print(f"wrote {out}")
     return 0
 

@@ -14,6 +14,7 @@ import html as _html
 import json
 from typing import Any
 
+from gradscope.errors import GradscopeError
 from gradscope.recording import Recording
 from gradscope.widget import (
     bundle_text,
@@ -86,6 +87,27 @@ def job_page_html(job: Any) -> str:
     return page_html(job_payload(job), title, fallback=job._repr_html_())
 
 
-def comparison_html(cmp: Any) -> str:
-    """One self-contained page for a comparison (what ``Comparison.to_html`` writes)."""
-    return page_html(comparison_payload(cmp), "gradscope · comparison")
+def comparison_html(cmp: Any, problem: str | None = None) -> str:
+    """One self-contained page for a comparison (what ``Comparison.to_html`` writes).
+
+    Args:
+        cmp: a :class:`~gradscope.compare.Comparison`.
+        problem: one sentence saying what the candidates solve, shown first on the page (above
+            the winner and what holds memory, which the page works out itself); none when omitted.
+
+    Example:
+        >>> import torch, gradscope as gs
+        >>> x = torch.randn(5, requires_grad=True)
+        >>> cmp = gs.compare({"exp": lambda: x.exp(), "pow": lambda: torch.e ** x}, memory="off")
+        >>> "exp or pow?" in comparison_html(cmp, problem="exp or pow?")
+        True
+    """
+    payload = comparison_payload(cmp)
+    if problem is not None:
+        if not isinstance(problem, str):
+            raise GradscopeError(
+                f"gradscope: problem must be a sentence (str), got {type(problem).__name__}; pass the text "
+                "the page should show first, or leave it out."
+            )
+        payload["problem"] = problem
+    return page_html(payload, "gradscope · comparison")

@@ -96,3 +96,30 @@ def test_real_comparison_page():
     assert [r["name"] for r in data["rows"]] == ["sin", "cos"]
     assert data["rows"][1]["status"] == "wrong"
     assert sys.getsizeof(data) > 0
+
+
+def test_comparison_page_states_its_problem():
+    """The sentence saying what the candidates solve travels as data, shown first (issue 30, point 5)."""
+    import gradscope as gs
+
+    problem = "Which is cheaper? </script><img src=x> & more"
+    page = comparison_html(_FakeComparison(), problem=problem)
+    assert page.lower().count("</script") == 2 and "<img src=x" not in page  # escaped as data
+    assert _data(page)["problem"] == problem
+    assert "problem" not in _data(comparison_html(_FakeComparison()))
+    with pytest.raises(gs.GradscopeError, match="problem must be a sentence"):
+        comparison_html(_FakeComparison(), problem=3)  # type: ignore[arg-type]
+
+
+def test_demo_page_states_the_problem(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    """``python -m gradscope demo`` writes the seed-000 problem into its page, with its sizes."""
+    from gradscope.__main__ import main
+
+    path = tmp_path / "demo.html"
+    assert main(["demo", "--depth", "2", "--width", "16", "--batch", "4", "--out", str(path)]) == 0
+    assert f"wrote {path}" in capsys.readouterr().out
+    data = _data(path.read_text(encoding="utf-8"))
+    assert data["problem"].startswith(
+        "The problem (seed 000): d/dy <1, d f(y, G(z))/dz> through a frozen G of 2 x (Linear 16 + Tanh), batch 4;"
+    )
+    assert [r["name"] for r in data["rows"]] == ["create_graph", "forward_ad", "split"]

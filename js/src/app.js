@@ -5,7 +5,7 @@
 
 import { decodeRecording, figureOf, findNodes, nodeLabel } from "./data.js";
 import { clear, h } from "./dom.js";
-import { formatBytes, formatError, formatRatio, formatSeconds, formatSecondsRange, stepText } from "./format.js";
+import { comparisonHeadline, formatBytes, formatError, formatRatio, formatSeconds, formatSecondsRange, naturalCompare, stepText, wrapPieces } from "./format.js";
 import { GraphView } from "./graph.js";
 import { legendItems } from "./legend.js";
 import { zoomAnchor } from "./lod.js";
@@ -18,6 +18,21 @@ import { renderMemory, renderOverlay } from "./timeline.js";
 import { zoomAt } from "./viewport.js";
 
 const ORDER_TEXT = ["forward (order 0)", "created by create_graph (order 1)", "created by a second create_graph (order 2)"];
+
+/** A name as text pieces with line-break chances between them (see NOTE [ names wrap at their joints ] in format.js). */
+function wrapped(text) {
+  const out = [];
+  for (const piece of wrapPieces(text)) {
+    if (out.length) out.push(h("wbr"));
+    out.push(piece);
+  }
+  return out;
+}
+
+/** A table cell whose text wraps only at its joints; `title` (the full text) when it is long. */
+function td(text, cls, title) {
+  return h("td", { class: cls, title }, wrapped(text));
+}
 
 function legend(rec, level) {
   const box = h("div", { class: "gs-legend" });
@@ -95,15 +110,20 @@ export class RecordingView {
     this.root.appendChild(this.legendBox);
     this.root.appendChild(body);
     this.releaseStep = nodeReleaseSteps(rec);
-    this.graph = new GraphView(body, rec, {
+    // the graph and its step controls form one column, so the controls stay next to the graph
+    // in every width (the details go beside it, or below both when narrow); the side panel is in
+    // place before the graph measures its width for the first view
+    const graphCol = h("div", { class: "gs-graph-col" });
+    this.side = h("div", { class: "gs-side" });
+    body.appendChild(graphCol);
+    body.appendChild(this.side);
+    this.graph = new GraphView(graphCol, rec, {
       onSelect: (id) => {
         this.showNode(id);
         this.hooks.onSelect?.(id);
       },
       onLevel: () => this._levelChanged(),
     });
-    this.side = h("div", { class: "gs-side" });
-    body.appendChild(this.side);
     const btn = (text, fn, cls, title) => h("button", { class: cls, text, title, on: { click: fn } });
     tb.appendChild(btn("Fit", () => this.graph.fit(), "gs-fit", "the whole graph if names fit, else its top"));
     tb.appendChild(btn("Whole graph", () => this.graph.fitAll(), "gs-fit-all", "the whole graph, however small"));
@@ -153,7 +173,7 @@ export class RecordingView {
     this.selected = -1;
     this.step = null;
     this.showOverview();
-    this._buildStepper();
+    this._buildStepper(graphCol);
     this.timelineDiv = h("div", { class: "gs-timeline" });
     const section = h("div", { class: "gs-section" }, [this.timelineDiv]);
     this.root.appendChild(section);
@@ -215,10 +235,13 @@ export class RecordingView {
     g.draw();
   }
 
-  _buildStepper() {
+  /** The step controls, under the graph in `parent`, sticking to the window's bottom edge while the graph is on screen. */
+  _buildStepper(parent) {
     const n = this.rec.steps.length;
+    const bar = h("div", { class: "gs-stepbar" });
     const wrap = h("div", { class: "gs-stepper" });
-    this.root.appendChild(wrap);
+    bar.appendChild(wrap);
+    parent.appendChild(bar);
     if (n === 0) {
       wrap.appendChild(h("span", { class: "gs-muted", text: "No backward steps recorded." }));
       return;
@@ -236,7 +259,7 @@ export class RecordingView {
     wrap.appendChild(this.stepLabel);
     this.stepWhy = h("div", { class: "gs-step-why" });
     this.stepWhy.style.display = "none";
-    this.root.appendChild(this.stepWhy);
+    bar.appendChild(this.stepWhy);
     // arrow keys step while the graph has the focus
     this.graph.canvas.addEventListener("keydown", (e) => {
       if (e.key === "ArrowRight" || e.key === "ArrowLeft") {
@@ -280,7 +303,11 @@ export class RecordingView {
     const act = figureOf(rec, "saved_activations");
     const measured = rec.modules.some((m) => m.alive !== null);
     side.appendChild(h("h4", { text: "Memory by module" }));
-    const mods = rec.modules.filter((m) => (m.alive || 0) > 0 || m.act > 0).slice(0, 15);
+    // largest first; ties in natural order (G.2 before G.10)
+    const mods = rec.modules
+      .filter((m) => (m.alive || 0) > 0 || m.act > 0)
+      .sort((a, b) => (b.alive || 0) - (a.alive || 0) || b.act - a.act || naturalCompare(a.name, b.name))
+      .slice(0, 15);
     if (!mods.length) {
       side.appendChild(h("div", { class: "gs-muted", text: "No module made or saved memory in the block." }));
     } else {
@@ -294,7 +321,7 @@ export class RecordingView {
       );
       for (const m of mods) {
         const tr = h("tr", { class: "gs-module", title: "show in the graph", dataset: { module: m.name } }, [
-          h("td", { class: "gs-module-name", text: m.name, title: m.name }),
+          td(m.name, "gs-module-name", m.name),
           measured ? h("td", { class: "gs-num gs-module-alive", text: formatBytes(m.alive) }) : null,
           h("td", { class: "gs-num gs-module-act", text: formatBytes(m.act) }),
         ]);
@@ -345,7 +372,7 @@ export class RecordingView {
     const kv = h("div", { class: "gs-kv" });
     const row = (k, v, cls, title) => {
       kv.appendChild(h("span", { text: k, title }));
-      kv.appendChild(h("span", { class: cls, text: v, title }));
+      kv.appendChild(h("span", { class: cls, title }, wrapped(v)));
     };
     const act = figureOf(this.rec, "saved_activations");
     row("module", node.module ?? "(none)", "gs-node-module");
@@ -377,11 +404,11 @@ export class RecordingView {
         const cls = [freed ? "gs-freed" : "", now ? "gs-freed-now" : ""].join(" ").trim();
         tbl.appendChild(
           h("tr", { class: cls || undefined, dataset: { saved: j } }, [
-            h("td", { text: t.attribute }),
-            h("td", { text: `${t.shape} ${t.dtype}` }),
+            td(t.attribute),
+            td(`${t.shape} ${t.dtype}`),
             h("td", { class: "gs-num", text: formatBytes(t.bytes) }),
-            h("td", { text: t.name && t.kind !== "activation" ? `${t.kind} (${t.name})` : t.kind }),
-            h("td", { class: "gs-num", text: t.freedAt === null || t.freedAt === undefined ? "—" : stepText(t.freedAt) }),
+            td(t.name && t.kind !== "activation" ? `${t.kind} (${t.name})` : t.kind),
+            h("td", { class: "gs-num gs-freed-at", text: t.freedAt === null || t.freedAt === undefined ? "—" : stepText(t.freedAt) }),
           ]),
         );
       }
@@ -405,9 +432,9 @@ export class RecordingView {
       const owner = this.rec.nodes[t.node];
       tbl.appendChild(
         h("tr", { class: "gs-freed", dataset: { saved: j } }, [
-          h("td", { text: `${owner ? owner.name : "?"} #${t.node}` }),
-          h("td", { text: t.attribute }),
-          h("td", { text: `${t.shape} ${t.dtype}` }),
+          td(`${owner ? owner.name : "?"} #${t.node}`),
+          td(t.attribute),
+          td(`${t.shape} ${t.dtype}`),
           h("td", { class: "gs-num", text: formatBytes(t.bytes) }),
         ]),
       );
@@ -466,6 +493,14 @@ export class ComparisonView {
     const peakF = fig("peak", "peak");
     const savedF = fig("saved_total", "saved");
     this.root.appendChild(h("h3", { text: `gradscope · comparison (reference: ${p.reference ?? "none"})` }));
+    // the first screen says what the page shows: the problem, the winner, what holds memory
+    const headline = comparisonHeadline(p);
+    const lines = [
+      p.problem ? h("div", { class: "gs-cmp-problem", text: p.problem }) : null,
+      headline.winner ? h("div", { class: "gs-cmp-winner", text: headline.winner }) : null,
+      headline.holder ? h("div", { class: "gs-cmp-holder", text: headline.holder }) : null,
+    ].filter((x) => x);
+    if (lines.length) this.root.appendChild(h("div", { class: "gs-cmp-headline" }, lines));
     const best = p.best || {};
     const isBest = (col, name) => (best[col] || []).includes(name);
     const threads = [...new Set(p.rows.map((r) => r.threads).filter((t) => t !== null && t !== undefined))];

@@ -129,3 +129,100 @@ export function formatSecondsRange(a, b) {
   const fb = formatSeconds(b).split(" ");
   return fa[1] === fb[1] ? `${fa[0]}–${fb[0]} ${fb[1]}` : `${fa.join(" ")}–${fb.join(" ")}`;
 }
+
+/**
+ * Natural order for names with numbers: "G.2" before "G.10" (digit runs compare as numbers,
+ * the rest as text). For sorting tied rows the way people count.
+ */
+export function naturalCompare(a, b) {
+  const x = String(a).match(/\d+|\D+/g) || [];
+  const y = String(b).match(/\d+|\D+/g) || [];
+  for (let i = 0; i < Math.min(x.length, y.length); i++) {
+    const p = x[i];
+    const q = y[i];
+    if (p === q) continue;
+    const dp = /^\d/.test(p);
+    const dq = /^\d/.test(q);
+    if (dp && dq) {
+      const d = Number(p) - Number(q);
+      if (d !== 0) return d < 0 ? -1 : 1;
+      if (p.length !== q.length) return p.length < q.length ? -1 : 1; // "01" after "1"
+    }
+    return p < q ? -1 : 1;
+  }
+  return x.length - y.length;
+}
+
+/**
+ * NOTE [ names wrap at their joints ]: a narrow panel wraps names where they join ("G.0." |
+ * "weight", "_saved_" | "mat2", "parameter " | "(G.0.weight)"), never inside a word. Returns the
+ * pieces of `text` to put on one line each at most: split after ".", "_", "/", ":", ",", "-"
+ * and spaces (a run of separators stays with the word before it; leading ones with the first). A piece longer than `max`
+ * characters (a 300-character name with no joint) is cut into `max`-character pieces: it could
+ * not fit on one line anyway.
+ */
+export function wrapPieces(text, max = 24) {
+  const s = String(text);
+  const out = [];
+  // a piece: leading separators ("_saved"), a word, the separators after it ("_saved_", "G.")
+  for (const piece of s.match(/[._/:,\s-]*[^._/:,\s-]*[._/:,\s-]*/g) || []) {
+    if (!piece) continue;
+    const chars = Array.from(piece); // an emoji is one character
+    for (let i = 0; i < chars.length; i += max) out.push(chars.slice(i, i + max).join(""));
+  }
+  return out.length ? out : [s];
+}
+
+/**
+ * What a comparison shows, in two sentences for its first screen (pure; `p` is the comparison
+ * payload of gradscope.widget.comparison_payload):
+ *   winner: the ok, current candidate with the lowest peak, against the reference, with its
+ *     error and time; then the candidates that are wrong or raised;
+ *   holder: what memory was made of at the peak of the reference (else of the highest peak),
+ *     largest first.
+ * Either is null when the data cannot say it.
+ */
+export function comparisonHeadline(p) {
+  const rows = p.rows || [];
+  const ref = rows.find((r) => r.name === p.reference) || null;
+  const ok = rows.filter((r) => r.status === "ok" && !r.stale && typeof r.peak_bytes === "number");
+  let winner = null;
+  if (ok.length) {
+    const best = ok.reduce((a, b) => (b.peak_bytes < a.peak_bytes ? b : a));
+    if (ref && best.name !== ref.name && typeof ref.peak_bytes === "number") {
+      const same = best.max_abs_error === 0 ? "same result (max abs error 0)" : `same result within tolerance (max abs error ${formatError(best.max_abs_error)})`;
+      const time = best.time_ratio === null || best.time_ratio === undefined ? "" : `, time ${formatRatio(best.time_ratio)}`;
+      winner = `Lowest peak: ${best.name}, ${formatBytes(best.peak_bytes)} at once instead of ${ref.name}'s ${formatBytes(ref.peak_bytes)} (${formatRatio(best.peak_ratio)}), ${same}${time}.`;
+    } else {
+      winner = `Lowest peak: ${best.name}${ref && best.name === ref.name ? " (the reference)" : ""}, ${formatBytes(best.peak_bytes)} at once.`;
+    }
+  }
+  const bad = rows.filter((r) => r.status !== "ok");
+  if (bad.length) {
+    const text = bad.map((r) => `${r.name} is ${r.status}${r.message ? ` (${r.message})` : ""}`).join("; ");
+    winner = `${winner ? `${winner} ` : ""}Not usable: ${text}.`;
+  }
+  let holder = null;
+  const recs = p.recordings || [];
+  let k = ref ? rows.indexOf(ref) : -1;
+  if (k < 0 || !recs[k] || !recs[k].peak) {
+    k = -1;
+    rows.forEach((r, i) => {
+      if (recs[i] && recs[i].peak && (k < 0 || recs[i].peak.bytes > recs[k].peak.bytes)) k = i;
+    });
+  }
+  if (k >= 0) {
+    const peak = recs[k].peak;
+    const labels = recs[k].category_labels || {};
+    const parts = Object.entries(peak.breakdown || {})
+      .filter(([, b]) => b > 0)
+      .sort((a, b) => b[1] - a[1])
+      .map(([c, b]) => `${labels[c] || c} ${formatBytes(b)}`);
+    const base = (recs[k].summary || {}).baseline_bytes || 0;
+    const before = base ? `, on top of ${formatBytes(base)} of parameters and inputs from before` : "";
+    holder = parts.length
+      ? `What holds memory at ${rows[k].name}'s peak (${formatBytes(peak.bytes)} in the block${before}): ${parts.join(" · ")}.`
+      : `${rows[k].name}'s peak: ${formatBytes(peak.bytes)} in the block${before}.`;
+  }
+  return { winner, holder };
+}

@@ -79,18 +79,29 @@ export function breakdownAt(tl, i) {
 /**
  * Hover text for each timeline point (escaped for Plotly): what ran, the live bytes, the phase,
  * the step (numbered like the slider, see stepText), and the split by category when known.
+ * With `base` (the baseline drawn under the stack) the text starts with the value on the axis
+ * and how it adds up, so a hover never names a figure that disagrees with where it is drawn.
  */
-export function hoverTexts(tl, labels = {}) {
+export function hoverTexts(tl, labels = {}, base = 0) {
   const out = new Array(tl.t.length);
   const cats = tl.categories && tl.categories.length > 1;
   for (let i = 0; i < tl.t.length; i++) {
     const mod = tl.module[i] ? ` · ${escapePlotly(tl.module[i])}` : "";
     const step = tl.step[i] === null || tl.step[i] === undefined ? "" : ` · ${stepText(tl.step[i])}`;
-    let text = `${escapePlotly(tl.label[i] || "")}${mod}<br>${formatBytes(tl.live[i])} live · ${tl.phase[i]}${step}`;
+    const live = base ? `${axisText(tl.live[i], base)}<br>` : `${formatBytes(tl.live[i])} live · `;
+    let text = `${escapePlotly(tl.label[i] || "")}${mod}<br>${live}${tl.phase[i]}${step}`;
     if (cats) {
       for (const [c, v] of breakdownAt(tl, i)) text += `<br>  ${escapePlotly(labels[c] || c)}: ${formatBytes(v)}`;
     }
     out[i] = text;
   }
   return out;
+}
+
+/**
+ * A value drawn on top of the baseline, as it reads on the axis: "33.8 MiB on the axis: 9.5 MiB
+ * live in the block + 24.2 MiB from before it".
+ */
+export function axisText(live, base) {
+  return `${formatBytes(live + base)} on the axis: ${formatBytes(live)} live in the block + ${formatBytes(base)} from before it`;
 }

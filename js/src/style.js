@@ -16,17 +16,31 @@ export const CSS = `
 .gs-arrow { display: inline-block; margin-right: 3px; font-weight: 700; color: #52606d; }
 .gs-level { font: inherit; padding: 1px 4px; }
 .gs-swatch { display: inline-block; width: 14px; height: 10px; margin-right: 3px; vertical-align: middle; border: 1px solid #52606d; }
-.gs-body { display: flex; gap: 10px; align-items: stretch; }
-/* narrow (a notebook beside Lab's sidebar, a 1000 px window): the details go below the graph */
-@container gs (max-width: 1080px) {
-  .gs-body { flex-direction: column; }
+.gs-body { display: flex; gap: 10px; align-items: flex-start; }
+.gs-graph-col { flex: 1 1 auto; min-width: 0; }
+/* a 1000 px window: the details stay beside the graph, narrower (the graph then opens folded by
+   module where every node would not show its name); narrower still (Lab's sidebar open): below */
+@container gs (max-width: 1080px) { .gs-body > .gs-side { flex-basis: 320px; } }
+@container gs (max-width: 760px) {
+  .gs-body { flex-direction: column; align-items: stretch; }
   .gs-side { flex: 0 0 auto !important; max-width: 100% !important; height: auto !important; max-height: 300px; }
 }
-.gs-graph { position: relative; flex: 1 1 auto; min-width: 0; height: 520px; border: 1px solid #d9e2ec; border-radius: 4px; background: #fbfcfd; overflow: hidden; }
+/* the step controls stick to the window's bottom edge while the graph above them is on screen */
+.gs-stepbar { position: sticky; bottom: 0; z-index: 3; background: #fff; padding: 1px 0; }
+.gs-graph { position: relative; min-width: 0; height: 520px; border: 1px solid #d9e2ec; border-radius: 4px; background: #fbfcfd; overflow: hidden; }
 .gs-tip { position: absolute; pointer-events: none; background: #1f2933; color: #fff; font-size: 12px; padding: 4px 7px;
   border-radius: 4px; max-width: 330px; white-space: pre-wrap; overflow-wrap: anywhere; z-index: 2; }
 .gs-canvas { display: block; cursor: grab; touch-action: none; outline: none; }
-.gs-side { flex: 0 0 330px; max-width: 40%; height: 520px; overflow: auto; border: 1px solid #d9e2ec; border-radius: 4px; padding: 6px 8px; }
+.gs-side { flex: 0 0 360px; max-width: 40%; height: 520px; overflow: auto; border: 1px solid #d9e2ec; border-radius: 4px; padding: 6px 8px; }
+/* see NOTE [ names wrap at their joints ] in format.js: names carry their break chances, so the
+   panel never breaks inside a word (overflow-wrap: anywhere let a table squeeze "parameter" into
+   "para|met|er") */
+.gs-side .gs-kv > span, .gs-side .gs-table td { overflow-wrap: normal; word-break: normal; white-space: pre-wrap; }
+.gs-side .gs-table th { overflow-wrap: normal; white-space: normal; }
+.gs-side .gs-table td.gs-num { white-space: nowrap; }
+.gs-side .gs-table td.gs-freed-at { white-space: pre-wrap; }
+.gs-side .gs-table th, .gs-side .gs-table td { padding: 2px 3px; }
+.gs-side .gs-kv { grid-template-columns: fit-content(38%) 1fr; }
 .gs-kv { display: grid; grid-template-columns: auto 1fr; gap: 1px 8px; }
 .gs-kv > span:nth-child(odd) { color: #52606d; }
 .gs-kv > span { overflow-wrap: anywhere; white-space: pre-wrap; }
@@ -48,7 +62,7 @@ export const CSS = `
 .gs-section { margin-top: 10px; }
 .gs-error { color: #b91c1c; white-space: pre-wrap; overflow-wrap: anywhere; }
 .gs-modtable tr.gs-module { cursor: pointer; }
-.gs-modtable td.gs-module-name { max-width: 190px; overflow: hidden; text-overflow: ellipsis; white-space: nowrap; overflow-wrap: normal; }
+.gs-modtable td.gs-module-name { overflow-wrap: normal; }
 .gs-modtable tr.gs-module:hover td { background: #f0f4f8; text-decoration: underline; }
 .gs-defs { font-size: 11px; margin: 4px 0; }
 .gs-step-why { margin: 2px 0 6px 0; padding: 4px 8px; background: #fef9c3; border-left: 3px solid #ca8a04; border-radius: 3px; }
@@ -59,6 +73,10 @@ export const CSS = `
 .gs-table td.gs-cmp-name { white-space: nowrap; overflow-wrap: normal; }
 .gs-table td.gs-warn { color: #b45309; }
 .gs-cmp-notes { font-size: 12px; margin: 4px 0; }
+.gs-cmp-headline { margin: 4px 0 8px 0; padding: 6px 10px; border-left: 4px solid #2563eb; background: #f5f8ff; border-radius: 3px; }
+.gs-cmp-headline > div { margin: 2px 0; }
+.gs-cmp-problem { font-weight: 600; }
+.gs-cmp-winner { color: #14532d; }
 .gs-scroll { overflow-x: auto; max-width: 100%; }
 .gs-table td.gs-cmp-message { min-width: 200px; }
 .gs-root button.gs-on { background: #dbeafe; border-color: #2563eb; }

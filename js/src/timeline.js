@@ -15,8 +15,27 @@ const MARGIN = { l: 78, r: 24, t: 34, b: 40 };
 function yAxis(ymax, title) {
   const ticks = binaryTicks(ymax * 1.12);
   const top = Math.max(ticks.vals[ticks.vals.length - 1], ymax * 1.2);
-  return { title: { text: title }, tickvals: ticks.vals, ticktext: ticks.text, range: [0, top], zeroline: false, fixedrange: false };
+  return {
+    title: { text: title, font: { size: 12 } },
+    tickvals: ticks.vals,
+    ticktext: ticks.text,
+    range: [0, top],
+    zeroline: false,
+    fixedrange: false,
+    automargin: true,
+  };
 }
+
+// NOTE [ the axis says what it adds up ]: one recording's timeline may draw the parameters and
+// inputs from before the block (the baseline) under the stack. Then every figure drawn on it
+// (the axis, the peak label, the hover) is the value on the axis, baseline included, and says
+// how much of it is in the block; the axis title says whether the baseline is included. A peak
+// label of "9.5 MiB" drawn at 34 MiB read as a contradiction.
+const Y_TITLES = {
+  included: "memory: baseline included<br>(from before the block + in it)",
+  excluded: "memory in the block<br>(baseline excluded)",
+  none: "memory allocated in the block<br>(no baseline: nothing from before)",
+};
 
 /** An annotation for a peak that stays inside the plot: pointing from the side with room. */
 function peakAnnotation(x, y, text, xFrac, color, k = 0) {
@@ -81,7 +100,10 @@ function finish(div, traces, layout, opts) {
  */
 export function renderMemory(div, rec, opts = {}) {
   const tl = rec.timeline;
-  const base = opts.baseline === false ? 0 : rec.summary.baseline_bytes || 0;
+  const before = rec.summary.baseline_bytes || 0;
+  const base = opts.baseline === false ? 0 : before;
+  const baseline = base ? "included" : before ? "excluded" : "none";
+  div.dataset.baseline = baseline;
   const x = xValues(tl.t, "ms");
   const labels = rec.categoryLabels || {};
   const traces = [];
@@ -105,7 +127,7 @@ export function renderMemory(div, rec, opts = {}) {
     stack("allocated in the block (by category: not known)", tl.live, CATEGORY_COLORS.other, "live");
   }
   const total = tl.live.map((v) => v + base);
-  const hovers = hoverTexts(tl, labels);
+  const hovers = hoverTexts(tl, labels, base);
   traces.push({
     type: "scatter",
     mode: "lines",
@@ -140,7 +162,7 @@ export function renderMemory(div, rec, opts = {}) {
       x: [x[i]],
       y: [total[i]],
       marker: { color: "#b91c1c", size: 9, symbol: "diamond", line: { color: "#fff", width: 1 } },
-      hovertext: [`peak · ${hovers[i]}${base ? `<br>+ ${formatBytes(base)} from before the block` : ""}`],
+      hovertext: [`peak · ${hovers[i]}`],
       hoverinfo: "text",
       customdata: [tl.step[i]],
       cliponaxis: false,
@@ -148,7 +170,9 @@ export function renderMemory(div, rec, opts = {}) {
       name: "peak",
       meta: "peak",
     });
-    annotations.push(peakAnnotation(x[i], total[i], `peak ${formatBytes(tl.live[i])}`, xFrac, "#b91c1c"));
+    // see NOTE [ the axis says what it adds up ]: the label's first figure is where it points
+    const text = base ? `peak ${formatBytes(total[i])}<br>(${formatBytes(tl.live[i])} in the block)` : `peak ${formatBytes(tl.live[i])}`;
+    annotations.push(peakAnnotation(x[i], total[i], text, xFrac, "#b91c1c"));
   }
   const shapes = [];
   const runs = phaseRuns(x, tl.phase);
@@ -179,7 +203,7 @@ export function renderMemory(div, rec, opts = {}) {
     height: opts.height || 280,
     margin: MARGIN,
     xaxis: { title: { text: "time (ms)" }, zeroline: false, exponentformat: "none" },
-    yaxis: yAxis(Math.max(...total, 1), base ? "memory (before + in the block)" : "memory allocated in the block"),
+    yaxis: yAxis(Math.max(...total, 1), Y_TITLES[baseline]),
     shapes,
     annotations,
     showlegend: true,
@@ -238,7 +262,7 @@ export function renderOverlay(div, series, opts = {}) {
     height: opts.height || 280,
     margin: MARGIN,
     xaxis: mode === "normalized" ? { title: { text: "share of each run's time (%)" }, range: [0, 100], zeroline: false } : { title: { text: "time (ms)" }, zeroline: false },
-    yaxis: yAxis(ymax, "memory allocated in the block"),
+    yaxis: yAxis(ymax, Y_TITLES.excluded),
     shapes: [],
     annotations,
     showlegend: true,
