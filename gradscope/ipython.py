@@ -1,9 +1,14 @@
-"""The notebook extension: ``%load_ext gradscope``, ``%%gradscope`` and ``%gradscope oom``.
+"""The notebook extension: ``%load_ext gradscope``, ``%%gradscope``, ``%gradscope oom`` and
+``%gradscope tb``.
 
 ``%%gradscope`` records a cell and shows the recording (the widget where the front end can show
 one, the text summary elsewhere). ``%gradscope oom on`` makes every following cell run under a
 light recording, so that a cell that raises ``torch.OutOfMemoryError`` shows a diagnosis
-(:func:`gradscope.diagnose`) before its traceback.
+(:func:`gradscope.diagnose`) before its traceback. That traceback shows the user's frames only
+(the cell's and their own files'), the frames of torch and other libraries folded into one line;
+``%gradscope tb`` prints it whole (see NOTE [ the user's frames of an OOM traceback ]). With
+``--budget``, what the variables of earlier cells hold counts against it; ``--cell-only`` counts
+only what the cell allocates.
 
 NOTE [ where the OOM diagnosis gets its data ]: a diagnosis needs to know what was alive at the
 failing allocation, which nothing can tell after the fact on a CPU and which the CUDA allocator
@@ -30,7 +35,12 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import linecache
+import os
+import site
 import sys
+import sysconfig
+import traceback
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -72,6 +82,7 @@ class _State:
     oom: bool = False
     oom_budget: int | None = None
     oom_memory: str = "auto"
+    oom_cell_only: bool = False  # oom on --cell-only: budgets count only what each cell allocates
     saved_custom_exceptions: tuple[type[BaseException], ...] = ()
     saved_custom_tb: Any = None
     custom_tb_was_instance: bool = False
@@ -83,6 +94,7 @@ class _State:
     last: Any = None  # the last Diagnosis shown
     recording_name: str = RECORDING_NAME  # where the running cell's recording will be kept
     snapshot_dir: str = "."  # where oom on saves the allocator snapshot of a CUDA OOM
+    full_traceback: str | None = None  # the last OOM's whole traceback, as text, for %gradscope tb
     last_snapshot: str | None = None  # the path of the last one saved
 
 
@@ -136,6 +148,11 @@ class GradscopeMagics(Magics):
         default=None,
         help="simulated device size, e.g. 8GiB: crossing it raises gs.MemoryBudgetExceeded",
     )
+    @argument(
+        "--cell-only",
+        action="store_true",
+        help="with --budget: count only what the cell allocates, not what your variables already hold",
+    )
     @argument("--label", default="", help="a name for the recording")
     @argument("--no-widget", action="store_true", help="print the text summary instead of the widget")
     @argument("--history", action="store_true", help="on CUDA, keep the allocator's event history")
@@ -147,11 +164,13 @@ class GradscopeMagics(Magics):
         assert shell is not None
         st = _state(shell)
         budget = _parse_budget(args.budget)
+        if args.cell_only and budget is None:
+            raise UsageError("gradscope: --cell-only goes with --budget SIZE (it says what the budget counts).")
         if args.output is not None and not args.output.isidentifier():
             raise UsageError(f"gradscope: -o takes a variable name, got {args.output!r}.")
         from gradscope.record import record
 
-        cell_budget, resident = _cell_budget(budget, args.memory, shell.user_ns)
+        cell_budget, resident = _cell_budget(budget, args.memory, shell.user_ns, args.cell_only)
         try:
             rec = record(
                 memory=args.memory,
@@ -162,7 +181,7 @@ class GradscopeMagics(Magics):
             )
         except GradscopeError as e:
             raise UsageError(str(e)) from None
-        st.cell_budget = None if budget is None else (budget, resident)
+        st.cell_budget = None if budget is None or args.cell_only else (budget, resident)
         st.recording_name = args.output or RECORDING_NAME
         shown = st.last
         with _oom_handler_installed(shell):
@@ -178,13 +197,18 @@ class GradscopeMagics(Magics):
             print(st.last.text() + "\n" + _where_it_is(st.recording_name))
 
     @magic_arguments()
-    @argument("command", nargs="?", default="", help="oom")
+    @argument("command", nargs="?", default="", help="oom | tb")
     @argument("state", nargs="?", default="", help="on | off")
     @argument(
         "--budget",
         metavar="SIZE",
         default=None,
         help="with oom on: run cells on a simulated device of this size (CPU tracker)",
+    )
+    @argument(
+        "--cell-only",
+        action="store_true",
+        help="with oom on --budget: count only what each cell allocates, not what your variables hold",
     )
     @argument(
         "--memory",
@@ -200,15 +224,23 @@ class GradscopeMagics(Magics):
     )
     @line_magic("gradscope")  # type: ignore[arg-type]
     def gradscope_line(self, line: str) -> None:
-        """``%gradscope oom on [--budget SIZE] [--memory SOURCE]`` / ``%gradscope oom off`` /
-        ``%gradscope oom`` (status)."""
+        """``%gradscope oom on [--budget SIZE] [--cell-only] [--memory SOURCE]`` / ``%gradscope oom
+        off`` / ``%gradscope oom`` (status) / ``%gradscope tb`` (the last OOM's whole traceback)."""
         args = parse_argstring(self.gradscope_line, line)
         st = _state(self.shell)
+        if args.command == "tb":
+            print(
+                st.full_traceback
+                if st.full_traceback is not None
+                else "gradscope: no out-of-memory traceback to show yet: %gradscope tb prints the whole "
+                "traceback of the last OOM that a %%gradscope cell (or %gradscope oom on) showed trimmed."
+            )
+            return
         if args.command != "oom":
             raise UsageError(
                 f"gradscope: unknown command {args.command!r}. Use '%gradscope oom on' (diagnose out-of-"
-                "memory errors, optionally --budget 8GiB) or '%gradscope oom off'; record a cell with "
-                "%%gradscope on its first line."
+                "memory errors, optionally --budget 8GiB) or '%gradscope oom off'; '%gradscope tb' prints "
+                "the last OOM's whole traceback; record a cell with %%gradscope on its first line."
             )
         if args.state == "":
             print(_oom_status(st))
@@ -220,6 +252,8 @@ class GradscopeMagics(Magics):
             print("gradscope: OOM diagnosis is off.")
             return
         budget = _parse_budget(args.budget)
+        if args.cell_only and budget is None:
+            raise UsageError("gradscope: --cell-only goes with --budget SIZE (it says what the budget counts).")
         memory = args.memory
         if memory == "auto":
             memory = "cuda" if torch.cuda.is_available() else "tracker"
@@ -229,6 +263,7 @@ class GradscopeMagics(Magics):
                 "with --budget SIZE to simulate a device."
             )
         st.snapshot_dir = args.snapshot_dir
+        st.oom_cell_only = args.cell_only
         _oom_on(self.shell, st, budget, memory)
         print(_oom_status(st))
 
@@ -303,13 +338,19 @@ def _finish(st: _State, rec: Any, err: BaseException | None, ns: dict[str, Any] 
     return st.finished
 
 
-def _cell_budget(budget: int | None, memory: str, ns: dict[str, Any]) -> tuple[int | None, int]:
+def _cell_budget(
+    budget: int | None, memory: str, ns: dict[str, Any], cell_only: bool = False
+) -> tuple[int | None, int]:
     """The part of a simulated device left for one cell: what the user's variables already hold
     on the CPU (tensors, models with their gradients, optimizer state) is resident on that device
     before the cell starts, as it would be on a GPU. Returns (budget for the cell, resident bytes).
 
     NOTE [ budgets count what earlier cells left ]: the tracker counts only what is allocated
-    while it runs, so a budget given as a device size is reduced by the resident bytes first."""
+    while it runs, so a budget given as a device size is reduced by the resident bytes first.
+    A budget at or below the resident bytes cannot run any cell: the error names the variables
+    that hold them and the least budget (more than the resident bytes, plus what the cell
+    allocates, which nothing knows before it runs). ``cell_only`` (``--cell-only``) counts only
+    what the cell allocates against the budget, as ``gs.record(budget=...)`` does."""
     from gradscope.memory import resolve_memory
 
     if budget is None:
@@ -319,21 +360,44 @@ def _cell_budget(budget: int | None, memory: str, ns: dict[str, Any]) -> tuple[i
             return budget, 0
     except GradscopeError as e:
         raise UsageError(str(e)) from None
-    resident = _resident_cpu_bytes(ns)
+    if cell_only:
+        return budget, 0
+    held = _resident_by_variable(ns)
+    resident = sum(held.values())
     if resident >= budget:
-        raise UsageError(
-            f"gradscope: your variables already hold {_size(resident)} of CPU tensors, more than the "
-            f"{_size(budget)} budget; give a larger --budget or free some variables."
-        )
+        raise UsageError(_too_small(budget, held))
     return budget - resident, resident
+
+
+def _too_small(budget: int, held: dict[str, int]) -> str:
+    """One line: why ``budget`` cannot run a cell, the least one that can, and the way out."""
+    resident = sum(held.values())
+    largest = sorted(held.items(), key=lambda kv: (-kv[1], kv[0]))
+    named = ", ".join(f"{name} {format_bytes(n)}" for name, n in largest[:4])
+    if len(largest) > 4:
+        named += f", {len(largest) - 4} more"
+    return (
+        f"gradscope: a {_size(budget)} budget cannot run this cell: your variables already hold "
+        f"{_size(resident)} of CPU tensors ({named}), so the least budget that can run it is more than "
+        f"{format_bytes(resident)} resident plus what the cell allocates (run it once without --budget to "
+        f"see its peak); give a larger --budget, or add --cell-only to count only what the cell allocates "
+        f"against {format_bytes(budget)}."
+    )
 
 
 def _resident_cpu_bytes(ns: dict[str, Any]) -> int:
     """Bytes of distinct CPU storages reachable from the user's variables: tensors (also inside
     lists, tuples and dicts), models' parameters, buffers and gradients, optimizers' state."""
+    return sum(_resident_by_variable(ns).values())
+
+
+def _resident_by_variable(ns: dict[str, Any]) -> dict[str, int]:
+    """:func:`_resident_cpu_bytes` by variable: each storage counted once, for the first variable
+    (in the order the namespace holds them) that reaches it."""
     from gradscope._compat import storage_key
 
-    seen: dict[int, int] = {}
+    seen: dict[int, tuple[str, int]] = {}
+    name = ""
 
     def add_with_grad(t: Any) -> None:
         add(t)
@@ -344,8 +408,8 @@ def _resident_cpu_bytes(ns: dict[str, Any]) -> int:
     def add(t: Any) -> None:
         if isinstance(t, torch.Tensor) and t.device.type == "cpu":
             key = storage_key(t)
-            if key is not None:
-                seen[key] = int(t.untyped_storage().nbytes())
+            if key is not None and key not in seen:
+                seen[key] = (name, int(t.untyped_storage().nbytes()))
 
     for name, v in list(ns.items()):
         if name.startswith("_"):
@@ -365,7 +429,10 @@ def _resident_cpu_bytes(ns: dict[str, Any]) -> int:
                     add(t)
             except Exception:
                 continue
-    return sum(seen.values())
+    out: dict[str, int] = {}
+    for holder, n in seen.values():
+        out[holder] = out.get(holder, 0) + n
+    return out
 
 
 def _with_resident(recording: Any, cell_budget: tuple[int, int] | None) -> Any:
@@ -416,7 +483,9 @@ def _oom_status(st: _State) -> str:
     if not st.oom:
         return "gradscope: OOM diagnosis is off. Turn it on with %gradscope oom on [--budget SIZE]."
     dev = (
-        f"a simulated {_size(st.oom_budget)} device"
+        f"a budget of {_size(st.oom_budget)} for what each cell allocates"
+        if st.oom_budget is not None and st.oom_cell_only
+        else f"a simulated {_size(st.oom_budget)} device"
         if st.oom_budget is not None
         else "the CUDA allocator"
         if st.oom_memory == "cuda"
@@ -484,7 +553,9 @@ def _make_pre(shell: Any) -> Any:
         from gradscope.record import record
 
         try:
-            cell_budget, resident = _cell_budget(st.oom_budget, st.oom_memory, shell.user_ns)
+            cell_budget, resident = _cell_budget(
+                st.oom_budget, st.oom_memory, shell.user_ns, st.oom_cell_only
+            )
             rec = record(
                 memory=st.oom_memory,
                 budget=cell_budget,
@@ -497,7 +568,7 @@ def _make_pre(shell: Any) -> Any:
             print(f"gradscope: could not watch this cell for OOM ({e})", file=sys.stderr)
             return
         st.active, st.finished, st.watching = rec, None, True
-        st.cell_budget = None if st.oom_budget is None else (st.oom_budget, resident)
+        st.cell_budget = None if st.oom_budget is None or st.oom_cell_only else (st.oom_budget, resident)
         st.recording_name = RECORDING_NAME
 
     return pre_run_cell
@@ -613,8 +684,9 @@ def _oom_handler_installed(shell: Any) -> Iterator[None]:
 def _oom_handler(
     shell: Any, etype: type[BaseException], value: BaseException, tb: Any, tb_offset: int | None = None
 ) -> list[str]:
-    """Shows the diagnosis, then the usual traceback (IPython does not print what a custom
-    handler returns when it calls it from ``run_code``)."""
+    """Shows the diagnosis, then the traceback trimmed to the user's frames (see NOTE [ the
+    user's frames of an OOM traceback ]); IPython does not print what a custom handler returns
+    when it calls it from ``run_code``."""
     st = _STATES.get(shell)
     text = None
     if st is not None:
@@ -652,8 +724,116 @@ def _oom_handler(
             )
     if text is not None:
         print(text)
-    shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
+    _show_traceback(shell, st, etype, value, tb, tb_offset)
     return []
+
+
+# NOTE [ the user's frames of an OOM traceback ]: an out-of-memory error inside a model is raised
+# under dozens of frames of torch (module calls, hooks, the allocator, or gradscope's tracker for a
+# budget) and of the model's library (transformers); the frames that say which line to change are
+# the user's: the cell's and those of the user's own files. So the handler shows those, and folds
+# each run of other frames into one line that names their packages ("... 35 frames in torch,
+# transformers, gradscope"). The whole traceback is kept as text for ``%gradscope tb`` (text, not
+# the traceback object, which would keep the failing cell's tensors alive); sys.last_traceback is
+# set as IPython sets it, so ``%tb`` and ``%debug`` work as usual. A frame is not the user's when
+# its file lies under the interpreter's standard library or site-packages, or its module belongs to
+# a package that is never the user's (an editable install of torch or gradscope lives elsewhere).
+_NEVER_THE_USERS = frozenset({"torch", "gradscope", "IPython", "ipykernel", "traitlets"})
+
+
+def _library_roots() -> tuple[str, ...]:
+    paths = {sysconfig.get_paths().get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    with contextlib.suppress(Exception):  # not every interpreter's site module has these
+        paths.update(site.getsitepackages())
+        paths.add(site.getusersitepackages())
+    return tuple(sorted(os.path.realpath(p).rstrip(os.sep) + os.sep for p in paths if p))
+
+
+def _cell_name(shell: Any, filename: str) -> tuple[str, str] | None:
+    """("Cell", "In[3]") for a file IPython compiled a cell into, else None."""
+    fmt = getattr(getattr(shell, "compile", None), "format_code_name", None)
+    try:
+        return fmt(filename) if fmt is not None else None
+    except Exception:
+        return None
+
+
+def _frame_owner(shell: Any, frame: Any, roots: tuple[str, ...]) -> str | None:
+    """None for a frame of the user's (a cell, a file of theirs), else the package it belongs to."""
+    filename = frame.f_code.co_filename
+    if _cell_name(shell, filename) is not None:
+        return None
+    top = str(frame.f_globals.get("__name__") or "").split(".")[0]
+    if top in _NEVER_THE_USERS:
+        return top
+    if filename.startswith("<"):  # <frozen importlib._bootstrap>, <string>
+        return top or filename
+    if (os.path.realpath(filename) + os.sep).startswith(roots):
+        return top or os.path.basename(filename)
+    return None
+
+
+def _trimmed_traceback(
+    shell: Any, etype: type[BaseException], value: BaseException, tb: Any
+) -> list[str] | None:
+    """The traceback's lines with only the user's frames, others folded; None when it has none."""
+    roots = _library_roots()
+    rows = [(_frame_owner(shell, f, roots), f, n) for f, n in traceback.walk_tb(tb)]
+    first = next((i for i, (owner, _, _) in enumerate(rows) if owner is None), None)
+    if first is None:
+        return None
+    rows = rows[first:]  # above the first frame of the user's: IPython running the cell
+    lines = ["-" * 75, f"{etype.__name__:<42}Traceback (most recent call last; your frames only)"]
+    i = 0
+    while i < len(rows):
+        owner, frame, lineno = rows[i]
+        if owner is None:
+            filename = frame.f_code.co_filename
+            cell = _cell_name(shell, filename)
+            name = frame.f_code.co_name
+            where = f"{cell[0]} {cell[1]}, line {lineno}" if cell is not None else f"File {filename}:{lineno}"
+            where += f", in {name}" if cell is None or name != "<module>" else ""
+            code = linecache.getline(filename, lineno, frame.f_globals).strip()
+            lines += [where, f"----> {lineno} {code}", ""]
+            i += 1
+            continue
+        owners: list[str] = []
+        j = i
+        while j < len(rows) and rows[j][0] is not None:
+            if rows[j][0] not in owners:
+                owners.append(str(rows[j][0]))
+            j += 1
+        n = j - i
+        frames = f"{n} frame{'' if n == 1 else 's'}"
+        lines += [f"... {frames} in {', '.join(owners)} (%gradscope tb prints them all)", ""]
+        i = j
+    lines += f"{etype.__name__}: {value}".split("\n")
+    lines += [str(note) for note in getattr(value, "__notes__", None) or ()]
+    return lines
+
+
+def _show_traceback(
+    shell: Any, st: _State | None, etype: type[BaseException], value: BaseException, tb: Any,
+    tb_offset: int | None,
+) -> None:
+    """The traceback trimmed to the user's frames, the whole one kept as text for ``%gradscope tb``
+    (see NOTE [ the user's frames of an OOM traceback ])."""
+    sys.last_type, sys.last_value, sys.last_traceback = etype, value, tb  # as IPython's showtraceback
+    if sys.version_info >= (3, 12):
+        setattr(sys, "last_exc", value)  # noqa: B010 - absent from 3.11's stubs
+    try:
+        stb = _trimmed_traceback(shell, etype, value, tb)
+        if st is not None:
+            whole = shell.InteractiveTB.structured_traceback(etype, value, tb, tb_offset=tb_offset)
+            st.full_traceback = shell.InteractiveTB.stb2text(whole)
+    except Exception:  # never hide the user's traceback
+        stb = None
+    if stb is None:
+        shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
+        return
+    shell._showtraceback(etype, value, stb)
+    if getattr(shell, "call_pdb", False):
+        shell.debugger(force=True)
 
 
 # ----------------------------------------------------------------------------------------------

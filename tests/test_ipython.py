@@ -12,6 +12,7 @@ from IPython.testing import globalipapp
 
 import gradscope as gs
 from gradscope import ipython as gsi
+from gradscope.recording import format_bytes
 
 _MODEL = (
     "import torch, gradscope as gs\n"
@@ -130,18 +131,65 @@ def test_cell_magic_budget_failure_is_recorded_and_diagnosed(ip: Any, capsys: An
     assert f"with 0 B live and {resident} B resident from earlier cells" in out
 
 
-def test_a_budget_smaller_than_the_variables_is_a_usage_error(ip: Any) -> None:
-    resident = gsi._resident_cpu_bytes(ip.user_ns)
-    with pytest.raises(UsageError, match=f"your variables already hold {resident} B of CPU tensors, more than the {resident - 1} B budget"):
-        ip.run_cell_magic("gradscope", f"--budget {resident - 1}", "x = 1\n")
+def _param_bytes(m: torch.nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in m.parameters())
+
+
+def test_a_budget_smaller_than_the_variables_says_the_least_budget_in_one_line(ip: Any) -> None:
+    model_bytes = _param_bytes(ip.user_ns["model"])
+    assert model_bytes == 4 * (8 * 16 + 16 + 16 + 1)
     ip.user_ns["big"] = torch.zeros(3 * 1024 * 1024 // 4)
     try:
         total = gsi._resident_cpu_bytes(ip.user_ns)
-        expected = rf"already hold 3\.0 MiB \({total} bytes\) of CPU tensors, more than the 2\.0 MiB \(2097152 bytes\) budget"
-        with pytest.raises(UsageError, match=expected):
+        assert gsi._resident_by_variable(ip.user_ns)["big"] == 3 * 1024 * 1024
+        assert gsi._resident_by_variable(ip.user_ns)["model"] == model_bytes
+        with pytest.raises(UsageError) as e:
             ip.run_cell_magic("gradscope", "--budget 2MiB", "x = 1\n")
+        msg = str(e.value)
+        assert "\n" not in msg
+        assert msg.startswith(
+            f"gradscope: a 2.0 MiB (2097152 bytes) budget cannot run this cell: your variables already hold "
+            f"{format_bytes(total)} ({total} bytes) of CPU tensors (big 3.0 MiB, "
+        )
+        assert f"model {format_bytes(model_bytes)}" in msg
+        assert (
+            f"so the least budget that can run it is more than {format_bytes(total)} resident plus what the "
+            "cell allocates" in msg
+        )
+        assert msg.endswith("or add --cell-only to count only what the cell allocates against 2.0 MiB.")
+        assert "x" not in ip.user_ns  # the cell did not run
+        # --cell-only: the same budget counts only what the cell allocates, so a cell that fits runs
+        res = ip.run_cell("%%gradscope --budget 2MiB --cell-only -o r --no-widget\nx = torch.ones(1000)\n")
+        assert res.error_in_exec is None and ip.user_ns["x"].shape == (1000,)
+        r = ip.user_ns["r"]
+        assert r.complete and r.oom is None and r.peak_bytes == 4000
+        # and one that allocates more than the budget fails at that allocation, with nothing resident
+        res = ip.run_cell("%%gradscope --budget 4KiB --cell-only -o r --no-widget\ny = torch.ones(2000)\n")
+        err = res.error_in_exec
+        assert isinstance(err, gs.MemoryBudgetExceeded)
+        assert (err.requested, err.live, err.budget) == (8000, 0, 4096)
+        assert ip.user_ns["r"].oom.budget == 4096 and ip.user_ns["r"].oom.resident == 0
     finally:
-        del ip.user_ns["big"]
+        for name in ("big", "x", "y"):
+            ip.user_ns.pop(name, None)
+    with pytest.raises(UsageError, match=r"budget cannot run this cell: .*\(model \d"):
+        ip.run_cell_magic("gradscope", f"--budget {gsi._resident_cpu_bytes(ip.user_ns)}", "x = 1\n")
+
+
+def test_the_oom_watch_takes_cell_only_too(ip: Any, capsys: Any) -> None:
+    ip.user_ns["big"] = torch.zeros(1024 * 1024 // 4)
+    try:
+        ip.run_line_magic("gradscope", "oom on --budget 64KiB --cell-only")
+        assert "a budget of 64.0 KiB (65536 bytes) for what each cell allocates" in capsys.readouterr().out
+        res = ip.run_cell("z = torch.ones(1000)\n")  # 1 MiB resident would not leave room for it
+        assert res.error_in_exec is None
+        res = ip.run_cell("zs = [torch.ones(1000) for i in range(20)]\n")
+        assert isinstance(res.error_in_exec, gs.MemoryBudgetExceeded)
+        assert res.error_in_exec.budget == 64 * 1024 and res.error_in_exec.live == 16 * 4000
+        capsys.readouterr()
+    finally:
+        for name in ("big", "z", "zs"):
+            ip.user_ns.pop(name, None)
 
 
 @pytest.mark.parametrize(
@@ -151,6 +199,7 @@ def test_a_budget_smaller_than_the_variables_is_a_usage_error(ip: Any) -> None:
         ("--memory gpu", "invalid choice"),
         ("-o 1x", "-o takes a variable name"),
         ("--frobnicate", "unrecognized arguments"),
+        ("--cell-only", "--cell-only goes with --budget SIZE"),
     ],
 )
 def test_cell_magic_mistakes_raise_usage_errors(ip: Any, line: str, message: str) -> None:
@@ -164,6 +213,7 @@ def test_cell_magic_mistakes_raise_usage_errors(ip: Any, line: str, message: str
         ("oom maybe", "say 'on' or 'off'"),
         ("frobnicate", "unknown command 'frobnicate'"),
         ("oom on --budget -3", "cannot read the memory size"),
+        ("oom on --cell-only", "--cell-only goes with --budget SIZE"),
     ],
 )
 def test_line_magic_mistakes_raise_usage_errors(ip: Any, line: str, message: str) -> None:
@@ -411,3 +461,163 @@ def test_graphs_of_earlier_cells_are_not_holders_of_a_later_recording(ip: Any, c
     assert "dfdz" not in out.split("Traceback")[0]
     for name in ("zs", "dfdz", "xs"):
         ip.user_ns.pop(name, None)
+
+
+# ----- the traceback of an OOM: the user's frames, the rest folded, the whole one a command away ----
+_HELPER = '''import torch
+
+
+def forward_all(model, n):
+    outs = []
+    for _ in range(n):
+        outs.append(model(torch.randn(64, 8)))
+    return outs
+'''
+
+
+def test_an_oom_traceback_shows_the_users_frames_and_folds_the_rest(
+    ip: Any, capsys: Any, tmp_path: Any, monkeypatch: Any
+) -> None:
+    import linecache
+    import re
+    import sys
+    import traceback
+
+    (tmp_path / "gs_user_helper.py").write_text(_HELPER)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    ip.run_cell("import gs_user_helper\n")
+    res = ip.run_cell(
+        "%%gradscope --budget 8KiB -o r --no-widget\n"
+        "def run():\n"
+        "    return gs_user_helper.forward_all(model, 10)\n"
+        "xs = run()\n"
+    )
+    assert isinstance(res.error_in_exec, gs.MemoryBudgetExceeded)
+    out = capsys.readouterr().out
+    diag, trimmed = out.index("gradscope diagnosis"), out.index("Traceback (most recent call last; your frames only)")
+    assert diag < trimmed
+    shown = out[trimmed:].split("gradscope recording")[0]  # up to the recording's summary
+    # the frames, counted independently from the traceback IPython keeps
+    frames = [(f.f_code.co_filename, n) for f, n in traceback.walk_tb(sys.last_traceback)]
+    helper = str(tmp_path / "gs_user_helper.py")
+    user = [i for i, (fn, _) in enumerate(frames) if fn == helper or ip.compile.format_code_name(fn)]
+    assert len(user) == 3  # the cell, run(), forward_all()
+    assert user == list(range(user[0], user[0] + 3))
+    folded = len(frames) - user[-1] - 1
+    assert folded > 5
+    line = linecache.getline(helper, frames[user[2]][1]).strip()
+    assert line == "outs.append(model(torch.randn(64, 8)))"
+    lines = shown.splitlines()
+    assert lines[1:] == [
+        "Cell In[" + lines[1].split("[")[1].split("]")[0] + "], line 3",
+        "----> 3 xs = run()",
+        "",
+        lines[1].split(", line")[0] + ", line 2, in run",
+        "----> 2 return gs_user_helper.forward_all(model, 10)",
+        "",
+        f"File {helper}:7, in forward_all",
+        f"----> 7 {line}",
+        "",
+        f"... {folded} frames in torch, gradscope (%gradscope tb prints them all)",
+        "",
+        f"MemoryBudgetExceeded: {res.error_in_exec}",
+        *lines[13:],
+    ]
+    assert re.fullmatch(r"Cell In\[\d+\], line 3", lines[1])
+    assert "site-packages" not in shown and "torch/nn" not in shown and "gradscope/memory.py" not in shown
+    # the whole traceback is one command away
+    ip.run_line_magic("gradscope", "tb")
+    whole = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().out)
+    assert "torch/nn/modules/module.py" in whole and "gradscope/memory.py" in whole
+    assert f"{helper}:7" in whole
+    assert whole.rstrip().splitlines()[-1].startswith("MemoryBudgetExceeded: gradscope: simulated device out of memory")
+    for name in ("xs", "run", "gs_user_helper"):
+        ip.user_ns.pop(name, None)
+    sys.modules.pop("gs_user_helper", None)
+
+
+def test_gradscope_tb_before_any_oom_says_so(ip: Any, capsys: Any) -> None:
+    gsi._state(ip).full_traceback = None
+    ip.run_line_magic("gradscope", "tb")
+    assert "no out-of-memory traceback to show yet" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_a_gpt2_over_budget_in_a_real_kernel() -> None:
+    """A GPT-2 (tiny config, random init) under a budget it does not fit, in a real Jupyter kernel:
+    the budget below what is resident says the least budget, and the failing cell shows the
+    diagnosis, then the traceback with the user's frames only, then the partial recording's widget;
+    ``%gradscope tb`` prints the whole traceback."""
+    import re
+
+    pytest.importorskip("transformers")
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    cells = [
+        "%load_ext gradscope\n"
+        "import torch, gradscope as gs\n"
+        "from transformers import GPT2Config, GPT2LMHeadModel\n"
+        "torch.manual_seed(0)\n"
+        "model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=512, n_positions=64))\n"
+        "ids = torch.randint(0, 512, (8, 64))\n"
+        "print('params', sum(p.numel() * p.element_size() for p in model.parameters()))",
+        "%%gradscope --budget 256KiB\nloss = model(ids, labels=ids).loss",
+        "%%gradscope --budget 3MiB -o r\n"
+        "def step(m):\n"
+        "    return m(ids, labels=ids).loss\n"
+        "loss = step(model)\n"
+        "loss.backward()",
+        "%gradscope tb",
+        "print(r.complete, r.oom.budget, r.oom.resident)",
+    ]
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    nbclient.NotebookClient(nb, timeout=180, kernel_name="python3", allow_errors=True).execute()
+    outs = [c.outputs for c in nb.cells]
+
+    def streamed(i: int, name: str = "stdout") -> str:
+        return "".join(o.text for o in outs[i] if o.output_type == "stream" and o.name == name)
+
+    # tied embeddings: wte (512 x 64) once, wpe (64 x 64), 2 blocks, the final layer norm
+    d = 64
+    block = (2 * d) + (d * 3 * d + 3 * d) + (d * d + d) + (2 * d) + (d * 4 * d + 4 * d) + (4 * d * d + d)
+    params = 4 * (512 * d + 64 * d + 2 * block + 2 * d)
+    assert streamed(0).split() == ["params", str(params)]
+    resident = params + 8 * 64 * 8  # and the int64 ids
+
+    # a budget below what is resident: one line with the least budget, the variables named
+    refused = streamed(1, "stderr").strip()
+    assert len(refused.splitlines()) == 1 and refused.startswith("UsageError: gradscope: a 256.0 KiB")
+    assert f"your variables already hold {format_bytes(resident)} ({resident} bytes) of CPU tensors" in refused
+    assert f"(model {format_bytes(params)}, ids 4.0 KiB)" in refused
+    assert f"more than {format_bytes(resident)} resident plus what the cell allocates" in refused
+
+    # the failing cell: the diagnosis, then the trimmed traceback, then the widget
+    kinds = [o.output_type for o in outs[2]]
+    first_error = kinds.index("error")
+    diagnosis = "".join(o.text for o in outs[2][:first_error] if o.output_type == "stream")
+    assert "gradscope diagnosis: out of memory on a simulated 3.0 MiB device" in diagnosis
+    assert "the recording is `r`" in diagnosis
+    error = outs[2][first_error]
+    assert kinds.count("error") == 1 and error.ename == "MemoryBudgetExceeded"
+    tb = error.traceback
+    assert tb[1].endswith("Traceback (most recent call last; your frames only)")
+    # (the lines of the cell's code below the %%gradscope line)
+    assert re.fullmatch(r"Cell In\[\d+\], line 3", tb[2]) and tb[3] == "----> 3 loss = step(model)"
+    assert re.fullmatch(r"Cell In\[\d+\], line 2, in step", tb[5])
+    assert tb[6] == "----> 2 return m(ids, labels=ids).loss"
+    fold = re.fullmatch(r"\.\.\. (\d+) frames in (.*) \(%gradscope tb prints them all\)", tb[8])
+    assert fold and int(fold.group(1)) > 10
+    assert fold.group(2).split(", ") == ["torch", "transformers", "gradscope"]
+    assert tb[10].startswith("MemoryBudgetExceeded: gradscope: simulated device out of memory")
+    assert len(tb) == 11
+    assert not [line for line in tb if "site-packages" in line or "/torch/" in line or "transformers/" in line]
+    widget = [o for o in outs[2][first_error:] if o.output_type == "display_data"]
+    assert len(widget) == 1 and "application/vnd.jupyter.widget-view+json" in widget[0].data
+    assert widget[0].data["text/plain"].startswith("gradscope recording (INCOMPLETE: MemoryBudgetExceeded")
+
+    # the whole traceback, one command away: every frame, the libraries' too
+    whole = re.sub(r"\x1b\[[0-9;]*m", "", streamed(3))
+    assert "transformers/models/gpt2/modeling_gpt2.py" in whole and "torch/nn/modules/module.py" in whole
+    assert "loss = step(model)" in whole
+    assert whole.count("File ") >= int(fold.group(1))
+    assert streamed(4).split() == ["False", str(3 * 1024 * 1024), str(resident)]
