@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import pytest
 import torch
 from torch import nn
@@ -210,17 +211,20 @@ def test_one_large_batch_without_batch_norm_gets_micro_batches_not_checkpointing
     d = gs.diagnose(rec.recording, namespace={"layers": layers, "x": x})
     assert d.moment == "peak"
     f = d.findings[0]
-    assert f.pattern == "micro_batches" and f.module == "layers"
-    assert "x.chunk(8)" in f.code and "checkpoint(" not in f.code
-    # applied: the same gradients, and the saving as claimed (within a quarter)
+    assert f.pattern == "micro_batches"
+    assert f.code == ("for start in range(0, 2048, 512):\n"
+                      "    (layers(x[start:start + 512]).square().mean() * (512 / 2048)).backward()\n")
+    assert "checkpoint(" not in "".join(g.code for g in d.findings if g.pattern != "deep_activations")
+    # the code as printed, run on a copy from the same state: the same gradients, the saving as claimed
     grads = [p.grad.clone() for p in layers.parameters()]
-    layers.zero_grad()
+    twin = copy.deepcopy(layers)
+    twin.zero_grad(set_to_none=True)
     with gs.record(memory="tracker") as fixed:
-        for xb in x.chunk(8):
-            (layers(xb).square().mean() * len(xb) / len(x)).backward()
-    assert all(torch.allclose(p.grad, g, atol=1e-6) for p, g in zip(layers.parameters(), grads, strict=True))
+        exec(f.code, {"layers": twin, "x": x})
+    assert all(torch.allclose(p.grad, g, atol=1e-6) for p, g in zip(twin.parameters(), grads, strict=True))
     saved = rec.recording.peak_bytes - fixed.recording.peak_bytes
-    assert f.saves_bytes is not None and abs(f.saves_bytes - saved) <= 0.25 * saved
+    assert f.saves_bytes is not None and abs(f.saves_bytes - saved) <= 0.1 * saved
+    assert f.peak_before == rec.recording.peak_bytes and f.peak_after == fixed.recording.peak_bytes
 
 
 def test_diagnosis_without_namespace_or_memory_still_reads() -> None:
@@ -293,10 +297,12 @@ def test_gradients_and_optimizer_state_are_told_apart() -> None:
     assert state == 2 * params + 4 * len(list(model.parameters()))
     assert kinds["gradient"] == params  # made in the block by AccumulateGrad, named from model
     assert kinds["optimizer"] == state
-    f = d.findings[0]
-    assert f.pattern == "optimizer_state" and f.variable == "opt" and f.bytes == params + state
-    assert "Adam's state" in f.message and "register_post_accumulate_grad_hook(" in f.code
-    assert "set_to_none=True" not in f.code  # the gradients are alive at the step either way
+    # Stepping in backward was tried on copies and measured: the peak is Adam's per-parameter
+    # temporaries next to its state in backward, a few percent lower, still over the budget; so it
+    # is a note, not a finding (a replay of the timeline once claimed it fits).
+    assert not any(f.pattern in ("optimizer_state", "set_to_none") for f in d.findings)
+    tried = [n for n in d.notes if n.startswith("[optimizer_state] tried")]
+    assert len(tried) == 1 and "still over the budget" in tried[0]
     named = {t.variable for t in d.largest if t.variable}
     assert any(n.startswith("opt.state[") for n in named)
     assert any(n.startswith("model.") and n.endswith(".grad") for n in named)

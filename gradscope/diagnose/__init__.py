@@ -57,10 +57,10 @@ from gradscope.diagnose.facts import MIN_SAVING, Context, Graph, held_order
 from gradscope.diagnose.fixes import REGISTRY, inplace_cut
 from gradscope.diagnose.measure import Bench
 from gradscope.diagnose.report import Diagnosis, Finding, GraphHolder, HeldTensor
-from gradscope.diagnose.step import shape_of
+from gradscope.diagnose.step import inline, shape_of
 from gradscope.diagnose.toolbox import TOOLBOX
 from gradscope.errors import GradscopeError
-from gradscope.recording import Recording
+from gradscope.recording import Category, Recording, format_bytes
 
 __all__ = ["Diagnosis", "Finding", "GraphHolder", "HeldTensor", "diagnose"]
 
@@ -199,7 +199,14 @@ def _bench(ctx: Context) -> Bench | None:
         if not isinstance(step, Mapping) or not isinstance(step.get("source"), str) or not ctx.ns:
             return None
         devices = {t.device.type for v in ctx.ns.values() for t in _first_tensors(v)}
-        ctx.bench = Bench(step["source"], ctx.ns, device="cuda" if "cuda" in devices else "cpu")
+        source, ns = step["source"], dict(ctx.ns)
+        inlined = inline(source, ns)
+        if inlined is not None:  # a step that calls the user's own function: its body is the step
+            source, names = inlined
+            ns = names | ns
+        made = {a.category for a in ctx.rec.allocations}
+        ctx.bench = Bench(source, ns, device="cuda" if "cuda" in devices else "cpu",
+                          fresh_optimizers=Category.OPTIMIZER in made, fresh_gradients=Category.GRADIENT in made)
     return ctx.bench
 
 
@@ -239,6 +246,10 @@ def _toolbox(ctx: Context) -> list[Finding]:
                          "rewrite it were not tried.")
         return []
     budget = ctx.held.budget if ctx.moment == "failure" else None
+    fails = budget is not None and user.peak > budget
+    if budget is not None and not fails:
+        ctx.notes.append(f"your step, run on copies of your objects, peaks at {format_bytes(user.peak)}, within the "
+                         f"budget of {format_bytes(budget)}: the failure depended on state the copies do not have.")
     out: list[Finding] = []
     for fix in TOOLBOX:
         for f, trial in fix.propose(ctx, bench, shape, budget):
@@ -251,10 +262,17 @@ def _toolbox(ctx: Context) -> list[Finding]:
                 continue
             saving = user.peak - int(trial.peak or 0)
             fits = None if budget is None else int(trial.peak or 0) <= budget
-            if saving < MIN_SAVING * user.peak and not fits:
+            if saving <= 0 or (saving < MIN_SAVING * user.peak and not (fails and fits)):
+                ctx.notes.append(f"[{f.pattern}] tried on copies of your objects: the step's peak "
+                                 f"{format_bytes(user.peak)} -> {format_bytes(trial.peak)}"
+                                 + (", still over the budget" if fails and not fits else "") + "; not worth it.")
                 continue
+            if f.pattern == "autocast" and not fails:
+                continue  # a change of precision is advice for a step that does not fit
             ratio = None if not user.seconds or trial.seconds is None else trial.seconds / user.seconds
             note = f" ({', '.join(trial.differs)} then hold{'s' if len(trial.differs) == 1 else ''} other values)" if trial.differs else ""
+            if trial.freed:
+                note += f"; after the step {trial.freed} gradients are None (applied and freed) where yours kept them"
             out.append(dataclasses.replace(
                 f, bytes=saving, saves_bytes=saving, peak_before=user.peak, peak_after=trial.peak, fits=fits,
                 time_ratio=ratio, message=f.message + note,

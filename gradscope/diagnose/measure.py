@@ -152,6 +152,7 @@ class Trial:
     worst: float = 0.0  # largest relative difference of a result
     worst_at: str = ""
     differs: tuple[str, ...] = ()  # other variables the code leaves with other values
+    freed: int = 0  # gradients the code leaves freed (None) where the user's step kept them
     seconds: float | None = None  # wall time of the CPU copy's run
 
 
@@ -159,10 +160,17 @@ class Bench:
     """The user's step and namespace, and the copies fixes run on (see NOTE [ nothing shown that
     was not run ])."""
 
-    def __init__(self, source: str, namespace: Mapping[str, Any], device: str = "cpu") -> None:
+    def __init__(self, source: str, namespace: Mapping[str, Any], device: str = "cpu", *,
+                 fresh_optimizers: bool = False, fresh_gradients: bool = False) -> None:
         self.source = source
         self.ns = namespace
         self.device = device
+        # NOTE [ copies start as the block started ]: the objects are copied as they are when the
+        # diagnosis runs, after the block; optimizer state and gradients the block itself created
+        # (the recording says so) are dropped from the copies, so that a first step that failed
+        # is measured as the first step it was, not as a later one with that state resident.
+        self.fresh_optimizers = fresh_optimizers
+        self.fresh_gradients = fresh_gradients
         self._user: Trial | None = None
         self._user_state: dict[str, Any] | None = None
 
@@ -207,6 +215,7 @@ class Bench:
         copied, kept = self._split(code)
 
         def run(objs: dict[str, Any]) -> None:
+            self._as_at_start(objs)
             exec(compiled, self._env(kept, objs))
 
         with warnings.catch_warnings():
@@ -219,6 +228,7 @@ class Bench:
         compiled = compile(code, "<gradscope fix>", "exec")
         copied, kept = self._split(code)
         copies = _replica(copied)
+        self._as_at_start(copies)
         env = self._env(kept, copies)
         before = set(env)
         with warnings.catch_warnings(), torch.random.fork_rng(devices=[]):
@@ -246,6 +256,15 @@ class Bench:
         except Exception:  # reads values (.item()): the copy's peak
             return ran, state
 
+    def _as_at_start(self, copies: Mapping[str, Any]) -> None:
+        """See NOTE [ copies start as the block started ]."""
+        for v in copies.values():
+            if self.fresh_optimizers and isinstance(v, torch.optim.Optimizer):
+                v.state.clear()
+            if self.fresh_gradients and isinstance(v, nn.Module):
+                for p in v.parameters():
+                    p.grad = None
+
     def execute(self, code: str) -> Trial:
         """Run ``code`` once on copies (a pattern's code, which replaces part of the step)."""
         try:
@@ -269,8 +288,9 @@ class Bench:
         trial, state = self._trial(code)
         if trial.error is not None or state is None or self._user_state is None or user.error is not None:
             return trial
-        worst, where, differs = _compare(self._user_state, state, set(self._split(self.source)[0]))
-        return dataclasses.replace(trial, same=worst <= tolerance, worst=worst, worst_at=where, differs=differs)
+        worst, where, differs, freed = _compare(self._user_state, state, set(self._split(self.source)[0]))
+        return dataclasses.replace(trial, same=worst <= tolerance, worst=worst, worst_at=where, differs=differs,
+                                   freed=freed)
 
 
 def free_names(code: str) -> set[str]:
@@ -395,28 +415,34 @@ def _tensors_of(name: str, v: Any, out: dict[str, torch.Tensor]) -> None:
             _tensors_of(f"{name}[{k!r}]", x, out)
 
 
-def _compare(a: Mapping[str, Any], b: Mapping[str, Any], objects: set[str]) -> tuple[float, str, tuple[str, ...]]:
+def _compare(a: Mapping[str, Any], b: Mapping[str, Any], objects: set[str]) -> tuple[float, str, tuple[str, ...], int]:
     """The largest relative difference over the user's objects' tensors (parameters, gradients,
     buffers, optimizer state, inputs), and the other variables whose values differ."""
     worst, where = 0.0, ""
     differs: list[str] = []
+    freed = 0
     for name in sorted(set(a) & set(b)):
         ta: dict[str, torch.Tensor] = {}
         tb: dict[str, torch.Tensor] = {}
         _tensors_of(name, a[name], ta)
         _tensors_of(name, b[name], tb)
+        if name in objects:
+            freed += sum(1 for k in set(ta) - set(tb) if k.endswith(".grad"))
         d = _difference(ta, tb)
         if name in objects:
             if d[0] > worst:
                 worst, where = d[0], d[1]
         elif d[0] > _TOLERANCE:
             differs.append(name)
-    return worst, where, tuple(differs)
+    return worst, where, tuple(differs), freed
 
 
 def _difference(ta: Mapping[str, torch.Tensor], tb: Mapping[str, torch.Tensor]) -> tuple[float, str]:
-    if set(ta) != set(tb):
+    """Gradients the fix left freed (None) where the step kept them are not a difference: the fix
+    applied them already (the finding says so through ``Trial.freed``)."""
+    if set(tb) - set(ta) or any(not k.endswith(".grad") for k in set(ta) - set(tb)):
         return math.inf, ", ".join(sorted(set(ta) ^ set(tb))[:3])
+    ta = {k: v for k, v in ta.items() if k in tb}
     worst, where = 0.0, ""
     for k in ta:
         x, y = ta[k].detach(), tb[k].detach()

@@ -7,6 +7,9 @@ printed with :func:`ast.unparse`, so what the user reads is exactly what was run
 from __future__ import annotations
 
 import ast
+import inspect
+import textwrap
+import types
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -25,53 +28,90 @@ def _names(node: ast.AST) -> set[str]:
     return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
 
 
+def _is_backward(st: ast.stmt) -> bool:
+    return (isinstance(st, ast.Expr) and isinstance(st.value, ast.Call) and isinstance(st.value.func, ast.Attribute)
+            and st.value.func.attr == "backward")
+
+
+def _locate(tree: ast.AST) -> tuple[list[ast.stmt], int] | None:
+    """The statement list holding the first ``E.backward(...)`` statement (top level first, then
+    inside loops and other blocks), and its index there."""
+    queue: list[ast.AST] = [tree]
+    while queue:
+        node = queue.pop(0)
+        for field in ("body", "orelse", "finalbody"):
+            stmts = getattr(node, field, None)
+            if isinstance(stmts, list):
+                for i, st in enumerate(stmts):
+                    if isinstance(st, ast.stmt) and _is_backward(st):
+                        return stmts, i
+        queue.extend(ast.iter_child_nodes(node))
+    return None
+
+
 @dataclass
 class Shape:
-    """A step's statements, split at its backward call (top level only)."""
+    """A step's source and where its backward call is (``body[backward]`` is ``loss.backward(...)``,
+    ``body`` the statement list that holds it: the step's, or a loop's)."""
 
+    source: str
     body: list[ast.stmt]
-    backward: int | None  # index of the statement whose expression is `E.backward(...)`
-    loss: ast.expr | None  # E
+    backward: int | None
+    loss: ast.expr | None
 
-    def optimizer_calls(self, ns: Mapping[str, Any], method: str) -> list[tuple[int, str]]:
-        """(statement index, variable) of top-level `opt.<method>(...)` statements of the user's optimizers."""
+    def fresh(self) -> tuple[ast.Module, list[ast.stmt]]:
+        """A new tree of the step, and its statement list that holds the backward call."""
+        tree = ast.parse(self.source)
+        found = _locate(tree)
+        return tree, (found[0] if found else tree.body)
+
+    def optimizer_calls(self, ns: Mapping[str, Any], method: str) -> list[str]:
+        """The user's optimizers whose ``<method>(...)`` the step calls as a statement, anywhere."""
         out = []
-        for i, st in enumerate(self.body):
+        for st in ast.walk(ast.parse(self.source)):
             if isinstance(st, ast.Expr) and isinstance(st.value, ast.Call):
                 f = st.value.func
                 if isinstance(f, ast.Attribute) and f.attr == method and isinstance(f.value, ast.Name):
-                    if isinstance(ns.get(f.value.id), torch.optim.Optimizer):
-                        out.append((i, f.value.id))
+                    if isinstance(ns.get(f.value.id), torch.optim.Optimizer) and f.value.id not in out:
+                        out.append(f.value.id)
         return out
 
-    def text(self, body: list[ast.stmt] | None = None) -> str:
-        return ast.unparse(ast.Module(body=body if body is not None else self.body, type_ignores=[])) + "\n"
+    def text(self, tree: ast.Module | None = None) -> str:
+        return ast.unparse(ast.fix_missing_locations(tree if tree is not None else ast.parse(self.source))) + "\n"
 
 
 def shape_of(source: str) -> Shape | None:
     try:
-        body = ast.parse(source).body
+        tree = ast.parse(source)
     except SyntaxError:
         return None
-    for i, st in enumerate(body):
-        if isinstance(st, ast.Expr) and isinstance(st.value, ast.Call):
-            f = st.value.func
-            if isinstance(f, ast.Attribute) and f.attr == "backward":
-                return Shape(body, i, f.value)
-    return Shape(body, None, None)
+    found = _locate(tree)
+    if found is None:
+        return Shape(source, tree.body, None, None)
+    body, i = found
+    st = body[i]
+    assert isinstance(st, ast.Expr) and isinstance(st.value, ast.Call) and isinstance(st.value.func, ast.Attribute)
+    return Shape(source, body, i, st.value.func.value)
+
+
+def _fresh_name(source: str, want: str) -> str:
+    used = {n.id for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Name)}
+    while want in used:
+        want += "_"
+    return want
 
 
 class _Slice(ast.NodeTransformer):
     """`x` -> `x[i:i + m]` for batch tensors; `batch` -> `{k: v[i:i + m] for k, v in batch.items()}`."""
 
-    def __init__(self, tensors: set[str], dicts: set[str], m: int) -> None:
-        self.tensors, self.dicts, self.m = tensors, dicts, m
+    def __init__(self, tensors: set[str], dicts: set[str], m: int, var: str) -> None:
+        self.tensors, self.dicts, self.m, self.var = tensors, dicts, m, var
 
     def visit_Name(self, node: ast.Name) -> ast.AST:
         if not isinstance(node.ctx, ast.Load):
             return node
-        part = ast.Slice(lower=ast.Name("i", ast.Load()),
-                         upper=ast.BinOp(ast.Name("i", ast.Load()), ast.Add(), ast.Constant(self.m)))
+        part = ast.Slice(lower=ast.Name(self.var, ast.Load()),
+                         upper=ast.BinOp(ast.Name(self.var, ast.Load()), ast.Add(), ast.Constant(self.m)))
         if node.id in self.tensors:
             return ast.Subscript(value=ast.Name(node.id, ast.Load()), slice=part, ctx=ast.Load())
         if node.id in self.dicts:
@@ -91,7 +131,7 @@ def batch_inputs(shape: Shape, ns: Mapping[str, Any]) -> tuple[set[str], set[str
     if shape.backward is None:
         return None
     read: set[str] = set()
-    for st in shape.body[: shape.backward]:
+    for st in shape.body[: shape.backward + 1]:  # the backward statement may run the model itself
         read |= _names(st)
     sizes: dict[int, int] = {}
     cand: dict[str, int] = {}
@@ -119,50 +159,154 @@ def batch_inputs(shape: Shape, ns: Mapping[str, Any]) -> tuple[set[str], set[str
 def micro_batched(shape: Shape, tensors: set[str], dicts: set[str], n: int, m: int) -> str:
     """The step with its forward and backward run in micro-batches of ``m`` (``n`` divisible by ``m``),
     each loss scaled by its share of the batch; statements that read no batch stay before the loop."""
-    assert shape.backward is not None and shape.loss is not None
+    assert shape.backward is not None
+    var = _fresh_name(shape.source, "start")
+    tree, body = shape.fresh()
+    k = shape.backward
     batch = tensors | dicts
     inside: list[ast.stmt] = []
     before: list[ast.stmt] = []
     touched = set(batch)
-    for st in shape.body[: shape.backward]:
+    for st in body[:k]:
         if _names(st) & touched:
-            inside.append(_Slice(tensors, dicts, m).visit(ast.parse(ast.unparse(st)).body[0]))
+            inside.append(_Slice(tensors, dicts, m, var).visit(st))
             touched |= {t.id for t in ast.walk(st) if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store)}
         else:
             before.append(st)
-    call = shape.body[shape.backward]
+    call = body[k]
     assert isinstance(call, ast.Expr) and isinstance(call.value, ast.Call) and isinstance(call.value.func, ast.Attribute)
-    scaled = ast.BinOp(shape.loss, ast.Mult(), ast.BinOp(ast.Constant(m), ast.Div(), ast.Constant(n)))
+    scaled = ast.BinOp(call.value.func.value, ast.Mult(), ast.BinOp(ast.Constant(m), ast.Div(), ast.Constant(n)))
     back = ast.Expr(ast.Call(ast.Attribute(scaled, "backward", ast.Load()), call.value.args, call.value.keywords))
-    loop = ast.For(target=ast.Name("i", ast.Store()),
+    if _names(back) & touched:  # the loss itself reads the batch: `model(x).mean().backward()`
+        back = _Slice(tensors, dicts, m, var).visit(back)
+    loop = ast.For(target=ast.Name(var, ast.Store()),
                    iter=ast.Call(ast.Name("range", ast.Load()), [ast.Constant(0), ast.Constant(n), ast.Constant(m)], []),
                    body=[*inside, back], orelse=[])
-    body = [*before, loop, *shape.body[shape.backward + 1:]]
-    return shape.text([ast.fix_missing_locations(s) for s in body])
+    body[:] = [*before, loop, *body[k + 1:]]
+    return shape.text(tree)
 
 
 def autocast(shape: Shape, device: str, dtype: str) -> str:
-    """The step with its forward statements under ``torch.autocast``."""
+    """The step with its forward statements (before the backward call) under ``torch.autocast``."""
     assert shape.backward is not None
-    fwd = shape.body[: shape.backward]
+    tree, body = shape.fresh()
+    k = shape.backward
+    if k == 0:
+        return shape.text(tree)
     w = ast.With(items=[ast.withitem(ast.Call(
         ast.Attribute(ast.Name("torch", ast.Load()), "autocast", ast.Load()), [],
         [ast.keyword("device_type", ast.Constant(device)),
-         ast.keyword("dtype", ast.Attribute(ast.Name("torch", ast.Load()), dtype, ast.Load()))]))], body=fwd)
-    return shape.text([ast.fix_missing_locations(w), *shape.body[shape.backward:]])
+         ast.keyword("dtype", ast.Attribute(ast.Name("torch", ast.Load()), dtype, ast.Load()))]))], body=body[:k])
+    body[:] = [w, *body[k:]]
+    return shape.text(tree)
 
 
-def without(shape: Shape, drop: set[int]) -> str:
-    return shape.text([s for i, s in enumerate(shape.body) if i not in drop])
+class _Drop(ast.NodeTransformer):
+    def __init__(self, calls: set[tuple[str, str]]) -> None:
+        self.calls = calls
+
+    def generic_visit(self, node: ast.AST) -> ast.AST:
+        super().generic_visit(node)
+        for field in ("body", "orelse", "finalbody"):
+            stmts = getattr(node, field, None)
+            if isinstance(stmts, list) and stmts and all(isinstance(s, ast.stmt) for s in stmts):
+                kept = [s for s in stmts if not self._dropped(s)]
+                setattr(node, field, kept or ([ast.Pass()] if field == "body" and not isinstance(node, ast.Module) else []))
+        return node
+
+    def _dropped(self, st: ast.stmt) -> bool:
+        if isinstance(st, ast.Expr) and isinstance(st.value, ast.Call):
+            f = st.value.func
+            return isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and (f.value.id, f.attr) in self.calls
+        return False
+
+
+def without(shape: Shape, calls: set[tuple[str, str]]) -> str:
+    """The step without the statements that are the calls ``(variable, method)`` (anywhere)."""
+    return shape.text(_Drop(calls).visit(ast.parse(shape.source)))
 
 
 def replaced_zero_grad(shape: Shape, ns: Mapping[str, Any]) -> str | None:
     """The step with every ``X.zero_grad(set_to_none=False)`` made ``set_to_none=True``; None if none."""
-    tree = ast.parse(shape.text())
+    tree = ast.parse(shape.source)
     hit = False
     for c in _calls(tree, "zero_grad"):
         for kw in c.keywords:
             if kw.arg == "set_to_none" and isinstance(kw.value, ast.Constant) and kw.value.value is False:
                 kw.value = ast.Constant(True)
                 hit = True
-    return ast.unparse(tree) + "\n" if hit else None
+    return shape.text(tree) if hit else None
+
+
+def inline(source: str, ns: Mapping[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    """A step that is one call of the user's own function (``train_step(model, batch)``,
+    ``loss = step(**state)``) as that function's body, its parameters bound to the call's
+    arguments, and the names its body reads from the function's module. None when the step is
+    not such a call, or the body returns anywhere but at its end."""
+    try:
+        body = ast.parse(source).body
+    except SyntaxError:
+        return None
+    if len(body) != 1:
+        return None
+    st = body[0]
+    call = st.value if isinstance(st, ast.Expr | ast.Assign | ast.Return) else None
+    if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Name):
+        return None
+    fn = ns.get(call.func.id)
+    if not isinstance(fn, types.FunctionType) or fn.__closure__:
+        return None
+    try:
+        fdef = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0]
+    except (OSError, TypeError, SyntaxError, IndexError):
+        return None
+    if not isinstance(fdef, ast.FunctionDef) or fdef.decorator_list:
+        return None
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+    for a in call.args:
+        if isinstance(a, ast.Starred):
+            return None
+        args.append(ast.unparse(a))
+    for kw in call.keywords:
+        if kw.arg is not None:
+            kwargs[kw.arg] = ast.unparse(kw.value)
+            continue
+        d = ns.get(kw.value.id) if isinstance(kw.value, ast.Name) else None
+        if not isinstance(d, Mapping) or not all(isinstance(k, str) for k in d):
+            return None
+        for k, v in d.items():  # **state: the names the namespace holds, else the dict's items
+            kwargs[k] = k if ns.get(k) is v else f"{ast.unparse(kw.value)}[{k!r}]"
+    try:
+        bound = inspect.signature(fn).bind(*args, **kwargs)
+    except TypeError:
+        return None
+    lines: list[str] = []
+    for p in inspect.signature(fn).parameters.values():
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            return None
+        if p.name in bound.arguments:
+            if bound.arguments[p.name] != p.name:
+                lines.append(f"{p.name} = {bound.arguments[p.name]}")
+        elif p.default is not p.empty and isinstance(p.default, int | float | str | bool | type(None)):
+            lines.append(f"{p.name} = {p.default!r}")
+        else:
+            return None
+    stmts = list(fdef.body)
+    if stmts and isinstance(stmts[0], ast.Expr) and isinstance(stmts[0].value, ast.Constant):
+        stmts = stmts[1:]  # the docstring
+    last = stmts[-1] if stmts else None
+    if any(isinstance(n, ast.Return) for s in stmts[:-1] for n in ast.walk(s)):
+        return None
+    if isinstance(last, ast.Return):
+        value = last.value or ast.Constant(None)
+        if isinstance(st, ast.Assign):
+            stmts[-1] = ast.Assign(targets=st.targets, value=value, lineno=0)
+        else:
+            stmts[-1] = ast.Expr(value=value)
+    elif last is not None and any(isinstance(n, ast.Return) for n in ast.walk(last)):
+        return None
+    text = "\n".join(lines) + ("\n" if lines else "") + ast.unparse(ast.fix_missing_locations(
+        ast.Module(body=stmts, type_ignores=[]))) + "\n"
+    module_names = {k: v for k, v in fn.__globals__.items() if not k.startswith("__")}
+    return text, module_names

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import linecache
 import re
 import sys
 import warnings
@@ -289,6 +290,7 @@ def _as_a_script(fn: Callable[..., Any], state: dict[str, Any], rec: Any) -> Any
     args = ", ".join(names)
     src = f"def _script({args}):\n    with rec:\n        return fn({', '.join(f'{k}={k}' for k in names)})\n"
     scope: dict[str, Any] = {"rec": rec, "fn": fn}
+    linecache.cache["<script>"] = (len(src), None, src.splitlines(True), "<script>")  # a script's file
     exec(compile(src, "<script>", "exec"), scope)  # noqa: S102 - our own two lines, no user input
     return scope["_script"](**state)
 
@@ -312,7 +314,8 @@ def diagnose_user(scenario: Scenario, *, budget: bool, modules: bool = True) -> 
         )
     if budget:
         assert isinstance(r.error, gs.MemoryBudgetExceeded), f"{scenario.name}: the user's code fit the budget"
-    namespace = {**r.state, **r.locals}
+    # the step the recording ran is `fn(**state)`: the diagnosis runs its fixes on that function's body
+    namespace = {**r.state, **r.locals, "fn": scenario.user, "state": r.state}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         d = gs.diagnose(r.recording, namespace=namespace)

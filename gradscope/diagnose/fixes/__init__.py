@@ -12,8 +12,6 @@ from gradscope.diagnose.fixes import (
     jacobian,
     many_calls,
     no_grad_forward,
-    one_large_call,
-    optimizer_state,
     penalty_branches,
     retain_graph,
 )
@@ -28,8 +26,6 @@ REGISTRY = (
     detach_output,
     penalty_branches,
     retain_graph,
-    optimizer_state,
-    one_large_call,
 )
 
 __all__ = ["REGISTRY", "inplace_cut"]

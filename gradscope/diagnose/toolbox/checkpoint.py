@@ -28,17 +28,20 @@ _KEEP_BN = (
 )
 
 
-def _generic(name: str, path: str, k: int | None, bn: bool) -> str:
-    blocks = f"{name}.{code_path(path)}" + (f"[:{k}]" if k is not None else "")
-    lines = ["import contextlib", "import functools", "from torch.utils.checkpoint import checkpoint"]
+def _generic(name: str, path: str, start: int, stop: int, n: int, bn: bool) -> str:
+    whole = f"{name}.{code_path(path)}" if path else name
+    blocks = whole if (start, stop) == (0, n) else f"{whole}[{start or ''}:{stop if stop < n else ''}]"
+    lines = ["from torch.utils.checkpoint import checkpoint"]
     if bn:
+        lines.insert(0, "import contextlib")
         lines.append(_KEEP_BN.rstrip("\n"))
     lines.append(f"for block in {blocks}:")
     if bn:
-        lines.append("    block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False, "
-                     "context_fn=lambda b=block: (contextlib.nullcontext(), KeepBatchNormStats(b)))")
+        lines.append("    block.forward = lambda *args, f=block.forward, b=block, **kwargs: checkpoint(f, *args, "
+                     "use_reentrant=False, context_fn=lambda: (contextlib.nullcontext(), KeepBatchNormStats(b)), **kwargs)")
     else:
-        lines.append("    block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)")
+        lines.append("    block.forward = lambda *args, f=block.forward, **kwargs: checkpoint(f, *args, "
+                     "use_reentrant=False, **kwargs)")
     return "\n".join(lines) + "\n"
 
 
@@ -61,20 +64,21 @@ def propose(ctx: Context, bench: Bench, shape: Shape, budget: int | None) -> lis
             trial = bench.run(setup + bench.source)
             what = "every block of the model (transformers' own switch)"
         elif found is not None:
-            path, n = found
+            path, start, stop = found
+            size = len(model.get_submodule(path)) if path else len(model)  # type: ignore[arg-type]
             bn = has_batch_norm(model)
-            trial, k = None, None
+            trial, k = None, stop
             if budget is not None:  # the fewest blocks (from the first) that make the step fit
-                for k in range(1, n + 1):
-                    trial = bench.run(_generic(name, path, k if k < n else None, bn) + bench.source)
+                for k in range(start + 1, stop + 1):
+                    trial = bench.run(_generic(name, path, start, k, size, bn) + bench.source)
                     if trial.error is not None or (trial.peak is not None and trial.peak <= budget):
                         break
             if trial is None:
-                k = n
-                trial = bench.run(_generic(name, path, None, bn) + bench.source)
-            assert trial is not None
-            setup = _generic(name, path, k if k is not None and k < n else None, bn)
-            what = f"{k if k is not None else n} of the {n} blocks of {name}.{path}"
+                trial = bench.run(_generic(name, path, start, stop, size, bn) + bench.source)
+            setup = _generic(name, path, start, k, size, bn)
+            where = f"{name}.{path}" if path else name
+            what = f"{k - start} of the {stop - start} blocks of {where}" + (
+                " (batch-norm running statistics put back after the recompute)" if bn else "")
         else:
             continue
         assert trial is not None

@@ -17,18 +17,33 @@ from gradscope.diagnose.step import Shape, without
 
 
 def _arguments(opt: torch.optim.Optimizer) -> list[str]:
-    """The constructor arguments an optimizer's param groups hold (those its class accepts)."""
-    accepted = set(inspect.signature(type(opt).__init__).parameters) - {"self", "params"}
-    return sorted(k for k in opt.param_groups[0] if k in accepted)
+    """The constructor arguments an optimizer's param groups hold (those its class accepts) that
+    differ from the class's defaults in some group, ``lr`` always."""
+    sig = inspect.signature(type(opt).__init__).parameters
+    out = []
+    for k in opt.param_groups[0]:
+        if k not in sig or k in ("self", "params"):
+            continue
+        default = sig[k].default
+        if k == "lr" or any(not _same(g.get(k), default) for g in opt.param_groups):
+            out.append(k)
+    return sorted(out)
+
+
+def _same(a: object, b: object) -> bool:
+    try:
+        return bool(a == b) and type(a) is type(b) or (isinstance(a, tuple | list) and list(a) == list(b))  # type: ignore[call-overload]
+    except Exception:
+        return False
 
 
 def propose(ctx: Context, bench: Bench, shape: Shape, budget: int | None) -> list[tuple[Finding, Any]]:
     if shape.backward is None:
         return []
     steps = shape.optimizer_calls(ctx.ns, "step")
-    if len(steps) != 1 or steps[0][0] < shape.backward:
+    if len(steps) != 1:
         return []
-    i, name = steps[0]
+    name = steps[0]
     opt = ctx.ns[name]
     cls = type(opt)
     where = "torch.optim." if getattr(torch.optim, cls.__name__, None) is cls else ""
@@ -48,13 +63,12 @@ def propose(ctx: Context, bench: Bench, shape: Shape, budget: int | None) -> lis
         "\n"
         "def step_in_backward(p):\n"
         "    opt_of[p].step()\n"
-        "    opt_of[p].zero_grad(set_to_none=True)\n"
+        "    opt_of[p].zero_grad()  # frees p.grad\n"
         "\n"
         "for p in opt_of:\n"
         "    p.register_post_accumulate_grad_hook(step_in_backward)\n"
     )
-    drop = {i} | {j for j, _ in shape.optimizer_calls(ctx.ns, "zero_grad") if _ == name}
-    step = without(shape, drop)
+    step = without(shape, {(name, "step"), (name, "zero_grad")})
     code = "# once, before the steps:\n" + setup + f"# each step (no {name}.step() or {name}.zero_grad()):\n" + step
     trial = bench.run(code)
     return [(Finding(
