@@ -70,7 +70,8 @@ if TYPE_CHECKING:
 
 # ----------------------------------------------------------------------------------------------
 def diagnose(
-    recording: Recording | Any, namespace: Mapping[str, Any] | None = None, *, top: int = 8
+    recording: Recording | Any, namespace: Mapping[str, Any] | None = None, *, top: int = 8,
+    toolbox: bool | None = None,
 ) -> Diagnosis | SnapshotDiagnosis:
     """Say what held memory when a recorded block failed (or at its peak) and what to change.
 
@@ -79,6 +80,10 @@ def diagnose(
         namespace: variables to look through for lists of losses, optimizers and models (names
             are reported as written there). Default: the caller's globals and locals.
         top: how many modules and tensors to list.
+        toolbox: try the fixes for a step that does not fit (checkpointing, micro-batches, the
+            optimizer step in backward, ``set_to_none``, autocast), each run on copies of your
+            objects with the block's own code before it is shown. Default: when the block failed
+            (a budget or an out-of-memory error); ``True`` also at the peak of a step that fits.
 
     Returns:
         A :class:`Diagnosis`; ``print(d)`` shows the report. For a CUDA memory snapshot
@@ -110,7 +115,11 @@ def diagnose(
     if namespace is None:
         frame = sys._getframe(1)
         namespace = {**frame.f_globals, **frame.f_locals}
-    return _run(Context(rec, namespace, top))
+    if toolbox is not None and not isinstance(toolbox, bool):
+        raise GradscopeError(f"gradscope: diagnose(toolbox=...) takes True, False or None, not {toolbox!r}.")
+    ctx = Context(rec, namespace, top)
+    ctx.toolbox = toolbox
+    return _run(ctx)
 
 
 
@@ -246,10 +255,12 @@ def _toolbox(ctx: Context) -> list[Finding]:
                          "rewrite it were not tried.")
         return []
     budget = ctx.held.budget if ctx.moment == "failure" else None
-    fails = budget is not None and user.peak > budget
+    room = None if budget is None else budget + user.resident  # the device: the budget and what was there
+    fails = room is not None and user.peak > room
     if budget is not None and not fails:
-        ctx.notes.append(f"your step, run on copies of your objects, peaks at {format_bytes(user.peak)}, within the "
-                         f"budget of {format_bytes(budget)}: the failure depended on state the copies do not have.")
+        ctx.notes.append(f"your step, run twice on copies of your objects, peaks at {format_bytes(user.peak)} with "
+                         f"what it holds at its start, within the budget and those {format_bytes(user.resident)}: "
+                         "the failure depended on state the copies do not have.")
     out: list[Finding] = []
     for fix in TOOLBOX:
         for f, trial in fix.propose(ctx, bench, shape, budget):
@@ -261,7 +272,7 @@ def _toolbox(ctx: Context) -> list[Finding]:
                                  f"{trial.worst:.1e}, relative).")
                 continue
             saving = user.peak - int(trial.peak or 0)
-            fits = None if budget is None else int(trial.peak or 0) <= budget
+            fits = None if room is None else int(trial.peak or 0) <= room
             if saving <= 0 or (saving < MIN_SAVING * user.peak and not (fails and fits)):
                 ctx.notes.append(f"[{f.pattern}] tried on copies of your objects: the step's peak "
                                  f"{format_bytes(user.peak)} -> {format_bytes(trial.peak)}"
@@ -292,7 +303,8 @@ def _findings(self: Context, holders: list[GraphHolder]) -> list[Finding]:
         out += fix.propose(self, holders)
     out = [f for f in out if f.saves_bytes is None or f.saves_bytes >= self.worth()]
     out = [_checked(self, f) for f in out]
-    tools = _toolbox(self)
+    wanted = self.toolbox if self.toolbox is not None else self.moment == "failure"
+    tools = _toolbox(self) if wanted else []
     mine = {f.pattern for f in tools}
     out = [f for f in out if f.pattern not in mine] + tools
     out.sort(key=lambda f: (-(f.saves_bytes or 0), -f.bytes, f.pattern))

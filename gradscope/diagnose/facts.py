@@ -572,6 +572,7 @@ class Context:
     demand: int
     modules: list[tuple[str, nn.Module]]
     optimizers: list[tuple[str, torch.optim.Optimizer]]
+    toolbox: bool | None = None  # try the toolbox's fixes (None: at a failure)
     bench: Any = None  # the user's step to run fixes on (gradscope.diagnose.measure.Bench), made on first use
 
     def __init__(self, rec: Recording, namespace: Mapping[str, Any], top: int) -> None:

@@ -73,12 +73,15 @@ class Finding:
     variable: str | None = None
     module: str | None = None
     saves_bytes: int | None = None
-    peak_before: int | None = None  # the step's peak (allocated inside it), measured on copies
+    peak_before: int | None = None  # the most memory the step holds at once over two runs of it, on copies of
+    # the user's objects as the block started, counting what they hold when it starts (bytes)
     peak_after: int | None = None  # the same with the fix's code
     fits: bool | None = None  # under a budget: whether the step with the fix stays within it
     time_ratio: float | None = None  # the fix's wall time over the step's, on the copies
     tolerance: float | None = None  # results equal up to this relative difference (None: 1e-4)
     ran: bool = True  # False: ``code`` is a sketch in the user's names that gradscope could not run
+    setup: str = ""  # the part of ``code`` run once before the steps (``code`` = setup, then step)
+    step: str = ""  # the part of ``code`` that replaces the user's step (empty: all of ``code``)
 
 
 @dataclass(frozen=True)
@@ -175,7 +178,8 @@ class Diagnosis:
                 if f.saves_bytes is not None:
                     lines.append(f"     saves: {format_bytes(f.saves_bytes)} of the peak ({f.saves_bytes} bytes)")
                 if f.peak_before is not None and f.peak_after is not None:
-                    bits = [f"step peak {format_bytes(f.peak_before)} -> {format_bytes(f.peak_after)}"]
+                    bits = [f"peak {format_bytes(f.peak_before)} -> {format_bytes(f.peak_after)} (two runs of the "
+                            "step, with the tensors it holds at its start)"]
                     if f.fits is not None:
                         bits.append("fits the budget" if f.fits else "still does not fit the budget")
                     if f.time_ratio is not None:

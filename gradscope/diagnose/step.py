@@ -310,3 +310,10 @@ def inline(source: str, ns: Mapping[str, Any]) -> tuple[str, dict[str, Any]] | N
         ast.Module(body=stmts, type_ignores=[]))) + "\n"
     module_names = {k: v for k, v in fn.__globals__.items() if not k.startswith("__")}
     return text, module_names
+
+
+def compose(setup: str, step: str) -> str:
+    """The code a finding shows: the one-time setup first (when there is one), then the step."""
+    if not setup:
+        return step
+    return "# once, before the steps:\n" + setup + "# each step:\n" + step

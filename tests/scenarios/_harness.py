@@ -318,7 +318,9 @@ def diagnose_user(scenario: Scenario, *, budget: bool, modules: bool = True) -> 
     namespace = {**r.state, **r.locals, "fn": scenario.user, "state": r.state}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        d = gs.diagnose(r.recording, namespace=namespace)
+        # a scenario with a budget is a step that does not fit its device: at its peak too the user
+        # asks for the fixes that make it fit (the toolbox runs by itself only at a failure)
+        d = gs.diagnose(r.recording, namespace=namespace, toolbox=True if scenario.budget is not None else None)
     return d, r, [f"{w.category.__name__}: {w.message}" for w in caught]
 
 

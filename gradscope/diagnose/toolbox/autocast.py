@@ -25,5 +25,6 @@ def propose(ctx: Context, bench: Bench, shape: Shape, budget: int | None) -> lis
         suggestion=(f"run the forward under torch.autocast with bfloat16: results differ by rounding, at most "
                     f"{trial.worst:.1e} relative here (measured)"),
         code=code,
+        step=code,
         tolerance=trial.worst if trial.error is None else None,
     ), trial)]

@@ -12,7 +12,7 @@ from gradscope._names import code_path
 from gradscope.diagnose.facts import Context
 from gradscope.diagnose.measure import Bench
 from gradscope.diagnose.report import Finding
-from gradscope.diagnose.step import Shape
+from gradscope.diagnose.step import Shape, compose
 from gradscope.diagnose.toolbox._common import has_batch_norm, models, repeated_blocks
 from gradscope.recording import format_bytes
 
@@ -61,7 +61,7 @@ def propose(ctx: Context, bench: Bench, shape: Shape, budget: int | None) -> lis
         message = f"the activations of {name}'s blocks are alive together until backward reaches them"
         if hf:
             setup = f'{name}.gradient_checkpointing_enable(gradient_checkpointing_kwargs={{"use_reentrant": False}})\n'
-            trial = bench.run(setup + bench.source)
+            trial = bench.run(bench.source, setup=setup)
             what = "every block of the model (transformers' own switch)"
         elif found is not None:
             path, start, stop = found
@@ -70,11 +70,11 @@ def propose(ctx: Context, bench: Bench, shape: Shape, budget: int | None) -> lis
             trial, k = None, stop
             if budget is not None:  # the fewest blocks (from the first) that make the step fit
                 for k in range(start + 1, stop + 1):
-                    trial = bench.run(_generic(name, path, start, k, size, bn) + bench.source)
+                    trial = bench.run(bench.source, setup=_generic(name, path, start, k, size, bn))
                     if trial.error is not None or (trial.peak is not None and trial.peak <= budget):
                         break
             if trial is None:
-                trial = bench.run(_generic(name, path, start, stop, size, bn) + bench.source)
+                trial = bench.run(bench.source, setup=_generic(name, path, start, stop, size, bn))
             setup = _generic(name, path, start, k, size, bn)
             where = f"{name}.{path}" if path else name
             what = f"{k - start} of the {stop - start} blocks of {where}" + (
@@ -90,6 +90,8 @@ def propose(ctx: Context, bench: Bench, shape: Shape, budget: int | None) -> lis
             message=message + (f" ({format_bytes(user.peak)} at the step's peak)" if user.peak else ""),
             suggestion=(f"checkpoint {what}: their activations are recomputed in backward, one block at a time "
                         "(non-reentrant; the same results)"),
-            code=setup + bench.source,
+            code=compose(setup, bench.source),
+            setup=setup,
+            step=bench.source,
         ), trial))
     return out

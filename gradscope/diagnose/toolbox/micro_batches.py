@@ -42,4 +42,5 @@ def propose(ctx: Context, bench: Bench, shape: Shape, budget: int | None) -> lis
         suggestion=(f"run forward and backward in micro-batches of {m}, each loss scaled by its share of the "
                     "batch: the same gradients, one micro-batch's activations alive at a time"),
         code=code,
+        step=code,
     ), trial)]

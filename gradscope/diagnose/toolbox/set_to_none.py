@@ -20,4 +20,5 @@ def propose(ctx: Context, bench: Bench, shape: Shape, budget: int | None) -> lis
         message="zero_grad(set_to_none=False) keeps every gradient allocated, filled with zeros",
         suggestion="zero_grad(set_to_none=True): gradients freed until backward makes them again",
         code=code,
+        step=code,
     ), bench.run(code))]

@@ -13,7 +13,7 @@ import torch
 from gradscope.diagnose.facts import Context
 from gradscope.diagnose.measure import Bench
 from gradscope.diagnose.report import Finding
-from gradscope.diagnose.step import Shape, without
+from gradscope.diagnose.step import Shape, compose, without
 
 
 def _arguments(opt: torch.optim.Optimizer) -> list[str]:
@@ -69,8 +69,8 @@ def propose(ctx: Context, bench: Bench, shape: Shape, budget: int | None) -> lis
         "    p.register_post_accumulate_grad_hook(step_in_backward)\n"
     )
     step = without(shape, {(name, "step"), (name, "zero_grad")})
-    code = "# once, before the steps:\n" + setup + f"# each step (no {name}.step() or {name}.zero_grad()):\n" + step
-    trial = bench.run(code)
+    code = compose(setup, step)
+    trial = bench.run(step, setup=setup)
     return [(Finding(
         pattern="optimizer_state",
         bytes=0,
@@ -78,6 +78,9 @@ def propose(ctx: Context, bench: Bench, shape: Shape, budget: int | None) -> lis
         message=f"every gradient is alive next to {cls.__name__}'s state until {name}.step()",
         suggestion=("step each parameter in backward as soon as its gradient is complete, and free that "
                     "gradient then (one optimizer per parameter, a post-accumulate-grad hook): the same "
-                    "updates, one gradient alive at a time"),
+                    f"updates, one gradient alive at a time; the step no longer calls {name}.step() or "
+                    f"{name}.zero_grad()"),
         code=code,
+        setup=setup,
+        step=step,
     ), trial)]
