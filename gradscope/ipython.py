@@ -181,6 +181,7 @@ class GradscopeMagics(Magics):
             )
         except GradscopeError as e:
             raise UsageError(str(e)) from None
+        rec.given_step = _cell_step(shell, cell)  # the diagnosis runs its fixes on the cell's own code
         st.cell_budget = None if budget is None or args.cell_only else (budget, resident)
         st.recording_name = args.output or RECORDING_NAME
         shown = st.last
@@ -539,6 +540,16 @@ def _oom_off(shell: Any, st: _State) -> None:
     st.oom = False
 
 
+def _cell_step(shell: Any, cell: str) -> dict[str, Any] | None:
+    """A cell's code as the recording's step (``extra["step"]``, see ``gradscope._source``): IPython's
+    own syntax (magics, ``!cmd``) turned into Python, as the cell runs."""
+    try:
+        source = shell.transform_cell(cell)
+    except Exception:
+        return None
+    return {"source": source, "file": "<cell>", "line": 1}
+
+
 def _make_pre(shell: Any) -> Any:
     def pre_run_cell(info: Any) -> None:
         st = _STATES.get(shell)
@@ -563,6 +574,7 @@ def _make_pre(shell: Any) -> Any:
                 modules=_namespace_modules(shell.user_ns) or None,
                 history=st.oom_memory == "cuda",
             )
+            rec.given_step = _cell_step(shell, raw)
             rec.__enter__()
         except (GradscopeError, UsageError) as e:
             print(f"gradscope: could not watch this cell for OOM ({e})", file=sys.stderr)

@@ -276,6 +276,9 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         self._analysis: tuple[bool, str | None] | None = None  # (complete, error) until analysed
         self._analysis_lock = threading.Lock()  # two threads' first looks analyse once
         self._entered = False
+        # the block's code for the diagnosis (see gradscope._source); the notebook magic gives its cell
+        self.given_step: dict[str, Any] | None = None
+        self._step_at: tuple[str, int] | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def __enter__(self) -> record:
@@ -327,8 +330,8 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         error = None
         if exc_type is not None:
             error = f"{exc_type.__name__}: {exc}"
-        trace.step = getattr(self, "given_step", None)  # a notebook cell's source (gradscope.ipython)
-        if trace.step is None and getattr(self, "_step_at", None) is not None:
+        trace.step = self.given_step
+        if trace.step is None and self._step_at is not None:
             try:
                 trace.step = block_source(*self._step_at)
             except Exception:  # the step's source is for the diagnosis; never fail the block for it

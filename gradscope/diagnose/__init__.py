@@ -184,6 +184,9 @@ def _run(self: Context) -> Diagnosis:
         findings=tuple(findings),
         notes=tuple(self.notes),
         budget_resident=self.held.budget_resident,
+        step_peak=self.measured[0] if self.measured else None,
+        step_resident=self.measured[1] if self.measured else 0,
+        room=self.measured[2] if self.measured else None,
     )
 
 
@@ -256,6 +259,7 @@ def _toolbox(ctx: Context) -> list[Finding]:
         return []
     budget = ctx.held.budget if ctx.moment == "failure" else None
     room = None if budget is None else budget + user.resident  # the device: the budget and what was there
+    ctx.measured = (user.peak, user.resident, room)
     fails = room is not None and user.peak > room
     if budget is not None and not fails:
         ctx.notes.append(f"your step, run twice on copies of your objects, peaks at {format_bytes(user.peak)} with "
@@ -281,7 +285,8 @@ def _toolbox(ctx: Context) -> list[Finding]:
             if f.pattern == "autocast" and not fails:
                 continue  # a change of precision is advice for a step that does not fit
             ratio = None if not user.seconds or trial.seconds is None else trial.seconds / user.seconds
-            note = f" ({', '.join(trial.differs)} then hold{'s' if len(trial.differs) == 1 else ''} other values)" if trial.differs else ""
+            note = (f"; afterwards {', '.join(trial.differs)} hold{'s' if len(trial.differs) == 1 else ''} other "
+                    "values than after your step") if trial.differs else ""
             if trial.freed:
                 note += f"; after the step {trial.freed} gradients are None (applied and freed) where yours kept them"
             out.append(dataclasses.replace(

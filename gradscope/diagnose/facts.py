@@ -573,6 +573,7 @@ class Context:
     modules: list[tuple[str, nn.Module]]
     optimizers: list[tuple[str, torch.optim.Optimizer]]
     toolbox: bool | None = None  # try the toolbox's fixes (None: at a failure)
+    measured: tuple[int, int, int | None] | None = None  # the user's step on copies: peak, resident, room
     bench: Any = None  # the user's step to run fixes on (gradscope.diagnose.measure.Bench), made on first use
 
     def __init__(self, rec: Recording, namespace: Mapping[str, Any], top: int) -> None:

@@ -14,7 +14,6 @@ from gradscope.diagnose.measure import Bench
 from gradscope.diagnose.report import Finding
 from gradscope.diagnose.step import Shape, compose
 from gradscope.diagnose.toolbox._common import has_batch_norm, models, repeated_blocks
-from gradscope.recording import format_bytes
 
 _KEEP_BN = (
     "class KeepBatchNormStats:  # the recompute must not move the running statistics a second time\n"
@@ -87,7 +86,7 @@ def propose(ctx: Context, bench: Bench, shape: Shape, budget: int | None) -> lis
         out.append((Finding(
             pattern="deep_activations",
             bytes=0 if saved is None else max(saved, 0),
-            message=message + (f" ({format_bytes(user.peak)} at the step's peak)" if user.peak else ""),
+            message=message,
             suggestion=(f"checkpoint {what}: their activations are recomputed in backward, one block at a time "
                         "(non-reentrant; the same results)"),
             code=compose(setup, bench.source),
