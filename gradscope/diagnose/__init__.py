@@ -230,17 +230,61 @@ def _first_tensors(v: Any) -> Sequence[torch.Tensor]:
     return []
 
 
-def _checked(ctx: Context, f: Finding) -> Finding:
-    """A pattern's code runs, verbatim, on copies of the user's objects where it can (see NOTE
-    [ nothing shown that was not run ] in gradscope.diagnose.measure); where it cannot (it names
-    parts of the user's code it replaces), it is marked as a sketch that was not run."""
+def _checked(ctx: Context, fix: Any, f: Finding) -> Finding | None:
+    """A pattern's fix, run: where the fix module can rewrite the user's step (``rewrite``), the
+    rewritten step runs on copies like the toolbox's fixes (see NOTE [ nothing shown that was not
+    run ] in gradscope.diagnose.measure) and replaces the pattern's code, with the measured saving;
+    a rewrite that fails or changes a result leaves the finding without code (a note says why).
+    Where no rewrite applies, the pattern's code is marked as a sketch (``ran=False``) and its
+    saving as estimated from the recording's timeline."""
     if not f.code:
         return f
     bench = _bench(ctx)
-    trial = None if bench is None else bench.execute(f.code)
-    if trial is not None and trial.error is None:
-        return f
-    return dataclasses.replace(f, ran=False)
+    rewrite = getattr(fix, "rewrite", None)
+    user = None if bench is None or rewrite is None else bench.user()
+    if bench is None or rewrite is None or user is None or user.error is not None or user.peak is None:
+        return dataclasses.replace(f, ran=False)
+    codes = rewrite(ctx, f, bench.source)
+    codes = [c for c in ([codes] if isinstance(codes, str) or codes is None else codes) if c]
+    if not codes:
+        return dataclasses.replace(f, ran=False)
+    for code in codes:  # the first rewriting that runs and keeps the results
+        trial = bench.run(code)
+        if trial.error is None and trial.same is not False:
+            break
+    if trial.error is not None or trial.same is False:
+        why = (f"it failed on copies of your objects ({trial.error})" if trial.error is not None
+               else f"it changes a result ({trial.worst_at} differs by {trial.worst:.1e}, relative)")
+        ctx.notes.append(f"[{f.pattern}] its rewriting of your step is not shown: {why}.")
+        return dataclasses.replace(f, code="", saves_bytes=None)
+    saving = user.peak - int(trial.peak or 0)
+    if saving <= 0:
+        ctx.notes.append(f"[{f.pattern}] tried on copies of your objects: the step's peak {format_bytes(user.peak)} -> "
+                         f"{format_bytes(trial.peak)}; not worth it.")
+        return None
+    budget = ctx.held.budget if ctx.moment == "failure" else None
+    room = None if budget is None else budget + user.resident
+    ratio = None if not user.seconds or trial.seconds is None else trial.seconds / user.seconds
+    differs = (f"; afterwards {', '.join(trial.differs)} hold{'s' if len(trial.differs) == 1 else ''} other values "
+               "than after your step") if trial.differs else ""
+    if _raises_later(ctx, f, user, trial):
+        return dataclasses.replace(f, code="", saves_bytes=None)
+    ctx.measured = (user.peak, user.resident, room)
+    fits = None if room is None else int(trial.peak or 0) <= room
+    return dataclasses.replace(f, code=code, step=code, saves_bytes=saving, peak_before=user.peak,
+                               peak_after=trial.peak, fits=fits,
+                               time_ratio=ratio, message=f.message + differs)
+
+
+def _raises_later(ctx: Context, f: Finding, user: Any, trial: Any) -> bool:
+    """Whether a fix raises the peak of the step's next run (see NOTE [ two runs of a step ]);
+    a note says so."""
+    if trial.later is None or user.later is None or trial.later <= user.later:
+        return False
+    ctx.notes.append(f"[{f.pattern}] not shown: on copies of your objects, the step's peak {format_bytes(user.peak)} -> "
+                     f"{format_bytes(trial.peak)}, and run again with what it left {format_bytes(user.later)} -> "
+                     f"{format_bytes(trial.later)}.")
+    return True
 
 
 def _toolbox(ctx: Context) -> list[Finding]:
@@ -277,6 +321,8 @@ def _toolbox(ctx: Context) -> list[Finding]:
                 continue
             saving = user.peak - int(trial.peak or 0)
             fits = None if room is None else int(trial.peak or 0) <= room
+            if _raises_later(ctx, f, user, trial):
+                continue
             if saving <= 0 or (saving < MIN_SAVING * user.peak and not (fails and fits)):
                 ctx.notes.append(f"[{f.pattern}] tried on copies of your objects: the step's peak "
                                  f"{format_bytes(user.peak)} -> {format_bytes(trial.peak)}"
@@ -302,12 +348,10 @@ def _findings(self: Context, holders: list[GraphHolder]) -> list[Finding]:
     self.demand = self.demand_bytes()
     cut = inplace_cut.propose(self, holders)
     if cut:
-        return cut  # the block raised for a reason no memory advice addresses
-    out: list[Finding] = []
-    for fix in REGISTRY:
-        out += fix.propose(self, holders)
-    out = [f for f in out if f.saves_bytes is None or f.saves_bytes >= self.worth()]
-    out = [_checked(self, f) for f in out]
+        return [dataclasses.replace(f, ran=False) for f in cut]  # the block raised for a reason no memory advice addresses
+    found = [(fix, f) for fix in REGISTRY for f in fix.propose(self, holders)]
+    found = [(fix, f) for fix, f in found if f.saves_bytes is None or f.saves_bytes >= self.worth()]
+    out = [c for c in (_checked(self, fix, f) for fix, f in found) if c is not None]
     wanted = self.toolbox if self.toolbox is not None else self.moment == "failure"
     tools = _toolbox(self) if wanted else []
     mine = {f.pattern for f in tools}

@@ -175,7 +175,7 @@ class Diagnosis:
                 )
         if self.step_peak is not None:
             lines.append(
-                f"your step, run twice on copies of your objects: at most {format_bytes(self.step_peak)} held at once "
+                f"your step, run on copies of your objects as the block started: at most {format_bytes(self.step_peak)} held at once "
                 f"({format_bytes(self.step_resident)} of it held before it started)"
                 + ("" if self.room is None else f"; the budget allows {format_bytes(self.room)} with those")
             )
@@ -185,7 +185,8 @@ class Diagnosis:
                 lines.append(f"  {i}. [{f.pattern}] {f.message}")
                 lines.append(f"     suggestion: {f.suggestion}")
                 if f.saves_bytes is not None:
-                    lines.append(f"     saves: {format_bytes(f.saves_bytes)} of the peak ({f.saves_bytes} bytes)")
+                    how = "" if f.ran else ", estimated from the recording's timeline"
+                    lines.append(f"     saves: {format_bytes(f.saves_bytes)} of the peak ({f.saves_bytes} bytes{how})")
                 if f.peak_before is not None and f.peak_after is not None:
                     bits = [f"peak {format_bytes(f.peak_before)} -> {format_bytes(f.peak_after)}"]
                     if f.fits is not None:

@@ -317,3 +317,97 @@ def compose(setup: str, step: str) -> str:
     if not setup:
         return step
     return "# once, before the steps:\n" + setup + "# each step:\n" + step
+
+
+# ----- rewritings for the patterns found in the recording's graph --------------------------------
+def _calls_name(node: ast.AST, name: str) -> bool:
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == name for n in ast.walk(node))
+
+
+def _stores(st: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(st) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+
+
+def _walk_bodies(tree: ast.AST) -> list[list[ast.stmt]]:
+    out = []
+    for node in ast.walk(tree):
+        for field in ("body", "orelse", "finalbody"):
+            stmts = getattr(node, field, None)
+            if isinstance(stmts, list) and stmts and all(isinstance(s, ast.stmt) for s in stmts):
+                out.append(stmts)
+    return out
+
+
+def _no_grad(stmts: list[ast.stmt]) -> ast.With:
+    return ast.With(items=[ast.withitem(ast.Call(
+        ast.Attribute(ast.Name("torch", ast.Load()), "no_grad", ast.Load()), [], []))], body=stmts)
+
+
+def _feeds_backward(body: list[ast.stmt], i: int) -> bool:
+    """Whether what statement ``i`` assigns reaches a backward call later in the same list (or in it)."""
+    tainted = _stores(body[i])
+    for st in body[i:]:
+        if any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in ("backward", "grad")
+               for n in ast.walk(st)) and _names(st) & tainted:
+            return True
+        if _names(st) & tainted:
+            tainted |= _stores(st)
+    return False
+
+
+def under_no_grad(source: str, model: str, *, only_dead: bool) -> str | None:
+    """Statements that call ``model(...)`` wrapped in ``torch.no_grad()``; with ``only_dead`` only
+    those whose results reach no backward call. None when no statement changes."""
+    tree = ast.parse(source)
+    hit = False
+    for body in _walk_bodies(tree):
+        for i, st in enumerate(body):
+            if isinstance(st, ast.With | ast.For | ast.While | ast.If | ast.Try | ast.FunctionDef):
+                continue  # their own bodies are visited
+            if _calls_name(st, model) and not (only_dead and _feeds_backward(body, i)):
+                body[i] = _no_grad([st])
+                hit = True
+    return ast.unparse(ast.fix_missing_locations(tree)) + "\n" if hit else None
+
+
+def detached_calls(source: str, model: str) -> str | None:
+    """Every ``model(...)`` call made ``model(...).detach()``; None if there is none."""
+
+    class _Detach(ast.NodeTransformer):
+        hit = False
+
+        def visit_Call(self, node: ast.Call) -> ast.AST:
+            self.generic_visit(node)
+            if isinstance(node.func, ast.Name) and node.func.id == model:
+                _Detach.hit = True
+                return ast.Call(ast.Attribute(node, "detach", ast.Load()), [], [])
+            return node
+
+    tree = _Detach().visit(ast.parse(source))
+    return ast.unparse(ast.fix_missing_locations(tree)) + "\n" if _Detach.hit else None
+
+
+def numbers_appended(source: str, var: str) -> str | None:
+    """Every ``var.append(E)`` made ``var.append(E.item())``; None if there is none."""
+    tree = ast.parse(source)
+    hit = False
+    for n in ast.walk(tree):
+        if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "append"
+                and isinstance(n.func.value, ast.Name) and n.func.value.id == var and len(n.args) == 1):
+            n.args = [ast.Call(ast.Attribute(n.args[0], "item", ast.Load()), [], [])]
+            hit = True
+    return ast.unparse(ast.fix_missing_locations(tree)) + "\n" if hit else None
+
+
+def without_retain_graph(source: str) -> str | None:
+    """Every ``retain_graph=True`` dropped from backward and grad calls; None if there is none."""
+    tree = ast.parse(source)
+    hit = False
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Call):
+            kept = [k for k in n.keywords if not (k.arg == "retain_graph" and isinstance(k.value, ast.Constant)
+                                                   and k.value.value is True)]
+            if len(kept) != len(n.keywords):
+                n.keywords = kept
+                hit = True
+    return ast.unparse(ast.fix_missing_locations(tree)) + "\n" if hit else None

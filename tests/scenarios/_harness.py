@@ -22,6 +22,7 @@ a notebook's namespace holds both.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import fnmatch
 import linecache
@@ -102,6 +103,8 @@ class Advice:
         if self.target is None:
             return True
         names = (self.target,) if isinstance(self.target, str) else self.target
+        if self.kind in ("no_grad", "freeze", "no_grad_or_freeze"):
+            return any(_frozen_in(code, n, self.kind) for n in names)
         return any(re.search(rf"(?<![\w.]){re.escape(n)}\b", code) for n in names)
 
     def __str__(self) -> str:
@@ -109,6 +112,21 @@ class Advice:
             return self.kind
         names = (self.target,) if isinstance(self.target, str) else self.target
         return f"{self.kind}({' or '.join(names)})"
+
+
+def _frozen_in(code: str, name: str, kind: str) -> bool:
+    """Whether ``code`` runs ``name`` under ``torch.no_grad()`` or turns its requires_grad off (a
+    finding's code is a whole step: other models may run under no_grad in it)."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:  # a one-line sketch with a comment: read it as text
+        return bool(re.search(rf"(?<![\w.]){re.escape(name)}\b", code))
+    calls = lambda node: any(  # noqa: E731
+        isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == name for n in ast.walk(node))
+    no_grad = any(isinstance(w, ast.With) and "no_grad" in ast.unparse(w.items[0].context_expr)
+                  and any(calls(st) for st in w.body) for w in ast.walk(tree))
+    freeze = re.search(rf"(?<![\w.]){re.escape(name)}\.requires_grad_\(False\)", code) is not None
+    return {"no_grad": no_grad, "freeze": freeze, "no_grad_or_freeze": no_grad or freeze}[kind]
 
 
 def advice_in(diagnosis: Any, advice: Advice) -> list[Any]:

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from gradscope.diagnose.facts import Context, replay, top_of
 from gradscope.diagnose.report import Finding, GraphHolder
+from gradscope.diagnose.step import detached_calls
 from gradscope.recording import Category
 
 
@@ -50,3 +51,9 @@ def propose(ctx: Context, holders: list[GraphHolder]) -> list[Finding]:
             )
         )
     return out
+
+
+def rewrite(ctx: Context, f: Finding, source: str) -> str | None:
+    """The step with the model whose gradients are discarded called as ``model(...).detach()``."""
+    name = f.module or f.variable
+    return detached_calls(source, name) if name else None

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from gradscope.diagnose.facts import Context, replay
 from gradscope.diagnose.report import Finding, GraphHolder
+from gradscope.diagnose.step import under_no_grad
 from gradscope.recording import Category, format_bytes
 
 
@@ -43,3 +44,8 @@ def propose(ctx: Context, holders: list[GraphHolder]) -> list[Finding]:
             )
         )
     return out
+
+
+def rewrite(ctx: Context, f: Finding, source: str) -> str | None:
+    """The step with every call of the model that nothing trains under no_grad."""
+    return under_no_grad(source, f.variable, only_dead=False) if f.variable else None

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from gradscope.diagnose.facts import Context, replay
 from gradscope.diagnose.report import Finding, GraphHolder
+from gradscope.diagnose.step import numbers_appended, under_no_grad
 from gradscope.recording import format_bytes
 
 
@@ -47,3 +48,11 @@ def propose(ctx: Context, holders: list[GraphHolder]) -> list[Finding]:
         )
         break
     return out
+
+
+def rewrite(ctx: Context, f: Finding, source: str) -> list[str | None]:
+    """The step appending numbers (``loss.item()``) to the list that kept graphs; else (the step
+    uses them as tensors) the forwards whose results reach no backward under no_grad."""
+    root = f.module or ctx.g.main_root(order=0)
+    return [numbers_appended(source, f.variable) if f.variable else None,
+            under_no_grad(source, ctx.model_name(root), only_dead=True) if root else None]

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from gradscope.diagnose.facts import Context, replay
 from gradscope.diagnose.report import Finding, GraphHolder
+from gradscope.diagnose.step import under_no_grad
 from gradscope.recording import format_bytes
 
 
@@ -57,3 +58,8 @@ def propose(ctx: Context, holders: list[GraphHolder]) -> list[Finding]:
             saves_bytes=ctx.saving(fix_peak),
         )
     ]
+
+
+def rewrite(ctx: Context, f: Finding, source: str) -> str | None:
+    """The step with the forwards of the model whose results reach no backward under no_grad."""
+    return under_no_grad(source, ctx.model_name(f.module), only_dead=True) if f.module else None

@@ -4,6 +4,7 @@ import torch
 
 from gradscope.diagnose.facts import Context, replay
 from gradscope.diagnose.report import Finding, GraphHolder
+from gradscope.diagnose.step import without_retain_graph
 from gradscope.recording import Category
 
 
@@ -49,3 +50,8 @@ def propose(ctx: Context, holders: list[GraphHolder]) -> list[Finding]:
             saves_bytes=ctx.saving(fix_peak),
         )
     ]
+
+
+def rewrite(ctx: Context, f: Finding, source: str) -> str | None:
+    """The step without ``retain_graph=True``."""
+    return without_retain_graph(source)
