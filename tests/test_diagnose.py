@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+
 import pytest
 import torch
 from torch import nn

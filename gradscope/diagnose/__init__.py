@@ -60,7 +60,7 @@ from gradscope.diagnose.report import Diagnosis, Finding, GraphHolder, HeldTenso
 from gradscope.diagnose.step import inline, shape_of
 from gradscope.diagnose.toolbox import TOOLBOX
 from gradscope.errors import GradscopeError
-from gradscope.recording import Category, Recording, format_bytes
+from gradscope.recording import Recording, format_bytes
 
 __all__ = ["Diagnosis", "Finding", "GraphHolder", "HeldTensor", "diagnose"]
 
@@ -216,9 +216,13 @@ def _bench(ctx: Context) -> Bench | None:
         if inlined is not None:  # a step that calls the user's own function: its body is the step
             source, names = inlined
             ns = names | ns
-        made = {a.category for a in ctx.rec.allocations}
+        # optimizer state and gradients that the block made (their storages are among its
+        # allocations still alive at its end): the copies drop them (see NOTE [ copies start as
+        # the block started ] in gradscope.diagnose.measure)
+        made = {a.key for a in ctx.rec.allocations if a.free_at is None}
         ctx.bench = Bench(source, ns, device="cuda" if "cuda" in devices else "cpu",
-                          fresh_optimizers=Category.OPTIMIZER in made, fresh_gradients=Category.GRADIENT in made)
+                          fresh_optimizers=any(k in made for k in ctx.resident["optimizer state"]),
+                          fresh_gradients=any(k in made for k in ctx.resident["gradients"]))
     return ctx.bench
 
 
@@ -311,7 +315,7 @@ def _toolbox(ctx: Context) -> list[Finding]:
                          "the failure depended on state the copies do not have.")
     out: list[Finding] = []
     for fix in TOOLBOX:
-        for f, trial in fix.propose(ctx, bench, shape, budget):
+        for f, trial in fix.propose(ctx, bench, shape, room):
             if trial.error is not None:
                 ctx.notes.append(f"[{f.pattern}] not shown: its code failed on copies of your objects ({trial.error}).")
                 continue

@@ -13,7 +13,7 @@ from gradscope.diagnose.step import Shape, autocast
 ACCEPTED = 0.05  # largest relative difference of a result shown as acceptable for bfloat16
 
 
-def propose(ctx: Context, bench: Bench, shape: Shape, budget: int | None) -> list[tuple[Finding, Any]]:
+def propose(ctx: Context, bench: Bench, shape: Shape, room: int | None) -> list[tuple[Finding, Any]]:
     if shape.backward is None or "autocast" in bench.source:
         return []
     code = autocast(shape, bench.device, "bfloat16")

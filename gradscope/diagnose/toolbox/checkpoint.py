@@ -8,12 +8,15 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+from torch import nn
+
 from gradscope._names import code_path
 from gradscope.diagnose.facts import Context
 from gradscope.diagnose.measure import Bench
 from gradscope.diagnose.report import Finding
 from gradscope.diagnose.step import Shape, compose
-from gradscope.diagnose.toolbox._common import has_batch_norm, models, repeated_blocks
+from gradscope.diagnose.toolbox._common import has_batch_norm, models
+from gradscope.recording import Category
 
 _KEEP_BN = (
     "class KeepBatchNormStats:  # the recompute must not move the running statistics a second time\n"
@@ -27,14 +30,13 @@ _KEEP_BN = (
 )
 
 
-def _generic(name: str, path: str, start: int, stop: int, n: int, bn: bool) -> str:
-    whole = f"{name}.{code_path(path)}" if path else name
-    blocks = whole if (start, stop) == (0, n) else f"{whole}[{start or ''}:{stop if stop < n else ''}]"
+def _generic(name: str, paths: list[str], bn: bool) -> str:
+    blocks = ", ".join(code_path(f"{name}.{p}") for p in paths)
     lines = ["from torch.utils.checkpoint import checkpoint"]
     if bn:
         lines.insert(0, "import contextlib")
         lines.append(_KEEP_BN.rstrip("\n"))
-    lines.append(f"for block in {blocks}:")
+    lines.append(f"for block in [{blocks}]:")
     if bn:
         lines.append("    block.forward = lambda *args, f=block.forward, b=block, **kwargs: checkpoint(f, *args, "
                      "use_reentrant=False, context_fn=lambda: (contextlib.nullcontext(), KeepBatchNormStats(b)), **kwargs)")
@@ -44,14 +46,48 @@ def _generic(name: str, path: str, start: int, stop: int, n: int, bn: bool) -> s
     return "\n".join(lines) + "\n"
 
 
-def propose(ctx: Context, bench: Bench, shape: Shape, budget: int | None) -> list[tuple[Finding, Any]]:
+_MOST = 12  # segments tried at most
+
+
+def segments(ctx: Context, name: str, model: nn.Module) -> list[str]:
+    """Submodules of ``model`` to checkpoint, most saved activations first (from the recording),
+    none inside another, none holding more than half of them (a segment's recompute has its own
+    activations alive at once), each holding at least 3 %."""
+    saved: dict[str, int] = {}
+    prefix = name + "."
+    for a in ctx.rec.allocations:
+        if a.category is not Category.ACTIVATION or not a.module or not a.module.startswith(prefix):
+            continue
+        parts = a.module[len(prefix):].split(".")
+        for i in range(1, len(parts) + 1):
+            key = ".".join(parts[:i])
+            saved[key] = saved.get(key, 0) + a.bytes
+    total = sum(b for k, b in saved.items() if "." not in k)
+    if total <= 0:
+        return []
+    picked: list[str] = []
+    for path, b in sorted(saved.items(), key=lambda kv: (-kv[1], kv[0].count("."), kv[0])):
+        if b > total / 2 or b < 0.03 * total or len(picked) >= _MOST:
+            continue
+        try:
+            m = model.get_submodule(path)
+        except AttributeError:
+            continue
+        if isinstance(m, nn.ModuleList | nn.ModuleDict) or not any(True for _ in m.parameters()):
+            continue
+        if any(path.startswith(p + ".") or p.startswith(path + ".") for p in picked):
+            continue
+        picked.append(path)
+    return picked
+
+
+def propose(ctx: Context, bench: Bench, shape: Shape, room: int | None) -> list[tuple[Finding, Any]]:
     if shape.backward is None:
         return []
     out: list[tuple[Finding, Any]] = []
     for name, model in models(ctx, bench.source)[:1]:
         if not model.training:
             continue
-        found = repeated_blocks(model)
         hf = bool(getattr(model, "supports_gradient_checkpointing", False)) and hasattr(model, "gradient_checkpointing_enable")
         with warnings.catch_warnings():  # transformers renames the property (a FutureWarning)
             warnings.simplefilter("ignore")
@@ -62,24 +98,22 @@ def propose(ctx: Context, bench: Bench, shape: Shape, budget: int | None) -> lis
             setup = f'{name}.gradient_checkpointing_enable(gradient_checkpointing_kwargs={{"use_reentrant": False}})\n'
             trial = bench.run(bench.source, setup=setup)
             what = "every block of the model (transformers' own switch)"
-        elif found is not None:
-            path, start, stop = found
-            size = len(model.get_submodule(path)) if path else len(model)  # type: ignore[arg-type]
+        else:
+            plan = segments(ctx, name, model)
+            if not plan:
+                continue
             bn = has_batch_norm(model)
-            trial, k = None, stop
-            if budget is not None:  # the fewest blocks (from the first) that make the step fit
-                for k in range(start + 1, stop + 1):
-                    trial = bench.run(bench.source, setup=_generic(name, path, start, k, size, bn))
-                    if trial.error is not None or (trial.peak is not None and trial.peak <= budget):
+            trial, k = None, len(plan)
+            if room is not None:  # the fewest segments, most saved activations first, that make the step fit
+                for k in range(1, len(plan) + 1):
+                    trial = bench.run(bench.source, setup=_generic(name, plan[:k], bn))
+                    if trial.error is not None or (trial.peak is not None and trial.peak <= room):
                         break
             if trial is None:
-                trial = bench.run(bench.source, setup=_generic(name, path, start, stop, size, bn))
-            setup = _generic(name, path, start, k, size, bn)
-            where = f"{name}.{path}" if path else name
-            what = f"{k - start} of the {stop - start} blocks of {where}" + (
-                " (batch-norm running statistics put back after the recompute)" if bn else "")
-        else:
-            continue
+                trial = bench.run(bench.source, setup=_generic(name, plan, bn))
+            setup = _generic(name, plan[:k], bn)
+            what = (f"{k} submodule{'s' if k != 1 else ''} of {name} (those that save the most activations)"
+                    + (" with batch-norm running statistics put back after the recompute" if bn else ""))
         assert trial is not None
         user = bench.user()
         saved = None if user.peak is None or trial.peak is None else user.peak - trial.peak

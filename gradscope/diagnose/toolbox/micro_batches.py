@@ -13,13 +13,13 @@ from gradscope.diagnose.report import Finding
 from gradscope.diagnose.step import Shape, batch_inputs, micro_batched
 
 
-def propose(ctx: Context, bench: Bench, shape: Shape, budget: int | None) -> list[tuple[Finding, Any]]:
+def propose(ctx: Context, bench: Bench, shape: Shape, room: int | None) -> list[tuple[Finding, Any]]:
     found = batch_inputs(shape, ctx.ns)
     if found is None or shape.loss is None:
         return []
     tensors, dicts, n = found
     sizes = [m for m in range(n - 1, 0, -1) if n % m == 0]
-    if budget is None:
+    if room is None:
         sizes = [m for m in sizes if m <= max(n // 4, 1)][:1]
     best = None
     for m in sizes:
@@ -29,7 +29,7 @@ def propose(ctx: Context, bench: Bench, shape: Shape, budget: int | None) -> lis
             best = best or (m, code, trial)
             break  # another size gives the same answer
         best = (m, code, trial)
-        if budget is None or (trial.peak is not None and trial.peak <= budget):
+        if room is None or (trial.peak is not None and trial.peak <= room):
             break
     if best is None:
         return []

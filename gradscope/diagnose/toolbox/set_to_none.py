@@ -10,7 +10,7 @@ from gradscope.diagnose.report import Finding
 from gradscope.diagnose.step import Shape, replaced_zero_grad
 
 
-def propose(ctx: Context, bench: Bench, shape: Shape, budget: int | None) -> list[tuple[Finding, Any]]:
+def propose(ctx: Context, bench: Bench, shape: Shape, room: int | None) -> list[tuple[Finding, Any]]:
     code = replaced_zero_grad(shape, ctx.ns)
     if code is None:
         return []

@@ -37,7 +37,7 @@ def _same(a: object, b: object) -> bool:
         return False
 
 
-def propose(ctx: Context, bench: Bench, shape: Shape, budget: int | None) -> list[tuple[Finding, Any]]:
+def propose(ctx: Context, bench: Bench, shape: Shape, room: int | None) -> list[tuple[Finding, Any]]:
     if shape.backward is None:
         return []
     steps = shape.optimizer_calls(ctx.ns, "step")
