@@ -1316,8 +1316,19 @@ def build(trace: Trace, *, complete: bool = True, error: str | None = None) -> R
         oom=oom,
         nodes_created=created,
         nodes_created_seen=seen_created,
-        extra=collectives_pass(trace) | ({"step": trace.step} if trace.step else {}),
+        extra=collectives_pass(trace) | ({"step": trace.step} if trace.step else {}) | caught_budget_pass(trace),
     )
+
+
+def caught_budget_pass(trace: Trace) -> dict[str, Any]:
+    """``extra["caught_budget"]``: the first allocation the budget refused when the block caught the
+    error itself (``except torch.OutOfMemoryError``) and went on; the diagnosis reads it as the
+    block's failure. Empty otherwise."""
+    refused = trace.memory_trace.refused
+    if refused is None or isinstance(trace.failure, MemoryBudgetExceeded):
+        return {}
+    requested, live, budget, where = refused
+    return {"caught_budget": {"requested": requested, "live": live, "budget": budget, "where": where}}
 
 
 def collectives_pass(trace: Trace) -> dict[str, Any]:

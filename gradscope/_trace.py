@@ -105,6 +105,7 @@ class MemoryTrace:
     # events recorded when the source refused an allocation (a budget); what came after is
     # the exception unwinding (see NOTE [ what is live at the failing moment ] in gradscope._held)
     failed_at: int | None = None
+    refused: tuple[int, int, int, str] | None = None  # the first allocation a budget refused: bytes, live, budget, op
     # the tracker saw forward-mode AD's zero tangents of tensors without a tangent (PyTorch then
     # uses efficient zero tensors; without a dispatch mode it materializes them: see tracker_note)
     zero_tangents: bool = False

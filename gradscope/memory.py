@@ -627,6 +627,7 @@ class TrackerSource:
         self._orphans: set[int] = set()
         self.failures: list[str] = []  # errors while observing (the first 10), for the notes
         self.failed_at: int | None = None  # events recorded when the budget refused an allocation
+        self.refused: tuple[int, int, int, str] | None = None  # that allocation: bytes, live, budget, op
         self.zero_tangents = False  # see MemoryTrace.zero_tangents
         # a second device type whose outputs count while it is set (gradscope.predict for a CPU
         # step: the optimizers' step counters are real CPU tensors among the meta ones)
@@ -665,7 +666,7 @@ class TrackerSource:
         self.context = _no_context
         return MemoryTrace(source=self.name, device=self.device_type, online=True, key_kind="storage",
                            events=list(self.events), failures=list(self.failures), failed_at=self.failed_at,
-                           zero_tangents=self.zero_tangents)
+                           refused=self.refused, zero_tangents=self.zero_tangents)
 
     def live(self) -> int:
         self._drain()
@@ -741,6 +742,7 @@ class TrackerSource:
         if self.budget is not None and self._live + nbytes > self.budget:
             if self.failed_at is None:
                 self.failed_at = len(self.events)
+                self.refused = (nbytes, self._live, self.budget, label)
             raise MemoryBudgetExceeded(nbytes, self._live, self.budget, where=label)
         self._live += nbytes
         step, _ = self.context()

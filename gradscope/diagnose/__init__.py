@@ -267,7 +267,7 @@ def _checked(ctx: Context, fix: Any, f: Finding) -> Finding | None:
                          f"{format_bytes(trial.peak)}; not worth it.")
         return None
     budget = ctx.held.budget if ctx.moment == "failure" else None
-    room = None if budget is None else budget + user.resident
+    room = None if budget is None else budget - ctx.held.budget_resident + user.resident
     ratio = None if not user.seconds or trial.seconds is None else trial.seconds / user.seconds
     differs = (f"; afterwards {', '.join(trial.differs)} hold{'s' if len(trial.differs) == 1 else ''} other values "
                "than after your step") if trial.differs else ""
@@ -306,7 +306,9 @@ def _toolbox(ctx: Context) -> list[Finding]:
                          "rewrite it were not tried.")
         return []
     budget = ctx.held.budget if ctx.moment == "failure" else None
-    room = None if budget is None else budget + user.resident  # the device: the budget and what was there
+    # the device: what the budget left for the block (a notebook's earlier cells take their share),
+    # plus what the step's own objects held at its start
+    room = None if budget is None else budget - ctx.held.budget_resident + user.resident
     ctx.measured = (user.peak, user.resident, room)
     fails = room is not None and user.peak > room
     if budget is not None and not fails:

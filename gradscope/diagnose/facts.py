@@ -84,6 +84,9 @@ def caught_oom(rec: Recording) -> dict[str, Any] | None:
     have crossed it, so the peak is the most the block held). None otherwise."""
     if rec.oom is not None or rec.error:
         return None
+    caught = rec.extra.get("caught_budget") if isinstance(rec.extra, Mapping) else None
+    if isinstance(caught, Mapping):  # refused outside a backward call and caught in the block
+        return {k: caught[k] for k in ("requested", "live", "budget", "where")}
     for c in rec.backward_calls:
         m = BUDGET_MESSAGE.search(c.error or "") if c.oom else None
         if m is not None:
