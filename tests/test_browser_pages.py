@@ -328,3 +328,24 @@ def test_side_panel_fits_without_breaking_words(demo: Path, truth: dict[str, Any
         assert errors == []
     finally:
         ctx.close()
+
+
+@pytest.mark.parametrize("size", [(1600, 900)], ids=["1600"])
+def test_node_names_are_drawn_whole(demo: Path, truth: dict[str, Any], browser: Any, size: tuple[int, int]):
+    # at 1600 px the demo shows every node; a class name a little too wide for its box
+    # ("TanhBackwardBackward0") is drawn smaller, not cut
+    ctx, page, errors = _open(browser, demo, size)
+    try:
+        graph = page.locator(f"{CAND} .gs-graph")
+        graph.scroll_into_view_if_needed()
+        ref = truth["ref"]
+        names = {i: n.name for i, n in enumerate(ref.nodes) if n.name.endswith(("Backward0", "Backward1"))}
+        long = {i: n for i, n in names.items() if len(n) >= len("TanhBackwardBackward0")}
+        assert long, "the demo has double-backward nodes"
+        drawn = {i: graph.locator("canvas").evaluate(f"c => c.gsNodeDrawn({i})") for i in names}
+        lines = {i: d["lines"][0] for i, d in drawn.items() if d and d.get("lines")}  # those in view
+        assert len(lines) >= 10 and set(lines) & set(long), (len(lines), sorted(long)[:5])
+        assert all(lines[i] == names[i] for i in lines), {names[i]: lines[i] for i in lines if lines[i] != names[i]}
+        assert errors == []
+    finally:
+        ctx.close()

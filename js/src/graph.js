@@ -14,6 +14,8 @@ import { nodeLabel } from "./data.js";
 import { h } from "./dom.js";
 import { formatBytes } from "./format.js";
 import { boundsWithTop, chooseLevel, FONT_PX, fitPath, fitText, labelMode, topView, NAMES } from "./lod.js";
+
+const MIN_SHRINK = 0.8; // a label is drawn at most this much smaller before it is cut
 import { centerOn, fitView, hitTest, panBy, toScreen, toWorld, zoomAt } from "./viewport.js";
 
 const ARROW_PX = 7; // arrowhead length on screen
@@ -502,11 +504,18 @@ export class GraphView {
     return w;
   }
 
-  /** Draw `text` centred at (x, y), cut with an ellipsis to `availPx` screen pixels. */
+  /** Draw `text` centred at (x, y) within `availPx` screen pixels: a name a little too wide is
+   * drawn up to a fifth smaller rather than cut ("TanhBackwardBackward0" whole); a longer one is cut
+   * with an ellipsis. */
   _text(ctx, text, x, y, scale, availPx, opts = {}) {
     const style = `${opts.italic ? "italic " : ""}${opts.bold ? "600 " : ""}`;
     let t = String(text);
     let w = this._width(t, style);
+    let shrink = 1;
+    if (w > availPx && !opts.path && w * MIN_SHRINK <= availPx) {
+      shrink = availPx / w;
+      w = availPx;
+    }
     if (w > availPx && opts.path) {
       // a dotted path loses its leading components, never a cut word (the frame names them)
       t = fitPath(String(text), (s) => this._width(s, style) <= availPx);
@@ -521,7 +530,7 @@ export class GraphView {
         n--;
       } while (w > availPx && n > 1);
     }
-    ctx.font = `${style}${FONT_PX / scale}px ${FONT_FAMILY}`;
+    ctx.font = `${style}${(FONT_PX * shrink) / scale}px ${FONT_FAMILY}`;
     ctx.fillText(t, x, y);
     return t;
   }
