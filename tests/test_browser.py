@@ -1188,3 +1188,78 @@ def test_snapshot_and_job_widgets_in_jupyterlab(lab, browser, tmp_path: Path):
         assert errors == [] and blocked == []
     finally:
         ctx.close()
+
+
+_BUDGET_SETUP = r"""
+%load_ext gradscope
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+torch.manual_seed(0)
+model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=500, n_positions=64))
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+ids = torch.randint(0, 500, (8, 32))
+print("READY=1")
+"""
+_BUDGET_CELL = """%%gradscope --budget 4MiB
+out = model(input_ids=ids, labels=ids)
+out.loss.backward()
+opt.step()
+opt.zero_grad()"""
+
+
+def test_a_cell_over_budget_in_jupyterlab_shows_diagnosis_trimmed_traceback_and_widget(lab, browser):
+    """The budget flow as a user meets it in JupyterLab: a GPT-2 step from transformers that does not
+    fit a simulated 4 MiB device shows, in its cell's output, the diagnosis first (with a fix that
+    fits, run on copies), then the traceback trimmed to the cell's frames (torch and transformers
+    folded into one line), then the widget of the partial recording, drawn."""
+    pytest.importorskip("transformers")
+    base, token, root = lab
+    nb = _notebook()
+    nb["cells"] = [{**nb["cells"][0], "id": f"b{i}", "source": src} for i, src in enumerate([_BUDGET_SETUP, _BUDGET_CELL])]
+    (root / "budget_test.ipynb").write_text(json.dumps(nb), encoding="utf-8")
+    errors: list[str] = []
+    ctx = browser.new_context(viewport={"width": 1000, "height": 1000})
+    page = ctx.new_page()
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        page.goto(f"{base}/lab/tree/budget_test.ipynb?token={token}")
+        page.wait_for_function(
+            "() => window.jupyterapp && window.jupyterapp.shell.currentWidget && "
+            "window.jupyterapp.shell.currentWidget.sessionContext && "
+            "window.jupyterapp.shell.currentWidget.sessionContext.session && "
+            "window.jupyterapp.shell.currentWidget.sessionContext.session.kernel",
+            timeout=180_000,  # a kernel's first start on a loaded machine
+        )
+        page.evaluate(
+            """async () => { const nb = window.jupyterapp.shell.currentWidget.content;
+                nb.activeCellIndex = 0; await window.jupyterapp.commands.execute('notebook:run-cell'); }""")
+        # the setup's output: transformers and the extension may print before READY
+        page.wait_for_function(
+            "() => window.jupyterapp.shell.currentWidget.content.widgets[0].node.innerText.includes('READY=1')",
+            timeout=180_000,
+        )
+        page.evaluate(
+            """async () => { const nb = window.jupyterapp.shell.currentWidget.content;
+                nb.activeCellIndex = 1; await window.jupyterapp.commands.execute('notebook:run-cell'); }""")
+        cell = page.locator(".jp-Notebook .jp-Cell").nth(1)
+        cell.locator('.gs-graph[data-node-count]').wait_for(timeout=180_000)
+        outputs = cell.locator(".jp-OutputArea-child")
+        texts = outputs.evaluate_all("os => os.map(o => ({text: o.innerText, widget: !!o.querySelector('.gs-root')}))")
+        diag = next(i for i, o in enumerate(texts) if "gradscope diagnosis" in o["text"])
+        tb = next(i for i, o in enumerate(texts) if "OutOfMemoryError" in o["text"] or "MemoryBudgetExceeded" in o["text"])
+        widget = next(i for i, o in enumerate(texts) if o["widget"])
+        assert diag <= tb < widget, [(o["text"][:60], o["widget"]) for o in texts]
+        d, t = texts[diag]["text"], texts[tb]["text"]
+        assert "fits the budget" in d and "code:" in d  # a fix that fits, run on copies
+        assert "frames in" in t and "torch" in t  # the library frames folded into one line
+        assert "out = model(input_ids=ids, labels=ids)" in t  # the cell's own line
+        assert "site-packages/transformers" not in t and "site-packages/torch" not in t
+        # the fixes ran on copies without a word to the user's output (transformers logs "use_cache=True
+        # is incompatible with gradient checkpointing" when one enables checkpointing)
+        assert not any("gradient checkpointing" in o["text"] for o in texts)
+        assert int(cell.locator(".gs-graph").get_attribute("data-node-count")) > 100
+        cell.scroll_into_view_if_needed()
+        _shot(page, "lab_budget_oom_1000")
+        assert errors == []
+    finally:
+        ctx.close()

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import ast
 import builtins
+import contextlib
 import copy
 import dataclasses
+import logging
 import math
 import time
 import types
@@ -243,7 +245,7 @@ class Bench:
             for _ in range(RUNS):
                 exec(compiled, env)
 
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _quiet_logging():
             warnings.simplefilter("ignore")
             p = predict(run, copied, device=self.device)
             return int(p.resident_bytes) + int(p.peak_bytes)
@@ -257,7 +259,7 @@ class Bench:
         self._as_at_start(copies)
         env = self._env(kept, copies)
         before = set(env)
-        with warnings.catch_warnings(), torch.random.fork_rng(devices=[]):
+        with warnings.catch_warnings(), torch.random.fork_rng(devices=[]), _quiet_logging():
             warnings.simplefilter("ignore")
             torch.manual_seed(0)
             exec(compile(setup, "<gradscope fix>", "exec"), env)
@@ -328,6 +330,18 @@ class Bench:
         worst, where, differs, freed = _compare(self._user_state, state, set(self._split(self.source)[0]))
         return dataclasses.replace(trial, same=worst <= tolerance, worst=worst, worst_at=where, differs=differs,
                                    freed=freed)
+
+
+@contextlib.contextmanager
+def _quiet_logging() -> Any:
+    """Libraries' log records (transformers: "use_cache=True is incompatible with gradient
+    checkpointing") from runs on copies are not the user's: none reaches their output."""
+    before = logging.root.manager.disable
+    logging.disable(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logging.disable(before)
 
 
 def resident_bytes(values: Any) -> int:
