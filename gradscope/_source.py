@@ -10,7 +10,6 @@ parsed once per file version. A notebook's ``%%gradscope`` cell gives its cell i
 from __future__ import annotations
 
 import ast
-import functools
 import linecache
 import os
 import textwrap
@@ -21,7 +20,13 @@ __all__ = ["block_source"]
 _OWN = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
-@functools.lru_cache(maxsize=64)
+# (file, line, the lines' identity and length) -> the block's source: a loop that records the same
+# block a thousand times reads and parses its file once (the lines are linecache's list, replaced
+# when the file is read again)
+_BLOCKS: dict[tuple[str, int, int, int], dict[str, Any] | None] = {}
+_MAX_BLOCKS = 256
+
+
 def _parse(text: str) -> ast.Module | None:
     try:
         return ast.parse(text)
@@ -37,6 +42,16 @@ def block_source(filename: str, line: int) -> dict[str, Any] | None:
     lines = linecache.getlines(filename)
     if not lines:
         return None
+    key = (filename, line, id(lines), len(lines))
+    if key not in _BLOCKS:
+        if len(_BLOCKS) >= _MAX_BLOCKS:
+            _BLOCKS.clear()
+        _BLOCKS[key] = _block(filename, line, lines)
+    found = _BLOCKS[key]
+    return None if found is None else dict(found)
+
+
+def _block(filename: str, line: int, lines: list[str]) -> dict[str, Any] | None:
     tree = _parse("".join(lines))
     if tree is None:
         return None
