@@ -15,9 +15,9 @@ import os
 import textwrap
 from typing import Any
 
-__all__ = ["block_source"]
+__all__ = ["OWN_FILES", "block_source", "step_source"]
 
-_OWN = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_OWN = OWN_FILES = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 # (file, line, the lines' identity and length) -> the block's source: a loop that records the same
@@ -68,3 +68,20 @@ def _block(filename: str, line: int, lines: list[str]) -> dict[str, Any] | None:
         start = min(d.lineno for d in first.decorator_list) - 1
     body = textwrap.dedent("".join(lines[start : last.end_lineno]))
     return {"source": body, "file": filename, "line": best.lineno}
+
+
+def step_source(step: Any) -> str | None:
+    """The source of a recording's ``extra["step"]``: given (a notebook cell), or read now from the
+    file and line the block was entered at."""
+    if not isinstance(step, dict):
+        return None
+    if isinstance(step.get("source"), str):
+        return str(step["source"])
+    file, line = step.get("file"), step.get("line")
+    if not isinstance(file, str) or not isinstance(line, int):
+        return None
+    try:
+        found = block_source(file, line)
+    except Exception:  # unreadable or changed since: no source
+        return None
+    return None if found is None else str(found["source"])

@@ -69,7 +69,7 @@ from torch.autograd.graph import saved_tensors_hooks
 from torch.nn.parameter import is_lazy
 
 from gradscope import _compat, _names, _native, _passes
-from gradscope._source import block_source
+from gradscope._source import OWN_FILES as _OWN_FILES
 from gradscope._trace import (
     C_SEQ1,
     C_T1,
@@ -330,12 +330,11 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         error = None
         if exc_type is not None:
             error = f"{exc_type.__name__}: {exc}"
+        # where the block is; its source is read when a diagnosis asks (gradscope._source), so that a
+        # recording costs no file reading or parsing (a notebook cell gives its source itself)
         trace.step = self.given_step
-        if trace.step is None and self._step_at is not None:
-            try:
-                trace.step = block_source(*self._step_at)
-            except Exception:  # the step's source is for the diagnosis; never fail the block for it
-                trace.step = None
+        if trace.step is None and self._step_at is not None and not self._step_at[0].startswith(_OWN_FILES):
+            trace.step = {"file": self._step_at[0], "line": self._step_at[1]}
         try:
             self._at_block_end(frame, tb)
         except Exception as e:

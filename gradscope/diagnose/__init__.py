@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from gradscope._source import step_source
 from gradscope.diagnose.facts import MIN_SAVING, Context, Graph, held_order
 from gradscope.diagnose.fixes import REGISTRY, inplace_cut
 from gradscope.diagnose.measure import Bench
@@ -208,10 +209,11 @@ def _bench(ctx: Context) -> Bench | None:
     """The user's step and variables, to run fixes on copies of (None: the block's source is unknown)."""
     if getattr(ctx, "bench", None) is None:
         step = ctx.rec.extra.get("step") if isinstance(ctx.rec.extra, Mapping) else None
-        if not isinstance(step, Mapping) or not isinstance(step.get("source"), str) or not ctx.ns:
+        text = step_source(dict(step)) if isinstance(step, Mapping) else None
+        if text is None or not ctx.ns:
             return None
         devices = {t.device.type for v in ctx.ns.values() for t in _first_tensors(v)}
-        source, ns = step["source"], dict(ctx.ns)
+        source, ns = text, dict(ctx.ns)
         inlined = inline(source, ns)
         if inlined is not None:  # a step that calls the user's own function: its body is the step
             source, names = inlined
