@@ -268,11 +268,8 @@ def _checked(ctx: Context, fix: Any, f: Finding) -> Finding | None:
         ctx.notes.append(f"[{f.pattern}] tried on copies of your objects: the step's peak {format_bytes(user.peak)} -> "
                          f"{format_bytes(trial.peak)}; not worth it.")
         return None
-    budget = ctx.held.budget if ctx.moment == "failure" else None
-    room = None if budget is None else budget - ctx.held.budget_resident + user.resident
-    ratio = None if not user.seconds or trial.seconds is None else trial.seconds / user.seconds
-    differs = (f"; afterwards {', '.join(trial.differs)} hold{'s' if len(trial.differs) == 1 else ''} other values "
-               "than after your step") if trial.differs else ""
+    room = _room(ctx, user)
+    ratio, differs = _time_and_differences(user, trial)
     if _raises_later(ctx, f, user, trial):
         return dataclasses.replace(f, code="", saves_bytes=None)
     ctx.measured = (user.peak, user.resident, room)
@@ -280,6 +277,23 @@ def _checked(ctx: Context, fix: Any, f: Finding) -> Finding | None:
     return dataclasses.replace(f, code=code, step=code, saves_bytes=saving, peak_before=user.peak,
                                peak_after=trial.peak, fits=fits,
                                time_ratio=ratio, message=f.message + differs)
+
+
+def _room(ctx: Context, user: Any) -> int | None:
+    """At a failure under a budget, the memory a fixed step may hold at once: what the budget left
+    for the block (a notebook's earlier cells take their share), plus what the step's own objects
+    held at its start. None otherwise."""
+    budget = ctx.held.budget if ctx.moment == "failure" else None
+    return None if budget is None else budget - ctx.held.budget_resident + user.resident
+
+
+def _time_and_differences(user: Any, trial: Any) -> tuple[float | None, str]:
+    """A fix's wall time over the user's step's on the copies, and the words naming the variables
+    it leaves with other values."""
+    ratio = None if not user.seconds or trial.seconds is None else trial.seconds / user.seconds
+    differs = (f"; afterwards {', '.join(trial.differs)} hold{'s' if len(trial.differs) == 1 else ''} other values "
+               "than after your step") if trial.differs else ""
+    return ratio, differs
 
 
 def _raises_later(ctx: Context, f: Finding, user: Any, trial: Any) -> bool:
@@ -307,13 +321,10 @@ def _toolbox(ctx: Context) -> list[Finding]:
         ctx.notes.append(f"your step could not be run on copies of your objects ({user.error}): fixes that "
                          "rewrite it were not tried.")
         return []
-    budget = ctx.held.budget if ctx.moment == "failure" else None
-    # the device: what the budget left for the block (a notebook's earlier cells take their share),
-    # plus what the step's own objects held at its start
-    room = None if budget is None else budget - ctx.held.budget_resident + user.resident
+    room = _room(ctx, user)
     ctx.measured = (user.peak, user.resident, room)
     fails = room is not None and user.peak > room
-    if budget is not None and not fails:
+    if room is not None and not fails:
         ctx.notes.append(f"your step, run twice on copies of your objects, peaks at {format_bytes(user.peak)} with "
                          f"what it holds at its start, within the budget and those {format_bytes(user.resident)}: "
                          "the failure depended on state the copies do not have.")
@@ -338,9 +349,7 @@ def _toolbox(ctx: Context) -> list[Finding]:
                 continue
             if f.pattern == "autocast" and not fails:
                 continue  # a change of precision is advice for a step that does not fit
-            ratio = None if not user.seconds or trial.seconds is None else trial.seconds / user.seconds
-            note = (f"; afterwards {', '.join(trial.differs)} hold{'s' if len(trial.differs) == 1 else ''} other "
-                    "values than after your step") if trial.differs else ""
+            ratio, note = _time_and_differences(user, trial)
             if trial.freed:
                 note += f"; after the step {trial.freed} gradients are None (applied and freed) where yours kept them"
             out.append(dataclasses.replace(

@@ -168,7 +168,6 @@ class Trial:
     error: str | None = None
     peak: int | None = None  # bytes allocated inside the code at its peak (meta, else the CPU copy's)
     how: str = ""  # "meta" | "cpu copy"
-    cpu_peak: int | None = None  # the CPU copy's peak under the tracker
     same: bool | None = None  # results equal the user's step's (None: not compared)
     worst: float = 0.0  # largest relative difference of a result
     worst_at: str = ""
@@ -279,7 +278,7 @@ class Bench:
                 if i == 0:
                     state = _results(env, set(copies) | {k for k in set(env) - before if not k.startswith("_")})
             seconds /= RUNS
-        return Trial(peak=totals[0], cpu_peak=totals[0], later=max(totals[1:], default=None), how="cpu copy",
+        return Trial(peak=totals[0], later=max(totals[1:], default=None), how="cpu copy",
                      seconds=seconds, resident=resident), state
 
     def _trial(self, code: str, setup: str = "") -> tuple[Trial, dict[str, Any] | None]:
