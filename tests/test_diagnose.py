@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 import torch
@@ -45,10 +46,15 @@ def test_gradient_penalty_through_frozen_generator_names_create_graph_and_forwar
     assert first.module == "G" and first.variable == "dfdz"
     assert "create_graph=True" in first.message and "no parameter of it is trained" in first.message
     assert "forward-AD" in first.suggestion
-    assert first.code.startswith('dgdy = sum(mixed_grad(f, G, z, y, v=v[i], method="forward_ad")')
-    # at the refused allocation, the fix takes off more than the overshoot and less than was asked for
-    asked = d.live_bytes + info.value.requested
-    assert first.saves_bytes is not None and asked - 3 * 1024 * KiB < first.saves_bytes <= asked
+    # the step rewritten with input_grad ran on copies: it fits the budget, by the drop it measured
+    assert first.ran and "dfdz.append(input_grad(lambda y, out: ((out * y) ** 2).sum(), G, z, y))" in first.code
+    assert first.fits is True and first.saves_bytes == first.peak_before - first.peak_after > 0
+    # independently: the rewritten step recorded under the same budget does not fail
+    G2, y2, got = _frozen_generator(), y.detach().clone().requires_grad_(True), []  # noqa: N806
+    env = {"torch": torch, "G": G2, "y": y2, "dfdz": got}
+    with gs.record(budget="3MiB") as again:
+        exec(first.code, env)
+    assert again.recording is not None and again.recording.complete and len(got) == 100
     holder = next(h for h in d.holders if h.variable == "dfdz")
     assert holder.graphs == len(dfdz) and holder.live_bytes > 0
     kinds = dict(d.by_kind)
@@ -58,7 +64,8 @@ def test_gradient_penalty_through_frozen_generator_names_create_graph_and_forwar
     text = d.text()
     assert "out of memory on a simulated 3.0 MiB device" in text
     assert "[create_graph]" in text and "dfdz" in text
-    assert text == str(d) == gs.diagnose(r).text()  # deterministic
+    untimed = lambda t: re.sub(r"time x[0-9.]+", "time", t)  # noqa: E731  (wall times differ run to run)
+    assert text == str(d) and untimed(text) == untimed(gs.diagnose(r).text())  # deterministic
     assert "<pre" in d._repr_html_()
 
 
@@ -94,7 +101,8 @@ def test_training_loop_appending_losses_is_never_told_to_keep_numbers() -> None:
     d = gs.diagnose(rec.recording)
     first = d.findings[0]
     assert first.pattern == "many_outputs" and first.module == "model"
-    assert first.code.startswith('L = many_inputs_backward(model, xs, g, method="two_pass")')
+    assert not first.ran and first.code == "" and first.saves_bytes is None  # (no namespace: nothing to run)
+    assert first.sketch.startswith('L = many_inputs_backward(model, xs, g, method="two_pass")')
     assert not any(".item()" in f.code for f in d.findings)
     holder = d.holders[0]
     assert holder.variable == "losses" and holder.graphs == len(losses)
@@ -205,11 +213,17 @@ def test_retain_graph_is_reported_only_where_no_later_backward_reuses_the_graph(
 
     r = loop(True)
     assert [c.retain_graph for c in r.backward_calls] == [True] * 4
-    d = gs.diagnose(r, namespace={"model": model, "opt": opt})
-    f = next(f for f in d.findings if f.pattern == "retain_graph")
-    assert "4 backward calls used retain_graph=True" in f.message and f.code.startswith("loss.backward()")
-    saved = r.peak_bytes - loop(False).peak_bytes  # measured: the same loop without retain_graph
-    assert saved > 0 and f.saves_bytes is not None and abs(f.saves_bytes - saved) <= 0.25 * saved
+    partial = gs.diagnose(r, namespace={"model": model, "opt": opt})  # `xs`, `ys`, `retain` missing
+    f = next(f for f in partial.findings if f.pattern == "retain_graph")
+    assert "4 backward calls used retain_graph=True" in f.message and f.sketch.startswith("loss.backward()")
+    assert not f.ran and f.code == "" and f.saves_bytes is None and "not run:" in partial.text()
+    ns = {"model": model, "opt": opt, "xs": xs, "ys": ys, "retain": True, "nn": nn}
+    f = next(f for f in gs.diagnose(r, namespace=ns).findings if f.pattern == "retain_graph")
+    assert f.ran and "loss.backward()\n" in f.code and "retain_graph" not in f.code
+    # measured independently: the same loop without retain_graph, recorded (the model moved on by
+    # the diagnosis' runs? no: those ran on copies)
+    saved = r.peak_bytes - loop(False).peak_bytes
+    assert saved > 0 and f.saves_bytes is not None and abs(f.saves_bytes - saved) <= 0.1 * saved, (f.saves_bytes, saved)
     # a second backward through the same graph is what retain_graph is for: not reported
     w = torch.randn(256, 256, requires_grad=True)
     with gs.record(memory="tracker") as rec2:

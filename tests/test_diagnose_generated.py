@@ -62,12 +62,6 @@ WRONG_TODAY: dict[str, str] = {
     "seed000-n16,batch4,width64,out256-notebook-tight-resident-trainable":
         _NOTEBOOK_ROOM.format(says="gives no create_graph finding (forward AD through G) at all"),
     # seed 001
-    # seed 002: the RuntimeError of autograd.grad(loss3, A) caught in the block
-    **{vid: "the user catches autograd.grad(loss3, A)'s RuntimeError inside the block: the recording keeps the "
-            "call's error (backward_calls[-1].error), yet gs.diagnose at the peak finds nothing; the cut of A "
-            "(differentiated_cut, hypergradient) is reported only when the error leaves the block"
-       for vid in ("seed002-n48,width96-function-none-caught-resident", "seed002-n48,width96-script-none-caught",
-                   "seed002-n32,width64-notebook-none-caught")},
     # seed 004
     "seed004-n_in8,hidden96,n_out96-function-tight-resident-frozen":
         "net frozen: the tight budget (33.7 KiB) is refused at torch.eye(96) (36 KiB) before any row is taken; "

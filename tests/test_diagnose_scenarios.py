@@ -228,11 +228,21 @@ def test_the_claimed_saving_is_within_a_quarter_of_the_measured_saving(name: str
     # the peak of a plain recording of the user's code against the peak of the fix, both measured
     s = SCENARIOS[name]
     assert s.measured_saving is not None
+    # (the scenario's fix is its first right advice; another right fix the diagnosis ran on copies
+    # claims the drop it measured there)
     d = _diagnosis(name, False)
     right = [f for a in s.right for f in advice_in(d, a)]
     assert right, _shown(d)
     claimed = right[0].saves_bytes
+    if not right[0].ran:  # gradscope could not run it on the user's step: it claims nothing
+        assert claimed is None and right[0].code == "", _shown(d)
+        return
     assert claimed is not None
+    if not advice_in(d, s.right[0]):
+        f = right[0]
+        assert f.ran and f.peak_before is not None and f.peak_after is not None, _shown(d)
+        assert claimed == f.peak_before - f.peak_after > 0
+        return
     assert abs(claimed - s.measured_saving) <= 0.25 * abs(s.measured_saving), (claimed, s.measured_saving)
 
 
@@ -240,8 +250,7 @@ def test_the_claimed_saving_is_within_a_quarter_of_the_measured_saving(name: str
 def test_at_the_failure_the_claimed_saving_makes_the_block_fit(name: str) -> None:
     # The fix's code ran on copies of the objects as the block started: its claim is the measured
     # drop of the step's peak, and under the budget it says whether the step then fits. A pattern
-    # whose code could not be run (a sketch) claims a drop of what was asked for at the refused
-    # allocation, estimated from the timeline: it must cover the overshoot and cannot exceed it.
+    # whose code could not be run shows no code and claims nothing.
     s = SCENARIOS[name]
     d = _diagnosis(name, True)
     right = [f for a in s.right for f in advice_in(d, a)]
@@ -252,8 +261,7 @@ def test_at_the_failure_the_claimed_saving_makes_the_block_fit(name: str) -> Non
         assert f.fits is True and f.peak_before is not None and f.peak_after is not None, _shown(d)
         assert claimed == f.peak_before - f.peak_after > 0
     else:
-        asked = d.live_bytes + d.requested + d.budget_resident
-        assert claimed is not None and asked - d.budget < claimed <= asked, (claimed, asked, d.budget)
+        assert claimed is None and f.code == "" and f.sketch and "not run:" in d.text(), _shown(d)
 
 
 def test_a_scenario_runs_the_same_twice() -> None:

@@ -470,9 +470,9 @@ def _census() -> tuple[int, int]:
 def test_many_recordings_do_not_grow_memory(memory: str, n: int, backward: bool) -> None:
     """A thousand recordings (250 with a memory source, which costs ~5 ms each) of a small
     training step in a loop, or of a forward pass only (whose graph is never run). Over the last
-    200 (after Python's own caches have filled), collector-tracked objects, tensors, weakref
-    finalizers and RSS stay flat, and traced Python memory does not grow from one window of 100
-    recordings to the next."""
+    300 (after Python's own caches have filled), collector-tracked objects, tensors, weakref
+    finalizers and RSS stay flat, and traced Python memory does not grow in each of two windows of
+    100 recordings."""
     model, x = tiny_model()
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
 
@@ -491,28 +491,46 @@ def test_many_recordings_do_not_grow_memory(memory: str, n: int, backward: bool)
     objs0, tensors0 = _census()
     finalizers0 = len(weakref.finalize._registry)  # type: ignore[attr-defined]
     rss0 = _rss()
-    tracemalloc.start()
+    tracemalloc.start(8)
     try:
         for _ in range(window):  # the traced caches fill again: measure from the second window
             one()
         gc.collect()
-        traced0, _ = tracemalloc.get_traced_memory()
-        for _ in range(window):
-            one()
-        gc.collect()
-        traced1, _ = tracemalloc.get_traced_memory()
+        traced = [tracemalloc.get_traced_memory()[0]]
+        snaps = [tracemalloc.take_snapshot()]
+        for _ in range(2):  # a leak grows in every window; a cache that fills once (Python's own, a
+            for _ in range(window):  # test earlier in the session left it half full) in one only
+                one()
+            gc.collect()
+            traced.append(tracemalloc.get_traced_memory()[0])
+            snaps.append(tracemalloc.take_snapshot())
+        steady = min(traced[1] - traced[0], traced[2] - traced[1])
+        grown = "" if steady < 24 * 1024 else _growth(snaps[1], snaps[2])
+        del snaps
     finally:
         tracemalloc.stop()
     objs1, tensors1 = _census()
     rss1 = _rss()
-    half = 2 * window
+    half = 3 * window
     assert tensors1 - tensors0 <= 0, f"{tensors1 - tensors0} more tensors after {half} recordings"
     assert objs1 - objs0 < 100, f"{objs1 - objs0} more Python objects after {half} recordings"
     assert len(weakref.finalize._registry) <= finalizers0 + 16  # type: ignore[attr-defined]
     # 250 bytes per recording would show as 25 KB over the window; measured noise is under 10 KB
-    assert traced1 - traced0 < 24 * 1024, f"traced memory grew by {traced1 - traced0} bytes"
+    assert steady < 24 * 1024, f"traced memory grew in each window: {traced}, at:\n{grown}"
     assert rss1 - rss0 < 16 * 1024 * 1024, f"RSS grew by {rss1 - rss0} bytes over {half} recordings"
     assert leftovers() == []
+
+
+def _growth(before: tracemalloc.Snapshot, after: tracemalloc.Snapshot) -> str:
+    """Where traced memory grew between two snapshots: the five largest growths, each with the
+    innermost frames that allocated it (so a failure says what grew, not only by how much)."""
+    ignore = [tracemalloc.Filter(False, tracemalloc.__file__)]
+    stats = after.filter_traces(ignore).compare_to(before.filter_traces(ignore), "traceback")
+    rows = []
+    for stat in sorted(stats, key=lambda s: -s.size_diff)[:5]:
+        rows.append(f"+{stat.size_diff} B in {stat.count_diff:+d} blocks")
+        rows.extend(f"    {line}" for line in stat.traceback.format()[-8:])
+    return "\n".join(rows)
 
 
 def _rss() -> int:

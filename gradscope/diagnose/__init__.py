@@ -40,8 +40,13 @@ Example:
     ... except torch.OutOfMemoryError:
     ...     pass
     >>> d = gs.diagnose(rec.recording)
-    >>> d.findings[0].pattern, d.findings[0].code.split("  #")[0]
-    ('many_outputs', 'L = many_inputs_backward(model, xs, g, method="two_pass")')
+    >>> f = d.findings[0]  # its code ran on copies of model and xs before it is shown
+    >>> f.pattern, f.ran, f.fits
+    ('many_outputs', True, True)
+    >>> print(f.setup, end="")
+    from torch.utils.checkpoint import checkpoint
+    for block in [model]:
+        block.forward = lambda *args, f=block.forward, **kwargs: checkpoint(f, *args, use_reentrant=False, **kwargs)
 """
 
 from __future__ import annotations
@@ -58,7 +63,7 @@ from gradscope.diagnose.facts import MIN_SAVING, Context, Graph, held_order
 from gradscope.diagnose.fixes import REGISTRY, inplace_cut
 from gradscope.diagnose.measure import Bench
 from gradscope.diagnose.report import Diagnosis, Finding, GraphHolder, HeldTensor
-from gradscope.diagnose.step import inline, shape_of
+from gradscope.diagnose.step import compose, inline, shape_of
 from gradscope.diagnose.toolbox import TOOLBOX
 from gradscope.errors import GradscopeError
 from gradscope.recording import Recording, format_bytes
@@ -188,6 +193,7 @@ def _run(self: Context) -> Diagnosis:
         step_peak=self.measured[0] if self.measured else None,
         step_resident=self.measured[1] if self.measured else 0,
         room=self.measured[2] if self.measured else None,
+        step=self.bench.source if getattr(self, "bench", None) is not None else "",
     )
 
 
@@ -213,7 +219,7 @@ def _bench(ctx: Context) -> Bench | None:
         if text is None or not ctx.ns:
             return None
         devices = {t.device.type for v in ctx.ns.values() for t in _first_tensors(v)}
-        source, ns = text, dict(ctx.ns)
+        source, ns = text, dict(ctx.step_ns)
         inlined = inline(source, ns)
         if inlined is not None:  # a step that calls the user's own function: its body is the step
             source, names = inlined
@@ -241,21 +247,23 @@ def _checked(ctx: Context, fix: Any, f: Finding) -> Finding | None:
     rewritten step runs on copies like the toolbox's fixes (see NOTE [ nothing shown that was not
     run ] in gradscope.diagnose.measure) and replaces the pattern's code, with the measured saving;
     a rewrite that fails or changes a result leaves the finding without code (a note says why).
-    Where no rewrite applies, the pattern's code is marked as a sketch (``ran=False``) and its
-    saving as estimated from the recording's timeline."""
+    Where no rewrite applies, the finding keeps no code and claims no saving (``ran=False``): its
+    suggestion names the strategy, and the strategy's call in the user's names is kept aside
+    (``sketch``), never printed as code to paste."""
     if not f.code:
         return f
     bench = _bench(ctx)
     rewrite = getattr(fix, "rewrite", None)
     user = None if bench is None or rewrite is None else bench.user()
     if bench is None or rewrite is None or user is None or user.error is not None or user.peak is None:
-        return dataclasses.replace(f, ran=False)
+        return _unrun(f)
     codes = rewrite(ctx, f, bench.source)
-    codes = [c for c in ([codes] if isinstance(codes, str) or codes is None else codes) if c]
+    codes = [c for c in ([codes] if isinstance(codes, str | tuple) or codes is None else codes) if c]
     if not codes:
-        return dataclasses.replace(f, ran=False)
+        return _unrun(f)
     for code in codes:  # the first rewriting that runs and keeps the results
-        trial = bench.run(code)
+        setup, step = code if isinstance(code, tuple) else ("", code)  # (once before the steps, the step)
+        trial = bench.run(step, setup=setup)
         if trial.error is None and trial.same is not False:
             break
     if trial.error is not None or trial.same is False:
@@ -267,16 +275,25 @@ def _checked(ctx: Context, fix: Any, f: Finding) -> Finding | None:
     if saving <= 0:
         ctx.notes.append(f"[{f.pattern}] tried on copies of your objects: the step's peak {format_bytes(user.peak)} -> "
                          f"{format_bytes(trial.peak)}; not worth it.")
-        return None
+        # a pattern whose suggestion names a strategy beyond its rewriting keeps that suggestion, unrun
+        return _unrun(f) if getattr(fix, "STRATEGY", False) else None
     room = _room(ctx, user)
     ratio, differs = _time_and_differences(user, trial)
     if _raises_later(ctx, f, user, trial):
         return dataclasses.replace(f, code="", saves_bytes=None)
     ctx.measured = (user.peak, user.resident, room)
     fits = None if room is None else int(trial.peak or 0) <= room
-    return dataclasses.replace(f, code=code, step=code, saves_bytes=saving, peak_before=user.peak,
+    return dataclasses.replace(f, code=compose(setup, step), setup=setup, step=step, saves_bytes=saving,
+                               peak_before=user.peak,
                                peak_after=trial.peak, fits=fits,
                                time_ratio=ratio, message=f.message + differs)
+
+
+def _unrun(f: Finding) -> Finding:
+    """A finding whose code gradscope could not run on the user's step: nothing of it is shown as
+    code or claimed as a saving (see NOTE [ nothing shown that was not run ] in
+    gradscope.diagnose.measure)."""
+    return dataclasses.replace(f, ran=False, sketch=f.code, code="", saves_bytes=None)
 
 
 def _room(ctx: Context, user: Any) -> int | None:
@@ -365,7 +382,7 @@ def _findings(self: Context, holders: list[GraphHolder]) -> list[Finding]:
     self.demand = self.demand_bytes()
     cut = inplace_cut.propose(self, holders)
     if cut:
-        return [dataclasses.replace(f, ran=False) for f in cut]  # the block raised for a reason no memory advice addresses
+        return [_unrun(f) for f in cut]  # the block raised for a reason no memory advice addresses
     found = [(fix, f) for fix in REGISTRY for f in fix.propose(self, holders)]
     found = [(fix, f) for fix, f in found if f.saves_bytes is None or f.saves_bytes >= self.worth()]
     out = [c for c in (_checked(self, fix, f) for fix, f in found) if c is not None]

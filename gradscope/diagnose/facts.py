@@ -566,6 +566,9 @@ KIND_RANK = {k: i for i, k in enumerate(KIND_NAMES)}
 
 
 
+_HISTORY = re.compile(r"__\w*__|_+|_i+|_i?\d+|_(oh|ih|dh|exit_code)")
+
+
 class Context:
     """What every fix reads: the recording's held rows and graph facts (``g``), the user's variables
     (``ns``, ``modules``, ``optimizers``, ``names``), the holders of graphs and the block's demand."""
@@ -582,6 +585,9 @@ class Context:
     def __init__(self, rec: Recording, namespace: Mapping[str, Any], top: int) -> None:
         self.rec = rec
         self.ns = {k: v for k, v in namespace.items() if isinstance(k, str) and not k.startswith("_")}
+        # what the user's step may read when it runs on copies: also the user's own _private names
+        # (a `_train_step` helper), not Python's dunders or IPython's output history (_, _i3, _oh)
+        self.step_ns = {k: v for k, v in namespace.items() if isinstance(k, str) and not _HISTORY.fullmatch(k)}
         self.top = top
         self.held = read(rec)
         self.moment = self.held.moment

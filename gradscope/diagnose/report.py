@@ -79,17 +79,19 @@ class Finding:
     fits: bool | None = None  # under a budget: whether the step with the fix stays within it
     time_ratio: float | None = None  # the fix's wall time over the step's, on the copies
     tolerance: float | None = None  # results equal up to this relative difference (None: 1e-4)
-    ran: bool = True  # False: ``code`` is a sketch in the user's names that gradscope could not run
+    ran: bool = True  # False: gradscope could not run a rewriting of the step with this fix (no code, no claim)
     setup: str = ""  # the part of ``code`` run once before the steps (``code`` = setup, then step)
     step: str = ""  # the part of ``code`` that replaces the user's step (empty: all of ``code``)
+    uses: tuple[str, ...] = ()  # the user's names the pattern's rewriting of the step applies to
+    sketch: str = ""  # not run: the strategy's call in the user's names, kept aside, never printed as code
 
 
 @dataclass(frozen=True)
 class Diagnosis:
     """What held memory at a recording's failing moment (budget or OOM) or at its peak.
 
-    ``text()`` (also ``str()``) is deterministic: the same recording and namespace give the same
-    text. ``findings`` are sorted by the bytes they explain, largest first. ``budget_resident`` is
+    ``text()`` (also ``str()``) is deterministic but for measured wall-time ratios: the same
+    recording and namespace give the same text. ``findings`` are sorted by the bytes they explain, largest first. ``budget_resident`` is
     what a notebook's earlier cells held on the simulated device (``%gradscope oom on --budget``).
     """
 
@@ -112,6 +114,7 @@ class Diagnosis:
     step_peak: int | None = None  # the user's step run twice on copies: the most held at once (see Finding)
     step_resident: int = 0  # of it, what the copies held when the step started
     room: int | None = None  # under a budget: the budget plus what was held at the step's start
+    step: str = ""  # the user's step as the diagnosis ran it on copies (a function it calls inlined)
 
     def text(self) -> str:
         """The report as plain text."""
@@ -185,8 +188,10 @@ class Diagnosis:
                 lines.append(f"  {i}. [{f.pattern}] {f.message}")
                 lines.append(f"     suggestion: {f.suggestion}")
                 if f.saves_bytes is not None:
-                    how = "" if f.ran else ", estimated from the recording's timeline"
-                    lines.append(f"     saves: {format_bytes(f.saves_bytes)} of the peak ({f.saves_bytes} bytes{how})")
+                    lines.append(f"     saves: {format_bytes(f.saves_bytes)} of the peak ({f.saves_bytes} bytes)")
+                if not f.ran:
+                    lines.append("     not run: gradscope could not rewrite your step with it, so it shows no code "
+                                 "and claims no saving (gs.compare measures strategies on your own functions)")
                 if f.peak_before is not None and f.peak_after is not None:
                     bits = [f"peak {format_bytes(f.peak_before)} -> {format_bytes(f.peak_after)}"]
                     if f.fits is not None:
@@ -197,7 +202,7 @@ class Diagnosis:
                         bits.append(f"results within {f.tolerance:.1e} (relative)")
                     lines.append("     measured on the copies: " + ", ".join(bits))
                 if f.code:
-                    lines.append("     code:" if f.ran else "     code (a sketch in your names; gradscope could not run it):")
+                    lines.append("     code:")
                     lines.extend("       " + ln for ln in f.code.rstrip("\n").splitlines())
         else:
             lines.append("findings: no known pattern; the largest holders above are where to look.")

@@ -12,7 +12,7 @@ import textwrap
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 
@@ -400,14 +400,128 @@ def numbers_appended(source: str, var: str) -> str | None:
 
 
 def without_retain_graph(source: str) -> str | None:
-    """Every ``retain_graph=True`` dropped from backward and grad calls; None if there is none."""
+    """Every ``retain_graph=...`` (True, or a variable: the recording saw it true) dropped from
+    backward and grad calls; None if there is none."""
     tree = ast.parse(source)
     hit = False
     for n in ast.walk(tree):
         if isinstance(n, ast.Call):
-            kept = [k for k in n.keywords if not (k.arg == "retain_graph" and isinstance(k.value, ast.Constant)
-                                                   and k.value.value is True)]
+            kept = [k for k in n.keywords if not (k.arg == "retain_graph" and not (
+                isinstance(k.value, ast.Constant) and not k.value.value))]
             if len(kept) != len(n.keywords):
                 n.keywords = kept
                 hit = True
     return ast.unparse(ast.fix_missing_locations(tree)) + "\n" if hit else None
+
+
+def _is_grad_call(n: ast.AST) -> TypeGuard[ast.Call]:
+    """``torch.autograd.grad(...)``, ``autograd.grad(...)`` or a bare ``grad(...)``."""
+    if not isinstance(n, ast.Call):
+        return False
+    f = n.func
+    if isinstance(f, ast.Name):
+        return f.id == "grad"
+    return (isinstance(f, ast.Attribute) and f.attr == "grad" and isinstance(f.value, ast.Name | ast.Attribute)
+            and ast.unparse(f.value) in ("torch.autograd", "autograd"))
+
+
+def _true_keyword(n: ast.Call, name: str) -> bool:
+    return any(k.arg == name and isinstance(k.value, ast.Constant) and k.value.value is True for k in n.keywords)
+
+
+def input_grads(source: str, model: str, y: str) -> str | None:
+    """Every ``grad(E, z, create_graph=True)[0]`` whose ``E`` calls ``model(z)`` once made
+    ``input_grad(lambda y, out: E', model, z, y)`` (``E'``: ``E`` with that call replaced by ``out``;
+    just ``input_grad(fn, model, z, y)`` when ``E`` is ``fn(y, model(z))``), which keeps no graph of
+    ``model`` (see :func:`gradscope.strategies.input_grad`). None when no call has that shape."""
+    tree = _inline_grad_outputs(ast.parse(source), model)
+    out = _fresh_name(source, "out")
+
+    def rewritten(call: ast.Call) -> ast.expr | None:
+        if not _is_grad_call(call) or not _true_keyword(call, "create_graph") or len(call.args) != 2:
+            return None
+        if any(k.arg not in ("create_graph", "retain_graph") for k in call.keywords):
+            return None
+        expr, z = call.args
+        if not isinstance(z, ast.Name):
+            return None
+        hits = [n for n in ast.walk(expr) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+                and n.func.id == model and len(n.args) == 1 and not n.keywords
+                and isinstance(n.args[0], ast.Name) and n.args[0].id == z.id]
+        if len(hits) != 1 or sum(isinstance(n, ast.Name) and n.id == z.id for n in ast.walk(expr)) != 1:
+            return None  # z must reach E only through the model
+        if (isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and not expr.keywords
+                and len(expr.args) == 2 and isinstance(expr.args[0], ast.Name) and expr.args[0].id == y
+                and expr.args[1] is hits[0]):
+            fn: ast.expr = ast.Name(expr.func.id, ast.Load())
+        else:
+            class _Put(ast.NodeTransformer):
+                def visit_Call(self, node: ast.Call) -> ast.AST:
+                    return ast.Name(out, ast.Load()) if node is hits[0] else self.generic_visit(node)
+
+            body = _Put().visit(expr)
+            args = ast.arguments(posonlyargs=[], args=[ast.arg(y), ast.arg(out)], kwonlyargs=[], kw_defaults=[],
+                                 defaults=[])
+            fn = ast.Lambda(args=args, body=body)
+        return ast.Call(ast.Name("input_grad", ast.Load()),
+                        [fn, ast.Name(model, ast.Load()), ast.Name(z.id, ast.Load()), ast.Name(y, ast.Load())], [])
+
+    class _Swap(ast.NodeTransformer):
+        hit = False
+
+        def visit_Subscript(self, node: ast.Subscript) -> ast.AST:
+            if (isinstance(node.value, ast.Call) and isinstance(node.slice, ast.Constant)
+                    and node.slice.value == 0 and (new := rewritten(node.value)) is not None):
+                _Swap.hit = True
+                return new
+            return self.generic_visit(node)
+
+        def visit_Call(self, node: ast.Call) -> ast.AST:
+            new = rewritten(node)
+            if new is None:
+                return self.generic_visit(node)
+            _Swap.hit = True
+            return ast.Tuple([new], ast.Load())
+
+    tree = _Swap().visit(tree)
+    if not _Swap.hit:
+        return None
+    tree.body.insert(0, ast.ImportFrom("gradscope.strategies", [ast.alias("input_grad")], 0))
+    return ast.unparse(ast.fix_missing_locations(tree)) + "\n"
+
+
+def create_graph_dropped(source: str) -> str | None:
+    """Every ``create_graph=True`` of a grad or backward call made ``retain_graph=True`` (the
+    forward graph stays for the next call; no graph of the backward is built). None if none."""
+    tree = ast.parse(source)
+    hit = False
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Call) and _true_keyword(n, "create_graph"):
+            kept = [k for k in n.keywords if k.arg not in ("create_graph", "retain_graph")]
+            n.keywords = [*kept, ast.keyword("retain_graph", ast.Constant(True))]
+            hit = True
+    return ast.unparse(ast.fix_missing_locations(tree)) + "\n" if hit else None
+
+
+def _inline_grad_outputs(tree: ast.Module, model: str) -> ast.Module:
+    """``f = E`` followed by ``grad(f, z, ...)`` in the same statement list, where ``E`` calls
+    ``model`` and ``f`` is read nowhere else: the assignment dropped and ``E`` written in the call."""
+    for body in _walk_bodies(tree):
+        i = 0
+        while i < len(body):
+            st = body[i]
+            if (isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name)
+                    and _calls_name(st.value, model)):
+                name = st.targets[0].id
+                reads = [(j, n) for j, later in enumerate(body[i + 1:], i + 1) for n in ast.walk(later)
+                         if isinstance(n, ast.Name) and n.id == name]
+                uses = [(j, c) for j, later in enumerate(body[i + 1:], i + 1) for c in ast.walk(later)
+                        if _is_grad_call(c) and _true_keyword(c, "create_graph") and c.args
+                        and isinstance(c.args[0], ast.Name) and c.args[0].id == name]
+                anywhere = sum(isinstance(n, ast.Name) and n.id == name for n in ast.walk(tree))
+                if len(reads) == 1 and len(uses) == 1 and anywhere == 2:  # (its store and this read)
+                    uses[0][1].args[0] = st.value
+                    del body[i]
+                    continue
+            i += 1
+    return tree

@@ -4,7 +4,8 @@
 pattern                                    functions
 =========================================  ==================================================
 mixed second derivative, frozen model      :func:`mixed_grad` (``create_graph`` / ``forward_ad`` / ``split``),
-                                           :func:`grad_of_input_grads` (the same, over many ``z_i``)
+                                           :func:`grad_of_input_grads` (the same, over many ``z_i``),
+                                           :func:`input_grad` (a drop-in for ``autograd.grad(..., create_graph=True)``)
 loss over many outputs of one model        :func:`many_inputs_backward` (``stacked`` / ``two_pass``)
 hypergradient through optimizer steps      :func:`hypergradient` (``unrolled`` / ``finite_difference`` /
                                            ``inplace``), :func:`unrolled_params` (``truncate=``),
@@ -39,6 +40,7 @@ from gradscope.strategies.mixed import (
     MIXED_GRAD_METHODS,
     frozen,
     grad_of_input_grads,
+    input_grad,
     mixed_grad,
 )
 from gradscope.strategies.penalties import PENALTY_METHODS, PenaltyBranches
@@ -55,6 +57,7 @@ __all__ = [
     "finite_difference_grad",
     "frozen",
     "grad_of_input_grads",
+    "input_grad",
     "hypergradient",
     "jacobian",
     "many_inputs_backward",

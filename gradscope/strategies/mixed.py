@@ -29,7 +29,7 @@ from torch.autograd import forward_ad
 from gradscope.strategies._checks import _fail, _need_callable, _need_method, _need_scalar, _need_tensor
 from gradscope.strategies._tangents import frozen_operand_tangents
 
-__all__ = ["INPUT_GRADS_METHODS", "MIXED_GRAD_METHODS", "frozen", "grad_of_input_grads", "mixed_grad"]
+__all__ = ["INPUT_GRADS_METHODS", "MIXED_GRAD_METHODS", "frozen", "grad_of_input_grads", "input_grad", "mixed_grad"]
 
 MIXED_GRAD_METHODS = ("create_graph", "forward_ad", "split")
 INPUT_GRADS_METHODS = ("create_graph", "forward_ad", "split")
@@ -327,3 +327,83 @@ def _loop_forward_ad(
         if v is not None:
             total = total + _by_forward_ad(f, G, z, y, v, params)
     return total
+
+
+_FG = "input_grad"
+
+
+def input_grad(
+    f: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    G: Callable[[torch.Tensor], torch.Tensor],
+    z: torch.Tensor,
+    y: torch.Tensor,
+    frozen_params: Iterable[torch.Tensor] = (),
+) -> torch.Tensor:
+    """``df(y, G(z))/dz`` as a tensor that can be differentiated with respect to ``y``, without
+    keeping any graph of the frozen model ``G``: a drop-in replacement for
+    ``torch.autograd.grad(f(y, G(z)), z, create_graph=True)[0]`` when what follows differentiates
+    the result with respect to ``y`` only (the seed-000 loop).
+
+    Its value comes from one plain backward; its backward, given ``v = dL/d(df/dz)``, is
+    :func:`mixed_grad` by forward AD (``d/dy <v, df/dz>``), so only ``z`` and ``y`` are kept between
+    the two, whatever ``G``'s depth. Gradients flow to ``y`` (and through ``y``'s own graph) only:
+    not to ``z``, ``G``'s parameters or tensors ``f`` closes over, and not twice (a second
+    derivative through it raises).
+
+    Args:
+        f: ``f(y, g) -> scalar``.
+        G: the frozen model, a function or an ``nn.Module`` (its parameters are not differentiated).
+        z: input of ``G``, a floating-point tensor (it need not require grad).
+        y: what the result is later differentiated with respect to; must require grad.
+        frozen_params: for a plain-function ``G`` that closes over parameters, those parameters.
+
+    Returns:
+        A tensor shaped like ``z``.
+
+    Raises:
+        GradscopeError: a callable, tensor or ``requires_grad`` that is off.
+
+    Example:
+        >>> import torch
+        >>> G = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh())
+        >>> f = lambda y, g: ((y * g) ** 2).sum()
+        >>> z, y = torch.randn(2, 4, requires_grad=True), torch.randn(2, 3, requires_grad=True)
+        >>> a = torch.autograd.grad(torch.autograd.grad(f(y, G(z)), z, create_graph=True)[0].sum(), y)[0]
+        >>> b = torch.autograd.grad(input_grad(f, G, z, y).sum(), y)[0]
+        >>> torch.allclose(a, b, atol=1e-6)
+        True
+    """
+    _need_callable(_FG, "f", f)
+    _need_callable(_FG, "G", G)
+    _need_tensor(_FG, "z", z)
+    _need_tensor(_FG, "y", y, requires_grad=True)
+    if not z.is_floating_point():
+        raise _fail(_FG, f"`z` must be a floating-point tensor, got dtype {z.dtype}.")
+    params = list(frozen_params)
+    if isinstance(G, nn.Module):
+        params += list(G.parameters())
+    return _InputGrad.apply(y, z.detach(), f, G, params)
+
+
+class _InputGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: object, y: torch.Tensor, z: torch.Tensor, f: _Fn, G: _G,  # type: ignore[override]
+                params: list[torch.Tensor]) -> torch.Tensor:
+        with torch.enable_grad(), frozen(params):
+            z_leaf = z.requires_grad_(True)
+            out = _need_scalar(_FG, "`f`", f(y.detach(), G(z_leaf)))
+            (dfdz,) = torch.autograd.grad(out, z_leaf, allow_unused=True)
+        z_leaf.requires_grad_(False)
+        ctx.save_for_backward(y, z)  # type: ignore[attr-defined]
+        ctx.fns = (f, G, params)  # type: ignore[attr-defined]
+        return torch.zeros_like(z) if dfdz is None else dfdz
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: object, v: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+        y, z = ctx.saved_tensors  # type: ignore[attr-defined]
+        f, G, params = ctx.fns  # type: ignore[attr-defined]
+        with torch.enable_grad():
+            y_leaf = y.detach().requires_grad_(True)
+            dy = _by_forward_ad(f, G, z, y_leaf, v.detach(), params)
+        return dy, None, None, None, None

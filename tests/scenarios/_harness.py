@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import difflib
 import fnmatch
 import linecache
 import re
@@ -54,7 +55,7 @@ __all__ = [
 
 # Advice kinds and how each is recognised in a finding's code (what the user would paste).
 ADVICE_KINDS: dict[str, str] = {
-    "mixed_grad_forward_ad": r"mixed_grad\(.*forward_ad",
+    "mixed_grad_forward_ad": r"mixed_grad\(.*forward_ad|input_grad\(",
     "no_grad": r"no_grad\(\)",
     "freeze": r"requires_grad_\(False\)",
     "no_grad_or_freeze": r"no_grad\(\)|requires_grad_\(False\)",
@@ -65,6 +66,7 @@ ADVICE_KINDS: dict[str, str] = {
     "two_pass": r"many_inputs_backward\(.*two_pass",
     "penalty_branches": r"PenaltyBranches\(",
     "jacobian": r"(?<!\.)jacobian\(",
+    "drop_create_graph": r"retain_graph=True",
     "hypergradient": r"hypergradient\(|unrolled_params\(",
     "sum_losses": r"\+[^\n]*\)\.backward\(\)",
     "backward_per_micro_batch": r"/[^\n]*\)\.backward\(\)",
@@ -93,12 +95,13 @@ class Advice:
         if self.kind not in ADVICE_KINDS:
             raise ValueError(f"unknown advice kind {self.kind!r}; add it to ADVICE_KINDS")
 
-    def given_by(self, finding: Any) -> bool:
-        """Whether ``finding`` gives this advice."""
+    def given_by(self, finding: Any, step: str = "") -> bool:
+        """Whether ``finding`` gives this advice: its kind in what the finding's code adds to
+        the user's ``step`` (a rewritten step repeats the user's own lines)."""
         if self.pattern is not None and finding.pattern != self.pattern:
             return False
-        code = finding.code or ""
-        if not re.search(ADVICE_KINDS[self.kind], code, flags=re.DOTALL):
+        code = finding.code or finding.sketch or ""  # (a finding gradscope could not run keeps its call aside)
+        if not re.search(ADVICE_KINDS[self.kind], _added(code, step), flags=re.DOTALL):
             return False
         if self.target is None:
             return True
@@ -131,7 +134,18 @@ def _frozen_in(code: str, name: str, kind: str) -> bool:
 
 def advice_in(diagnosis: Any, advice: Advice) -> list[Any]:
     """The findings of ``diagnosis`` that give ``advice``."""
-    return [f for f in diagnosis.findings if advice.given_by(f)]
+    return [f for f in diagnosis.findings if advice.given_by(f, getattr(diagnosis, "step", ""))]
+
+
+def _added(code: str, step: str) -> str:
+    """The lines of ``code`` that are not the user's ``step`` (compared without indentation, so
+    that a statement moved under a new ``with`` stays the user's)."""
+    if not step:
+        return code
+    new = code.splitlines()
+    a, b = [ln.strip() for ln in step.splitlines()], [ln.strip() for ln in new]
+    ops = difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes()
+    return "\n".join(ln for tag, _, _, j1, j2 in ops if tag in ("insert", "replace") for ln in new[j1:j2])
 
 
 EFFECTS = ("changes the result", "raises the peak", "does not lower the peak")

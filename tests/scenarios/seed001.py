@@ -135,7 +135,7 @@ SCENARIOS = [
         user=stacked,
         fix=stacked_fix,
         fix_code=FIX_STACKED,
-        right=(Advice("two_pass", target="f"),),
+        right=(Advice("two_pass", target="f"), Advice("checkpoint_bn_exact", target="f")),
         wrong=(
             Wrong(Advice("checkpoint"), stacked_checkpointed, "changes the result",
                   "checkpointing runs f's forward again in backward: batch norm's running statistics "
@@ -156,7 +156,7 @@ SCENARIOS = [
         user=losses_user,
         fix=losses_fix,
         fix_code=FIX_LOSSES,
-        right=(Advice("two_pass", target="f"),),
+        right=(Advice("two_pass", target="f"), Advice("checkpoint_bn_exact", target="f")),
         wrong=(
             Wrong(Advice("item", target="losses"), losses_item, "changes the result",
                   "floats carry no graph: the coupled loss cannot be back-propagated (raises)",

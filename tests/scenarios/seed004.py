@@ -187,7 +187,7 @@ SCENARIOS = [
         user=rows,
         fix=rows_fix,
         fix_code='J = jacobian(lambda v: net(v.view(1, -1)).view(-1), x, method="jacfwd")  # 512 x 16: tall, forward mode',
-        right=(Advice("jacobian", target="net"),),
+        right=(Advice("jacobian", target="net"), Advice("drop_create_graph")),
         wrong=(
             Wrong(Advice("no_grad", target="net"), rows_no_grad, "changes the result",
                   "the Jacobian is net's derivative: without its graph autograd.grad raises",
@@ -207,7 +207,7 @@ SCENARIOS = [
         user=repeat_trick,
         fix=repeat_fix,
         fix_code='J = jacobian(net, x, method="jacfwd")  # 256 outputs, 32 inputs: tall, forward mode',
-        right=(Advice("jacobian", target="net"),),
+        right=(Advice("jacobian", target="net"), Advice("drop_create_graph")),
         wrong=(
             Wrong(Advice("no_grad", target="net"), repeat_no_grad, "changes the result",
                   "the Jacobian is net's derivative: without its graph autograd.grad raises",

@@ -499,7 +499,7 @@ SCENARIOS = [
         user=accum_list,
         fix=accum_fix,
         fix_code=ACCUM_FIX,
-        right=(Advice("backward_per_micro_batch", target="loss"),),
+        right=(Advice("backward_per_micro_batch", target="loss"), Advice("checkpoint", target="model")),
         wrong=(
             Wrong(Advice("item", target="losses"), accum_list_item, "changes the result",
                   "the mean of the losses is back-propagated: numbers cannot be (raises)",
@@ -517,7 +517,7 @@ SCENARIOS = [
         user=accum_sum,
         fix=accum_fix,
         fix_code=ACCUM_FIX,
-        right=(Advice("backward_per_micro_batch", target="loss"),),
+        right=(Advice("backward_per_micro_batch", target="loss"), Advice("checkpoint", target="model")),
         wrong=(
             Wrong(Advice("item"), accum_sum_item, "changes the result",
                   "the total is back-propagated: a float has no backward (raises)",

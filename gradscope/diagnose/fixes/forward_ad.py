@@ -3,6 +3,7 @@ from __future__ import annotations
 from gradscope.diagnose.facts import GRAPH_CATEGORIES, MIN_SAVING, Context, replay
 from gradscope.diagnose.measure import mixed_grad_proxy, proxy_peak
 from gradscope.diagnose.report import Finding, GraphHolder
+from gradscope.diagnose.step import input_grads
 from gradscope.recording import Category, format_bytes
 
 
@@ -99,5 +100,12 @@ def propose(ctx: Context, holders: list[GraphHolder]) -> list[Finding]:
                 "  # v = dg/d(dfdz) from the values of dfdz"
             ),
             saves_bytes=saving,
+            uses=(name, yname),
         )
     ]
+
+
+def rewrite(ctx: Context, f: Finding, source: str) -> str | None:
+    """The step with each ``autograd.grad(..., create_graph=True)`` through the model made
+    ``input_grad(...)``: the same values and derivative, no graph of the model kept."""
+    return input_grads(source, *f.uses) if len(f.uses) == 2 else None

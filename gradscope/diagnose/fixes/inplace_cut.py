@@ -12,8 +12,9 @@ def propose(ctx: Context, holders: list[GraphHolder]) -> list[Finding]:
     ``optimizer.step()`` does) after a create_graph backward: the update is not in the graph,
     so what the inner gradients depended on (``A``) is cut out of the validation loss, and
     ``autograd.grad`` raises "... appears to not have been used in the graph"."""
-    err = ctx.rec.error or ""
-    if "not have been used in the graph" not in err:
+    # the block's error, or a backward call's that the user caught inside the block
+    errors = [ctx.rec.error or "", *(c.error or "" for c in ctx.rec.backward_calls)]
+    if not any("not have been used in the graph" in e for e in errors):
         return []
     g = ctx.g
     inner = [c for c in g.calls if c.create_graph and g.param_inputs(c)]

@@ -3,7 +3,12 @@ from __future__ import annotations
 from gradscope.diagnose.facts import GRAPH_CATEGORIES, Context, numel
 from gradscope.diagnose.measure import jacobian_proxy, proxy_peak
 from gradscope.diagnose.report import Finding, GraphHolder
+from gradscope.diagnose.step import create_graph_dropped
 from gradscope.recording import format_bytes
+
+# the suggestion names gradscope.strategies.jacobian, which the rewriting (retain_graph instead of
+# create_graph) does not run: where the rewriting saves nothing, the suggestion stays, unrun
+STRATEGY = True
 
 
 # ----- Jacobians row by row with create_graph, read only ------------------------------------------
@@ -53,8 +58,10 @@ def propose(ctx: Context, holders: list[GraphHolder]) -> list[Finding]:
                 f"them afterwards: their graphs hold {format_bytes(held)} at the peak for nothing"
             ),
             suggestion=(
-                f"the Jacobian is only read: compute it without keeping graphs, in {('forward' if method == 'jacfwd' else 'reverse')} "
-                f"mode for this {shape_word} Jacobian (gradscope.strategies.jacobian); or drop create_graph=True"
+                "the Jacobian is only read: take its rows with retain_graph=True instead of create_graph=True "
+                "(the same values; no graph of each backward is built), or compute it in "
+                f"{('forward' if method == 'jacfwd' else 'reverse')} mode for this {shape_word} Jacobian "
+                "with gradscope.strategies.jacobian"
             ),
             code=(
                 f'J = jacobian(lambda v: {name}(v.view(1, -1)).view(-1), {x}.reshape(-1), method="{method}")'
@@ -63,3 +70,8 @@ def propose(ctx: Context, holders: list[GraphHolder]) -> list[Finding]:
             saves_bytes=saving,
         )
     ]
+
+
+def rewrite(ctx: Context, f: Finding, source: str) -> str | None:
+    """The step with ``create_graph=True`` made ``retain_graph=True``."""
+    return create_graph_dropped(source)

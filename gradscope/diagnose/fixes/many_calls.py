@@ -60,17 +60,21 @@ def propose(ctx: Context, holders: list[GraphHolder]) -> list[Finding]:
                     "for one backward over a sum of their losses"
                 ),
                 suggestion=(
-                    "call backward on each micro-batch's loss inside the loop: the gradients add up in .grad "
-                    "to the same values, and each graph is freed at once; step the optimizer after the loop"
+                    f"checkpoint {name}: each call keeps only its input, and backward recomputes one call's "
+                    "activations at a time (the same gradients, dropout masks replayed"
+                    + (", batch-norm statistics moved once" if _bn(model) else "") + "); "
+                    "or call backward on each micro-batch's loss inside the loop: the gradients add up in .grad "
+                    "to the same values, and each graph is freed at once"
                 ),
                 code=f"(loss{scale}).backward()  # in the loop, for each micro-batch; opt.step() after it",
                 saves_bytes=ctx.saving(rest + own),
+                uses=(name,),
             )
         ]
     own = proxy_peak(two_pass_proxy(given, n), model)
     if own is None:
         return []
-    bn = any(isinstance(m, nn.modules.batchnorm._NormBase) for m in model.modules())
+    bn = _bn(model)
     coupled = "couples them" if merge else "is formed from all of them (if it only sums them, a backward per micro-batch is simpler)"
     return [
         Finding(
@@ -82,12 +86,28 @@ def propose(ctx: Context, holders: list[GraphHolder]) -> list[Finding]:
                 f"for one loss that {coupled}"
             ),
             suggestion=(
-                f"compute the outputs without graphs, take the loss's gradient with respect to them, then "
-                f"run {name} again one input at a time with that gradient: one graph alive at a time, "
-                "the same gradients"
-                + (" (batch-norm statistics and dropout masks stay as in one pass)" if bn else "")
+                f"checkpoint {name}: each call keeps only its input, and backward recomputes one call's "
+                "activations at a time (the same gradients, dropout masks replayed"
+                + (", batch-norm statistics moved once" if bn else "") + "); gradscope.strategies."
+                f"many_inputs_backward({name}, {xs}, loss_of_outputs, method=\"two_pass\") does the same in two passes"
             ),
             code=f'L = many_inputs_backward({name}, {xs}, g, method="two_pass")  # g(zs): your loss on the stacked outputs',
             saves_bytes=ctx.saving(rest + own),
+            uses=(name,),
         )
     ]
+
+
+def _bn(model: nn.Module) -> bool:
+    return any(isinstance(m, nn.modules.batchnorm._NormBase) for m in model.modules())
+
+
+def rewrite(ctx: Context, f: Finding, source: str) -> tuple[str, str] | None:
+    """Your step as it is, with the model checkpointed once before it: every call's activations
+    are recomputed in backward, one call at a time."""
+    from gradscope.diagnose.toolbox.checkpoint import wrapped_forwards
+
+    model = ctx.ns.get(f.uses[0]) if f.uses else None
+    if not isinstance(model, nn.Module):
+        return None
+    return wrapped_forwards([f.uses[0]], _bn(model)), source

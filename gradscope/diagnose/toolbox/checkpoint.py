@@ -31,7 +31,14 @@ _KEEP_BN = (
 
 
 def _generic(name: str, paths: list[str], bn: bool) -> str:
-    blocks = ", ".join(code_path(f"{name}.{p}") for p in paths)
+    return wrapped_forwards([code_path(f"{name}.{p}") for p in paths], bn)
+
+
+def wrapped_forwards(blocks_code: list[str], bn: bool) -> str:
+    """Set-up code that checkpoints each of the modules named by ``blocks_code`` (expressions in
+    the user's names): its ``forward`` wrapped in a non-reentrant checkpoint (dropout masks
+    replayed), with batch-norm running statistics put back after the recompute when ``bn``."""
+    blocks = ", ".join(blocks_code)
     lines = ["from torch.utils.checkpoint import checkpoint"]
     if bn:
         lines.insert(0, "import contextlib")
