@@ -45,22 +45,16 @@ BY_ID = {v.id: v for v in VARIANTS}
 # Where gs.diagnose is wrong on a variant today, with what it says and why that is wrong (strict: a
 # variant that starts passing fails here, and moves to the right column of the table below).
 _CAUGHT_IN_FORWARD = (
-    "the budget error is raised outside any backward call (in {where}) and caught inside the block: the recording "
-    "keeps no trace of it (rec.oom is None, no error), so gs.diagnose sees the partial run's peak as a step that "
-    "fits and says {says}"
+    "the budget error is raised outside any backward call (in {where}) and caught inside the block: diagnosed "
+    "as the block's failure, but {says}"
 )
 _NOTEBOOK_ROOM = (
     "in a %%gradscope --budget cell with 2 MiB resident from an earlier cell: at the failure the toolbox compares "
     "the step's peak on copies with the whole budget (resident included) plus what the copies hold, notes 'the "
     "failure depended on state the copies do not have' and {says}"
 )
-_NOTHING = "nothing (no finding)"
 WRONG_TODAY: dict[str, str] = {
     # seed 000
-    "seed000-n8,batch16,width96,out384-notebook-very-tight-caught-trainable":
-        _CAUGHT_IN_FORWARD.format(where="G's forward, 2 z done", says=_NOTHING),
-    "seed000-n16,batch4,width64,out256-notebook-tight-resident-trainable":
-        _NOTEBOOK_ROOM.format(says="gives no create_graph finding (forward AD through G) at all"),
     # seed 001
     # seed 004
     "seed004-n_in8,hidden96,n_out96-function-tight-resident-frozen":
@@ -68,18 +62,20 @@ WRONG_TODAY: dict[str, str] = {
         "nothing recorded shows the create_graph rows and the toolbox has no Jacobian fix: no finding, while the "
         "fix (jacobian, jacfwd) fits and needs no eye",
     "seed004-n_in12,hidden64,n_out160-notebook-very-tight-caught-trainable":
-        _CAUGHT_IN_FORWARD.format(where="torch.eye / zeros, before any row", says=_NOTHING),
+        _CAUGHT_IN_FORWARD.format(where="torch.eye / zeros, before any row", says="no row was taken: nothing "
+                                  "recorded shows the create_graph rows, and no Jacobian fix is tried from the code"),
     "seed004-n_in16,hidden128,n_out128-script-very-tight-caught-resident-frozen":
-        _CAUGHT_IN_FORWARD.format(where="torch.eye / zeros, before any row", says=_NOTHING),
+        _CAUGHT_IN_FORWARD.format(where="torch.eye / zeros, before any row", says="no row was taken: nothing "
+                                  "recorded shows the create_graph rows, and no Jacobian fix is tried from the code"),
     # training loops
-    "eval_then_train-n_val384,batch24,width320-notebook-very-tight-caught":
-        _CAUGHT_IN_FORWARD.format(where="the evaluation forward", says=_NOTHING),
-    "eval_then_train-n_val512,batch16,width256-script-very-tight-caught-resident":
-        _CAUGHT_IN_FORWARD.format(where="the evaluation forward", says=_NOTHING),
     "batchnorm_depth-depth5,width160,batch128-notebook-very-tight-caught":
-        _CAUGHT_IN_FORWARD.format(where="the forward", says=_NOTHING),
+        _CAUGHT_IN_FORWARD.format(where="the forward", says="checkpointing is not proposed (its segments come "
+                                  "from activations recorded before the failure) and micro-batches change the "
+                                  "batch-norm statistics: no finding"),
     "batchnorm_depth-depth6,width128,batch128-script-very-tight-caught-resident":
-        _CAUGHT_IN_FORWARD.format(where="the forward", says=_NOTHING),
+        _CAUGHT_IN_FORWARD.format(where="the forward", says="checkpointing is not proposed (its segments come "
+                                  "from activations recorded before the failure) and micro-batches change the "
+                                  "batch-norm statistics: no finding"),
     # the GAN: G's graph is back-propagated for nothing, but the failure comes before opt_G.zero_grad() says so
     "gan-batch24,width384-function-tight-resident":
         "fails in the penalty's norm (aten::sqrt), before loss_D.backward and opt_D.step: nothing recorded yet says "

@@ -68,7 +68,7 @@ class Held:
     where: str | None = None
     budget_resident: int = 0
     error: str | None = None  # why the recorder could not list live tensors
-    caught: bool = False  # the failure was a backward call's, caught inside the block (see `caught_oom`)
+    caught: bool = False  # the failure was caught inside the block (see `caught_oom`)
 
 
 # what gs.MemoryBudgetExceeded says (gradscope.errors): requested, live and budget in bytes, and where
@@ -601,8 +601,9 @@ class Context:
             self.notes.append(f"the recorder could not list live tensors: {self.held.error}")
         if self.held.caught:
             self.notes.append(
-                "a backward call ran out of memory and the block caught the error: diagnosed as the "
-                "block's failure, with what was live at its peak."
+                "the block ran out of memory"
+                + (f" in {self.held.where}" if self.held.where else "")
+                + " and caught the error: diagnosed as the block's failure, with what was live at its peak."
             )
 
     # ----- namespace ---------------------------------------------------------------------------

@@ -525,3 +525,14 @@ def _inline_grad_outputs(tree: ast.Module, model: str) -> ast.Module:
                     continue
             i += 1
     return tree
+
+
+def plain_derivatives(source: str) -> int:
+    """How many ``grad(...)`` / ``.backward(...)`` calls of the step do not build a graph of their own
+    (no ``create_graph=True``): the derivatives the step itself takes of what it computed."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return 0
+    return sum(1 for n in ast.walk(tree) if isinstance(n, ast.Call) and not _true_keyword(n, "create_graph")
+               and (_is_grad_call(n) or (isinstance(n.func, ast.Attribute) and n.func.attr == "backward")))

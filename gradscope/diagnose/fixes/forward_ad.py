@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+from gradscope._source import step_source
 from gradscope.diagnose.facts import GRAPH_CATEGORIES, MIN_SAVING, Context, replay
 from gradscope.diagnose.measure import mixed_grad_proxy, proxy_peak
 from gradscope.diagnose.report import Finding, GraphHolder
-from gradscope.diagnose.step import input_grads
+from gradscope.diagnose.step import inline, input_grads, plain_derivatives
 from gradscope.recording import Category, format_bytes
 
 
@@ -44,7 +47,15 @@ def propose(ctx: Context, holders: list[GraphHolder]) -> list[Finding]:
     # differentiated its parameters and no optimizer trains it (at a failure before the outer
     # derivative, a later backward may still train it: a gradient penalty)
     unused = g.trainable(root) and bool(later)
-    if g.trainable(root) and (not unused or root in g.differentiated_roots()
+    # at a failure before the outer derivative, where the step's code takes it (a derivative taken
+    # after the block, a penalty that trains the model, is not seen), the rewriting decides: it runs
+    # the whole step on copies and is shown only if every gradient equals the step's own, the
+    # model's included
+    step = (ctx.rec.extra or {}).get("step")
+    source = step_source(dict(step)) if ctx.moment == "failure" and not later and isinstance(step, Mapping) else None
+    inlined = None if source is None else inline(source, ctx.step_ns)  # (a step that calls the user's function)
+    runs = source is not None and plain_derivatives(inlined[0] if inlined else source) > 0
+    if g.trainable(root) and (not (unused or runs) or root in g.differentiated_roots()
                               or (model is not None and ctx.trained_by_optimizer(model))):
         return []
     z = g.nodes[cg[0].inputs[0]].leaf_shape if cg[0].inputs else None
@@ -82,18 +93,19 @@ def propose(ctx: Context, holders: list[GraphHolder]) -> list[Finding]:
             module=root,
             message=(
                 f"{n} autograd.grad call{'s' if n != 1 else ''} with create_graph=True through {name} "
-                f"(no parameter of it is trained) keep {name}'s activations and the graphs they built: "
+                + ("(nothing recorded before the failure trains its parameters) " if runs and g.trainable(root)
+                   else "(no parameter of it is trained) ")
+                + f"keep {name}'s activations and the graphs they built: "
                 f"{format_bytes(held)} at the peak, for a derivative taken afterwards with respect to "
                 f"`{yname}`: a mixed second derivative"
                 + (f"; {name}'s parameters require grad but nothing uses their gradients, so freezing "
                    f"{name} ({name}.requires_grad_(False)) is safe and forward AD applies" if unused else "")
             ),
             suggestion=(
-                f"push the direction through {name} as a forward-AD tangent instead: no graph of {name} "
-                + (f"is kept (predicted peak {format_bytes(fix_peak)})" if saving is not None else
-                   f"is kept (what it saves is not predicted: {name} is not among the variables given; "
-                   "forward AD pays off only over several passes)")
-                + "; with a loss g(dfdz) over the input gradients, take v = dg/d(dfdz) once from their values"
+                f"take those input gradients with gradscope.strategies.input_grad instead: the same values, "
+                f"and their derivative with respect to `{yname}` pushes the direction through {name} as a "
+                f"forward-AD tangent, so no graph of {name} is kept (mixed_grad(..., method=\"forward_ad\") "
+                "does one such pass by hand)"
             ),
             code=(
                 f'dgdy = sum(mixed_grad(f, {name}, z, {yname}, v=v[i], method="forward_ad") {loop})'

@@ -6,8 +6,15 @@ measures variants itself through ``bench`` where the fix has a size to choose (m
 
 from __future__ import annotations
 
-from gradscope.diagnose.toolbox import autocast, checkpoint, micro_batches, set_to_none, step_in_backward
+from gradscope.diagnose.toolbox import (
+    autocast,
+    checkpoint,
+    dead_forwards,
+    micro_batches,
+    set_to_none,
+    step_in_backward,
+)
 
-TOOLBOX = (checkpoint, micro_batches, step_in_backward, set_to_none, autocast)
+TOOLBOX = (dead_forwards, checkpoint, micro_batches, step_in_backward, set_to_none, autocast)
 
 __all__ = ["TOOLBOX"]
