@@ -46,7 +46,7 @@ CAND = ".gs-candidate-view"  # the recording shown under the comparison
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The page of ``python -m gradscope demo`` (default sizes: the 200-node graph the README describes)."""
+    """The page of ``python -m gradscope demo`` (default sizes: the 200-node graph docs/views.md describes)."""
     from gradscope.__main__ import main
 
     path = tmp_path_factory.mktemp("demo") / "demo.html"
@@ -161,7 +161,7 @@ def test_demo_first_screen_says_what_it_shows(demo: Path, truth: dict[str, Any],
         for part in (".gs-cmp-problem", ".gs-cmp-winner", ".gs-cmp-holder"):
             box = head.locator(part).bounding_box()
             assert box is not None and box["y"] >= 0 and box["y"] + box["height"] <= size[1], (part, box)
-        # README: a 1000 px window folds the 200-node demo by module; 1600 px shows every node
+        # docs/views.md: a 1000 px window folds the 200-node demo by module; 1600 px shows every node
         graph = page.locator(f"{CAND} .gs-graph")
         assert graph.get_attribute("data-node-count") == "200"
         depth = graph.get_attribute("data-depth")

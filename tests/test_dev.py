@@ -80,7 +80,9 @@ def test_pyproject_states_the_range_that_ci_runs() -> None:
     (torch_req,) = [Requirement(r) for r in PYPROJECT["project"]["dependencies"] if r.startswith("torch")]
     oldest, newest = min(ends, key=Version), max(ends, key=Version)
     assert str(torch_req.specifier) == f">={Version(oldest).major}.{Version(oldest).minor}"
-    readme = (ROOT / "README.md").read_text()
+    page = (ROOT / "docs" / "torch-versions.md").read_text()  # the supported-torch page
     short = lambda v: f"{Version(v).major}.{Version(v).minor}"  # noqa: E731
-    assert f"torch {short(oldest)} through {short(newest)}" in readme
-    assert f"torch {oldest} and {newest}" in readme
+    assert f"torch {short(oldest)} through {short(newest)}" in page
+    assert f"torch {oldest} and {newest}" in page
+    # the README's install line states the same range
+    assert f"({short(oldest)} through {short(newest)})" in (ROOT / "README.md").read_text()
