@@ -136,6 +136,7 @@ _CHILD = r"""
 import json, resource, sys, time
 mode, path = sys.argv[1], sys.argv[2]
 if mode == "gradscope":
+    import gradscope._snapshot.data as gsdata
     import gradscope.snapshot as gsnap
 else:
     import pickle
@@ -146,7 +147,7 @@ t0 = time.perf_counter()
 if mode == "gradscope":
     rec = gsnap.load_snapshot(path)
     data = gsnap.snapshot_data(rec)
-    kept = sum(len(getattr(data, c)) * 8 for c in gsnap._COLUMNS) + (len(data.time_us) * 8 if data.time_us else 0)
+    kept = sum(len(getattr(data, c)) * 8 for c in gsdata._COLUMNS) + (len(data.time_us) * 8 if data.time_us else 0)
     out = {"points": len(rec.timeline), "dropped": rec.timeline_dropped, "allocations": data.allocations,
            "kept_bytes": kept, "json_bytes": len(rec.to_json()), "peak": rec.peak_bytes,
            "leak": [str(a) for a in gsnap.accumulating_lines(data)][:1]}

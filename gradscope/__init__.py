@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from gradscope import _views
 from gradscope.errors import GradscopeError, MemoryBudgetExceeded
 from gradscope.recording import Recording, load
 
@@ -40,6 +41,19 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+# The views of each result, loaded on first use (see NOTE [ results ask the registry ] in _views)
+for _kind, _cls, _fn in (
+    ("text", "gradscope.recording.Recording", "gradscope.report:summary_text"),
+    ("html", "gradscope.recording.Recording", "gradscope.html:recording_html"),
+    ("html", "gradscope.compare.Comparison", "gradscope.html:comparison_html"),
+    ("html", "gradscope.job.Job", "gradscope.html:job_page_html"),
+    ("dot", "gradscope.recording.Recording", "gradscope.graph:to_dot"),
+    ("mimebundle", "gradscope.recording.Recording", "gradscope.widget:mimebundle"),
+    ("mimebundle", "gradscope.compare.Comparison", "gradscope.widget:mimebundle"),
+    ("mimebundle", "gradscope.job.Job", "gradscope.widget:mimebundle"),
+):
+    _views.declare(_kind, _cls, _fn)
 
 # Functions whose submodule has the same name are imported here, eagerly, so that the package
 # attribute is always the function (``gs.record(...)``) and never the module, whatever imports

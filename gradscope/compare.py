@@ -55,6 +55,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from gradscope import _views
 from gradscope.errors import GradscopeError
 from gradscope.figures import PEAK, SAVED_TOTAL, saved_activation_bytes
 from gradscope.recording import Recording, format_bytes
@@ -307,18 +308,14 @@ class Comparison:
 
     def to_html(self, path: str | None = None) -> str:
         """One self-contained HTML page of the comparison; written to ``path`` when given."""
-        from gradscope.html import comparison_html
-
-        html = comparison_html(self)
+        html = str(_views.render("html", self))  # see NOTE [ results ask the registry ]
         if path is not None:
             with open(path, "w", encoding="utf-8") as f:
                 f.write(html)
         return html
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        from gradscope.widget import mimebundle
-
-        return mimebundle(self)
+        return dict(_views.render("mimebundle", self))
 
     def __repr__(self) -> str:
         parts = ", ".join(f"{r.name}={r.status}" for r in self.rows)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from gradscope._units import format_bytes
+
 __all__ = ["GradscopeError", "MemoryBudgetExceeded"]
 
 
@@ -24,7 +26,6 @@ class MemoryBudgetExceeded(torch.OutOfMemoryError):
         self.live = live
         self.budget = budget
         self.where = where
-        from gradscope.recording import format_bytes  # here: recording imports this module
 
         msg = (
             f"gradscope: simulated device out of memory: tried to allocate {format_bytes(requested)} "

@@ -36,6 +36,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gradscope import _views
 from gradscope.errors import GradscopeError
 from gradscope.recording import Kind, Recording, atomic_write_text, format_bytes, load
 
@@ -164,9 +165,7 @@ class Job:
         notebook widget (per-rank table, imbalance, overlaid timelines, communication, each rank's
         graph), and where scripts do not run, the table and timelines of :func:`job_html`.
         Returns the HTML; writes it to ``path`` when given."""
-        from gradscope.html import job_page_html
-
-        page = job_page_html(self)
+        page = str(_views.render("html", self))  # see NOTE [ results ask the registry ]
         if path is not None:
             atomic_write_text(os.fspath(path), page)
         return page
@@ -198,9 +197,7 @@ class Job:
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
         """The widget in a notebook (gs.show(job)), with the text summary and the script-free
         table and timelines for renderers without widgets."""
-        from gradscope.widget import mimebundle
-
-        out = mimebundle(self)
+        out = dict(_views.render("mimebundle", self))
         out.setdefault("text/html", self._repr_html_())
         return out
 

@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, overload
 
+from gradscope import _views
+from gradscope._units import format_bytes
 from gradscope.errors import GradscopeError
 
 __all__ = [
@@ -649,30 +651,22 @@ class Recording:
     # ----- views -------------------------------------------------------------------------
     def summary(self, top: int = 5) -> str:
         """Deterministic text: totals, top saved tensors, top modules, peak location."""
-        from gradscope.report import summary_text
-
-        return summary_text(self, top=top)
+        return str(_views.render("text", self, top=top))  # see NOTE [ results ask the registry ]
 
     def to_html(self, path: str | os.PathLike[str] | None = None) -> str:
         """One self-contained HTML page (scripts and data inline, no network). Returns the HTML;
         writes it to ``path`` when given."""
-        from gradscope.html import recording_html
-
-        html = recording_html(self)
+        html = str(_views.render("html", self))
         if path is not None:
             atomic_write_text(os.fspath(path), html)
         return html
 
     def to_dot(self, max_nodes: int = 5000) -> Any:
         """A ``graphviz.Digraph`` of the graph with saved tensors and their bytes."""
-        from gradscope.graph import to_dot
-
-        return to_dot(self, max_nodes=max_nodes)
+        return _views.render("dot", self, max_nodes=max_nodes)
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        from gradscope.widget import mimebundle
-
-        return mimebundle(self)
+        return dict(_views.render("mimebundle", self))
 
     def __repr__(self) -> str:
         state = "" if self.complete else ", incomplete"
@@ -821,19 +815,6 @@ def load(path: str | os.PathLike[str]) -> Recording:
     except RecursionError:
         raise GradscopeError(f"gradscope: {p!r} is nested too deeply to be a gradscope recording.") from None
     return Recording.from_dict(data)
-
-
-def format_bytes(n: int | None) -> str:
-    """``1536`` -> ``'1.5 KiB'``; exact bytes under 1 KiB. Deterministic."""
-    if n is None:
-        return "n/a"
-    sign = "-" if n < 0 else ""
-    v = float(abs(n))
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if v < 1024 or unit == "TiB":
-            return f"{sign}{int(v)} B" if unit == "B" else f"{sign}{v:.1f} {unit}"
-        v /= 1024
-    raise AssertionError("unreachable")
 
 
 # ----- helpers ---------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from gradscope import _views
 from gradscope import figures as F
 from gradscope.errors import GradscopeError
 from gradscope.layout import GraphLayout, layout_levels
@@ -687,14 +688,10 @@ def mimebundle(obj: Any) -> dict[str, Any]:
         return out
     out = {"text/plain": text}
     try:
-        from gradscope.html import comparison_html, recording_html
-
-        if isinstance(obj, Recording):
-            out["text/html"] = recording_html(obj)
-        elif _is_job(obj):
+        if _is_job(obj):
             out["text/html"] = obj._repr_html_()  # the table and SVG: no script to run
-        else:
-            out["text/html"] = comparison_html(obj)
+        else:  # (the page is a view above this one: see NOTE [ results ask the registry ])
+            out["text/html"] = str(_views.render("html", obj))
     except GradscopeError:
         pass
     return out

@@ -44,8 +44,7 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass
 
-from gradscope.recording import Recording, format_bytes
-from gradscope.snapshot import (
+from gradscope._snapshot.data import (
     Accumulation,
     Fragmentation,
     LineBytes,
@@ -61,6 +60,7 @@ from gradscope.snapshot import (
     segment_states,
     snapshot_data,
 )
+from gradscope.recording import Recording, format_bytes
 
 __all__ = [
     "LARGE_PAGE",

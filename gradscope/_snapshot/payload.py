@@ -22,18 +22,18 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from gradscope.recording import Recording
-from gradscope.snapshot import (
+from gradscope._snapshot.data import (
     GroupTimeline,
     SnapshotData,
     bytes_by_line,
-    diagnose_snapshot,
     group_of,
     is_pytorch_frame,
     largest_live_blocks,
     memory_by_group,
     snapshot_data,
 )
+from gradscope._snapshot.diagnose import diagnose_snapshot
+from gradscope.recording import Recording
 
 __all__ = ["SNAPSHOT_GROUPS", "snapshot_payload"]
 
