@@ -13,7 +13,11 @@ printed beside them, ``memory="off"`` against a pack hook that detaches what it 
 _detaching_hook), and ``memory="off"`` recorded by gradscope's Python hooks and walk instead of its
 compiled ones (see _python_hooks).
 
-    python benchmarks/bench_small_ops.py [--repeats 9] [--clock cpu|wall] [--only tanh,lstm]
+The cost of source lines (``gs.record(lines=...)``, see NOTE [ where lines come from ] in
+gradscope._lines) is measured in the same run: each recording variant again with ``lines=False``,
+and the last columns print lines on / lines off (``--lines`` runs only those variants).
+
+    python benchmarks/bench_small_ops.py [--repeats 9] [--clock cpu|wall] [--only tanh,lstm] [--lines]
 """
 
 from __future__ import annotations
@@ -125,15 +129,15 @@ def _profiler(look: bool = False) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _recorded(memory: str, look: bool = False) -> Iterator[None]:
-    with gs.record(memory=memory) as rec:
+def _recorded(memory: str, look: bool = False, lines: bool = True) -> Iterator[None]:
+    with gs.record(memory=memory, lines=lines) as rec:
         yield
     if look:  # the analysis runs on first look (see NOTE [ analysis on first look ])
         assert rec.recording is not None
 
 
 @contextlib.contextmanager
-def _python_hooks() -> Iterator[None]:
+def _python_hooks(lines: bool = True) -> Iterator[None]:
     """``memory="off"`` recorded by the Python hooks and walk, as where no compiler is (see NOTE
     [ compiled hooks ] in gradscope._native): printed beside the targets, not part of them."""
     from gradscope import _native
@@ -141,7 +145,7 @@ def _python_hooks() -> Iterator[None]:
     compiled = _native.hooks
     _native.hooks = lambda: None  # type: ignore[assignment]
     try:
-        with gs.record(memory="off"):
+        with gs.record(memory="off", lines=lines):
             yield
     finally:
         _native.hooks = compiled  # type: ignore[assignment]
@@ -171,16 +175,22 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager[object]]] = {
     "profiler_look": lambda: _profiler(look=True),
     "off_look": lambda: _recorded("off", look=True),
     "default_look": lambda: _recorded("cpu", look=True),
+    # the same recordings without source lines (the cost of lines: printed last)
+    "off_nolines": lambda: _recorded("off", lines=False),
+    "default_nolines": lambda: _recorded("cpu", lines=False),
+    "off_python_nolines": lambda: _python_hooks(lines=False),
 }
+LINES_ONLY = ("plain", "off", "off_nolines", "default", "default_nolines", "off_python", "off_python_nolines")
 
 
-def measure(step: Step, repeats: int, clock: Callable[[], float]) -> dict[str, float]:
-    times: dict[str, list[float]] = {k: [] for k in VARIANTS}
+def measure(step: Step, repeats: int, clock: Callable[[], float],
+            names: tuple[str, ...] = tuple(VARIANTS)) -> dict[str, float]:
+    times: dict[str, list[float]] = {k: [] for k in names}
     for _ in range(2):  # warm up every path
-        for ctx in VARIANTS.values():
-            with ctx():
+        for name in names:
+            with VARIANTS[name]():
                 step()
-    order = list(VARIANTS)
+    order = list(names)
     shuffle = random.Random(0).shuffle
     for _ in range(repeats):  # interleaved, so drift hits every variant alike; in a new order each
         shuffle(order)  # round, so that what one variant leaves behind (the profiler's state, a big
@@ -199,7 +209,10 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--clock", choices=["cpu", "wall"], default="cpu")
     ap.add_argument("--only", default=",".join(WORKLOADS))
+    ap.add_argument("--lines", action="store_true", help="only the cost of source lines")
     args = ap.parse_args()
+    if args.lines:
+        return _lines_cost(args)
     clock = time.thread_time if args.clock == "cpu" else time.perf_counter
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, 1 thread, median of {args.repeats} interleaved runs, {args.clock} time")
@@ -224,9 +237,37 @@ def main() -> int:
               f"{r['off']:6.2f}x {r['default']:7.2f}x {d_vs_p:10.2f} {'OK' if d_vs_p <= 1.5 else 'MISS':>4s}"
               f" {o_vs_h:8.2f} {'OK' if o_vs_h <= 1.5 else 'MISS':>4s}"
               f"   {'':>18s} {med['default_look'] / med['profiler_look']:7.2f}  {med['off_look'] / med['pack_hook']:5.2f}"
-              f"   {med['off'] / med['detaching_hook']:20.2f}   {med['off_python'] / med['pack_hook']:29.2f}")
+              f"   {med['off'] / med['detaching_hook']:20.2f}   {med['off_python'] / med['pack_hook']:29.2f}"
+              f"   lines: {_lines_columns(med)}")
         sys.stdout.flush()
     return 0 if ok or os.environ.get("GRADSCOPE_BENCH_NO_FAIL") else 1
+
+
+def _lines_columns(med: dict[str, float]) -> str:
+    """Lines on / lines off, per recording variant."""
+    return (f"off {med['off'] / med['off_nolines']:.3f}  default {med['default'] / med['default_nolines']:.3f}"
+            f"  off (Python hooks) {med['off_python'] / med['off_python_nolines']:.3f}")
+
+
+def _lines_cost(args: argparse.Namespace) -> int:
+    clock = time.thread_time if args.clock == "cpu" else time.perf_counter
+    torch.set_num_threads(1)
+    print(f"torch {torch.__version__}, 1 thread, median of {args.repeats} interleaved runs, {args.clock} time")
+    print("cost over plain without lines -> with lines (lines on / lines off)")
+    quiet = LineFilter(_PROFILER_LINES)
+    for name in args.only.split(","):
+        sys.stdout.flush()
+        quiet.start()
+        try:
+            med = measure(WORKLOADS[name](), args.repeats, clock, LINES_ONLY)
+        finally:
+            quiet.stop()
+        plain = med["plain"]
+        cells = [f"{v:<18s} {med[v + '_nolines'] / plain:5.2f}x -> {med[v] / plain:5.2f}x ({med[v] / med[v + '_nolines']:.3f})"
+                 for v in ("off", "default", "off_python")]
+        print(f"{TITLES[name]:34s} {plain * 1e3:6.1f}ms   " + "   ".join(cells))
+        sys.stdout.flush()
+    return 0
 
 
 if __name__ == "__main__":

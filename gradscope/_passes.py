@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gradscope import _compat, _held, _names
+from gradscope import _compat, _held, _lines, _names
 from gradscope._trace import (
     C_ROOT,
     C_SEQ0,
@@ -687,7 +687,7 @@ class Memory:
 
 
 def memory_pass(trace: Trace, graph: Graph, prefixes: Sequence[str], steps: Steps, orders: Sequence[int],
-                modules: Sequence[str | None], saves: Saves) -> Memory:
+                modules: Sequence[str | None], saves: Saves, node_line: Sequence[int | None] = ()) -> Memory:
     """The allocation table, each allocation's category and phase, the timeline and the peak.
 
     The memory source's events are read as columns: each event gets its step, phase, module and
@@ -700,10 +700,16 @@ def memory_pass(trace: Trace, graph: Graph, prefixes: Sequence[str], steps: Step
     t0 = trace.t0_ns
     calls = trace.calls
     if n:
-        t_l, size_l, key_l, label_l, scope_l, stamp_l, res_l, call_l, hint_l, bw_l = (list(c) for c in zip(*events, strict=True))
+        t_l, size_l, key_l, label_l, scope_l, stamp_l, res_l, call_l, hint_l, bw_l, line_l = (
+            list(c) for c in zip(*events, strict=True))
     else:
-        t_l = size_l = key_l = label_l = scope_l = stamp_l = res_l = call_l = hint_l = bw_l = []
+        t_l = size_l = key_l = label_l = scope_l = stamp_l = res_l = call_l = hint_l = bw_l = line_l = []
     ev_step = _event_steps(trace, steps, scope_l, bw_l, stamp_l, t_l)
+    # each event's line: in backward the running node's, else what the source saw (see NOTE [ where
+    # lines come from ] in gradscope._lines)
+    ev_line: list[int | None] = (
+        [node_line[steps.node[st]] if st is not None else (ln if ln is not None and ln >= 0 else None)
+         for st, ln in zip(ev_step, line_l, strict=True)] if node_line else [None] * n)
     lives = list(itertools.accumulate(size_l))
     peak_v = max(lives) if lives else 0
     peak_i = lives.index(peak_v) if peak_v > 0 else -1
@@ -822,11 +828,12 @@ def memory_pass(trace: Trace, graph: Graph, prefixes: Sequence[str], steps: Step
         "t_s": [(t - t0) / 1e9 for t in a_t], "category": categories,
         "phase": allocs.phase, "module": [mods[k] for k in a_at],
         "node": [saver.get(i) for i in range(na)], "step": allocs.step,
-        "label": [labels[k] for k in a_at], "key": a_key,
+        "label": [labels[k] for k in a_at], "key": a_key, "line": [ev_line[k] for k in a_at],
     })
     dropped = 0
     other_cat = Category.OTHER
     point_cat = [other_cat if pa is None else categories[pa] for pa in point_alloc]
+    point_line = [ev_line[k] if pa is None else ev_line[a_at[pa]] for k, pa in enumerate(point_alloc)]
     if trace.max_events is not None and n > trace.max_events:
         keep = _downsample(n, peak_i, trace.max_events)
         dropped = n - len(keep)
@@ -834,9 +841,10 @@ def memory_pass(trace: Trace, graph: Graph, prefixes: Sequence[str], steps: Step
         phases, labels = [phases[k] for k in keep], [labels[k] for k in keep]
         ev_step, mods = [ev_step[k] for k in keep], [mods[k] for k in keep]
         point_cat = [point_cat[k] for k in keep]
+        point_line = [point_line[k] for k in keep]
     timeline: Table[MemoryPoint] = Table(MemoryPoint, {
         "t_s": [(t - t0) / 1e9 for t in t_l], "live": lives, "phase": phases, "label": labels,
-        "step": ev_step, "module": mods, "reserved": res_l, "category": point_cat,
+        "step": ev_step, "module": mods, "reserved": res_l, "category": point_cat, "line": point_line,
     })
     peak_bytes = peak_v
     if mt.peak is not None:
@@ -1214,7 +1222,10 @@ def build(trace: Trace, *, complete: bool = True, error: str | None = None) -> R
     orders = orders_pass(trace, graph, steps)
     modules = modules_pass(trace, graph, prefixes, steps, orders)
     saves = saves_pass(trace, graph, prefixes)
-    mem = memory_pass(trace, graph, prefixes, steps, orders, modules, saves)
+    g_rows = graph.rows
+    node_line, save_line = _lines.lines_pass(trace, [r[N_KEY] for r in g_rows], [r[N_SEQ] for r in g_rows],
+                                             saves.sid, saves.node)
+    mem = memory_pass(trace, graph, prefixes, steps, orders, modules, saves, node_line)
     n = len(graph.rows)
     executed = [0] * n
     for i in steps.node:
@@ -1226,6 +1237,7 @@ def build(trace: Trace, *, complete: bool = True, error: str | None = None) -> R
     nodes: Table[Node] = Table(Node, {
         "id": range(n), "name": [r[N_NAME] for r in g_rows], "order": orders, "module": modules,
         "leaf": leaf_col, "leaf_shape": [r[N_LEAF_SHAPE] for r in g_rows], "executed": executed,
+        "line": node_line,
     })
     # INPUT saves allocated inside the block are activations (made by the block, then saved)
     kinds = saves.kind
@@ -1257,6 +1269,7 @@ def build(trace: Trace, *, complete: bool = True, error: str | None = None) -> R
         "name": saves.name,
         "freed_at_step": ([freed_at.get(sid, weak_freed.get(sid)) for sid in saves.sid] if freed_at or weak_freed
                           else [None] * len(saves.sid)),
+        "line": save_line,
     })
     t0 = trace.t0_ns
     m = len(steps)
@@ -1316,6 +1329,7 @@ def build(trace: Trace, *, complete: bool = True, error: str | None = None) -> R
         oom=oom,
         nodes_created=created,
         nodes_created_seen=seen_created,
+        lines=tuple(trace.line_table.rows) if trace.line_table is not None else (),
         extra=collectives_pass(trace) | ({"step": trace.step} if trace.step else {}) | caught_budget_pass(trace),
     )
 

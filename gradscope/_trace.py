@@ -134,6 +134,10 @@ class Trace:
     seq1: int = 0
     step: dict[str, Any] | None = None  # the block's source (see gradscope._source)
     saves: list[tuple[Any, ...]] = field(default_factory=list)
+    # by save index: the user's line it was packed at (an index into line_table.rows, -1: none);
+    # empty when lines are not recorded (see NOTE [ where lines come from ] in gradscope._lines)
+    save_lines: list[int] = field(default_factory=list)
+    line_table: Any = None  # gradscope._lines.LineTable, or None
     save_attr: dict[int, str] = field(default_factory=dict)  # save index -> attribute
     seq_attr: dict[int, str] = field(default_factory=dict)  # node seq -> its one attribute
     # node seq -> the attributes of its saves in pack order (see NOTE [ pack order ] in record)

@@ -58,7 +58,9 @@ class AllocEvent(NamedTuple):
     for the profiler source, the index of the engine's ``evaluate_function`` scope it happened in
     (None outside backward); ``step`` is, for online sources, the position in the trace's step
     events when it happened; ``call`` the module call running; ``hint`` ``"optimizer"`` or
-    ``"other"`` when the source saw it inside an optimizer step or a ``zero_grad``.
+    ``"other"`` when the source saw it inside an optimizer step or a ``zero_grad``. ``line`` is
+    the user's line on the stack when it was made (the tracker; an index into the recorder's line
+    table, -1 or None: none; see NOTE [ where lines come from ] in :mod:`gradscope._lines`).
     """
 
     t_ns: int
@@ -71,6 +73,7 @@ class AllocEvent(NamedTuple):
     call: int | None = None
     hint: str | None = None
     backward: int | None = None
+    line: int | None = None
 
 
 class EvalScope(NamedTuple):
@@ -391,7 +394,7 @@ class ProfilerSource:
                     if check_device and ef.device.type != "cpu":
                         continue
                     append(new_event(AllocEvent, (ev.start_time_ns - offset, ef.alloc_size, ef.ptr, label, scope,
-                                                  None, None, call, hint, bw)))
+                                                  None, None, call, hint, bw, None)))
                     continue
                 ef = ev.extra_fields
                 if not hasattr(ef, "scope"):  # not an operator or user scope (an out-of-memory event)
@@ -637,6 +640,8 @@ class TrackerSource:
         self._stance: Any = None  # torch.compile's stance to put back (see eager_compile_stance)
         self._call: int | None = None
         self.stopped = False
+        # the recorder's line finder (gradscope._lines.LineTable.here), or None: no lines
+        self.line_of: Callable[[], int] | None = None
 
     def start(self) -> None:
         self._stance = _compat.eager_compile_stance()  # see NOTE [ the tracker and torch.compile ]
@@ -664,6 +669,7 @@ class TrackerSource:
         # alive as long as they live; without the recorder's callback they no longer keep the
         # whole recorder (its graph bookkeeping) alive with it.
         self.context = _no_context
+        self.line_of = None
         return MemoryTrace(source=self.name, device=self.device_type, online=True, key_kind="storage",
                            events=list(self.events), failures=list(self.failures), failed_at=self.failed_at,
                            refused=self.refused, zero_tangents=self.zero_tangents)
@@ -746,7 +752,14 @@ class TrackerSource:
             raise MemoryBudgetExceeded(nbytes, self._live, self.budget, where=label)
         self._live += nbytes
         step, _ = self.context()
-        self.events.append(AllocEvent(time.time_ns(), nbytes, key, label, None, step, None, self._call))
+        line = None
+        if self.line_of is not None and step is None:  # in backward the node's line is given later
+            try:
+                line = self.line_of()
+            except Exception:  # no line is no failure to observe
+                line = None
+        self.events.append(AllocEvent(time.time_ns(), nbytes, key, label, None, step, None, self._call,
+                                      line=line))
 
     def _freed(self, key: int, nbytes: int) -> None:
         """The free of an allocation counted under ``key``: no longer live, and an event."""

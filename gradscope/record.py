@@ -69,6 +69,7 @@ from torch.autograd.graph import saved_tensors_hooks
 from torch.nn.parameter import is_lazy
 
 from gradscope import _compat, _names, _native, _passes
+from gradscope._lines import LineTable, lines_enabled
 from gradscope._source import OWN_FILES as _OWN_FILES
 from gradscope._trace import (
     C_SEQ1,
@@ -244,6 +245,9 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         max_events: bound on timeline points kept (the peak is always exact and kept).
         history: on CUDA, also record the caching allocator's event history for the timeline.
         tracker_device: the device type the tracker counts (``"meta"`` when predicting).
+        lines: record the user's source line of every node, saved tensor and allocation
+            (:attr:`~gradscope.Recording.lines`; see NOTE [ where lines come from ] in
+            :mod:`gradscope._lines`). None: on unless the environment sets ``GRADSCOPE_LINES=0``.
 
     Example:
         >>> import torch, gradscope as gs
@@ -257,7 +261,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
     def __init__(self, memory: str = "auto", *, budget: int | str | None = None, label: str = "",
                  modules: nn.Module | Mapping[str, nn.Module] | None = None,
                  max_events: int | None = 200_000, history: bool = False,
-                 tracker_device: str = "cpu") -> None:
+                 tracker_device: str = "cpu", lines: bool | None = None) -> None:
         self._budget = parse_size(budget)
         self._memory = resolve_memory(memory, self._budget)
         if max_events is not None and (not isinstance(max_events, int) or max_events < 2):
@@ -272,6 +276,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         self._max_events = max_events
         self._history = history
         self._tracker_device = tracker_device
+        self._lines_on = lines_enabled(lines)
         self._recording: Recording | None = None
         self._analysis: tuple[bool, str | None] | None = None  # (complete, error) until analysed
         self._analysis_lock = threading.Lock()  # two threads' first looks analyse once
@@ -413,6 +418,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                                  modules_given=bool(self._given), torch_version=torch.__version__)
         if not caps.sequence_nr:
             tr.notes.append(_compat.MISSING_NOTES["sequence_nr"])
+        self._line_table = tr.line_table = LineTable() if self._lines_on else None
         self._roots: list[Any] = []  # weak references to results that may root a graph
         self._root_mods: list[Any] = []  # weak references to root modules (by root index)
         self._root_index: dict[int, int] = {}
@@ -457,6 +463,8 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         self._handles.append(register_optimizer_step_post_hook(self._opt_post))
         self._patch_engine()
         if src is not None:
+            if self._line_table is not None and hasattr(src, "line_of"):  # see NOTE [ where lines come from ]
+                src.line_of = self._line_table.here
             src.start()
             self._source = src
             self._undo.append(self._stop_source)
@@ -545,6 +553,13 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         self._packed_info = packed_info
         versions: list[int] = []  # by save index: the saved tensor's version when packed
         versions_append = versions.append
+        table = self._line_table  # see NOTE [ where lines come from ] in gradscope._lines
+        save_lines = trace.save_lines
+        lines_append = save_lines.append
+        here = table.find if table is not None else None
+        getframe = sys._getframe
+        last_line: list[Any] = [None, -1]  # the node of the last save given a line, and that line
+        same_node = self._caps.sequence_nr  # without the counter every save looks at its stack
 
         def check_frees(by_save: bool = False) -> None:
             """The engine releases a node's saved tensors right after the node (and its post
@@ -611,9 +626,21 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
                 row = (seq() - 1, key_of(s), s.data_ptr() if need_ptr else 0, nbytes, tuple(t.shape), t.dtype,
                        t.device, time_ns() if need_time else sid, t.is_leaf)
                 version = version_of(t)
+                line = -1
+                if here is not None:
+                    if same_node and row[0] == last_line[0]:
+                        line = last_line[1]
+                    else:
+                        try:
+                            line = here(getframe(1))
+                        except Exception:  # no line is no failure to pack (as the compiled pair)
+                            line = -1
+                        last_line[0], last_line[1] = row[0], line
                 # nothing above may fail once a list has grown: the lists are indexed by save
                 saves_append(row)
                 versions_append(version)
+                if here is not None:
+                    lines_append(line)
                 if need_weak:
                     weak_append(weak_of(s))  # type: ignore[arg-type]  # an int handle at run time
                 # NOTE [ pack a detached tensor ]: a node that saves its own output (exp, tanh)
@@ -680,7 +707,8 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
 
         compiled = self._native.Hooks(saves, versions, packed_info, weak if need_weak else None, events, pending, st,
                                       pack, None if batched else check_frees, _inplace_error, need_ptr, need_time,
-                                      watch if memory == "tracker" else None)
+                                      watch if memory == "tracker" else None,
+                                      None if table is None else save_lines, table)
         if batched:
             self._check_frees = compiled.frees_at_end
         self._free_handles = compiled.free_handles  # the Python pair's handles are the same kind

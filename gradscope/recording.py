@@ -46,6 +46,7 @@ __all__ = [
     "Phase",
     "Recording",
     "SavedTensor",
+    "SourceLine",
     "Step",
     "Where",
     "format_bytes",
@@ -105,6 +106,11 @@ class Node:
         leaf: for ``AccumulateGrad``, the parameter name or ``"input"``; None otherwise.
         leaf_shape: shape of the leaf tensor for ``AccumulateGrad`` nodes.
         executed: how many backward passes in the block ran this node.
+        line: the user's line that made it (an index into :attr:`Recording.lines`), or None. Taken
+            when the node's first save was packed (the op running on the user's stack); a node
+            that saved nothing of ours gets the line of the nearest node made before it that has
+            one (after it, when none was made before), and ``AccumulateGrad`` nodes have none
+            (see NOTE [ where lines come from ] in :mod:`gradscope._lines`).
     """
 
     id: int
@@ -114,6 +120,7 @@ class Node:
     leaf: str | None = None
     leaf_shape: tuple[int, ...] | None = None
     executed: int = 0
+    line: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +140,8 @@ class SavedTensor:
 
     ``bytes`` is the size of the whole storage it keeps alive (a view keeps all of its base);
     ``storage`` is a recording-local id of that storage, so saves of one storage can be
-    deduplicated (see :attr:`Recording.saved_bytes`).
+    deduplicated (see :attr:`Recording.saved_bytes`). ``line`` is the user's line running when it
+    was packed (an index into :attr:`Recording.lines`), or None.
     """
 
     node: int
@@ -147,6 +155,7 @@ class SavedTensor:
     module: str | None = None
     name: str | None = None
     freed_at_step: int | None = None
+    line: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +178,8 @@ class MemoryPoint:
 
     ``label`` names the op or node running then; ``step`` is the backward step it happened in
     (None in forward). ``reserved`` is the CUDA caching allocator's reserved bytes when known.
-    ``category`` is what the allocation (or freed allocation) of this point is.
+    ``category`` is what the allocation (or freed allocation) of this point is; ``line`` the
+    user's line that made it (an index into :attr:`Recording.lines`; see :attr:`Allocation.line`).
     """
 
     t_s: float
@@ -180,6 +190,7 @@ class MemoryPoint:
     module: str | None = None
     reserved: int | None = None
     category: Category = Category.OTHER
+    line: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,6 +236,10 @@ class Allocation:
         step: the backward step that made it, if any (an index into :attr:`Recording.steps`).
         label: the op (or node) that made it, e.g. ``"aten::addmm"``.
         key: the memory source's key for it (see :attr:`Recording.allocation_key`).
+        line: the user's line that made it (an index into :attr:`Recording.lines`), or None. In
+            backward, the line of the node running (the forward line it differentiates); in
+            forward, the line on the stack when the op ran (``memory="tracker"``); the
+            profiler's source (``"cpu"``) and CUDA's give forward allocations none.
     """
 
     index: int
@@ -239,6 +254,50 @@ class Allocation:
     step: int | None
     label: str
     key: int = 0
+    line: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SourceLine:
+    """A line of the user's code that made nodes, saved tensors or allocations (a row of
+    :attr:`Recording.lines`): the innermost frame that is not PyTorch's, gradscope's, the
+    standard library's or an installed library's (see NOTE [ folded frames ] in
+    :mod:`gradscope._frames`).
+
+    Attributes:
+        file: the code's file name as Python knows it.
+        line: its line number.
+        function: the function's name (``<module>`` at a script's or cell's top level).
+        cell: for a notebook cell, its execution count (``In [n]``) where IPython knew it.
+        stack: the whole Python stack, innermost first, as ``(file, line, function)``, folded
+            frames included, the first time the line was seen (at most 64 frames).
+    """
+
+    file: str
+    line: int
+    function: str
+    cell: int | None = None
+    stack: tuple[tuple[str, int, str], ...] = ()
+
+    @property
+    def label(self) -> str:
+        """``train.py:57 in train_step``; ``cell [3]:5 in <module>`` for a notebook cell."""
+        where = f"cell [{self.cell}]" if self.cell is not None else short_file(self.file)
+        return f"{where}:{self.line} in {self.function}"
+
+    def format_stack(self) -> str:
+        """The whole stack, one frame a line, innermost first (``file:line in function``)."""
+        return "\n".join(f"{f}:{n} in {fn}" for f, n, fn in self.stack)
+
+
+def short_file(fn: str) -> str:
+    """A file's short name: ``train.py``, ``pkg/__init__.py`` (the folder where the name says
+    little)."""
+    parts = fn.replace("\\", "/").rstrip("/").split("/")
+    base = parts[-1] if parts else fn
+    if base in ("__init__.py", "__main__.py") and len(parts) > 1:
+        return f"{parts[-2]}/{base}"
+    return base
 
 
 @dataclass(frozen=True, slots=True)
@@ -391,11 +450,17 @@ class Table(Sequence[T], Generic[T]):
     __slots__ = ("_cls", "_cols", "_names", "_n", "_rows")
 
     def __init__(self, cls: type[T], columns: Mapping[str, Sequence[Any]]) -> None:
-        names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
-        cols = [columns[n] for n in names]  # every field, in order: rows are made positionally
-        lengths = {len(c) for c in cols}
+        fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+        names = [f.name for f in fields]
+        lengths = {len(columns[n]) for n in names if n in columns}
         if len(lengths) > 1:
             raise ValueError(f"columns of {cls.__name__} have different lengths {sorted(lengths)}")
+        n_rows = next(iter(lengths)) if lengths else 0
+        # every field, in order (rows are made positionally); a column not given is its default's
+        cols = [columns[f.name] if f.name in columns else [f.default] * n_rows for f in fields]
+        if any(f.name not in columns and f.default is dataclasses.MISSING for f in fields):
+            raise ValueError(f"a column of {cls.__name__} without a default is missing")
+        lengths = {len(c) for c in cols}
         self._cls = cls
         self._names = names
         self._cols = cols
@@ -458,6 +523,10 @@ FIGURES: dict[str, str] = {
     "category_at_peak": "bytes alive at the peak by what they are (activation, create_graph, gradient, "
                         "optimizer, backward_temp, other)",
     "freed_bytes": "bytes of saved tensors the engine freed when this backward step ended",
+    "line_saved_bytes": "bytes saved for backward by the ops of this line of code, each storage once "
+                        "(whole block)",
+    "line_alive_at_peak": "bytes allocated inside the block by this line of code (backward: by its nodes' "
+                          "steps) and still alive at the peak",
 }
 
 
@@ -500,6 +569,7 @@ class Recording:
     oom: OomInfo | None = None
     nodes_created: int = 0
     nodes_created_seen: int = 0
+    lines: tuple[SourceLine, ...] = ()
 
     # ----- derived figures -------------------------------------------------------------
     @property
@@ -634,6 +704,50 @@ class Recording:
         totals = {m: sum(v.values()) for m, v in per.items()}
         return dict(sorted(totals.items(), key=lambda kv: (-kv[1], kv[0])))
 
+    def line_label(self, line: int | None) -> str | None:
+        """The label of row ``line`` of :attr:`lines` (``train.py:57 in train_step``), None for
+        None or an index outside the table."""
+        if line is None or not 0 <= line < len(self.lines):
+            return None
+        return self.lines[line].label
+
+    def saved_bytes_by_line(self) -> dict[int, int]:
+        """See ``FIGURES["line_saved_bytes"]``: by index into :attr:`lines`, largest first; saves
+        without a line are left out."""
+        per: dict[int, dict[int, int]] = {}
+        for s in self.saved:
+            if s.line is not None:
+                per.setdefault(s.line, {})[s.storage] = s.bytes
+        totals = {k: sum(v.values()) for k, v in per.items()}
+        return dict(sorted(totals.items(), key=lambda kv: (-kv[1], kv[0])))
+
+    def bytes_at_peak_by_line(self) -> dict[int, int] | None:
+        """See ``FIGURES["line_alive_at_peak"]``: by index into :attr:`lines`, largest first;
+        None without an allocation table."""
+        if not self.allocations:
+            return None
+        out: dict[int, int] = {}
+        for a in self.alive_at_peak():
+            if a.line is not None:
+                out[a.line] = out.get(a.line, 0) + a.bytes
+        return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
+
+    def held_line(self, key: int) -> str | None:
+        """The label of the line that made the allocation held under ``key`` at the held moment
+        (see :attr:`held`): its allocation's line, else the saving node's; None where unknown."""
+        if self.held is None:
+            return None
+        row = next((h for h in self.held.rows if h.key == key), None)
+        if row is None:
+            return None
+        if row.allocation is not None and 0 <= row.allocation < len(self.allocations):
+            label = self.line_label(self.allocations[row.allocation].line)
+            if label is not None:
+                return label
+        if row.node is not None and 0 <= row.node < len(self.nodes):
+            return self.line_label(self.nodes[row.node].line)
+        return None
+
     def saved_bytes_by_kind(self) -> dict[str, int]:
         """Saved bytes per kind (activation, parameter, input, buffer), storage-deduplicated."""
         per: dict[str, dict[int, int]] = {}
@@ -695,18 +809,19 @@ class Recording:
             "timeline_dropped": self.timeline_dropped,
             "where": dataclasses.asdict(self.where),
             "peak": None if self.peak is None else _enum_safe(dataclasses.asdict(self.peak)),
-            "nodes": _columns(self.nodes, Node),
+            "nodes": _lines_inside(_columns(self.nodes, Node), len(self.lines)),
             "edges": _columns(self.edges, Edge),
-            "saved": _columns(self.saved, SavedTensor),
+            "saved": _lines_inside(_columns(self.saved, SavedTensor), len(self.lines)),
             "steps": _columns(self.steps, Step),
-            "timeline": _columns(self.timeline, MemoryPoint),
-            "allocations": _columns(self.allocations, Allocation),
+            "timeline": _lines_inside(_columns(self.timeline, MemoryPoint), len(self.lines)),
+            "allocations": _lines_inside(_columns(self.allocations, Allocation), len(self.lines)),
             "allocation_key": self.allocation_key,
             "backward_calls": _columns(self.backward_calls, BackwardCall),
             "held": None if self.held is None else self.held.to_dict(),
             "oom": None if self.oom is None else self.oom.to_dict(),
             "nodes_created": self.nodes_created,
             "nodes_created_seen": self.nodes_created_seen,
+            "lines": [[s.file, s.line, s.function, s.cell, [list(f) for f in s.stack]] for s in self.lines],
             "extra": dict(self.extra),
         }
 
@@ -761,6 +876,7 @@ class Recording:
                 oom=None if d.get("oom") is None else _build(OomInfo, d["oom"]),
                 nodes_created=_int(d.get("nodes_created", 0)),
                 nodes_created_seen=_int(d.get("nodes_created_seen", 0)),
+                lines=_lines(d.get("lines")),  # a file written before lines existed: none
             )
             _check_links(rec)
             return rec
@@ -859,6 +975,16 @@ def _columns(rows: Iterable[Any], cls: type) -> dict[str, list[Any]]:
     return cols
 
 
+def _lines_inside(cols: dict[str, list[Any]], n_lines: int) -> dict[str, list[Any]]:
+    """A table's line column as written: an index outside the line table (rows taken from another
+    recording without its lines) is written as none, so that the file loads (see NOTE [ files are
+    data ])."""
+    col = cols.get("line")
+    if col is not None and any(v is not None and not 0 <= v < n_lines for v in col):
+        cols["line"] = [v if v is not None and 0 <= v < n_lines else None for v in col]
+    return cols
+
+
 def _json_value(v: Any) -> Any:
     if isinstance(v, enum.Enum):
         return v.value
@@ -949,7 +1075,14 @@ def _check_links(r: Recording) -> None:
         inside(st.node, n, "step node")
     for p in r.timeline:
         inside(p.step, m, "timeline step")
+        inside(p.line, len(r.lines), "timeline line")
+    k = len(r.lines)
+    for node in r.nodes:
+        inside(node.line, k, "node line")
+    for s in r.saved:
+        inside(s.line, k, "saved tensor line")
     for a in r.allocations:
+        inside(a.line, k, "allocation line")
         inside(a.node, n, "allocation node")
         inside(a.step, m, "allocation step")
         if a.bytes < 0 or a.alloc_at < 0 or (a.free_at is not None and a.free_at <= a.alloc_at):
@@ -1030,6 +1163,26 @@ def _held(v: Any) -> Held | None:
         omitted_bytes=_int(v.get("omitted_bytes", 0)), omitted_by_kind=pairs(v.get("omitted_by_kind") or {}),
         omitted_by_module=pairs(v.get("omitted_by_module") or {}), error=_opt_str(v.get("error")),
     )
+
+
+def _lines(v: Any) -> tuple[SourceLine, ...]:
+    """The line table from its JSON form: ``[file, line, function, cell, stack]`` rows."""
+    if v is None:
+        return ()
+    if not isinstance(v, list):
+        raise TypeError("lines must be a list")
+    out = []
+    for row in v:
+        if not isinstance(row, list) or len(row) != 5:
+            raise TypeError("a line must be [file, line, function, cell, stack]")
+        file, line, function, cell, stack = row
+        if not isinstance(stack, list) or not all(isinstance(f, list) and len(f) == 3 for f in stack):
+            raise TypeError("a line's stack must be a list of [file, line, function]")
+        out.append(SourceLine(
+            file=str(file), line=_int(line), function=str(function), cell=_opt_int(cell),
+            stack=tuple((str(f[0]), _int(f[1]), str(f[2])) for f in stack),
+        ))
+    return tuple(out)
 
 
 def _migrate_1_to_2(d: Mapping[str, Any]) -> dict[str, Any]:

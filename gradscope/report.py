@@ -12,7 +12,7 @@ from gradscope.figures import (
     saved_activations_by_module,
     step_number,
 )
-from gradscope.recording import Kind, Recording, format_bytes
+from gradscope.recording import FIGURES, Kind, Recording, format_bytes
 
 __all__ = ["summary_text"]
 
@@ -81,6 +81,9 @@ def summary_text(rec: Recording, top: int = 5) -> str:
                 at += f", step {step_number(p.step)}"
             if p.node is not None and 0 <= p.node < len(rec.nodes):
                 at += f", node {p.node} {rec.nodes[p.node].name}"
+                made = rec.line_label(rec.nodes[p.node].line)
+                if made:
+                    at += f" (from {_one_line(made, 100)})"
             if p.label:
                 at += f", during {_one_line(p.label, 60)}"
             if p.module:
@@ -106,9 +109,11 @@ def summary_text(rec: Recording, top: int = 5) -> str:
             shape = "[" + ", ".join(str(d) for d in s.shape) + "]"
             where_m = f"  in {_one_line(s.module, 80)}" if s.module else ""
             name = f" = {_one_line(s.name, 80)}" if s.name else ""
+            made = rec.line_label(s.line)
+            at = f"  at {_one_line(made, 100)}" if made else ""
             lines.append(
                 f"  {i}. {format_bytes(s.bytes):>10}  {s.dtype} {shape}  {s.kind.value}{name}  "
-                f"{node}.{s.attribute}{where_m}"
+                f"{node}.{s.attribute}{where_m}{at}"
             )
     alive = alive_at_peak_by_module(rec)
     figure, mods = (ALIVE_AT_PEAK, alive) if alive else (SAVED_ACTIVATIONS, saved_activations_by_module(rec))
@@ -116,6 +121,11 @@ def summary_text(rec: Recording, top: int = 5) -> str:
         lines.append(f"top modules, {figure.label} ({figure.definition}):")
         for i, (m, b) in enumerate(list(mods.items())[:top], 1):
             lines.append(f"  {i}. {format_bytes(b):>10}  {_one_line(m, 100)}")
+    by_line = rec.saved_bytes_by_line()
+    if by_line:
+        lines.append(f"top lines, saved bytes ({FIGURES['line_saved_bytes']}):")
+        for i, (k, b) in enumerate(list(by_line.items())[:top], 1):
+            lines.append(f"  {i}. {format_bytes(b):>10}  {_one_line(rec.lines[k].label, 120)}")
     if rec.timeline_dropped:
         lines.append(f"  timeline: {rec.timeline_dropped} points dropped to stay within max_events "
                      "(the peak is exact)")

@@ -24,7 +24,7 @@ from gradscope import _views
 from gradscope import figures as F
 from gradscope.errors import GradscopeError
 from gradscope.layout import GraphLayout, layout_levels
-from gradscope.recording import Phase, Recording, format_bytes
+from gradscope.recording import FIGURES, Phase, Recording, format_bytes
 
 __all__ = [
     "MAX_TIMELINE_POINTS",
@@ -127,6 +127,11 @@ def _decimate(live: Sequence[int], max_points: int) -> list[int]:
     return sorted(keep)
 
 
+def _line(v: int | None) -> int:
+    """A row's line index for the payload: -1 for none."""
+    return -1 if v is None else int(v)
+
+
 def _round_t(v: float | None) -> float | None:
     if v is None:
         return None
@@ -180,6 +185,7 @@ def recording_payload(
         "act_bytes": F.saved_activations_by_node(rec),
         "largest": [S(None if t is None else _shape_text(t.shape)) for t in largest],
         "largest_kind": [S(None if t is None else t.kind.value) for t in largest],
+        "line": [_line(x.line) for x in rec.nodes],
     }
     if alive_nodes is not None:
         nodes["alive"] = [alive_nodes.get(i, 0) for i in range(n)]
@@ -195,6 +201,7 @@ def recording_payload(
         "module": [S(s.module) for s in rec.saved],
         "name": [S(s.name) for s in rec.saved],
         "freed": [s.freed_at_step for s in rec.saved],
+        "line": [_line(s.line) for s in rec.saved],
     }
     steps = {
         "node": [s.node for s in rec.steps],
@@ -216,6 +223,7 @@ def recording_payload(
         "label": [S(tl[i].label) for i in keep],
         "module": [S(tl[i].module) for i in keep],
         "step": [tl[i].step for i in keep],
+        "line": [_line(tl[i].line) for i in keep],
         # CUDA's reserved bytes, when the recording has them (absent otherwise, to stay small)
         **(
             {"reserved": [tl[i].reserved for i in keep]}
@@ -256,6 +264,20 @@ def recording_payload(
         "alive_at_peak": None if alive_mods is None else [alive_mods.get(m, 0) for m in names],
         "saved_activations": [act_mods.get(m, 0) for m in names],
     }
+    # the user's lines (see NOTE [ where lines come from ] in gradscope._lines): the table, and the
+    # "by line" figures beside the modules'
+    lines = {"label": [S(x.label) for x in rec.lines], "stack": [S(x.format_stack()) for x in rec.lines]}
+    saved_lines = rec.saved_bytes_by_line()
+    alive_lines = rec.bytes_at_peak_by_line()
+    line_ids = sorted(set(saved_lines) | set(alive_lines or {}),
+                      key=lambda k: (-(alive_lines or {}).get(k, 0), -saved_lines.get(k, 0), k))
+    by_line = {
+        "line": line_ids,
+        "alive_at_peak": None if alive_lines is None else [alive_lines.get(k, 0) for k in line_ids],
+        "saved": [saved_lines.get(k, 0) for k in line_ids],
+        "saved_definition": FIGURES["line_saved_bytes"],
+        "alive_definition": FIGURES["line_alive_at_peak"],
+    }
     level_payloads = [_level_payload(rec, lay, alive_mods is not None) for lay in levels]
     backward_calls = [{"create_graph": c.create_graph, "retain_graph": c.retain_graph} for c in rec.backward_calls]
     return {
@@ -289,6 +311,8 @@ def recording_payload(
         "backward_calls": backward_calls,
         "timeline": timeline,
         "modules": modules,
+        "lines": lines,
+        "by_line": by_line,
         "levels": level_payloads,
         "level": 0,
     }

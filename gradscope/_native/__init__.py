@@ -11,7 +11,10 @@ of the process, with the C++ compiler found on the machine, into gradscope's cac
 (``$GRADSCOPE_CACHE``, else ``$XDG_CACHE_HOME/gradscope``, else ``~/.cache/gradscope``). Where it
 cannot be built (no compiler, an unknown platform) the Python pair records the same rows, more
 slowly; :func:`status` says which pair is in use and why. ``GRADSCOPE_NATIVE=0`` always uses the
-Python pair, ``GRADSCOPE_NATIVE=1`` makes a failed build an error.
+Python pair, ``GRADSCOPE_NATIVE=1`` makes a failed build an error. The compiled pack hook also gives each save
+the user's line, as the Python one does (see NOTE [ where lines come from ] in gradscope._lines),
+reading the interpreter's frames in C++ and calling back only for a code object or line not met
+before.
 
 NOTE [ first use never waits for the compiler ]: a build takes 15-60 s, too long for a first
 recording (a notebook's first ``%%gradscope`` cell) to wait. Where nothing is cached, :func:`hooks`

@@ -6,6 +6,7 @@
 // pair's rows by construction; tests/test_native.py compares the two pairs row by row.
 
 #include <Python.h>
+#include <frameobject.h>
 #include <structmember.h>
 
 #include <ATen/SequenceNumber.h>
@@ -19,10 +20,12 @@
 #include "native.h"
 
 #include <ctime>
+#include <functional>
 #include <initializer_list>
 #include <typeinfo>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -77,6 +80,33 @@ bool is_true(PyObject* o) {
   return PyObject_IsTrue(o) == 1;
 }
 
+// ------------------------------------------------------------------ the user's lines
+// See NOTE [ where lines come from ] in gradscope/_lines.py: whether each code object's frames are
+// folded, and the line index of each (code object, instruction offset) met, so that a save made
+// where one was made before walks a few frames and reads two tables, without calling Python.
+// Every code object in ``folded`` holds a reference (keys of ``at`` are among them).
+struct CodeAt {
+  size_t operator()(const std::pair<PyObject*, int>& k) const {
+    return std::hash<PyObject*>()(k.first) * 31u + std::hash<int>()(k.second);
+  }
+};
+
+struct LineCache {
+  std::unordered_map<PyObject*, bool> folded;
+  std::unordered_map<std::pair<PyObject*, int>, long long, CodeAt> at;
+  ~LineCache() {
+    for (auto& kv : folded) Py_DECREF(kv.first);
+  }
+};
+
+int frame_offset(PyFrameObject* f) {
+#if PY_VERSION_HEX >= 0x030B0000
+  return PyFrame_GetLasti(f);
+#else
+  return PyFrame_GetLineNumber(f);
+#endif
+}
+
 // ------------------------------------------------------------------ the hooks
 struct Hooks {
   PyObject_HEAD
@@ -91,32 +121,114 @@ struct Hooks {
   PyObject* check_frees;    // callable, or None where frees are checked once a pass
   PyObject* inplace_error;  // callable(tensor, expected version) -> the exception to raise
   PyObject* watch;          // callable(packed alias), or None: a memory source that follows each alias
+  PyObject* lines;          // list: each save's line index (gradscope._trace), or None: no lines
+  PyObject* line_table;     // gradscope._lines.LineTable, or None
   int need_ptr;
   int need_time;
+  long long line_seq;       // the node of the last save given a line, and that line
+  long long line_id;
+  LineCache* line_cache;
 };
 
-using HooksRefs = gradscope_native::OwnedRefs<Hooks, 11, &Hooks::saves>;  // saves .. watch
-static_assert(offsetof(Hooks, watch) == offsetof(Hooks, saves) + 10 * sizeof(PyObject*));
+using HooksRefs = gradscope_native::OwnedRefs<Hooks, 13, &Hooks::saves>;  // saves .. line_table
+static_assert(offsetof(Hooks, line_table) == offsetof(Hooks, saves) + 12 * sizeof(PyObject*));
+
+void hooks_dealloc(Hooks* self) {
+  delete std::exchange(self->line_cache, nullptr);
+  HooksRefs::dealloc(self);
+}
+
+// Whether frames of ``code`` are folded (asked of the line table once per code object); -1: error.
+int code_folded(Hooks* self, PyObject* code) {
+  auto& folded = self->line_cache->folded;
+  auto it = folded.find(code);
+  if (it != folded.end()) return it->second ? 1 : 0;
+  Ref r(PyObject_CallMethod(self->line_table, "is_folded", "O", code));
+  if (!r) return -1;
+  int v = PyObject_IsTrue(r.get());
+  if (v < 0) return -1;
+  Py_INCREF(code);
+  folded.emplace(code, v == 1);
+  return v;
+}
+
+// The line index of the innermost frame that is not folded (-1: none); -2: error raised.
+long long find_line(Hooks* self) {
+  PyFrameObject* top = PyEval_GetFrame();  // borrowed
+  Py_XINCREF(top);
+  PyFrameObject* f = top;
+  Py_XINCREF(f);
+  long long found = -1;
+  while (f != nullptr) {
+    PyObject* code = reinterpret_cast<PyObject*>(PyFrame_GetCode(f));  // new reference
+    int folded = code_folded(self, code);
+    if (folded < 0) {
+      found = -2;
+    } else if (folded == 0) {
+      auto key = std::make_pair(code, frame_offset(f));
+      auto& at = self->line_cache->at;
+      auto it = at.find(key);
+      if (it != at.end()) {
+        found = it->second;
+      } else {
+        Ref r(PyObject_CallMethod(self->line_table, "intern", "OO", f, top));
+        found = r ? PyLong_AsLongLong(r.get()) : -2;
+        if (found == -1 && PyErr_Occurred()) found = -2;
+        if (found >= 0) at.emplace(key, found);
+      }
+    }
+    Py_DECREF(code);
+    if (folded != 1) break;
+    PyFrameObject* back = PyFrame_GetBack(f);  // new reference
+    Py_DECREF(f);
+    f = back;
+  }
+  Py_XDECREF(f);
+  Py_XDECREF(top);
+  return found;
+}
+
+// The line of a save of node ``seq``: the last save's when it was the same node's (see NOTE [ where
+// lines come from ]); -1 where none is known (a failure to find one is no failure to pack).
+long long save_line(Hooks* self, long long seq) {
+  if (seq == self->line_seq) return self->line_id;
+  long long line = find_line(self);
+  if (line == -2) {
+    PyErr_Clear();
+    line = -1;
+  }
+  self->line_seq = seq;
+  self->line_id = line;
+  return line;
+}
 
 int hooks_init(Hooks* self, PyObject* args, PyObject* kwds) {
   PyObject *saves, *versions, *info, *weak, *events, *pending, *state, *fallback, *check_frees, *inplace_error,
-      *watch;
+      *watch, *lines, *line_table;
   int need_ptr, need_time;
-  if (!PyArg_ParseTuple(args, "O!O!O!OO!O!O!OOOppO", &PyList_Type, &saves, &PyList_Type, &versions, &PyDict_Type,
+  if (!PyArg_ParseTuple(args, "O!O!O!OO!O!O!OOOppOOO", &PyList_Type, &saves, &PyList_Type, &versions, &PyDict_Type,
                         &info, &weak, &PyList_Type, &events, &PyList_Type, &pending, &StateType, &state, &fallback,
-                        &check_frees, &inplace_error, &need_ptr, &need_time, &watch))
+                        &check_frees, &inplace_error, &need_ptr, &need_time, &watch, &lines, &line_table))
     return -1;
   if (weak != Py_None && !PyList_Check(weak)) {
     PyErr_SetString(PyExc_TypeError, "weak: a list or None");
     return -1;
   }
+  if ((lines == Py_None) != (line_table == Py_None) || (lines != Py_None && !PyList_Check(lines))) {
+    PyErr_SetString(PyExc_TypeError, "lines: a list and a line table, or None and None");
+    return -1;
+  }
   PyObject* olds[] = {self->saves, self->versions, self->info, self->weak, self->events,
                       self->pending, reinterpret_cast<PyObject*>(self->state), self->fallback,
-                      self->check_frees, self->inplace_error, self->watch};
+                      self->check_frees, self->inplace_error, self->watch, self->lines, self->line_table};
   Py_INCREF(saves), Py_INCREF(versions), Py_INCREF(info), Py_INCREF(weak), Py_INCREF(events);
   Py_INCREF(pending), Py_INCREF(state), Py_INCREF(fallback), Py_INCREF(check_frees), Py_INCREF(inplace_error);
-  Py_INCREF(watch);
-  self->watch = watch;
+  Py_INCREF(watch), Py_INCREF(lines), Py_INCREF(line_table);
+  self->watch = watch, self->lines = lines, self->line_table = line_table;
+  self->line_seq = -2;  // no node: -1 is a counter at 0 minus one
+  self->line_id = -1;
+  delete self->line_cache;
+  self->line_cache = new LineCache();
   self->saves = saves, self->versions = versions, self->info = info, self->weak = weak, self->events = events;
   self->pending = pending, self->state = reinterpret_cast<State*>(state), self->fallback = fallback;
   self->check_frees = check_frees, self->inplace_error = inplace_error;
@@ -185,6 +297,15 @@ PyObject* pack_plain(Hooks* self, PyObject* obj) {
        leaf});
   if (row == nullptr) return nullptr;  // untracked_tuple released the items either way
   PyObject* version = PyLong_FromLongLong(static_cast<long long>(t._version()));
+  PyObject* line = nullptr;
+  if (self->lines != Py_None) {
+    line = PyLong_FromLongLong(save_line(self, seq));
+    if (line == nullptr) {
+      Py_DECREF(row);
+      Py_XDECREF(version);
+      return nullptr;
+    }
+  }
   // NOTE [ a save that needs no detaching ] in record.py: the object itself, unless packed already
   PyObject* packed = nullptr;
   if (!t.requires_grad()) {
@@ -194,6 +315,7 @@ PyObject* pack_plain(Hooks* self, PyObject* obj) {
     if (own == nullptr || (prev == nullptr && PyErr_Occurred())) {
       Py_DECREF(row);
       Py_XDECREF(version);
+      Py_XDECREF(line);
       return nullptr;
     }
     bool free_id = prev == nullptr;
@@ -229,6 +351,7 @@ PyObject* pack_plain(Hooks* self, PyObject* obj) {
         Py_DECREF(packed);
         Py_DECREF(row);
         Py_XDECREF(version);
+        Py_XDECREF(line);
         return nullptr;
       }
       Py_DECREF(r);
@@ -245,9 +368,11 @@ PyObject* pack_plain(Hooks* self, PyObject* obj) {
   }
   // nothing may fail once a list has grown: the lists are indexed by save
   ok = ok && PyDict_SetItem(self->info, id, index) == 0 && PyList_Append(self->saves, row) == 0 &&
-       PyList_Append(self->versions, version) == 0 && (handle == nullptr || PyList_Append(self->weak, handle) == 0);
+       PyList_Append(self->versions, version) == 0 && (handle == nullptr || PyList_Append(self->weak, handle) == 0) &&
+       (line == nullptr || PyList_Append(self->lines, line) == 0);
   Py_DECREF(row);
   Py_XDECREF(version);
+  Py_XDECREF(line);
   Py_XDECREF(id);
   Py_XDECREF(index);
   Py_XDECREF(handle);
@@ -671,7 +796,7 @@ PyMODINIT_FUNC PyInit__hooks(void) {
   if (ready_type(StateType, "gradscope._native._hooks.State", Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE, nullptr,
                  state_traverse, state_clear, state_dealloc) < 0 ||
       ready_type(HooksType, "gradscope._native._hooks.Hooks", Py_TPFLAGS_DEFAULT, hooks_methods,
-                 HooksRefs::traverse, HooksRefs::clear, HooksRefs::dealloc, hooks_init) < 0 ||
+                 HooksRefs::traverse, HooksRefs::clear, hooks_dealloc, hooks_init) < 0 ||
       ready_type(ModHooksType, "gradscope._native._hooks.ModHooks", Py_TPFLAGS_DEFAULT, mod_methods,
                  ModRefs::traverse, ModRefs::clear, ModRefs::dealloc, mod_init) < 0)
     return nullptr;

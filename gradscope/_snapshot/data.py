@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from gradscope._frames import is_pytorch_file
 from gradscope._snapshot import replay as _replay
 from gradscope._snapshot.replay import EndBlock, EndSegment
 from gradscope._snapshot.unpickle import gc_paused, load_plain
@@ -947,36 +948,10 @@ def _decimate(live: torch.Tensor, max_points: int, must: Sequence[int]) -> torch
 
 
 # ----- frames and groups -------------------------------------------------------------------
-_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
-_OWN_PATH = re.compile(r"[/\\](?:site|dist)-packages[/\\](?:torch|functorch|triton)[/\\]|torchinductor_")
-_OWN_CACHE: dict[str, bool] = {}
-
-
 def is_pytorch_frame(frame: Frame) -> bool:
-    """Whether a frame is PyTorch's own code (or not Python at all: C++ frames).
-
-    PyTorch's own: files of an installed torch / functorch / triton, generated code
-    (``<eval_with_key>``, inductor's output), and a ``.../torch/...`` path whose part after
-    ``torch/`` exists in this machine's torch install (a snapshot from a source checkout or
-    another machine).
-    """
-    fn = frame.filename
-    own = _OWN_CACHE.get(fn)
-    if own is None:
-        python = fn.endswith(".py") or (fn.startswith("<") and fn.endswith(">"))
-        own = (not python or fn.startswith("<eval_with_key") or bool(_OWN_PATH.search(fn))
-               or _under_torch(fn))
-        if len(_OWN_CACHE) < 100_000:
-            _OWN_CACHE[fn] = own
-    return own
-
-
-def _under_torch(fn: str) -> bool:
-    norm = fn.replace("\\", "/")
-    if norm.startswith(_TORCH_DIR.replace("\\", "/") + "/"):
-        return True
-    cut = norm.rfind("/torch/")
-    return cut >= 0 and os.path.isfile(os.path.join(_TORCH_DIR, norm[cut + len("/torch/"):]))
+    """Whether a frame is PyTorch's own code (or not Python at all: C++ frames); the rule is
+    :func:`gradscope._frames.is_pytorch_file` (see NOTE [ folded frames ] there)."""
+    return is_pytorch_file(frame.filename)
 
 
 def _short_file(fn: str) -> str:

@@ -152,6 +152,7 @@ def _run(self: Context) -> Diagnosis:
                 order=r.order if r.node_name is not None else None,
                 variable=self.names.get(r.key) if self.matchable(r) else None,
                 via=None if r.reused else self.via.get(r.key),
+                line=rec.held_line(r.key),
             )
         )
     if self.omitted:

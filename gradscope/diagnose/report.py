@@ -26,7 +26,8 @@ class HeldTensor:
     """One allocation alive at the diagnosed moment.
 
     ``variable`` names a user variable that is this tensor (``model.0.weight.grad``,
-    ``opt.state[0]['exp_avg']``); ``via`` a variable whose graphs save it (``losses``).
+    ``opt.state[0]['exp_avg']``); ``via`` a variable whose graphs save it (``losses``); ``line``
+    the user's line that made it (``train.py:57 in train_step``; see :attr:`gradscope.Recording.lines`).
     """
 
     bytes: int
@@ -38,6 +39,7 @@ class HeldTensor:
     order: int | None
     variable: str | None
     via: str | None = None
+    line: str | None = None
 
 
 @dataclass(frozen=True)
@@ -168,6 +170,8 @@ class Diagnosis:
                     bits.append(f"= {t.variable}")
                 elif t.via:
                     bits.append(f"(kept by `{t.via}`)")
+                if t.line:
+                    bits.append(f"at {t.line}")
                 lines.append(f"  {i}. {format_bytes(t.bytes):>10}{dtype}{shape}  " + " ".join(bits))
         if self.holders:
             lines.append("graphs kept alive by variables:")

@@ -334,7 +334,49 @@ export class RecordingView {
       defs.appendChild(h("div", { text: `${act.label}: ${act.definition}.` }));
       side.appendChild(defs);
     }
+    this._lineTable(side, measured);
     side.appendChild(h("div", { class: "gs-muted", text: "Click a node to see its saved tensors; click a module box to open it." }));
+  }
+
+  /** "Memory by line": the same figures by the user's source line (beside "by module"). */
+  _lineTable(side, measured) {
+    const rec = this.rec;
+    const rows = rec.byLine.filter((r) => (r.alive || 0) > 0 || r.saved > 0).slice(0, 15);
+    if (!rows.length) return;
+    const defs = rec.lineDefinitions;
+    side.appendChild(h("h4", { text: "Memory by line" }));
+    const alive = measured && rows.some((r) => r.alive !== null);
+    const tbl = h("table", { class: "gs-table gs-linetable" });
+    tbl.appendChild(
+      h("tr", {}, [
+        h("th", { text: "line" }),
+        alive ? h("th", { class: "gs-num", text: "alive at peak", title: defs.alive }) : null,
+        h("th", { class: "gs-num", text: "saved", title: defs.saved }),
+      ]),
+    );
+    for (const r of rows) {
+      const tr = h("tr", { class: "gs-line", title: `show in the graph\n${r.line.stack || ""}`, dataset: { line: r.line.index } }, [
+        td(r.line.label, "gs-line-name"),
+        alive ? h("td", { class: "gs-num gs-line-alive", text: formatBytes(r.alive || 0) }) : null,
+        h("td", { class: "gs-num gs-line-saved", text: formatBytes(r.saved) }),
+      ]);
+      tr.addEventListener("click", () => this.showLine(r.line.index));
+      tbl.appendChild(tr);
+    }
+    side.appendChild(tbl);
+  }
+
+  /** Show the largest saver made at line `k` in the graph and its details. */
+  showLine(k) {
+    let best = -1;
+    const nodes = this.rec.nodes;
+    for (const n of nodes) {
+      if (!n.line || n.line.index !== k) continue;
+      if (best < 0 || n.actBytes > nodes[best].actBytes || (n.actBytes === nodes[best].actBytes && n.savedBytes > nodes[best].savedBytes)) best = n.id;
+    }
+    if (best < 0) return;
+    this.revealNode(best);
+    this.hooks.onSelect?.(best);
   }
 
   /** Show a module's largest saver in the graph (expanding its folded box) and its details. */
@@ -376,6 +418,7 @@ export class RecordingView {
     };
     const act = figureOf(this.rec, "saved_activations");
     row("module", node.module ?? "(none)", "gs-node-module");
+    if (node.line) row("line", node.line.label, "gs-node-line", node.line.stack ? `the whole stack:\n${node.line.stack}` : undefined);
     if (node.leaf) row(node.leaf === "input" ? "input" : "parameter", `${node.leaf}${node.leafShape ? ` ${node.leafShape}` : ""} (existed before the block)`, "gs-node-leaf");
     row("order", ORDER_TEXT[Math.min(node.order, 2)] ?? String(node.order));
     row("executed", `${node.executed}×`);

@@ -7,6 +7,13 @@
 export function decodeRecording(p) {
   const S = p.strings || [];
   const str = (i) => (i === null || i === undefined || i < 0 ? null : S[i]);
+  // the user's source lines (gradscope.Recording.lines): labels and whole stacks by line index
+  const L = p.lines || { label: [], stack: [] };
+  const lines = L.label.map((k, i) => ({ index: i, label: str(k), stack: str(L.stack[i]) }));
+  const lineOf = (col, i) => {
+    const k = col ? col[i] : -1;
+    return k === null || k === undefined || k < 0 || k >= lines.length ? null : lines[k];
+  };
   const n = p.nodes.name.length;
   const nodes = [];
   for (let i = 0; i < n; i++) {
@@ -24,6 +31,7 @@ export function decodeRecording(p) {
       largest: p.nodes.largest ? str(p.nodes.largest[i]) : null,
       largestKind: p.nodes.largest_kind ? str(p.nodes.largest_kind[i]) : null,
       alive: p.nodes.alive ? p.nodes.alive[i] : null,
+      line: lineOf(p.nodes.line, i),
     });
   }
   const m = p.saved.node.length;
@@ -43,6 +51,7 @@ export function decodeRecording(p) {
       module: str(p.saved.module[i]),
       name: str(p.saved.name[i]),
       freedAt: p.saved.freed[i],
+      line: lineOf(p.saved.line, i),
     };
     saved.push(s);
     if (s.node >= 0 && s.node < n) savedByNode[s.node].push(i);
@@ -69,6 +78,7 @@ export function decodeRecording(p) {
     label: tl.label.map(str),
     module: tl.module.map(str),
     step: tl.step,
+    line: tl.t.map((_, i) => lineOf(tl.line, i)),
     reserved: tl.reserved || null,
     dropped: tl.dropped || 0,
     categories: tl.categories || [],
@@ -82,6 +92,11 @@ export function decodeRecording(p) {
     alive: M.alive_at_peak ? M.alive_at_peak[i] : null,
     act: M.saved_activations[i],
   }));
+  const B = p.by_line || { line: [], alive_at_peak: null, saved: [] };
+  const byLine = B.line
+    .map((k, i) => ({ line: lines[k] || null, alive: B.alive_at_peak ? B.alive_at_peak[i] : null, saved: B.saved[i] }))
+    .filter((r) => r.line);
+  const lineDefinitions = { saved: B.saved_definition || "", alive: B.alive_definition || "" };
   const levels = p.levels || (p.graph ? [p.graph] : []);
   return {
     label: p.label || "",
@@ -94,6 +109,9 @@ export function decodeRecording(p) {
     steps,
     timeline,
     modules,
+    lines,
+    byLine,
+    lineDefinitions,
     levels,
     level: Math.min(p.level || 0, Math.max(0, levels.length - 1)),
     figures: p.figures || {},

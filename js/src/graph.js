@@ -198,6 +198,7 @@ export class GraphView {
       const lines = [`${n.name} #${n.id}`];
       if (n.leaf) lines.push(`${n.leaf === "input" ? "input" : "parameter"} ${n.leaf}${n.leafShape ? ` (${n.leafShape})` : ""}: existed before the block`);
       lines.push(`module ${n.module ?? "(none)"}`);
+      if (n.line) lines.push(`line ${n.line.label}`);
       if (!n.leaf) {
         lines.push(`saved activations: ${formatBytes(n.actBytes)}${n.largest && n.actBytes > 0 ? `, largest ${n.largest}` : ""}`);
         const others = n.savedBytes - n.actBytes;

@@ -89,7 +89,8 @@ export function hoverTexts(tl, labels = {}, base = 0) {
     const mod = tl.module[i] ? ` · ${escapePlotly(tl.module[i])}` : "";
     const step = tl.step[i] === null || tl.step[i] === undefined ? "" : ` · ${stepText(tl.step[i])}`;
     const live = base ? `${axisText(tl.live[i], base)}<br>` : `${formatBytes(tl.live[i])} live · `;
-    let text = `${escapePlotly(tl.label[i] || "")}${mod}<br>${live}${tl.phase[i]}${step}`;
+    const line = tl.line && tl.line[i] ? `<br>at ${escapePlotly(tl.line[i].label)}` : "";
+    let text = `${escapePlotly(tl.label[i] || "")}${mod}${line}<br>${live}${tl.phase[i]}${step}`;
     if (cats) {
       for (const [c, v] of breakdownAt(tl, i)) text += `<br>  ${escapePlotly(labels[c] || c)}: ${formatBytes(v)}`;
     }
