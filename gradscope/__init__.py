@@ -25,6 +25,7 @@ __all__ = [
     "MemoryBudgetExceeded",
     "Recording",
     "compare",
+    "compiled_saves",
     "diagnose",
     "gather",
     "graph",
@@ -74,6 +75,7 @@ for _name, _module in (("compare", "gradscope.compare"), ("diagnose", "gradscope
 _LAZY = {
     "Comparison": "gradscope.compare",
     "Job": "gradscope.job",
+    "compiled_saves": "gradscope._compiled",
     "gather": "gradscope.distributed",
     "load_ranks": "gradscope.job",
     "predict_job": "gradscope.distributed",
@@ -83,6 +85,7 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
+    from gradscope._compiled import compiled_saves
     from gradscope.compare import Comparison, compare
     from gradscope.diagnose import diagnose
     from gradscope.distributed import gather, predict_job

@@ -547,6 +547,64 @@ def restore_compile_stance(handle: Any) -> None:
         handle.__exit__(None, None, None)
 
 
+def force_eager_stance() -> Any:
+    """Set torch.compile's stance to ``"force_eager"`` (compiled functions and modules run their
+    Python code eagerly) and return the handle whose ``__exit__`` puts the previous stance back;
+    None where this torch has no ``torch.compiler.set_stance`` (nothing changed)."""
+    set_stance = getattr(getattr(torch, "compiler", None), "set_stance", None)
+    if set_stance is None:
+        return None
+    try:
+        with no_dispatch_modes():
+            return set_stance("force_eager")
+    except Exception:
+        return None
+
+
+def observe_compiled_saves(seen: Callable[[Any, Any, int, Any], None]) -> Callable[[], None] | None:
+    """Observe AOTAutograd's own bookkeeping of the tensors a compiled region saves for backward:
+    ``seen(fw_module, bw_module, n_fw_outputs, fw_metadata)`` runs after each partition made while
+    observed (the forward graph's outputs past ``n_fw_outputs`` are what the region saves, in
+    ``save_for_backward`` order). Returns the undo (it also restores the autograd cache setting), or
+    None where this torch has no such step (then nothing was changed).
+
+    NOTE [ observing compiled saves ]: AOTAutograd partitions the joint graph and then counts the
+    forward graph's saved outputs in ``_categorize_saved_tensors_for_backward`` (torch 2.13's
+    ``torch._functorch._aot_autograd.graph_compile``; older releases do this inline, with no name to
+    observe). The wrapper calls the original first and only reads the graphs. A graph taken from
+    AOTAutograd's own cache skips the partition, so the cache is off while observed (the compiled
+    program is the same; only the cache lookup is skipped)."""
+    try:
+        from torch._functorch import config as fconfig
+        from torch._functorch._aot_autograd import graph_compile
+    except Exception:
+        return None
+    name = "_categorize_saved_tensors_for_backward"
+    orig = getattr(graph_compile, name, None)
+    if orig is None or not hasattr(fconfig, "enable_autograd_cache"):
+        return None
+
+    @functools.wraps(orig)
+    def categorize(fw_module: Any, bw_module: Any, inner_meta: Any, fw_metadata: Any, n: int) -> Any:
+        out = orig(fw_module, bw_module, inner_meta, fw_metadata, n)
+        try:
+            seen(fw_module, bw_module, n, fw_metadata)
+        except Exception:  # observing never breaks the user's compile
+            pass
+        return out
+
+    cache = fconfig.enable_autograd_cache
+    setattr(graph_compile, name, categorize)
+    fconfig.enable_autograd_cache = False
+
+    def undo() -> None:
+        if getattr(graph_compile, name, None) is categorize:
+            setattr(graph_compile, name, orig)
+        fconfig.enable_autograd_cache = cache
+
+    return undo
+
+
 def tree_leaves(x: Any) -> list[Any]:
     from torch.utils._pytree import tree_leaves as leaves
 

@@ -68,7 +68,7 @@ from torch import nn
 from torch.autograd.graph import saved_tensors_hooks
 from torch.nn.parameter import is_lazy
 
-from gradscope import _compat, _names, _native, _passes
+from gradscope import _compat, _compiled, _names, _native, _passes
 from gradscope._lines import LineTable, lines_enabled
 from gradscope._source import OWN_FILES as _OWN_FILES
 from gradscope._trace import (
@@ -248,6 +248,10 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         lines: record the user's source line of every node, saved tensor and allocation
             (:attr:`~gradscope.Recording.lines`; see NOTE [ where lines come from ] in
             :mod:`gradscope._lines`). None: on unless the environment sets ``GRADSCOPE_LINES=0``.
+        compiled: ``"attribute"`` (attribute each tensor a ``torch.compile``'d region compiled inside
+            the block saves to its module and line: :func:`gradscope.compiled_saves`), ``"eager"``
+            (run the block with torch.compile set aside: every op is shown, the compiled program's
+            own peak may differ) or ``"off"``. See :mod:`gradscope._compiled`.
 
     Example:
         >>> import torch, gradscope as gs
@@ -261,8 +265,9 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
     def __init__(self, memory: str = "auto", *, budget: int | str | None = None, label: str = "",
                  modules: nn.Module | Mapping[str, nn.Module] | None = None,
                  max_events: int | None = 200_000, history: bool = False,
-                 tracker_device: str = "cpu", lines: bool | None = None) -> None:
+                 tracker_device: str = "cpu", lines: bool | None = None, compiled: str = "attribute") -> None:
         self._budget = parse_size(budget)
+        self._compiled = _compiled.Observer(compiled)
         self._memory = resolve_memory(memory, self._budget)
         if max_events is not None and (not isinstance(max_events, int) or max_events < 2):
             raise GradscopeError(f"gradscope: max_events must be an int >= 2 or None, got {max_events!r}.")
@@ -389,7 +394,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
 
     def _finalize(self, complete: bool, error: str | None) -> Recording:
         """Everything after capture: the passes (see :mod:`gradscope._passes`)."""
-        return _passes.build(self._trace, complete=complete, error=error)
+        return self._compiled.attach(_passes.build(self._trace, complete=complete, error=error))
 
     def add_roots(self, *tensors: torch.Tensor) -> None:
         """Name more results whose graphs belong to this recording (before the block ends)."""
@@ -462,6 +467,7 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
         self._handles.append(register_optimizer_step_pre_hook(self._opt_pre))
         self._handles.append(register_optimizer_step_post_hook(self._opt_post))
         self._patch_engine()
+        self._undo.append(self._compiled.start())
         if src is not None:
             if self._line_table is not None and hasattr(src, "line_of"):  # see NOTE [ where lines come from ]
                 src.line_of = self._line_table.here

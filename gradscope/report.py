@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from gradscope._compiled import compiled_bytes_by_module
 from gradscope.figures import (
     ALIVE_AT_PEAK,
     PARAMETERS_SAVED,
@@ -126,6 +127,11 @@ def summary_text(rec: Recording, top: int = 5) -> str:
         lines.append(f"top lines, saved bytes ({FIGURES['line_saved_bytes']}):")
         for i, (k, b) in enumerate(list(by_line.items())[:top], 1):
             lines.append(f"  {i}. {format_bytes(b):>10}  {_one_line(rec.lines[k].label, 120)}")
+    compiled = compiled_bytes_by_module(rec)  # see gradscope._compiled
+    if compiled:
+        lines.append("compiled regions, saved bytes by module (from AOTAutograd's graphs):")
+        for i, (m, b) in enumerate(list(compiled.items())[:top], 1):
+            lines.append(f"  {i}. {format_bytes(b):>10}  {_one_line(m, 100)}")
     if rec.timeline_dropped:
         lines.append(f"  timeline: {rec.timeline_dropped} points dropped to stay within max_events "
                      "(the peak is exact)")

@@ -408,6 +408,9 @@ def test_the_page_names_lines_in_the_side_panel_and_the_timeline(tmp_path: Path)
             node = int(page.locator(".gs-side").get_attribute("data-node") or "-1")
             assert r.nodes[node].line == expect[0]
             assert page.locator(".gs-node-line").inner_text() == r.lines[expect[0]].label
+            shots = HERE.parent.parent / "test-artifacts"  # looked at by whoever changes the view
+            shots.mkdir(exist_ok=True)
+            page.screenshot(path=str(shots / "lines_01_table_and_panel.png"), full_page=True)
             # hovering the timeline's peak names the line that made what was allocated there
             peak_i = max(range(len(r.timeline)), key=lambda i: r.timeline[i].live)
             page.wait_for_selector('.gs-timeline[data-ready="1"]', timeout=20_000)
