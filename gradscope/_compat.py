@@ -547,6 +547,43 @@ def restore_compile_stance(handle: Any) -> None:
         handle.__exit__(None, None, None)
 
 
+_MODULE_HOOK_KEY = -0x6773  # gradscope's one key in torch's global module-hook dicts (never a handle's id)
+
+
+def add_global_module_hooks(pre: Callable[..., Any], post: Callable[..., Any]) -> None:
+    """Put ``pre`` and ``post`` (called also when the forward raises) among torch's global module
+    forward hooks under gradscope's fixed key (see NOTE [ one key for module hooks ] in
+    gradscope.record); where this torch keeps them otherwise, registered the public way."""
+    from torch.nn.modules import module as m
+
+    pres = getattr(m, "_global_forward_pre_hooks", None)
+    posts = getattr(m, "_global_forward_hooks", None)
+    always = getattr(m, "_global_forward_hooks_always_called", None)
+    if not isinstance(pres, dict) or not isinstance(posts, dict) or not isinstance(always, dict):
+        _PUBLIC_MODULE_HOOKS[:] = [m.register_module_forward_pre_hook(pre),
+                                   m.register_module_forward_hook(post, always_call=True)]
+        return
+    pres[_MODULE_HOOK_KEY] = pre
+    posts[_MODULE_HOOK_KEY] = post
+    always[_MODULE_HOOK_KEY] = True
+
+
+def remove_global_module_hooks() -> None:
+    """Undo :func:`add_global_module_hooks`."""
+    from torch.nn.modules import module as m
+
+    for name in ("_global_forward_pre_hooks", "_global_forward_hooks", "_global_forward_hooks_always_called"):
+        d = getattr(m, name, None)
+        if isinstance(d, dict):
+            d.pop(_MODULE_HOOK_KEY, None)
+    for h in _PUBLIC_MODULE_HOOKS:
+        h.remove()
+    _PUBLIC_MODULE_HOOKS.clear()
+
+
+_PUBLIC_MODULE_HOOKS: list[Any] = []
+
+
 def force_eager_stance() -> Any:
     """Set torch.compile's stance to ``"force_eager"`` (compiled functions and modules run their
     Python code eagerly) and return the handle whose ``__exit__`` puts the previous stance back;

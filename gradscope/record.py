@@ -457,10 +457,9 @@ class record:  # noqa: N801 - reads like a function, as torch.no_grad does
             compiled = self._native.ModHooks(st, tr.calls, tr.module_paths, self._root_of, self._roots,
                                              self._internal, self._tid)
             mod_pre, mod_post = _outside_compilers(compiled.pre), _outside_compilers(compiled.post)
-        self._handles.append(nn.modules.module.register_module_forward_pre_hook(mod_pre))
         # always_call: a forward that raises closes its call too (a caught error must not leave its
         # module open, or the nodes made after it would be given to that module)
-        self._handles.append(nn.modules.module.register_module_forward_hook(mod_post, always_call=True))
+        self._handles.append(_ModuleHooks(mod_pre, mod_post))  # see NOTE [ one key for module hooks ]
         self._undo.append(_quiet_global_hook_warning())
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
@@ -1625,6 +1624,48 @@ def _warning_filters_changed() -> None:
     changed = getattr(warnings, "_filters_mutated", None) or getattr(warnings, "_filters_mutated_lock_held", None)
     if changed is not None:
         changed()
+
+
+# NOTE [ one key for module hooks ]: torch.compile guards a graph it compiled inside a block on
+# the global module hooks as they were (their keys in torch's hook dicts): hooks registered anew
+# by each block, under new keys, failed that guard at every block, so each block compiled again,
+# and from the 9th on (the recompile limit) the model ran eagerly, unsaid. So every recorder's
+# module hooks go through one pair of functions kept under one fixed key while any block records
+# (removed when none does: nothing stays hooked), and a compiler tracing them returns at once.
+_MODULE_HOOKS: list[tuple[Callable[..., Any], Callable[..., Any]]] = []  # the active blocks', in order
+_MODULE_HOOKS_LOCK = threading.Lock()
+
+
+def _module_pre(module: nn.Module, args: Any) -> None:
+    if _compat.is_compiling():
+        return
+    for pre, _ in tuple(_MODULE_HOOKS):
+        pre(module, args)
+
+
+def _module_post(module: nn.Module, args: Any, output: Any) -> None:
+    if _compat.is_compiling():
+        return
+    for _, post in tuple(_MODULE_HOOKS):
+        post(module, args, output)
+
+
+class _ModuleHooks:
+    """One block's module hooks among the active blocks' (see NOTE [ one key for module hooks ])."""
+
+    def __init__(self, pre: Callable[..., Any], post: Callable[..., Any]) -> None:
+        self.entry = (pre, post)
+        with _MODULE_HOOKS_LOCK:
+            if not _MODULE_HOOKS:
+                _compat.add_global_module_hooks(_module_pre, _module_post)
+            _MODULE_HOOKS.append(self.entry)
+
+    def remove(self) -> None:
+        with _MODULE_HOOKS_LOCK:
+            if self.entry in _MODULE_HOOKS:
+                _MODULE_HOOKS.remove(self.entry)
+            if not _MODULE_HOOKS:
+                _compat.remove_global_module_hooks()
 
 
 def _outside_compilers(hook: Callable[..., None]) -> Callable[..., None]:

@@ -272,3 +272,31 @@ def test_gpt2_gradients_equal_an_unrecorded_compiled_run(gpt2: dict) -> None:
     assert gpt2["recorded"].keys() == gpt2["plain"].keys()
     for k, g in gpt2["recorded"].items():
         torch.testing.assert_close(g, gpt2["plain"][k], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("memory", ["off", "cpu", "tracker"])
+def test_a_model_compiled_in_a_block_stays_compiled_over_many_blocks(memory: str) -> None:
+    # NOTE [ one key for module hooks ]: with each block's global module hooks under a new key,
+    # every block compiled the model again, and from the 9th on (the recompile limit) it ran
+    # eagerly, unsaid. Twelve blocks, the first compile inside the first: one graph, compiled
+    # regions in every recording, nothing hooked between the blocks.
+    from torch._dynamo.utils import counters
+    from torch.nn.modules import module as nn_module
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 4))
+    compiled = torch.compile(model)
+    x = torch.randn(8, 16)
+    before = counters["stats"]["unique_graphs"]
+    seen = []
+    for _ in range(12):
+        with gs.record(memory=memory, modules={"model": model}) as rec:
+            compiled(x).sum().backward()
+        assert rec.recording is not None
+        seen.append(any(n.name == "CompiledFunctionBackward" for n in rec.recording.nodes))
+        assert not nn_module._global_forward_hooks and not nn_module._global_forward_pre_hooks
+    assert seen == [True] * 12
+    assert counters["stats"]["unique_graphs"] - before == 1
+    expected = model(x).sum()
+    torch.testing.assert_close(compiled(x).sum(), expected)

@@ -284,7 +284,7 @@ FAULTS: dict[str, tuple[Any, ...]] = {
     "make_source": (grec, "make_source", RuntimeError, "cpu", "enter"),
     "patch_engine": (grec.record, "_patch_engine", RuntimeError, "tracker", "enter"),
     "join_patches": (grec, "_join_patches", RuntimeError, "off", "enter"),
-    "module_hook_register": (nn_module, "register_module_forward_hook", RuntimeError, "cpu", "enter"),
+    "module_hook_register": (gcompat, "add_global_module_hooks", RuntimeError, "cpu", "enter"),
     "tracker_observe": (gmem.TrackerSource, "_observe", RuntimeError, "tracker", "ok"),
     # KeyboardInterrupt arriving while gradscope's own code runs
     "interrupt_in_pack": (gcompat, "sequence_nr_fn", KeyboardInterrupt, "cpu", "raises",
