@@ -598,6 +598,18 @@ def force_eager_stance() -> Any:
         return None
 
 
+def compiled_saves_observable() -> bool:
+    """Whether this torch has the AOTAutograd step :func:`observe_compiled_saves` observes (torch
+    2.13 and 2.15 do; 2.6 does this bookkeeping inline)."""
+    try:
+        from torch._functorch import config as fconfig
+        from torch._functorch._aot_autograd import graph_compile
+    except Exception:
+        return False
+    return (callable(getattr(graph_compile, "_categorize_saved_tensors_for_backward", None))
+            and hasattr(fconfig, "enable_autograd_cache"))
+
+
 def observe_compiled_saves(seen: Callable[[Any, Any, int, Any], None]) -> Callable[[], None] | None:
     """Observe AOTAutograd's own bookkeeping of the tensors a compiled region saves for backward:
     ``seen(fw_module, bw_module, n_fw_outputs, fw_metadata)`` runs after each partition made while
@@ -611,20 +623,19 @@ def observe_compiled_saves(seen: Callable[[Any, Any, int, Any], None]) -> Callab
     observe). The wrapper calls the original first and only reads the graphs. A graph taken from
     AOTAutograd's own cache skips the partition, so the cache is off while observed (the compiled
     program is the same; only the cache lookup is skipped)."""
-    try:
-        from torch._functorch import config as fconfig
-        from torch._functorch._aot_autograd import graph_compile
-    except Exception:
+    if not compiled_saves_observable():
         return None
+    from torch._functorch import config as fconfig
+    from torch._functorch._aot_autograd import graph_compile
+
     name = "_categorize_saved_tensors_for_backward"
-    orig = getattr(graph_compile, name, None)
-    if orig is None or not hasattr(fconfig, "enable_autograd_cache"):
-        return None
+    orig = getattr(graph_compile, name)
 
     @functools.wraps(orig)
-    def categorize(fw_module: Any, bw_module: Any, inner_meta: Any, fw_metadata: Any, n: int) -> Any:
-        out = orig(fw_module, bw_module, inner_meta, fw_metadata, n)
-        try:
+    def categorize(*args: Any, **kwargs: Any) -> Any:
+        out = orig(*args, **kwargs)
+        try:  # (fw_module, bw_module, inner_meta, fw_metadata, num_inner_fwd_outputs) on 2.13 and 2.15
+            fw_module, bw_module, _inner, fw_metadata, n = args
             seen(fw_module, bw_module, n, fw_metadata)
         except Exception:  # observing never breaks the user's compile
             pass

@@ -50,6 +50,12 @@ def _strip(by_module: dict[str, int], prefix: str) -> dict[str, int]:
     return {("" if m == prefix else m.removeprefix(prefix + ".")): b for m, b in by_module.items()}
 
 
+# where torch does its bookkeeping of a region's saves inline (2.6), nothing is attributed: the
+# recording says so (test_unseen_compile_says_so_and_points_to_eager), compiled="eager" still works
+OBSERVED = pytest.mark.skipif(not _compat.compiled_saves_observable(),
+                              reason="this torch does not expose AOTAutograd's saved-tensor bookkeeping")
+
+
 @pytest.fixture(scope="module")
 def mlp() -> dict[str, object]:
     torch.manual_seed(0)
@@ -71,6 +77,7 @@ def mlp() -> dict[str, object]:
             "recorded": recorded, "plain": plain, "eager_grads": eager_grads}
 
 
+@OBSERVED
 def test_mlp_saves_attributed_to_modules_and_lines_of_this_file(mlp: dict) -> None:
     rec: Recording = mlp["rec"]
     compiled = [n.id for n in rec.nodes if n.name == "CompiledFunctionBackward"]
@@ -100,6 +107,7 @@ def test_mlp_saves_attributed_to_modules_and_lines_of_this_file(mlp: dict) -> No
     assert {f"saved_tensors[{s.index}]": s.bytes for s in saves} == rows
 
 
+@OBSERVED
 def test_mlp_saved_bytes_by_module_equal_the_eager_recording(mlp: dict) -> None:
     compiled = _strip(_compiled.saved_bytes_by_module(mlp["rec"]), "cm._orig_mod")
     eager = _strip(mlp["eager"].saved_bytes_by_module(), "model")
@@ -120,6 +128,7 @@ def test_mlp_gradients_equal_an_unrecorded_compiled_run(mlp: dict) -> None:
         torch.testing.assert_close(g, mlp["eager_grads"][k])
 
 
+@OBSERVED
 def test_attribution_survives_json_and_shows_in_the_summary(mlp: dict) -> None:
     rec: Recording = mlp["rec"]
     back = Recording.from_dict(json.loads(rec.to_json()))
@@ -132,6 +141,7 @@ def test_attribution_survives_json_and_shows_in_the_summary(mlp: dict) -> None:
     assert any("attributed to the module and line" in n for n in rec.notes)
 
 
+@OBSERVED
 def test_a_graph_compiled_in_an_earlier_block_is_attributed_from_it(mlp: dict) -> None:
     cm = mlp["cm"]  # the root is named by the variable that holds it
     with gs.record(memory="off") as rec:
@@ -143,8 +153,7 @@ def test_a_graph_compiled_in_an_earlier_block_is_attributed_from_it(mlp: dict) -
 
 
 def test_unseen_compile_says_so_and_points_to_eager(mlp: dict, monkeypatch: pytest.MonkeyPatch) -> None:
-    # a graph compiled before any block saw it: observing, but the block compiles nothing (Dynamo
-    # may recompile here: gradscope's global module hooks are in its guards)
+    # a graph compiled before any block saw it: observing, but the block compiles nothing
     monkeypatch.setattr(_compiled, "_EARLIER", collections.deque())
     monkeypatch.setattr(_compat, "observe_compiled_saves", lambda seen: lambda: None)
     with gs.record(memory="off") as rec:
@@ -185,6 +194,7 @@ def test_eager_mode_records_every_op_of_the_compiled_model(mlp: dict) -> None:
     assert mlp["cm"](mlp["x"]).grad_fn.name() == "CompiledFunctionBackward"
 
 
+@OBSERVED
 def test_nothing_stays_hooked_after_an_exception(mlp: dict) -> None:
     from torch._functorch import config as fconfig
     from torch._functorch._aot_autograd import graph_compile
@@ -210,6 +220,8 @@ BATCH, SEQ, EMBD = 2, 16, 64
 
 @pytest.fixture(scope="module")
 def gpt2() -> dict[str, object]:
+    if not hasattr(torch.compiler, "is_exporting"):  # transformers' masks call it inside the compiled forward
+        pytest.skip("this transformers compiles only on a torch with torch.compiler.is_exporting")
     torch.manual_seed(0)
     cfg = transformers.GPT2Config(n_layer=2, n_embd=EMBD, n_head=4, vocab_size=500, n_positions=64,
                                   resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
@@ -229,6 +241,7 @@ def gpt2() -> dict[str, object]:
     return {"rec": rec.recording, "eager": eager.recording, "recorded": recorded, "plain": plain}
 
 
+@OBSERVED
 def test_gpt2_saved_bytes_by_module_against_eager(gpt2: dict) -> None:
     compiled = _strip(_compiled.saved_bytes_by_module(gpt2["rec"]), "cm._orig_mod")
     eager = _strip(gpt2["eager"].saved_bytes_by_module(), "model")
@@ -250,6 +263,7 @@ def test_gpt2_saved_bytes_by_module_against_eager(gpt2: dict) -> None:
         assert compiled[m] == (BATCH * SEQ * EMBD + EMBD + BATCH * SEQ) * f
 
 
+@OBSERVED
 def test_gpt2_lines_are_the_models_own_source_lines(gpt2: dict) -> None:
     saves = gs.compiled_saves(gpt2["rec"])
     assert len(saves) == sum(1 for s in gpt2["rec"].saved if s.attribute.startswith("saved_tensors["))
@@ -296,7 +310,9 @@ def test_a_model_compiled_in_a_block_stays_compiled_over_many_blocks(memory: str
         assert rec.recording is not None
         seen.append(any(n.name == "CompiledFunctionBackward" for n in rec.recording.nodes))
         assert not nn_module._global_forward_hooks and not nn_module._global_forward_pre_hooks
-    assert seen == [True] * 12
-    assert counters["stats"]["unique_graphs"] - before == 1
+    # (torch 2.6 runs a compiled model eagerly under the tracker's dispatch mode: the same in every block)
+    assert seen == [seen[0]] * 12
+    assert seen[0] or (memory == "tracker" and not _compat.compiled_saves_observable())
+    assert counters["stats"]["unique_graphs"] - before == int(seen[0])
     expected = model(x).sum()
     torch.testing.assert_close(compiled(x).sum(), expected)
