@@ -5,10 +5,12 @@ compiled="eager" (the block recorded with compilation set aside)."""
 from __future__ import annotations
 
 import collections
+import gc
 import inspect
 import json
 import linecache
 import os
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -48,6 +50,15 @@ def _grads(model: nn.Module) -> dict[str, torch.Tensor]:
 def _strip(by_module: dict[str, int], prefix: str) -> dict[str, int]:
     """Module paths relative to the root (the root itself is "")."""
     return {("" if m == prefix else m.removeprefix(prefix + ".")): b for m, b in by_module.items()}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _compiler_state_dropped() -> Iterator[None]:
+    """After this module: the compiler's caches emptied and their cycles collected, so that what
+    the compiled models held is not found as garbage by a later test's collection."""
+    yield
+    torch._dynamo.reset()
+    gc.collect()
 
 
 # where torch does its bookkeeping of a region's saves inline (2.6), nothing is attributed: the
