@@ -58,12 +58,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from gradscope._source import step_source
 from gradscope.diagnose.facts import MIN_SAVING, Context, Graph, held_order
 from gradscope.diagnose.fixes import REGISTRY, inplace_cut
 from gradscope.diagnose.measure import Bench
 from gradscope.diagnose.report import Diagnosis, Finding, GraphHolder, HeldTensor
-from gradscope.diagnose.step import compose, inline, shape_of
+from gradscope.diagnose.step import compose, shape_of
 from gradscope.diagnose.toolbox import TOOLBOX
 from gradscope.errors import GradscopeError
 from gradscope.recording import Recording, format_bytes
@@ -215,16 +214,11 @@ def _run(self: Context) -> Diagnosis:
 def _bench(ctx: Context) -> Bench | None:
     """The user's step and variables, to run fixes on copies of (None: the block's source is unknown)."""
     if getattr(ctx, "bench", None) is None:
-        step = ctx.rec.extra.get("step") if isinstance(ctx.rec.extra, Mapping) else None
-        text = step_source(dict(step)) if isinstance(step, Mapping) else None
-        if text is None or not ctx.ns:
+        code = ctx.step_code()
+        if code is None or not ctx.ns:
             return None
         devices = {t.device.type for v in ctx.ns.values() for t in _first_tensors(v)}
-        source, ns = text, dict(ctx.step_ns)
-        inlined = inline(source, ns)
-        if inlined is not None:  # a step that calls the user's own function: its body is the step
-            source, names = inlined
-            ns = names | ns
+        source, ns = code  # (a step that calls the user's own function: its body)
         # optimizer state and gradients that the block made (their storages are among its
         # allocations still alive at its end): the copies drop them (see NOTE [ copies start as
         # the block started ] in gradscope.diagnose.measure)

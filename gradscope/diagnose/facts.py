@@ -11,7 +11,9 @@ import torch
 from torch import nn
 
 from gradscope import _compat
+from gradscope._source import step_source
 from gradscope.diagnose.report import KIND_NAMES, GraphHolder, HeldTensor
+from gradscope.diagnose.step import inline
 from gradscope.recording import Allocation, BackwardCall, Category, Kind, Phase, Recording
 
 _MAX_ITEMS = 10_000  # items looked at per container variable
@@ -581,6 +583,7 @@ class Context:
     toolbox: bool | None = None  # try the toolbox's fixes (None: at a failure)
     measured: tuple[int, int, int | None] | None = None  # the user's step on copies: peak, resident, room
     bench: Any = None  # the user's step to run fixes on (gradscope.diagnose.measure.Bench), made on first use
+    _step: Any = False  # step_code()'s answer, once read (False: not read yet)
 
     def __init__(self, rec: Recording, namespace: Mapping[str, Any], top: int) -> None:
         self.rec = rec
@@ -737,6 +740,20 @@ class Context:
         if root and root.isidentifier():
             return root
         return "model"
+
+    def step_code(self) -> tuple[str, dict[str, Any]] | None:
+        """The block's code as it runs on copies, and the names it reads: a step that calls the
+        user's own function is that function's body (see :func:`gradscope.diagnose.step.inline`).
+        None when the block's source is unknown. Read once."""
+        if self._step is False:
+            step = self.rec.extra.get("step") if isinstance(self.rec.extra, Mapping) else None
+            text = step_source(dict(step)) if isinstance(step, Mapping) else None
+            if text is None:
+                self._step = None
+            else:
+                inlined = inline(text, self.step_ns)
+                self._step = (text, dict(self.step_ns)) if inlined is None else (inlined[0], inlined[1] | self.step_ns)
+        return self._step  # type: ignore[no-any-return]
 
     def trained_by_optimizer(self, m: nn.Module) -> bool | None:
         """Whether an optimizer among the user's variables trains ``m`` (None: none is known)."""

@@ -1,12 +1,9 @@
 from __future__ import annotations
 
-from collections.abc import Mapping
-
-from gradscope._source import step_source
 from gradscope.diagnose.facts import GRAPH_CATEGORIES, MIN_SAVING, Context, replay
 from gradscope.diagnose.measure import mixed_grad_proxy, proxy_peak
 from gradscope.diagnose.report import Finding, GraphHolder
-from gradscope.diagnose.step import inline, input_grads, plain_derivatives
+from gradscope.diagnose.step import input_grads, plain_derivatives
 from gradscope.recording import Category, format_bytes
 
 
@@ -51,10 +48,8 @@ def propose(ctx: Context, holders: list[GraphHolder]) -> list[Finding]:
     # after the block, a penalty that trains the model, is not seen), the rewriting decides: it runs
     # the whole step on copies and is shown only if every gradient equals the step's own, the
     # model's included
-    step = (ctx.rec.extra or {}).get("step")
-    source = step_source(dict(step)) if ctx.moment == "failure" and not later and isinstance(step, Mapping) else None
-    inlined = None if source is None else inline(source, ctx.step_ns)  # (a step that calls the user's function)
-    runs = source is not None and plain_derivatives(inlined[0] if inlined else source) > 0
+    code = ctx.step_code() if ctx.moment == "failure" and not later else None
+    runs = code is not None and plain_derivatives(code[0]) > 0
     if g.trainable(root) and (not (unused or runs) or root in g.differentiated_roots()
                               or (model is not None and ctx.trained_by_optimizer(model))):
         return []

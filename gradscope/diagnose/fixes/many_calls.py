@@ -6,6 +6,7 @@ from torch import nn
 from gradscope.diagnose.facts import GRAPH_CATEGORIES, LINEAR_MERGES, Context
 from gradscope.diagnose.measure import micro_batch_proxy, proxy_peak, two_pass_proxy
 from gradscope.diagnose.report import Finding, GraphHolder
+from gradscope.diagnose.toolbox.checkpoint import wrapped_forwards
 from gradscope.recording import format_bytes
 
 
@@ -105,8 +106,6 @@ def _bn(model: nn.Module) -> bool:
 def rewrite(ctx: Context, f: Finding, source: str) -> tuple[str, str] | None:
     """Your step as it is, with the model checkpointed once before it: every call's activations
     are recomputed in backward, one call at a time."""
-    from gradscope.diagnose.toolbox.checkpoint import wrapped_forwards
-
     model = ctx.ns.get(f.uses[0]) if f.uses else None
     if not isinstance(model, nn.Module):
         return None
