@@ -553,7 +553,7 @@ _MODULE_HOOK_KEY = -0x6773  # gradscope's one key in torch's global module-hook 
 def add_global_module_hooks(pre: Callable[..., Any], post: Callable[..., Any]) -> None:
     """Put ``pre`` and ``post`` (called also when the forward raises) among torch's global module
     forward hooks under gradscope's fixed key (see NOTE [ one key for module hooks ] in
-    gradscope.record); where this torch keeps them otherwise, registered the public way."""
+    gradscope.capture.modules); where this torch keeps them otherwise, registered the public way."""
     from torch.nn.modules import module as m
 
     pres = getattr(m, "_global_forward_pre_hooks", None)

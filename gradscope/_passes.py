@@ -636,7 +636,7 @@ def saves_pass(trace: Trace, graph: Graph, prefixes: Sequence[str]) -> Saves:
         seq = s[S_SEQ]
         node = by_seq_get(seq)
         attr = save_attr_get(sid)
-        if node is None:  # see NOTE [ saves packed under another number ] in gradscope.record
+        if node is None:  # see NOTE [ saves packed under another number ] in gradscope.capture.discover
             moved = moves_get(seq)
             if moved is None or (node := by_seq_get(moved[0])) is None:
                 continue
@@ -648,7 +648,7 @@ def saves_pass(trace: Trace, graph: Graph, prefixes: Sequence[str]) -> Saves:
         sids.append(sid)
         nodes.append(node)
         attr = attr or seq_attr_get(seq)
-        if attr is None and seq in seq_order:  # see NOTE [ pack order ] in gradscope.record
+        if attr is None and seq in seq_order:  # see NOTE [ pack order ] in gradscope.capture.discover
             k = position.get(seq, 0)
             position[seq] = k + 1
             order = seq_order[seq]

@@ -1025,7 +1025,7 @@ def nvml_device_totals(index: int = 0) -> dict[str, int] | None:
     None when NVML is not installed or no NVIDIA driver is present: normal on CPU machines. A
     driver library found missing once is not looked for again: each try makes a new ctypes
     library object, whose function-pointer class is cyclic garbage (see NOTE [ no cycles through
-    the recorder ] in :mod:`gradscope.record`).
+    the recorder ] in :mod:`gradscope.capture.saves`).
     """
     global _nvml_missing
     if _nvml_missing:

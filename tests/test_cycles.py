@@ -1,5 +1,5 @@
 """A dropped recording is freed at once: no reference cycles between the recorder, its hooks, its
-memory source and the recording (see NOTE [ no cycles through the recorder ] in gradscope.record).
+memory source and the recording (see NOTE [ no cycles through the recorder ] in gradscope.capture.saves).
 
 Each test runs a scenario once to warm caches, then again with the cyclic collector switched off
 (so that no automatic pass hides a cycle) and counts what one ``gc.collect()`` finds afterwards,

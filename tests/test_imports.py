@@ -79,7 +79,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
      ("gradscope.recording", "gradscope.figures", "gradscope._held", "gradscope._names", "gradscope._lines")),
     ("capture: hooks, memory sources, the passes that make a Recording",
      ("gradscope._native", "gradscope._walk", "gradscope._passes", "gradscope.memory", "gradscope._compiled",
-      "gradscope.record")),
+      "gradscope.capture", "gradscope.record")),
     ("analyses: strategies, snapshots, prediction, comparison, diagnosis, jobs",
      ("gradscope.strategies", "gradscope._snapshot", "gradscope.snapshot", "gradscope.predict",
       "gradscope.compare", "gradscope.graph", "gradscope.diagnose", "gradscope.job", "gradscope.distributed")),

@@ -255,7 +255,7 @@ def test_compiled_walk_learns_as_the_python_walk_in_a_fresh_process(name: str, m
     """With nothing learnt yet (node classes, pack orders: as in a new process) the compiled walk
     hands each node it cannot read to the same Python code, and learns the same: the same rows
     on a first and a second block, and the same tables after them."""
-    rec_mod = importlib.import_module("gradscope.record")
+    rec_mod = importlib.import_module("gradscope.capture.discover")  # the learnt tables
     step = GRAPHS[name]
     tables = ("_TYPES", "_LISTS", "_ORDERS", "_ORDER_SEEN", "_NO_ORDER")
 
@@ -477,3 +477,24 @@ def test_built_once_then_cached(tmp_path: Path) -> None:
     again = _run(RECORD_AND_SAY, GRADSCOPE_CACHE=str(tmp_path))
     assert again.stdout.split() == ["True", "None", "16"] and "compiling" not in again.stderr
     assert list((tmp_path / "native").glob("_hooks-*")) == built
+
+
+def test_the_shared_state_has_one_definition() -> None:
+    """NOTE [ one definition of the shared state ]: fields.h is fields.py's output, the compiled
+    State has the Python _State's fields, and the Walker reads its one argument by those names."""
+    from gradscope._native import fields
+
+    assert (Path(fields.__file__).with_name("fields.h")).read_text() == fields.render_header()
+    rec_mod = importlib.import_module("gradscope.record")
+    native = _native.hooks()
+    assert native is not None, _native.status()
+    state = rec_mod._new_state(native)
+    assert isinstance(state, native.State) and sorted(rec_mod._State.__slots__) == sorted(n for n, _ in fields.STATE)
+    for name, _ in fields.STATE:
+        assert getattr(state, name) == getattr(rec_mod._State(), name), name
+    tables = {name: {} if kind in ("dict", "") else [] if kind == "list" else set() for name, kind, _ in fields.WALKER}
+    native.Walker(fields.WalkerTables(**tables))
+    with pytest.raises(TypeError, match="Walker's nodes must be a list"):
+        native.Walker(fields.WalkerTables(**{**tables, "nodes": {}}))
+    with pytest.raises(TypeError, match="exactly the fields"):
+        fields.WalkerTables(**{k: v for k, v in tables.items() if k != "hook"})

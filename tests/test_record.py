@@ -170,7 +170,7 @@ def test_learnt_pack_orders_name_saves_as_reading_every_node_does(monkeypatch: p
     gradients, the names must be those a read of every node's saved variables gives."""
     import importlib
 
-    rec_mod = importlib.import_module("gradscope.record")
+    rec_mod = importlib.import_module("gradscope.capture.discover")
 
     def run() -> list[tuple[str, str, tuple[int, ...]]]:
         torch.manual_seed(0)
@@ -213,7 +213,7 @@ def test_on_the_op_db_saves_belong_to_nodes_that_hold_them_and_learnt_names_equa
 
     if not _compat.capabilities().saved_data:
         pytest.skip("this torch cannot show what a pack hook returned for a raw saved variable")
-    rec_mod = importlib.import_module("gradscope.record")
+    rec_mod = importlib.import_module("gradscope.capture.discover")
     cases = []
     for op in op_db_cases():
         if torch.float64 in op.supported_dtypes("cpu"):

@@ -32,6 +32,7 @@ import gradscope.memory as gmem
 
 # `gradscope.record` the attribute is the function; the module is reached through importlib.
 grec = importlib.import_module("gradscope.record")
+gdisc = importlib.import_module("gradscope.capture.discover")  # the recorder's learnt tables
 
 # The originals, taken before any test records anything.
 _ORIGINAL = {
@@ -283,7 +284,8 @@ FAULTS: dict[str, tuple[Any, ...]] = {
     "tracker_start": (gmem.TrackerSource, "start", RuntimeError, "tracker", "enter"),
     "make_source": (grec, "make_source", RuntimeError, "cpu", "enter"),
     "patch_engine": (grec.record, "_patch_engine", RuntimeError, "tracker", "enter"),
-    "join_patches": (grec, "_join_patches", RuntimeError, "off", "enter"),
+    "join_patches": (importlib.import_module("gradscope.capture.engine"), "_join_patches", RuntimeError, "off",
+                     "enter"),
     "module_hook_register": (gcompat, "add_global_module_hooks", RuntimeError, "cpu", "enter"),
     "tracker_observe": (gmem.TrackerSource, "_observe", RuntimeError, "tracker", "ok"),
     # KeyboardInterrupt arriving while gradscope's own code runs
@@ -301,7 +303,7 @@ FAULTS: dict[str, tuple[Any, ...]] = {
 def test_fault_inside_gradscope_leaves_nothing(fault: str, monkeypatch: pytest.MonkeyPatch) -> None:
     target, attr, exc, memory, outcome, *factory = FAULTS[fault]
     for table in ("_ORDERS", "_ORDER_SEEN", "_NO_ORDER"):  # as in a fresh process: saves are read, not yet named by
-        monkeypatch.setattr(grec, table, type(getattr(grec, table))())  # learnt orders (NOTE [ pack order ])
+        monkeypatch.setattr(gdisc, table, type(getattr(gdisc, table))())  # learnt orders (NOTE [ pack order ])
     ref = reference_grads()
     model, x = tiny_model()
     original = getattr(target, attr)

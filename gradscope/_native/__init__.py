@@ -7,7 +7,8 @@ Python hook pays for a frame and a dozen attribute reads on each (~2-3 us); the 
 C++ costs a fraction (``benchmarks/bench_small_ops.py`` prints both). ``hooks.cc`` holds a
 pack/unpack pair that makes exactly the Python pair's rows (record.py) for plain tensors and hands
 any other tensor to the Python pack hook; it is compiled on first use, for the PyTorch and Python
-of the process, with the C++ compiler found on the machine, into gradscope's cache directory
+of the process, by ``torch.utils.cpp_extension`` (``_build.py``) with the C++ compiler found on the
+machine, into gradscope's cache directory
 (``$GRADSCOPE_CACHE``, else ``$XDG_CACHE_HOME/gradscope``, else ``~/.cache/gradscope``). Where it
 cannot be built (no compiler, an unknown platform) the Python pair records the same rows, more
 slowly; :func:`status` says which pair is in use and why. ``GRADSCOPE_NATIVE=0`` always uses the
@@ -21,9 +22,10 @@ recording (a notebook's first ``%%gradscope`` cell) to wait. Where nothing is ca
 starts the build in a background thread (one per process; the lock file in the cache directory
 makes another process wait for it, not build it again), says so in one line on stderr and returns
 None: that block and every block begun while the build runs record with the Python pair (the same
-rows, more slowly); the first block begun after it ends loads the built file. The compiler writes
-into a temporary directory beside the target and the file is renamed into place, so no process
-loads a half-written file; a process that exits while its build runs kills the compiler and
+rows, more slowly); the first block begun after it ends loads the built file. The build (a child
+process running cpp_extension, in a session of its own) writes into a temporary directory beside
+the target and the file is renamed into place, so no process loads a half-written file; a process
+that exits while its build runs kills that session (cpp_extension, ninja and the compilers) and
 removes the temporary directory (``python -m gradscope setup`` builds synchronously).
 ``GRADSCOPE_NATIVE=1`` builds synchronously (its failure is an error).
 
@@ -48,11 +50,12 @@ import contextlib
 import hashlib
 import importlib.machinery
 import importlib.util
+import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import threading
 import time
@@ -62,13 +65,14 @@ from types import ModuleType
 
 import torch
 
-from gradscope import _compat
 from gradscope.errors import GradscopeError
 
 __all__ = ["build", "build_or_say", "building", "cache_dir", "hooks", "status", "wait"]
 
 _SOURCES = (Path(__file__).with_name("hooks.cc"), Path(__file__).with_name("walk.cc"))
 _HEADER = Path(__file__).with_name("native.h")
+_FIELDS = Path(__file__).with_name("fields.h")  # generated from fields.py
+_BUILDER = Path(__file__).with_name("_build.py")  # run in a child process: see build()
 _lock = threading.Lock()
 _loaded: ModuleType | None = None
 _reason: str | None = None  # why the compiled pair is not in use (None: not tried yet, or in use)
@@ -97,30 +101,31 @@ def _mode() -> str:
     return mode
 
 
-def _command() -> list[str]:
-    """The compiler's command, less its output (``-o FILE``, added by :func:`build`)."""
+def _compiler() -> str:
+    """The C++ compiler cpp_extension will run (``CXX``, else the first found)."""
     cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
     if cxx is None:
         raise OSError("no C++ compiler found (set CXX, or install g++)")
-    root = Path(torch.__file__).parent
-    abi = _compat.cxx11_abi()
-    cmd = [cxx, "-O2", "-std=c++20", "-shared", "-fPIC", "-fvisibility=hidden", "-w",
-           f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-I{root / 'include'}",
-           f"-I{sysconfig.get_paths()['include']}", *map(str, _SOURCES),
-           f"-L{root / 'lib'}", "-ltorch_python", "-ltorch", "-ltorch_cpu", "-lc10",
-           f"-Wl,-rpath,{root / 'lib'}"]
+    return cxx
+
+
+def _settings() -> dict[str, object]:
+    """What ``_build.py`` is given: the compiler, the sources and the flags beyond cpp_extension's own
+    (which add PyTorch's and Python's headers and libraries, ``-fPIC``, the C++ standard and ABI)."""
+    lib = Path(torch.__file__).parent / "lib"
+    ldflags = [f"-Wl,-rpath,{lib}"]
     if sys.platform == "darwin":
-        cmd.insert(1, "-undefined")
-        cmd.insert(2, "dynamic_lookup")
-    return cmd
+        ldflags += ["-undefined", "dynamic_lookup"]
+    return {"cxx": _compiler(), "sources": [str(p) for p in _SOURCES],
+            "cflags": ["-O2", "-std=c++20", "-fvisibility=hidden", "-w"], "ldflags": ldflags}
 
 
-def _target(command: list[str]) -> Path:
-    """The built file's path: one per source, compiler command, PyTorch build and Python."""
+def _target(settings: dict[str, object]) -> Path:
+    """The built file's path: one per source, compiler and flags, PyTorch build and Python."""
     h = hashlib.sha256()
-    for source in (*_SOURCES, _HEADER):
+    for source in (*_SOURCES, _HEADER, _FIELDS, _BUILDER):
         h.update(source.read_bytes())
-    h.update(" ".join(command).encode())
+    h.update(repr(sorted(settings.items())).encode())
     h.update(f"{torch.__version__} {torch.version.git_version} {sys.implementation.cache_tag}".encode())
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
     return cache_dir() / "native" / f"_hooks-{torch.__version__.replace('+', '-')}-{h.hexdigest()[:16]}{suffix}"
@@ -129,9 +134,12 @@ def _target(command: list[str]) -> Path:
 def build(*, say: bool = True) -> Path:
     """Compile the hooks for this PyTorch unless a build is cached; returns the built file.
     ``say=False`` prints nothing (the background build said it already).
-    Raises OSError (no compiler, the compiler failed, the cache not writable)."""
-    command = _command()
-    target = _target(command)
+    Raises OSError (no compiler, the compiler failed, the cache not writable).
+
+    The build is ``torch.utils.cpp_extension``'s (``_build.py``, in a child process of its own
+    session, so that :func:`_stop_builds` can end it and the compilers it runs at once)."""
+    settings = _settings()
+    target = _target(settings)
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -150,15 +158,17 @@ def build(*, say: bool = True) -> Path:
             _temps.add(tmp)
             try:
                 out = Path(tmp) / target.name
-                proc = subprocess.Popen([*command, "-o", str(out)], stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, text=True)
+                given = json.dumps({**settings, "out": tmp, "name": target.name})
+                proc = subprocess.Popen([sys.executable, str(_BUILDER), given], stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                                        cwd=tmp)
                 _running.add(proc)
                 try:
-                    _, err = proc.communicate()
+                    err, _ = proc.communicate()
                 finally:
                     _running.discard(proc)
-                if proc.returncode != 0:
-                    first = next((ln for ln in err.splitlines() if "error" in ln), "")
+                if proc.returncode != 0 or not out.exists():
+                    first = next((ln for ln in err.splitlines() if "error" in ln.lower()), "")
                     raise OSError(f"the C++ compiler failed: {first.strip()}\n{err[-3000:]}")
                 os.replace(out, target)  # atomic: a loader sees no file or the whole file
             finally:
@@ -182,7 +192,10 @@ def _stop_builds() -> None:
     files (the build starts again in the next process)."""
     for proc in list(_running):
         with contextlib.suppress(OSError):
-            proc.kill()
+            if hasattr(os, "killpg"):
+                os.killpg(proc.pid, signal.SIGKILL)  # the build's session: cpp_extension, its compilers
+            else:
+                proc.kill()
             proc.wait()
     for tmp in list(_temps):
         shutil.rmtree(tmp, ignore_errors=True)
@@ -245,7 +258,7 @@ def hooks() -> ModuleType | None:
         if mode == "1":
             return _settle(build, mode)
         try:
-            target = _target(_command())
+            target = _target(_settings())
         except OSError as e:
             _reason, _tried = f"could not build the compiled hooks: {str(e).splitlines()[0]}", True
             return None

@@ -1,4 +1,4 @@
-// gradscope's saved-tensor hooks, compiled: the same rows as the Python pair in record.py, made
+// gradscope's saved-tensor hooks, compiled: the same rows as the Python pair in capture/saves.py, made
 // without a Python frame per save (see NOTE [ compiled hooks ] in gradscope/_native/__init__.py).
 //
 // Every tensor this file does not know how to read exactly (a subclass, a tensor without a plain
@@ -35,36 +35,28 @@ using gradscope_native::Ref;
 using gradscope_native::State;
 using gradscope_native::time_ns;
 
+#define GRADSCOPE_OBJECT_MEMBER(name) {#name, T_OBJECT, offsetof(State, name), 0, nullptr},
+#define GRADSCOPE_INT_MEMBER(name) {#name, T_LONGLONG, offsetof(State, name), 0, nullptr},
 PyMemberDef state_members[] = {
-    {"bw", T_OBJECT, offsetof(State, bw), 0, nullptr},
-    {"marks", T_OBJECT, offsetof(State, marks), 0, nullptr},
-    {"last_seq", T_LONGLONG, offsetof(State, last_seq), 0, nullptr},
-    {"pending", T_OBJECT, offsetof(State, pending), 0, nullptr},
-    {"prev_node", T_OBJECT, offsetof(State, prev_node), 0, nullptr},
-    {"reading", T_OBJECT, offsetof(State, reading), 0, nullptr},
-    {"stack", T_OBJECT, offsetof(State, stack), 0, nullptr},
-    {"func_depth", T_LONGLONG, offsetof(State, func_depth), 0, nullptr},
-    {nullptr, 0, 0, 0, nullptr}};
+    GRADSCOPE_STATE_FIELDS(GRADSCOPE_OBJECT_MEMBER, GRADSCOPE_INT_MEMBER){nullptr, 0, 0, 0, nullptr}};
+#undef GRADSCOPE_OBJECT_MEMBER
+#undef GRADSCOPE_INT_MEMBER
 
+#define GRADSCOPE_NOTHING(name)
 int state_traverse(State* self, visitproc visit, void* arg) {
-  Py_VISIT(self->bw);
-  Py_VISIT(self->marks);
-  Py_VISIT(self->pending);
-  Py_VISIT(self->prev_node);
-  Py_VISIT(self->reading);
-  Py_VISIT(self->stack);
+#define GRADSCOPE_VISIT(name) Py_VISIT(self->name);
+  GRADSCOPE_STATE_FIELDS(GRADSCOPE_VISIT, GRADSCOPE_NOTHING)
+#undef GRADSCOPE_VISIT
   return 0;
 }
 
 int state_clear(State* self) {
-  Py_CLEAR(self->bw);
-  Py_CLEAR(self->marks);
-  Py_CLEAR(self->pending);
-  Py_CLEAR(self->prev_node);
-  Py_CLEAR(self->reading);
-  Py_CLEAR(self->stack);
+#define GRADSCOPE_CLEAR(name) Py_CLEAR(self->name);
+  GRADSCOPE_STATE_FIELDS(GRADSCOPE_CLEAR, GRADSCOPE_NOTHING)
+#undef GRADSCOPE_CLEAR
   return 0;
 }
+#undef GRADSCOPE_NOTHING
 
 void state_dealloc(State* self) {
   PyObject_GC_UnTrack(self);
@@ -306,7 +298,7 @@ PyObject* pack_plain(Hooks* self, PyObject* obj) {
       return nullptr;
     }
   }
-  // NOTE [ a save that needs no detaching ] in record.py: the object itself, unless packed already
+  // NOTE [ a save that needs no detaching ] in capture/saves.py: the object itself, unless packed already
   PyObject* packed = nullptr;
   if (!t.requires_grad()) {
     PyObject* own = PyLong_FromVoidPtr(obj);
@@ -416,7 +408,7 @@ PyObject* hooks_unpack(Hooks* self, PyObject* t) {
     PyErr_SetString(PyExc_SystemError, "gradscope: an unpacked save has no row");
     return nullptr;
   }
-  // NOTE [ in-place checks ] in record.py
+  // NOTE [ in-place checks ] in capture/saves.py
   PyObject* expected = PyList_GET_ITEM(self->versions, sid);
   long long version;
   if (THPVariable_Check(t)) {
@@ -483,7 +475,7 @@ int append_freed(PyObject* events, Py_ssize_t ident, Py_ssize_t value) {
   return rc;
 }
 
-// check_frees_at_end of record.py (see NOTE [ frees checked once a pass ] there), the same events in
+// check_frees_at_end of capture/saves.py (see NOTE [ frees checked once a pass ] there), the same events in
 // the same order
 PyObject* hooks_frees_at_end(Hooks* self, PyObject* /*unused*/) {
   PyObject* pending = self->pending;

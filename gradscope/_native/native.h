@@ -6,21 +6,21 @@
 #include <ctime>
 #include <utility>
 
+#include "fields.h"
+
 namespace gradscope_native {
 
-// What the hooks read and change while a block runs; record.py's _State derives from it, so that
-// the Python code reads and sets the same fields (see _State there for their meaning).
+// What the hooks read and change while a block runs; gradscope.capture.state's _State derives from it, so that
+// the Python code reads and sets the same fields (see _State there for their meaning). Its fields
+// are fields.py's STATE (see NOTE [ one definition of the shared state ] there).
+#define GRADSCOPE_OBJECT_FIELD(name) PyObject* name;
+#define GRADSCOPE_INT_FIELD(name) long long name;
 struct State {
   PyObject_HEAD
-  PyObject* bw;
-  PyObject* marks;
-  long long last_seq;
-  PyObject* pending;
-  PyObject* prev_node;
-  PyObject* reading;
-  PyObject* stack;
-  long long func_depth;
+  GRADSCOPE_STATE_FIELDS(GRADSCOPE_OBJECT_FIELD, GRADSCOPE_INT_FIELD)
 };
+#undef GRADSCOPE_OBJECT_FIELD
+#undef GRADSCOPE_INT_FIELD
 
 // An owned reference, released when it goes out of scope.
 struct Ref {

@@ -1,4 +1,4 @@
-// gradscope's graph walk at a backward's start, compiled: the rows of record.py's Python walk
+// gradscope's graph walk at a backward's start, compiled: the rows of capture/discover.py's Python walk
 // (``record._discover``), made over the C++ nodes without a Python object per node (see NOTE
 // [ compiled walk ] in gradscope/_native/__init__.py).
 //
@@ -58,7 +58,7 @@ NodePtr node_of(PyObject* obj) {
 }
 
 // Per C++ node class: its Python class, when every node of the C++ class has that one Python class
-// and record._TYPES holds its information (one class, one name); else every node of the class is
+// and capture.discover._TYPES holds its information (one class, one name); else every node of the class is
 // read through its Python object (a custom Function's node: one C++ class for all of them).
 struct ClassEntry {
   PyObject* pytype = nullptr;  // owned for the process's lifetime
@@ -198,46 +198,47 @@ PyMethodDef pass_methods[] = {
 
 PyTypeObject PassHooksType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
+// The compiled walk's tables and callbacks: fields.py's WALKER (see NOTE [ one definition of the
+// shared state ] there), read by name from its one argument, a fields.WalkerTables.
 struct Walker {
   PyObject_HEAD
-  PyObject* index;      // dict: node key -> node index (gradscope._trace)
-  PyObject* nodes;      // list of node rows
-  PyObject* edge_keys;  // list
-  PyObject* edge_dst;   // list
-  PyObject* packed;     // Counter: node number -> saves the pack hook made under it
-  PyObject* seq_attr;   // dict: node number -> the attribute of its one saved tensor
-  PyObject* seq_order;  // dict: node number -> its saves' attributes in pack order
-  PyObject* hooked;     // set of node indices with a pre hook for the whole block
-  PyObject* leaf_hooks; // dict: node index -> a leaf's pre hook
-  PyObject* type_info;  // callable(fn) -> (name, attributes, custom, single)
-  PyObject* node_key;   // callable(fn) -> an AccumulateGrad node's key
-  PyObject* name_node;  // callable(fn, key, attributes, absent bits, ours): the saves read in Python
-  PyObject* hook;       // callable(fn, index, name, post)
-  PyObject* leaf_row;   // callable(fn, index, key, name, custom, hooking, hook_all)
-  PyObject* saves;      // list of save rows (gradscope._trace): ``packed`` counts them
-  PyObject* acc_vars;   // dict: AccumulateGrad node index -> weak reference to its leaf
-  PyObject* leaf_key;   // callable(leaf tensor) -> its AccumulateGrad node's key
+#define GRADSCOPE_WALKER_FIELD(name, type) PyObject* name;
+  GRADSCOPE_WALKER_FIELDS(GRADSCOPE_WALKER_FIELD)
+#undef GRADSCOPE_WALKER_FIELD
   Py_ssize_t packed_upto;  // saves counted into ``packed`` so far
 };
 
-constexpr int kFields = 17;
+constexpr int kFields = GRADSCOPE_WALKER_NFIELDS;
 
 using WalkerRefs = gradscope_native::OwnedRefs<Walker, kFields, &Walker::index>;
-static_assert(offsetof(Walker, leaf_key) == offsetof(Walker, index) + (kFields - 1) * sizeof(PyObject*));
+static_assert(offsetof(Walker, packed_upto) == offsetof(Walker, index) + kFields * sizeof(PyObject*));
 
 PyObject** fields(Walker* self) { return WalkerRefs::refs(self); }
 
 int walker_init(Walker* self, PyObject* args, PyObject* kwds) {
+  PyObject* tables;
+  if (!PyArg_ParseTuple(args, "O", &tables)) return -1;
+  struct Field {
+    const char* name;
+    PyTypeObject* type;
+  };
+#define GRADSCOPE_WALKER_FIELD(name, type) {#name, type},
+  static const Field spec[kFields] = {GRADSCOPE_WALKER_FIELDS(GRADSCOPE_WALKER_FIELD)};
+#undef GRADSCOPE_WALKER_FIELD
   PyObject* in[kFields];
-  if (!PyArg_ParseTuple(args, "O!O!O!O!O!O!O!O!O!OOOOOO!O!O", &PyDict_Type, &in[0], &PyList_Type, &in[1],
-                        &PyList_Type, &in[2], &PyList_Type, &in[3], &PyDict_Type, &in[4], &PyDict_Type, &in[5],
-                        &PyDict_Type, &in[6], &PySet_Type, &in[7], &PyDict_Type, &in[8], &in[9], &in[10], &in[11],
-                        &in[12], &in[13], &PyList_Type, &in[14], &PyDict_Type, &in[15], &in[16]))
-    return -1;
   for (int k = 0; k < kFields; ++k) {
-    Py_INCREF(in[k]);
-    Py_XSETREF(fields(self)[k], in[k]);
+    in[k] = PyObject_GetAttrString(tables, spec[k].name);
+    if (in[k] != nullptr && spec[k].type != nullptr && !PyObject_TypeCheck(in[k], spec[k].type)) {
+      PyErr_Format(PyExc_TypeError, "gradscope: Walker's %s must be a %s, got %s", spec[k].name,
+                   spec[k].type->tp_name, Py_TYPE(in[k])->tp_name);
+      Py_CLEAR(in[k]);
+    }
+    if (in[k] == nullptr) {
+      for (int j = 0; j < k; ++j) Py_DECREF(in[j]);
+      return -1;
+    }
   }
+  for (int k = 0; k < kFields; ++k) Py_XSETREF(fields(self)[k], in[k]);  // owned from GetAttr
   self->packed_upto = 0;
   return 0;
 }
@@ -305,7 +306,7 @@ bool drop_dead_leaves(Walker* self) {
 // keys of the AccumulateGrad nodes it met.
 struct Walk {
   Walker* w;
-  PyObject* types = nullptr;  // record._TYPES (read at each walk: tests replace the tables)
+  PyObject* types = nullptr;  // capture.discover._TYPES (read at each walk: tests replace the tables)
   std::vector<std::pair<NodePtr, PyObject*>> stack;  // (node, owned key)
   std::vector<NodePtr> held;
   Ref objects{PyList_New(0)};
@@ -428,7 +429,7 @@ bool roots_args(PyObject* roots, PyObject* keys) {
 // whole (the saves counted, dead leaves dropped, the walk, its AccumulateGrad edges resolved), but
 // for the AccumulateGrad nodes walked before (key -> a parent node), which Python hooks again; or
 // NotImplemented when a root is not a node this file can read (the Python walk runs instead; the
-// walk changed nothing). ``types`` and ``orders`` are record._TYPES and record._ORDERS.
+// walk changed nothing). ``types`` and ``orders`` are capture.discover._TYPES and capture.discover._ORDERS.
 PyObject* discover(Walker* self, PyObject* roots, PyObject* keys, int hooking, int hook_all, PyObject* seq0,
                    PyObject* types, PyObject* orders) {
   if (!roots_args(roots, keys)) return nullptr;

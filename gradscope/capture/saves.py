@@ -1,0 +1,309 @@
+"""The saved-tensor hooks: the pack/unpack pair (Python, or the compiled pair of gradscope._native),
+frees checked by weak handle, other pairs of hooks (see NOTE [ which node saved a tensor ] in
+gradscope.record)."""
+
+from __future__ import annotations
+
+import functools
+import operator
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from gradscope import _compat
+from gradscope._trace import (
+    EV_FREED,
+    EV_UNPACK,
+    S_SEQ,
+    S_SKEY,
+)
+from gradscope.capture.state import Part, _note_internal
+
+
+class SavedTensors(Part):
+    """The recorder's saved-tensor hooks."""
+
+    # ------------------------------------------------------------------ saved tensors
+    def _make_pack(self) -> tuple[Callable[[torch.Tensor], Any], Callable[[Any], torch.Tensor]]:
+        """The pack/unpack pair, built once per block with everything it needs bound locally:
+        they run for every saved tensor (see NOTE [ capture apart from analysis ] in
+        :mod:`gradscope._trace`)."""
+        trace, st = self._trace, self._state
+        saves, events = trace.saves, trace.events
+        saves_append, events_append = saves.append, events.append
+        seq = _compat.sequence_nr_fn()
+        key_of, weak_of, version_of = _compat.storage_cdata, _compat.storage_weak, _compat.tensor_version
+        time_ns = time.time_ns
+        memory = self._memory
+        need_ptr = memory == "cpu" or (memory == "cuda" and self._history)  # matched with allocations by address
+        need_time = memory != "off"  # matched with allocations in time
+        need_weak = self._free_checks_needed()  # frees seen by weak reference at step boundaries
+        weak: list[int | None] = []
+        self._weak = weak
+        weak_append = weak.append
+        internal = functools.partial(_note_internal, trace.notes)  # see NOTE [ no cycles through the recorder ]
+        pending = st.pending
+        pending_append = pending.append
+        expired, free = _compat.weak_expired, _compat.weak_free
+        sparse_parts, parts_bytes = _compat.sparse_parts, _compat.parts_bytes
+        skey_of = operator.itemgetter(S_SKEY)
+        # NOTE [ the packed value is the tensor ]: what the pack hook returns lives as long as the
+        # saved variable, and every object it adds is one more for Python's cyclic collector to
+        # walk until the backward frees it: a graph of small ops packs thousands, and a collector
+        # pass over them cost more than the recording's own work (measured on a 5,000-op chain:
+        # 25 ms a step). So the pack hook returns the detached tensor alone (see NOTE [ pack a
+        # detached tensor ]); what unpack needs (save index, version, node) sits in this table of
+        # plain ints under the tensor's id, which no other live object shares while the saved
+        # variable holds it (a new pack of a reused id overwrites the entry first). Rows hold no
+        # object the collector tracks either (the shape as a tuple of ints).
+        packed_info: dict[int, int | None] = {}  # the packed value's id -> its save's index
+        self._packed_info = packed_info
+        versions: list[int] = []  # by save index: the saved tensor's version when packed
+        versions_append = versions.append
+        table = self._line_table  # see NOTE [ where lines come from ] in gradscope._lines
+        save_lines = trace.save_lines
+        lines_append = save_lines.append
+        here = table.find if table is not None else None
+        getframe = sys._getframe
+        last_line: list[Any] = [None, -1]  # the node of the last save given a line, and that line
+        same_node = self._caps.sequence_nr  # without the counter every save looks at its stack
+
+        def check_frees(by_save: bool = False) -> None:
+            """The engine releases a node's saved tensors right after the node (and its post
+            hooks) ran; at the next step boundary, the storages of the saves it unpacked that
+            are gone were freed by that step (``by_save``: by the step of the save's node)."""
+            for q in pending:
+                ref = weak[q]
+                if ref is not None and expired(ref):
+                    events_append((EV_FREED, q, 0, q if by_save else None))
+                    weak[q] = None
+                    free(ref)
+            pending.clear()
+
+        def check_frees_at_end() -> None:
+            """NOTE [ frees checked once a pass ]: with ``memory="off"`` the saves a pass unpacked
+            are checked once, when it ends, instead of at every step boundary (a check at each
+            step cost as much as a tenth of a small op's recording). A storage the engine freed
+            died when the last of its holders' nodes ran and let go of its saved variables: the
+            free belongs to the step of the save of ours that unpacked it last (``value``; the
+            graph pass finds that step by the save's node), and is reported on the storage's
+            newest save (``ident``), so that every save of it made before is freed there too. A
+            holder we cannot see (a node whose saves another pair of hooks packed, a custom
+            Function's ``ctx`` attribute) that lets go later in the pass makes the free show at
+            our holder's step, as it showed at the next step we saw before."""
+            keys = list(map(skey_of, map(saves.__getitem__, pending)))
+            if len(set(keys)) == len(keys):  # each storage unpacked once: its save is both the newest and the last
+                check_frees(by_save=True)
+                return
+            last: dict[int, list[Any]] = {}  # storage key -> [save unpacked last, newest save, freed?]
+            for q, k in zip(reversed(pending), reversed(keys), strict=True):
+                e = last.get(k)
+                if e is None:
+                    ref = weak[q]
+                    last[k] = [q, q, ref is not None and expired(ref)]
+                elif q > e[1]:
+                    e[1] = q
+            for q_last, q_new, dead in last.values():
+                if dead:
+                    events_append((EV_FREED, q_new, 0, q_last))
+            for q, k in zip(pending, keys, strict=True):
+                ref = weak[q]
+                if ref is not None and last[k][2]:
+                    weak[q] = None
+                    free(ref)
+            pending.clear()
+
+        batched = self._frees_once_a_pass = memory == "off"
+        self._check_frees: Callable[[], None] = check_frees_at_end if batched else check_frees
+
+        def pack(t: torch.Tensor) -> Any:
+            # No thread filter: saved-tensor hooks are thread-local, and the engine carries them
+            # into its device threads only for backward passes started in this block.
+            try:
+                try:
+                    s = t.untyped_storage()
+                    nbytes = s.nbytes()
+                except (NotImplementedError, RuntimeError):
+                    parts = sparse_parts(t)  # a sparse tensor has no storage of its own
+                    if parts is None:
+                        raise
+                    s, nbytes = parts[-1].untyped_storage(), parts_bytes(parts)
+                sid = len(saves)
+                # is_leaf is ``grad_fn is None`` without making the producer's Python node object
+                row = (seq() - 1, key_of(s), s.data_ptr() if need_ptr else 0, nbytes, tuple(t.shape), t.dtype,
+                       t.device, time_ns() if need_time else sid, t.is_leaf)
+                version = version_of(t)
+                line = -1
+                if here is not None:
+                    if same_node and row[0] == last_line[0]:
+                        line = last_line[1]
+                    else:
+                        try:
+                            line = here(getframe(1))
+                        except Exception:  # no line is no failure to pack (as the compiled pair)
+                            line = -1
+                        last_line[0], last_line[1] = row[0], line
+                # nothing above may fail once a list has grown: the lists are indexed by save
+                saves_append(row)
+                versions_append(version)
+                if here is not None:
+                    lines_append(line)
+                if need_weak:
+                    weak_append(weak_of(s))  # type: ignore[arg-type]  # an int handle at run time
+                # NOTE [ pack a detached tensor ]: a node that saves its own output (exp, tanh)
+                # would hold the output, whose grad_fn is that node: a cycle through C++ that
+                # Python's collector cannot break. Unpack rebuilds autograd metadata from the saved
+                # variable, not from the tensor the hook returns, so keeping only the data (as
+                # PyTorch does without hooks) is exact.
+                # NOTE [ a save that needs no detaching ]: a tensor that does not require grad
+                # has no node to hold, and PyTorch hands it back from ctx.saved_tensors as the
+                # same Python object (attributes the program set on it, identity checks): it is
+                # packed as itself, unless this object is packed already (its id names one save
+                # in packed_info; an entry of a dead object whose id was reused names another
+                # storage).
+                if not t.requires_grad:
+                    prev = packed_info.get(id(t), -1)
+                    if prev == -1 or (prev is not None and (prev >= sid or saves[prev][S_SKEY] != row[S_SKEY])):
+                        packed_info[id(t)] = sid
+                        return t
+                d = t.detach()
+                packed_info[id(d)] = sid
+                return d
+            except Exception as e:  # observing must never break the model: save the tensor as is
+                packed_info[id(t)] = None
+                internal(e)
+                return t
+
+        def unpack(t: torch.Tensor) -> torch.Tensor:
+            sid = packed_info.get(id(t))
+            if sid is None:
+                return t  # packed while observing failed
+            # NOTE [ in-place checks ]: while saved-tensor hooks are active PyTorch does not check
+            # that a saved tensor was left unmodified (measured: no error, silently different
+            # gradients), so a program that fails without gradscope would run with wrong
+            # gradients under it. The check is made here, with PyTorch's words.
+            if version_of(t) != versions[sid]:
+                raise _inplace_error(t, versions[sid])
+            if st.bw is not None:
+                # the save's node, as the graph walk may have moved it (see _reattribute)
+                if st.marks and (node := saves[sid][S_SEQ]) != st.last_seq:
+                    if pending and not batched:
+                        check_frees()
+                    st.last_seq = node
+                    # the counter as the node starts: see NOTE [ orders ] in gradscope._passes
+                    events_append((EV_UNPACK, sid, time_ns(), seq()))
+                if need_weak:
+                    pending_append(sid)
+            elif st.reading is not None:
+                st.reading.append(sid)
+            return t
+
+        self._free_handles: Callable[[], None] | None = None
+        if self._native is None:
+            return pack, unpack
+        # the same pair, compiled: the Python pack hook packs what it does not read exactly
+        # The tracker follows each storage until its last holder dies; the compiled pack hook makes
+        # its alias without an operator (no dispatch mode sees it), so it tells the tracker (the
+        # source, made later in _install, is put in this list, and taken out when the block ends).
+        watchers: list[Callable[[torch.Tensor], None]] = []
+        self._alias_watchers = watchers
+
+        def watch(alias: torch.Tensor) -> None:
+            for w in watchers:
+                w(alias)
+
+        compiled = self._native.Hooks(saves, versions, packed_info, weak if need_weak else None, events, pending, st,
+                                      pack, None if batched else check_frees, _inplace_error, need_ptr, need_time,
+                                      watch if memory == "tracker" else None,
+                                      None if table is None else save_lines, table)
+        if batched:
+            self._check_frees = compiled.frees_at_end
+        self._free_handles = compiled.free_handles  # the Python pair's handles are the same kind
+        return compiled.pack, compiled.unpack  # bound once: the pair is known by identity
+
+    def _free_checks_needed(self) -> bool:
+        """Frees of saved storages are checked by weak reference at step boundaries where the
+        memory source cannot say which allocation died (off; CUDA without history)."""
+        return self._memory == "off" or (self._memory == "cuda" and not self._history)
+
+    def _free_weak_refs(self) -> None:
+        if self._free_handles is not None:  # compiled: one call for every save of the block
+            self._free_handles()
+            return
+        free = _compat.free_weak_ref
+        for ref in self._weak:
+            if ref is not None:
+                free(ref)
+        self._weak.clear()
+
+    def _let_go(self) -> None:
+        """NOTE [ no cycles through the recorder ]: a recorder dropped after its block must go at
+        once, with its rows, by reference counting: were it on a reference cycle, it (and the
+        trace or recording it holds, thousands of objects) would wait for Python's cyclic
+        collector, whose pass would then run inside the user's code, later. What the block
+        installs never refers back to the recorder after the block: the saved-tensor hooks (which
+        a graph keeps after the block, for its backward) note an internal error into the trace's
+        notes, not through the recorder; memory sources let go of the recorder's callback when
+        they stop; the compiled walk, whose callbacks are the recorder's methods, is dropped here
+        when the block ends (the walk at the block's end is its last use).
+        tests/test_cycles.py counts what the collector finds."""
+        self._walker = None
+
+    def _hooks_on_top(self) -> bool:
+        """Whether our pair is the innermost saved-tensor hooks pair on this thread."""
+        top = _compat.top_saved_tensors_hooks()
+        if top is _compat.NOT_VISIBLE:
+            return self._probe_innermost()
+        return top is not None and top[0] is self._pack
+
+    def _probe_innermost(self) -> bool:
+        """Without ``_top_saved_tensors_default_hooks`` (torch 2.6): pack one tiny saved tensor and
+        see whose pack hook ran; the probe's row is removed again."""
+        saves = self._trace.saves
+        n = len(saves)
+        try:
+            with _compat.no_dispatch_modes():
+                x = torch.ones(1, device="cpu", requires_grad=True)
+                with torch.enable_grad():
+                    x.exp()
+        except Exception:
+            return False
+        ours = len(saves) > n
+        del saves[n:]
+        return ours
+
+    def _other_pair(self, entering: bool) -> None:
+        """See NOTE [ other pairs on an older torch ]: [seq0, seq1) while another pair is on top."""
+        seqs = self._other_seq
+        if entering:
+            self._other_depth += 1
+            if self._other_depth == 1:
+                seqs.append([_compat.sequence_nr(), -1])
+        elif self._other_depth > 0:
+            self._other_depth -= 1
+            if self._other_depth == 0 and seqs:
+                seqs[-1][1] = _compat.sequence_nr()
+
+    def _func_enter(self) -> None:
+        st = self._state
+        st.func_depth += 1
+        self._trace.func_regions += 1
+        self._func_seq.append([_compat.sequence_nr(), -1])
+
+    def _func_exit(self) -> None:
+        st = self._state
+        st.func_depth -= 1
+        if self._func_seq and self._func_seq[-1][1] < 0:
+            self._func_seq[-1][1] = _compat.sequence_nr()
+
+
+def _inplace_error(t: torch.Tensor, expected: int) -> RuntimeError:
+    return RuntimeError(
+        "one of the variables needed for gradient computation has been modified by an inplace "
+        f"operation: [{t.type()} {list(t.shape)}] is at version {_compat.tensor_version(t)}; expected version "
+        f"{expected} instead. (Checked by gradscope, as PyTorch does without saved-tensor hooks.) "
+        "Hint: remove the in-place operation, or clone the tensor first."
+    )
