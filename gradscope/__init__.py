@@ -48,13 +48,22 @@ for _kind, _cls, _fn in (
     ("text", "gradscope.recording.Recording", "gradscope.report:summary_text"),
     ("html", "gradscope.recording.Recording", "gradscope.html:recording_html"),
     ("html", "gradscope.compare.Comparison", "gradscope.html:comparison_html"),
-    ("html", "gradscope.job.Job", "gradscope.html:job_page_html"),
+    ("text", "gradscope.jobs.data.Job", "gradscope.jobs.text:summary_text"),
+    ("html", "gradscope.jobs.data.Job", "gradscope.html:job_page_html"),
+    ("fragment", "gradscope.jobs.data.Job", "gradscope.jobs.page:fragment_html"),
+    ("payload", "gradscope.jobs.data.Job", "gradscope.jobs.payload:job_payload"),
+    # a job asks for its analysis the same way (NOTE [ a job asks for its analysis ] in gradscope.jobs.data)
+    ("view", "gradscope.jobs.data.Job", "gradscope.jobs.analysis:job_view"),
+    ("diagnosis", "gradscope.jobs.data.Job", "gradscope.jobs.analysis:diagnose_job"),
     ("dot", "gradscope.recording.Recording", "gradscope.graph:to_dot"),
     ("mimebundle", "gradscope.recording.Recording", "gradscope.widget:mimebundle"),
     ("mimebundle", "gradscope.compare.Comparison", "gradscope.widget:mimebundle"),
-    ("mimebundle", "gradscope.job.Job", "gradscope.widget:mimebundle"),
+    ("mimebundle", "gradscope.jobs.data.Job", "gradscope.widget:mimebundle"),
+    ("text", "gradscope._snapshot.data.SnapshotRecording", "gradscope.report:snapshot_summary_text"),
+    ("html", "gradscope._snapshot.data.SnapshotRecording", "gradscope.html:snapshot_html"),
 ):
     _views.declare(_kind, _cls, _fn)
+_views.declare_saved("cuda_snapshot", "gradscope._snapshot.data:from_saved")  # NOTE [ saved types ]
 
 # Functions whose submodule has the same name are imported here, eagerly, so that the package
 # attribute is always the function (``gs.record(...)``) and never the module, whatever imports
@@ -74,10 +83,11 @@ for _name, _module in (("compare", "gradscope.compare"), ("diagnose", "gradscope
 
 _LAZY = {
     "Comparison": "gradscope.compare",
-    "Job": "gradscope.job",
+    "Job": "gradscope.jobs.data",
     "compiled_saves": "gradscope._compiled",
     "gather": "gradscope.distributed",
-    "load_ranks": "gradscope.job",
+    "job": "gradscope.job",  # the module: every public name of a job, its views included
+    "load_ranks": "gradscope.jobs.data",
     "predict_job": "gradscope.distributed",
     "load_snapshot": "gradscope.snapshot",
     "show": "gradscope.widget",
@@ -89,7 +99,7 @@ if TYPE_CHECKING:
     from gradscope.compare import Comparison, compare
     from gradscope.diagnose import diagnose
     from gradscope.distributed import gather, predict_job
-    from gradscope.job import Job, load_ranks
+    from gradscope.jobs.data import Job, load_ranks
     from gradscope.predict import predict
     from gradscope.snapshot import load_snapshot
     from gradscope.widget import show
@@ -100,7 +110,7 @@ def __getattr__(name: str) -> Any:
     if mod is None:
         raise AttributeError(f"module 'gradscope' has no attribute {name!r}")
     module = importlib.import_module(mod)
-    value = module if name == "strategies" else getattr(module, name)
+    value = module if name in ("job", "strategies") else getattr(module, name)
     globals()[name] = value
     return value
 

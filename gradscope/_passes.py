@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gradscope import _compat, _held, _lines, _names
+from gradscope._series import Interner, downsample
 from gradscope._trace import (
     C_ROOT,
     C_SEQ0,
@@ -623,7 +624,7 @@ def saves_pass(trace: Trace, graph: Graph, prefixes: Sequence[str]) -> Saves:
     kinds: list[Kind] = []
     names: list[str | None] = []
     storages: list[int] = []
-    storage_ids: dict[int, int] = {}
+    storage_ids: Interner[int] = Interner()  # storage key -> storage id, in order of first save
     by_seq_get = graph.by_seq.get
     save_attr_get, seq_attr_get, param_get = trace.save_attr.get, trace.seq_attr.get, trace.param_keys.get
     seq_order = trace.seq_order
@@ -663,10 +664,7 @@ def saves_pass(trace: Trace, graph: Graph, prefixes: Sequence[str]) -> Saves:
         else:
             kinds.append(input_kind if s[S_LEAFISH] else activation)
             names.append(None)
-        st = storage_ids.get(skey)
-        if st is None:
-            st = storage_ids[skey] = len(storage_ids)
-        storages.append(st)
+        storages.append(storage_ids(skey))
     return Saves(sids, nodes, attrs, kinds, names, storages, len(trace.saves) - len(sids))
 
 
@@ -835,7 +833,7 @@ def memory_pass(trace: Trace, graph: Graph, prefixes: Sequence[str], steps: Step
     point_cat = [other_cat if pa is None else categories[pa] for pa in point_alloc]
     point_line = [ev_line[k] if pa is None else ev_line[a_at[pa]] for k, pa in enumerate(point_alloc)]
     if trace.max_events is not None and n > trace.max_events:
-        keep = _downsample(n, peak_i, trace.max_events)
+        keep = downsample(lives, trace.max_events, (peak_i,))  # see NOTE [ downsampling keeps the peak ]
         dropped = n - len(keep)
         t_l, lives, res_l = [t_l[k] for k in keep], [lives[k] for k in keep], [res_l[k] for k in keep]
         phases, labels = [phases[k] for k in keep], [labels[k] for k in keep]
@@ -1086,15 +1084,6 @@ def _modules_at(trace: Trace, prefixes: Sequence[str], times: list[int]) -> list
             j -= 1
         out.append(None if j < 0 else call_path(trace, prefixes, open_calls[j]))
     return out
-
-
-def _downsample(n: int, peak_i: int, limit: int) -> list[int]:
-    """Indices of the points kept: evenly spaced, plus the peak and the last point."""
-    stride = -(-n // (limit - 1))
-    keep = set(range(0, n, stride))
-    keep.add(peak_i)
-    keep.add(n - 1)
-    return sorted(keep)
 
 
 # ----------------------------------------------------------------------------------- calls, notes

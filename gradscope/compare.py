@@ -97,7 +97,9 @@ class Row:
         status: ``"ok"``, ``"wrong"`` (outputs or gradients differ from the reference beyond
             tolerance, a ``None`` where the reference has a tensor, a shape mismatch) or ``"raised"``.
         peak_bytes: peak of memory allocated inside the recorded run (None with ``memory="off"``).
-        saved_bytes: bytes kept alive by tensors saved for backward (storage-deduplicated).
+        saved_bytes: :data:`gradscope.figures.SAVED_ALL` ("saved (all kinds)"): bytes kept alive
+            by every tensor saved for backward, parameters and inputs included, each storage
+            once. The table's "saved (total)" column is :func:`saved_total` (activations only).
         time_s: median wall time over the timed runs (None when the candidate raised).
         max_abs_error: largest absolute difference from the reference over outputs and gradients
             (0.0 for the reference itself; None when it cannot be computed).

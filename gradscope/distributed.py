@@ -34,7 +34,7 @@ import torch
 
 from gradscope import _compat
 from gradscope.errors import GradscopeError
-from gradscope.job import Job, RankEntry, RankStatus
+from gradscope.jobs.data import Job, RankEntry, RankStatus
 from gradscope.recording import Recording
 
 __all__ = ["JobPrediction", "RankPrediction", "gather", "predict_job"]

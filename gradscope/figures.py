@@ -10,8 +10,11 @@ diagnosis counted what was alive at the peak), each without saying so. Each figu
 :class:`Figure` (a name, a short label, a one-line definition) plus a pure function over the
 recording. Parameters, inputs and buffers existed before the block: a node that saves a weight
 makes no new memory, so they never count towards "memory allocated in the block".
-When the data model carries these figures itself, point the functions here at it; the views
-do not change.
+This is the only registry: the data model's own figure methods (``Recording.saved_bytes``,
+``Recording.node_saved_bytes``, ...) are registered here too, and the text summary, the job and
+comparison tables, every payload and the generated figure page read labels and definitions
+from :data:`FIGURES`. A label has one meaning everywhere: "saved (total)" is every activation
+saved in the block, "saved (all kinds)" every saved tensor, parameters and inputs included.
 
 Example:
     >>> from gradscope.recording import Recording, Node, SavedTensor, Kind
@@ -26,22 +29,38 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from operator import attrgetter
+from types import MappingProxyType
 from typing import Any
 
 from gradscope.recording import Category, Kind, Recording, SavedTensor
 
 __all__ = [
     "ALIVE_AT_PEAK",
+    "BASELINE",
+    "CATEGORY_AT_PEAK",
     "CATEGORY_LABELS",
+    "DEFINITIONS",
     "FIGURES",
+    "FREED",
+    "LINE_ALIVE_AT_PEAK",
+    "LINE_SAVED",
+    "MODULE_ALIVE_AT_PEAK",
+    "MODULE_SAVED",
+    "NODE_SAVED",
+    "NODE_SAVED_AT_PEAK",
     "PARAMETERS_SAVED",
     "PEAK",
     "SAVED_ACTIVATIONS",
+    "SAVED_ALL",
+    "SAVED_AT_PEAK",
     "SAVED_TOTAL",
     "CategorySeries",
     "Figure",
+    "figures_payload",
+    "freed_bytes_by_step",
     "alive_at_peak_by_module",
     "alive_at_peak_by_node",
     "largest_saved_by_node",
@@ -58,46 +77,24 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Figure:
-    """A figure the views show: ``name`` (stable key), ``label`` (column or list title) and a
-    one-line ``definition`` (the tooltip)."""
+    """A figure the views show: ``name`` (stable key), ``label`` (column or list title; each
+    label has one meaning everywhere), a one-line ``definition`` (the tooltip) and the
+    ``function`` that computes it from a :class:`Recording` (per module, node, step or line where
+    the figure is one: then its further argument, or a dict by that key)."""
 
     name: str
     label: str
     definition: str
+    function: Callable[..., Any] = field(compare=False, repr=False)
 
+    @property
+    def computed_by(self) -> str:
+        """The dotted name of :attr:`function` (a ``Recording`` attribute for a plain field)."""
+        fn = self.function
+        if isinstance(fn, attrgetter):
+            return "gradscope.recording.Recording." + repr(fn).split("'")[1]
+        return f"{fn.__module__}.{fn.__qualname__}"
 
-PEAK = Figure(
-    "peak",
-    "peak (at once)",
-    "the most memory allocated inside the block that was alive at one moment (what existed before "
-    "the block, the baseline, is not included)",
-)
-SAVED_ACTIVATIONS = Figure(
-    "saved_activations",
-    "saved activations",
-    "bytes of tensors saved for backward that were allocated inside the block (activations), each "
-    "storage counted once; saved parameters, inputs and buffers existed before the block and are "
-    "not counted",
-)
-ALIVE_AT_PEAK = Figure(
-    "alive_at_peak",
-    "alive at peak",
-    "bytes allocated inside the block by this module (saved tensors, gradients, temporaries, "
-    "results) and still alive at the peak",
-)
-SAVED_TOTAL = Figure(
-    "saved_total",
-    "saved (total)",
-    "bytes of every activation saved for backward during the whole block, each storage counted "
-    "once: a total over time, not what was alive at one moment (see peak)",
-)
-PARAMETERS_SAVED = Figure(
-    "parameters_saved",
-    "parameters and inputs saved",
-    "bytes of parameters, inputs and buffers that nodes saved for backward: they existed before "
-    "the block, so saving them made no new memory",
-)
-FIGURES: dict[str, Figure] = {f.name: f for f in (PEAK, SAVED_ACTIVATIONS, ALIVE_AT_PEAK, SAVED_TOTAL, PARAMETERS_SAVED)}
 
 # What each band of memory-by-category is; ``baseline`` is the bottom band.
 CATEGORY_LABELS: dict[str, str] = {
@@ -334,3 +331,131 @@ def peak_index(rec: Recording) -> int:
     """Index of the timeline point at the peak (the first one with the most live bytes), -1
     when there is no timeline."""
     return _first_argmax(p.live for p in rec.timeline)
+
+
+# ----- the registry ----------------------------------------------------------------------------
+def freed_bytes_by_step(rec: Recording) -> list[int]:
+    """:data:`FREED` of every backward step (index = step)."""
+    return [s.freed_bytes for s in rec.steps]
+
+
+PEAK = Figure(
+    "peak",
+    "peak (at once)",
+    "the most memory allocated inside the block that was alive at one moment (what existed before "
+    "the block, the baseline, is not included)",
+    attrgetter("peak_bytes"),
+)
+BASELINE = Figure(
+    "baseline_bytes",
+    "baseline",
+    "bytes that existed before the block (parameters, buffers, inputs; CUDA: allocated bytes)",
+    attrgetter("baseline_bytes"),
+)
+SAVED_ALL = Figure(
+    "saved_bytes",
+    "saved (all kinds)",
+    "bytes kept alive by every tensor saved for backward over the whole block (activations, "
+    "parameters, inputs and buffers), each storage once",
+    attrgetter("saved_bytes"),
+)
+SAVED_TOTAL = Figure(
+    "saved_total",
+    "saved (total)",
+    "bytes of every activation saved for backward during the whole block, each storage counted "
+    "once: a total over time, not what was alive at one moment (see peak)",
+    saved_activation_bytes,
+)
+SAVED_ACTIVATIONS = Figure(
+    "saved_activations",
+    "saved activations",
+    "bytes of tensors saved for backward that were allocated inside the block (activations), each "
+    "storage counted once; saved parameters, inputs and buffers existed before the block and are "
+    "not counted",
+    saved_activations_by_module,
+)
+PARAMETERS_SAVED = Figure(
+    "parameters_saved",
+    "parameters and inputs saved",
+    "bytes of parameters, inputs and buffers that nodes saved for backward: they existed before "
+    "the block, so saving them made no new memory",
+    parameters_saved_bytes,
+)
+SAVED_AT_PEAK = Figure(
+    "saved_bytes_at_peak",
+    "saved, alive at peak",
+    "bytes of saved tensors made inside the block and still alive at the peak",
+    attrgetter("saved_bytes_at_peak"),
+)
+ALIVE_AT_PEAK = Figure(
+    "alive_at_peak",
+    "alive at peak",
+    "bytes allocated inside the block by this module (saved tensors, gradients, temporaries, "
+    "results) and still alive at the peak",
+    alive_at_peak_by_module,
+)
+MODULE_SAVED = Figure(
+    "module_saved_bytes",
+    "saved by the module (all kinds)",
+    "bytes saved for backward by this module's nodes, each storage once (whole block)",
+    Recording.saved_bytes_by_module,
+)
+MODULE_ALIVE_AT_PEAK = Figure(
+    "module_alive_at_peak",
+    "alive at peak (allocation table)",
+    "bytes allocated inside the block while this module ran (forward: its ops; backward: its "
+    "nodes) and still alive at the peak",
+    Recording.bytes_at_peak_by_module,
+)
+NODE_SAVED = Figure(
+    "node_saved_bytes",
+    "saved by the node (all kinds)",
+    "bytes this node saved for backward, each storage once",
+    Recording.node_saved_bytes,
+)
+NODE_SAVED_AT_PEAK = Figure(
+    "node_saved_alive_at_peak",
+    "saved by the node, alive at peak",
+    "bytes this node saved that were still alive at the peak",
+    Recording.node_saved_alive_at_peak,
+)
+CATEGORY_AT_PEAK = Figure(
+    "category_at_peak",
+    "at peak, by category",
+    "bytes alive at the peak by what they are (activation, create_graph, gradient, optimizer, "
+    "backward_temp, other)",
+    Recording.bytes_at_peak_by_category,
+)
+FREED = Figure(
+    "freed_bytes",
+    "freed at the step",
+    "bytes of saved tensors the engine freed when this backward step ended",
+    freed_bytes_by_step,
+)
+LINE_SAVED = Figure(
+    "line_saved_bytes",
+    "saved by the line (all kinds)",
+    "bytes saved for backward by the ops of this line of code, each storage once (whole block)",
+    Recording.saved_bytes_by_line,
+)
+LINE_ALIVE_AT_PEAK = Figure(
+    "line_alive_at_peak",
+    "alive at peak, by line",
+    "bytes allocated inside the block by this line of code (backward: by its nodes' steps) and "
+    "still alive at the peak",
+    Recording.bytes_at_peak_by_line,
+)
+
+# NOTE [ one definition per figure ]: the one registry every text, payload, page and table reads.
+FIGURES: dict[str, Figure] = {f.name: f for f in (
+    PEAK, BASELINE, SAVED_ALL, SAVED_TOTAL, SAVED_ACTIVATIONS, PARAMETERS_SAVED, SAVED_AT_PEAK,
+    ALIVE_AT_PEAK, MODULE_SAVED, MODULE_ALIVE_AT_PEAK, NODE_SAVED, NODE_SAVED_AT_PEAK, CATEGORY_AT_PEAK,
+    FREED, LINE_SAVED, LINE_ALIVE_AT_PEAK,
+)}
+# name -> definition, for a table or a tooltip that needs only the text
+DEFINITIONS: Mapping[str, str] = MappingProxyType({f.name: f.definition for f in FIGURES.values()})
+
+
+def figures_payload() -> dict[str, dict[str, str]]:
+    """The registry as payloads send it: name -> {label, definition}."""
+    return {f.name: {"label": f.label, "definition": f.definition} for f in FIGURES.values()}

@@ -14,18 +14,18 @@ import html as _html
 import json
 from typing import Any
 
+from gradscope._snapshot.data import SnapshotRecording
 from gradscope.errors import GradscopeError
 from gradscope.recording import Recording
 from gradscope.widget import (
     bundle_text,
     comparison_payload,
-    is_snapshot,
     job_payload,
     recording_payload,
     snapshot_payload,
 )
 
-__all__ = ["comparison_html", "job_page_html", "page_html", "recording_html"]
+__all__ = ["comparison_html", "document", "job_page_html", "page_html", "recording_html", "snapshot_html"]
 
 # NOTE [ no network in pages ]: the page's Content-Security-Policy allows inline script and
 # style and data:/blob: images only, so a page cannot fetch anything even if some code tried.
@@ -53,31 +53,44 @@ def _inline_script(js: str) -> str:
     return js.replace("</script", "<\\/script").replace("</SCRIPT", "<\\/SCRIPT").replace("<!--", "<\\!--")
 
 
+def document(title: str, body: str, csp: str = _CSP) -> str:
+    """The page skeleton every gradscope page shares: ``body`` (HTML made safe by its maker) under
+    a head with the Content-Security-Policy ``csp`` (NOTE [ no network in pages ]; a page that runs
+    no script passes one that allows none) and the escaped ``title``."""
+    return (
+        '<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        f'<meta http-equiv="Content-Security-Policy" content="{csp}">\n'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+        f"<title>{_html.escape(title)}</title>\n"
+        "<style>body { margin: 12px; background: #f5f7fa; }</style>\n"
+        f"</head>\n<body>\n{body}</body>\n</html>\n"
+    )
+
+
 def page_html(payload: dict[str, Any], title: str, fallback: str | None = None) -> str:
     """A complete HTML document rendering ``payload`` (from recording_payload/comparison_payload).
     ``fallback``: HTML shown where scripts do not run (escaped by its maker)."""
     noscript = fallback if fallback is not None else "This gradscope page needs JavaScript to draw the graph and timeline."
-    return (
-        '<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
-        f'<meta http-equiv="Content-Security-Policy" content="{_CSP}">\n'
-        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
-        f"<title>{_html.escape(title)}</title>\n"
-        "<style>body { margin: 12px; background: #f5f7fa; }</style>\n"
-        "</head>\n<body>\n"
+    return document(
+        title,
         f"<noscript>{noscript}</noscript>\n"
         f'<script type="application/json" id="gradscope-data">{_inline_json(payload)}</script>\n'
         '<div id="gradscope-page"></div>\n'
-        f'<script type="module">\n{_inline_script(bundle_text())}\n</script>\n'
-        "</body>\n</html>\n"
+        f'<script type="module">\n{_inline_script(bundle_text())}\n</script>\n',
     )
 
 
 def recording_html(rec: Recording) -> str:
     """One self-contained page for a recording (what :meth:`Recording.to_html` writes); a CUDA
     memory snapshot (``gs.load_snapshot``) gets the snapshot view."""
-    label = rec.label or "recording"
-    payload = snapshot_payload(rec) if is_snapshot(rec) else recording_payload(rec)
-    return page_html(payload, f"gradscope · {label}")
+    if isinstance(rec, SnapshotRecording):
+        return snapshot_html(rec)
+    return page_html(recording_payload(rec), f"gradscope · {rec.label or 'recording'}")
+
+
+def snapshot_html(rec: SnapshotRecording) -> str:
+    """One self-contained page for a recording made by ``gs.load_snapshot``: the snapshot view."""
+    return page_html(snapshot_payload(rec), f"gradscope · {rec.label or 'recording'}")
 
 
 def job_page_html(job: Any) -> str:

@@ -5,7 +5,8 @@ It round-trips exactly through JSON (:meth:`Recording.save` / :func:`load`); no 
 schema 1 load through :func:`_migrate_1_to_2`.
 
 NOTE [ one definition per figure ]: every byte figure a view shows is computed here, by one
-method, with a one-line definition in :data:`FIGURES` that views show beside it (tooltips), so
+method, with a label and a one-line definition in :data:`gradscope.figures.FIGURES` (the one
+registry, which names these methods) that views show beside it (tooltips), so
 the summary, the widget, the page and the diagnosis cannot disagree on what a number means.
 This module imports no view: ``summary``, ``to_html`` and ``_repr_mimebundle_`` load theirs
 lazily when called.
@@ -29,7 +30,6 @@ from gradscope._units import format_bytes
 from gradscope.errors import GradscopeError
 
 __all__ = [
-    "FIGURES",
     "SCHEMA_VERSION",
     "Allocation",
     "Table",
@@ -509,27 +509,6 @@ class Table(Sequence[T], Generic[T]):
         return self._cols[self._names.index(name)]
 
 
-# NOTE [ one definition per figure ]: the definitions views show beside each figure.
-FIGURES: dict[str, str] = {
-    "peak_bytes": "the most bytes allocated inside the block and alive at once",
-    "baseline_bytes": "bytes that existed before the block (parameters, buffers, inputs; CUDA: allocated bytes)",
-    "saved_bytes": "bytes kept alive by tensors saved for backward over the whole block, each storage once",
-    "saved_bytes_at_peak": "bytes of saved tensors made inside the block and still alive at the peak",
-    "module_saved_bytes": "bytes saved for backward by this module's nodes, each storage once (whole block)",
-    "module_alive_at_peak": "bytes allocated inside the block while this module ran (forward: its ops; "
-                            "backward: its nodes) and still alive at the peak",
-    "node_saved_bytes": "bytes this node saved for backward, each storage once",
-    "node_saved_alive_at_peak": "bytes this node saved that were still alive at the peak",
-    "category_at_peak": "bytes alive at the peak by what they are (activation, create_graph, gradient, "
-                        "optimizer, backward_temp, other)",
-    "freed_bytes": "bytes of saved tensors the engine freed when this backward step ended",
-    "line_saved_bytes": "bytes saved for backward by the ops of this line of code, each storage once "
-                        "(whole block)",
-    "line_alive_at_peak": "bytes allocated inside the block by this line of code (backward: by its nodes' "
-                          "steps) and still alive at the peak",
-}
-
-
 @dataclass(frozen=True)
 class Recording:
     """Everything gradscope saw inside one ``gs.record()`` block. Immutable.
@@ -646,15 +625,15 @@ class Recording:
         return peak
 
     def bytes_at_peak_by_category(self) -> dict[str, int]:
-        """See ``FIGURES["category_at_peak"]``."""
+        """See ``gradscope.figures.FIGURES["category_at_peak"]``."""
         out: dict[str, int] = {}
         for a in self.alive_at_peak():
             out[a.category.value] = out.get(a.category.value, 0) + a.bytes
         return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
 
     def bytes_at_peak_by_module(self) -> dict[str, int]:
-        """See ``FIGURES["module_alive_at_peak"]``; allocations made outside any module are
-        under ``"(no module)"``."""
+        """See ``gradscope.figures.FIGURES["module_alive_at_peak"]``; allocations made outside
+        any module are under ``"(no module)"``."""
         out: dict[str, int] = {}
         for a in self.alive_at_peak():
             m = a.module or "(no module)"
@@ -662,11 +641,12 @@ class Recording:
         return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
 
     def node_saved_bytes(self, node_id: int) -> int:
-        """See ``FIGURES["node_saved_bytes"]``."""
+        """See ``gradscope.figures.FIGURES["node_saved_bytes"]``."""
         return sum({s.storage: s.bytes for s in self.saved if s.node == node_id}.values())
 
     def node_saved_alive_at_peak(self, node_id: int) -> int | None:
-        """See ``FIGURES["node_saved_alive_at_peak"]`` (None without an allocation table)."""
+        """See ``gradscope.figures.FIGURES["node_saved_alive_at_peak"]`` (None without an
+        allocation table)."""
         if not self.allocations:
             return None
         return sum(a.bytes for a in self.alive_at_peak() if a.node == node_id)
@@ -712,8 +692,8 @@ class Recording:
         return self.lines[line].label
 
     def saved_bytes_by_line(self) -> dict[int, int]:
-        """See ``FIGURES["line_saved_bytes"]``: by index into :attr:`lines`, largest first; saves
-        without a line are left out."""
+        """See ``gradscope.figures.FIGURES["line_saved_bytes"]``: by index into :attr:`lines`,
+        largest first; saves without a line are left out."""
         per: dict[int, dict[int, int]] = {}
         for s in self.saved:
             if s.line is not None:
@@ -722,8 +702,8 @@ class Recording:
         return dict(sorted(totals.items(), key=lambda kv: (-kv[1], kv[0])))
 
     def bytes_at_peak_by_line(self) -> dict[int, int] | None:
-        """See ``FIGURES["line_alive_at_peak"]``: by index into :attr:`lines`, largest first;
-        None without an allocation table."""
+        """See ``gradscope.figures.FIGURES["line_alive_at_peak"]``: by index into :attr:`lines`,
+        largest first; None without an allocation table."""
         if not self.allocations:
             return None
         out: dict[int, int] = {}
@@ -879,7 +859,7 @@ class Recording:
                 lines=_lines(d.get("lines")),  # a file written before lines existed: none
             )
             _check_links(rec)
-            return rec
+            return _views.typed(rec)  # a saved snapshot loads as its own type (NOTE [ saved types ] in _views)
         except GradscopeError:
             raise
         except (KeyError, TypeError, ValueError, AttributeError) as e:

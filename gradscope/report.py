@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from gradscope._compiled import compiled_bytes_by_module
+from gradscope._snapshot.data import SnapshotRecording, bytes_by_line, group_of
 from gradscope.figures import (
     ALIVE_AT_PEAK,
+    LINE_SAVED,
     PARAMETERS_SAVED,
     SAVED_ACTIVATIONS,
     alive_at_peak_by_module,
@@ -13,9 +15,9 @@ from gradscope.figures import (
     saved_activations_by_module,
     step_number,
 )
-from gradscope.recording import FIGURES, Kind, Recording, format_bytes
+from gradscope.recording import Kind, Recording, format_bytes
 
-__all__ = ["summary_text"]
+__all__ = ["snapshot_summary_text", "summary_text"]
 
 _HELD_NAMES = {
     "saved": "saved tensors",
@@ -33,9 +35,10 @@ def _one_line(text: str, limit: int = 120) -> str:
 
 
 def summary_text(rec: Recording, top: int = 5) -> str:
-    """The summary printed by :meth:`Recording.summary`."""
-    if rec.where.memory_source == "cuda snapshot":
-        return _snapshot_summary(rec, top)
+    """The summary printed by :meth:`Recording.summary` (a snapshot's own for a
+    :class:`~gradscope.snapshot.SnapshotRecording`)."""
+    if isinstance(rec, SnapshotRecording):
+        return snapshot_summary_text(rec, top)
     lines: list[str] = []
     title = f"gradscope recording {_one_line(rec.label)!s}" if rec.label else "gradscope recording"
     if not rec.complete:
@@ -124,7 +127,7 @@ def summary_text(rec: Recording, top: int = 5) -> str:
             lines.append(f"  {i}. {format_bytes(b):>10}  {_one_line(m, 100)}")
     by_line = rec.saved_bytes_by_line()
     if by_line:
-        lines.append(f"top lines, saved bytes ({FIGURES['line_saved_bytes']}):")
+        lines.append(f"top lines, {LINE_SAVED.label} ({LINE_SAVED.definition}):")
         for i, (k, b) in enumerate(list(by_line.items())[:top], 1):
             lines.append(f"  {i}. {format_bytes(b):>10}  {_one_line(rec.lines[k].label, 120)}")
     compiled = compiled_bytes_by_module(rec)  # see gradscope._compiled
@@ -182,11 +185,9 @@ def _failed_calls_lines(rec: Recording) -> list[str]:
     return lines
 
 
-def _snapshot_summary(rec: Recording, top: int) -> str:
-    """A recording made by ``gs.load_snapshot``: allocations over a trace, not a graph."""
-    from gradscope.snapshot import bytes_by_line, group_of, snapshot_data
-
-    d = snapshot_data(rec)
+def snapshot_summary_text(rec: SnapshotRecording, top: int = 5) -> str:
+    """The summary of a recording made by ``gs.load_snapshot``: allocations over a trace, not a graph."""
+    d = rec.data
     title = f"gradscope recording {_one_line(rec.label)}" if rec.label else "gradscope recording"
     if not rec.complete:
         title += " (INCOMPLETE: CUDA out of memory)" if d.oom is not None else (

@@ -2,10 +2,11 @@
 
 ``gs.load_snapshot(path)`` reads a snapshot pickle without letting it run anything (see NOTE
 [ a plain-data unpickler ] in ``gradscope._snapshot.unpickle``), replays one device's allocator
-trace exactly, and returns a :class:`~gradscope.recording.Recording` whose timeline is the
-allocated (and reserved) bytes over the trace. Everything the trace knows about each allocation
-(size, stream, when it was made and freed, its Python frames) is kept in a :class:`SnapshotData`,
-reached with :func:`snapshot_data`; the pure functions below answer questions about any moment:
+trace exactly, and returns a :class:`SnapshotRecording` (a
+:class:`~gradscope.recording.Recording` of its own type) whose timeline is the allocated (and
+reserved) bytes over the trace. Everything the trace knows about each allocation (size, stream,
+when it was made and freed, its Python frames) is kept in a :class:`SnapshotData`, its ``data``
+field (also :func:`snapshot_data`); the pure functions below answer questions about any moment:
 what was live and from which line, how fragmented the reserved memory was, which line keeps
 allocating memory that is never freed.
 
@@ -23,8 +24,8 @@ Example:
     ...        "blocks": [{"address": i << 21, "size": 2 << 20, "requested_size": 2 << 20,
     ...                    "state": "active_allocated", "frames": frames} for i in range(40)]}
     >>> rec = gs.load_snapshot({"segments": [seg], "device_traces": [trace]})
-    >>> rec.peak_bytes, rec.where.memory_source
-    (83886080, 'cuda snapshot')
+    >>> type(rec).__name__, rec.peak_bytes, rec.where.memory_source
+    ('SnapshotRecording', 83886080, 'cuda snapshot')
     >>> print(bytes_by_line(snapshot_data(rec))[0])
     train.py:57 train_step: 80.0 MiB in 40 blocks
 """

@@ -22,9 +22,10 @@ from typing import Any
 
 from gradscope import _views
 from gradscope import figures as F
+from gradscope._series import Interner, downsample
 from gradscope.errors import GradscopeError
 from gradscope.layout import GraphLayout, layout_levels
-from gradscope.recording import FIGURES, Phase, Recording, format_bytes
+from gradscope.recording import Phase, Recording, format_bytes
 
 __all__ = [
     "MAX_TIMELINE_POINTS",
@@ -78,53 +79,12 @@ def bundle_text() -> str:
 
 
 # ----- payloads: what the front end reads -----------------------------------------------------
-class _Strings:
-    """Interns strings so each distinct one travels once."""
-
-    def __init__(self) -> None:
-        self.table: list[str] = []
-        self._index: dict[str, int] = {}
-
-    def __call__(self, s: str | None) -> int:
-        if s is None:
-            return -1
-        i = self._index.get(s)
-        if i is None:
-            i = len(self.table)
-            self._index[s] = i
-            self.table.append(s)
-        return i
-
-
 def _shape_text(shape: Sequence[int] | None) -> str | None:
     if shape is None:
         return None
     if len(shape) == 0:
         return "scalar"
     return " × ".join(str(int(d)) for d in shape)
-
-
-def _decimate(live: Sequence[int], max_points: int) -> list[int]:
-    """Indexes of timeline points to keep: all when few; else per bucket the first, lowest,
-    highest and last point, plus the global peak, so the curve's shape and peak survive."""
-    n = len(live)
-    if n <= max_points:
-        return list(range(n))
-    buckets = max(1, max_points // 4)
-    keep: set[int] = {0, n - 1}
-    size = n / buckets
-    for b in range(buckets):
-        lo = int(b * size)
-        hi = min(n, int((b + 1) * size))
-        if lo >= hi:
-            continue
-        seg = range(lo, hi)
-        keep.add(lo)
-        keep.add(hi - 1)
-        keep.add(min(seg, key=live.__getitem__))
-        keep.add(max(seg, key=live.__getitem__))
-    keep.add(max(range(n), key=live.__getitem__))
-    return sorted(keep)
 
 
 def _line(v: int | None) -> int:
@@ -162,7 +122,7 @@ def recording_payload(
     """
     if not isinstance(rec, Recording):
         raise GradscopeError(f"gradscope: expected a Recording, got {type(rec).__name__}.")
-    S = _Strings()
+    S: Interner[str] = Interner()  # see NOTE [ strings interned in one table ]
     levels = [layout] if layout is not None else layout_levels(rec, collapse=collapse, engine=engine)
     n = len(rec.nodes)
     node_storages: list[dict[int, int]] = [{} for _ in range(n)]
@@ -213,7 +173,7 @@ def recording_payload(
         "freed": [s.freed_bytes for s in rec.steps],
     }
     tl = rec.timeline
-    keep = _decimate([p.live for p in tl], max_timeline_points)
+    keep = downsample([p.live for p in tl], max_timeline_points)  # see NOTE [ downsampling keeps the peak ]
     phase_code = {ph: k for k, ph in enumerate(Phase)}
     cats = F.memory_by_category(rec)
     timeline = {
@@ -275,8 +235,10 @@ def recording_payload(
         "line": line_ids,
         "alive_at_peak": None if alive_lines is None else [alive_lines.get(k, 0) for k in line_ids],
         "saved": [saved_lines.get(k, 0) for k in line_ids],
-        "saved_definition": FIGURES["line_saved_bytes"],
-        "alive_definition": FIGURES["line_alive_at_peak"],
+        "saved_label": F.LINE_SAVED.label,
+        "saved_definition": F.LINE_SAVED.definition,
+        "alive_label": F.LINE_ALIVE_AT_PEAK.label,
+        "alive_definition": F.LINE_ALIVE_AT_PEAK.definition,
     }
     level_payloads = [_level_payload(rec, lay, alive_mods is not None) for lay in levels]
     backward_calls = [{"create_graph": c.create_graph, "retain_graph": c.retain_graph} for c in rec.backward_calls]
@@ -300,7 +262,7 @@ def recording_payload(
             "error": rec.error,
         },
         "peak": peak,
-        "figures": {f.name: {"label": f.label, "definition": f.definition} for f in F.FIGURES.values()},
+        "figures": F.figures_payload(),
         "category_labels": F.CATEGORY_LABELS,
         "phases": [ph.value for ph in Phase],
         "strings": S.table,
@@ -401,7 +363,7 @@ def comparison_payload(cmp: Any) -> dict[str, Any]:
         "repeat": getattr(cmp, "repeat", None),
         "round": latest,
         "best": {k: list(v) for k, v in best.items()},
-        "figures": {f.name: {"label": f.label, "definition": f.definition} for f in F.FIGURES.values()},
+        "figures": F.figures_payload(),
         "spread_limit": SPREAD_LIMIT,
         "rows": rows,
         "recordings": recordings,
@@ -410,11 +372,13 @@ def comparison_payload(cmp: Any) -> dict[str, Any]:
 
 def is_snapshot(obj: Any) -> bool:
     """Whether ``obj`` is a recording made by ``gs.load_snapshot`` (drawn by the snapshot view)."""
-    return isinstance(obj, Recording) and obj.where.memory_source == "cuda snapshot"
+    from gradscope._snapshot.data import SnapshotRecording
+
+    return isinstance(obj, SnapshotRecording)
 
 
 def _is_job(obj: Any) -> bool:
-    from gradscope.job import Job
+    from gradscope.jobs.data import Job
 
     return isinstance(obj, Job)
 
@@ -431,10 +395,9 @@ def snapshot_payload(rec: Recording, **kwargs: Any) -> dict[str, Any]:
 
 
 def job_payload(job: Any) -> dict[str, Any]:
-    """The front end's data for a :class:`~gradscope.job.Job` (see ``gradscope.job.job_payload``)."""
-    from gradscope.job import job_payload as build
-
-    return build(job, recording_payload=recording_payload, version=PAYLOAD_VERSION)
+    """The front end's data for a :class:`~gradscope.job.Job` (``gradscope.jobs.payload.job_payload``,
+    found through the view registry: NOTE [ a job asks for its analysis ] in gradscope.jobs.data)."""
+    return dict(_views.render("payload", job, recording_payload=recording_payload, version=PAYLOAD_VERSION))
 
 
 def payload_of(obj: Any, *, collapse: bool | int | str = "auto") -> dict[str, Any]:

@@ -267,26 +267,28 @@ def _cell(text: str) -> str:
 
 
 def figures_page() -> str:
-    """docs/figures.md from the registry: gradscope.figures (what the views show) and the data
-    model's own definitions (gradscope.recording.FIGURES)."""
-    from gradscope import figures, recording
+    """docs/figures.md from the one registry, gradscope.figures.FIGURES."""
+    from gradscope import figures
 
     lines = [
         "# Figure definitions",
         "",
-        "<!-- generated from gradscope.figures and gradscope.recording.FIGURES by `python "
-        "tests/test_docs_examples.py`; tests/test_docs_examples.py fails when they differ -->",
+        "<!-- generated from gradscope.figures.FIGURES by `python tests/test_docs_examples.py`; "
+        "tests/test_docs_examples.py fails when they differ -->",
         "",
-        "Every number the summary, the widget, the HTML page and the comparison show is one of these, with",
-        "this definition beside it (in tooltips and under the tables). The definitions live in code, in",
-        "`gradscope.figures.FIGURES` and `gradscope.recording.FIGURES`; this page is made from them.",
+        "Every number the summary, the widget, the HTML page, the comparison and the job view show is one of",
+        "these, with its label as the column or list title and this definition beside it (in tooltips and",
+        "under the tables). They live in one registry in code, `gradscope.figures.FIGURES`, with the function",
+        "that computes each; this page is made from it. A label has one meaning everywhere: \"saved (total)\"",
+        "counts activations only, \"saved (all kinds)\" every saved tensor, parameters and inputs included.",
         "",
-        "## What the views show (`gradscope.figures.FIGURES`)",
+        "## The figures (`gradscope.figures.FIGURES`)",
         "",
-        "| figure | label | definition |",
-        "|---|---|---|",
+        "| figure | label | definition | computed by |",
+        "|---|---|---|---|",
     ]
-    lines += [f"| `{f.name}` | {_cell(f.label)} | {_cell(f.definition)} |" for f in figures.FIGURES.values()]
+    lines += [f"| `{f.name}` | {_cell(f.label)} | {_cell(f.definition)} | `{f.computed_by}` |"
+              for f in figures.FIGURES.values()]
     lines += [
         "",
         "## Memory by category (`gradscope.figures.CATEGORY_LABELS`)",
@@ -297,14 +299,6 @@ def figures_page() -> str:
         "|---|---|",
     ]
     lines += [f"| `{k}` | {_cell(v)} |" for k, v in figures.CATEGORY_LABELS.items()]
-    lines += [
-        "",
-        "## The data model's figures (`gradscope.recording.FIGURES`)",
-        "",
-        "| figure | definition |",
-        "|---|---|",
-    ]
-    lines += [f"| `{k}` | {_cell(v)} |" for k, v in recording.FIGURES.items()]
     return "\n".join(lines) + "\n"
 
 

@@ -1,13 +1,18 @@
 """One definition per figure: each figure against a computation written out by hand, and the same
-number in the summary, the widget's payload and the diagnosis."""
+number in the summary, the widget's payload and the diagnosis; one registry every view reads; the
+one downsampler against a brute-force computation; the one interner."""
 
 from __future__ import annotations
 
+import random
+
+import pytest
 import torch
 from _recordings import tiny_recording
 
 import gradscope as gs
 from gradscope import figures as F
+from gradscope._series import Interner, bucket_width, downsample
 from gradscope.recording import Category, Kind, MemoryPoint, Node, Phase, Recording, SavedTensor
 from gradscope.widget import recording_payload
 
@@ -136,3 +141,118 @@ def test_one_module_figure_in_summary_widget_and_diagnosis():
 
 def test_step_numbers_start_at_one():
     assert F.step_number(0) == 1 and F.step_number(52) == 53
+
+
+# ----- one registry ----------------------------------------------------------------------------
+def test_one_registry_with_one_meaning_per_label():
+    figs = list(F.FIGURES.values())
+    assert all(isinstance(f, F.Figure) and f.name and f.label and f.definition and callable(f.function)
+               for f in figs)
+    assert [f.name for f in figs] == list(F.FIGURES)
+    labels = [f.label for f in figs]
+    assert len(set(labels)) == len(labels)  # one label, one figure, one meaning
+    assert dict(F.DEFINITIONS) == {f.name: f.definition for f in figs}
+    assert F.figures_payload() == {f.name: {"label": f.label, "definition": f.definition} for f in figs}
+    # "saved (total)" counts activations only; every save, parameters included, is "saved (all kinds)"
+    assert F.SAVED_TOTAL.label == "saved (total)" and "activation" in F.SAVED_TOTAL.definition
+    assert F.SAVED_ALL.label == "saved (all kinds)" and "parameters" in F.SAVED_ALL.definition
+    assert not hasattr(gs.recording, "FIGURES")  # the data model keeps no second registry
+
+
+def test_registry_functions_compute_the_figures():
+    rec = tiny_recording()
+    assert F.SAVED_ALL.function(rec) == rec.saved_bytes == 512 + 64 + 256
+    assert F.SAVED_TOTAL.function(rec) == F.saved_activation_bytes(rec) == 512
+    assert F.PARAMETERS_SAVED.function(rec) == 64 + 256
+    assert F.PEAK.function(rec) == rec.peak_bytes and F.BASELINE.function(rec) == rec.baseline_bytes
+    assert F.NODE_SAVED.function(rec, 1) == rec.node_saved_bytes(1)
+    assert F.MODULE_SAVED.function(rec) == rec.saved_bytes_by_module()
+    assert F.FREED.function(rec) == [s.freed_bytes for s in rec.steps]
+    assert F.SAVED_ALL.computed_by == "gradscope.recording.Recording.saved_bytes"
+    assert F.SAVED_TOTAL.computed_by == "gradscope.figures.saved_activation_bytes"
+
+
+def test_every_view_titles_its_columns_from_the_registry():
+    from gradscope.job import Job, RankEntry, RankStatus, job_payload
+
+    w = torch.randn(16, 16, requires_grad=True)
+    with gs.record(memory="cpu") as rec:
+        (w @ w).tanh().sum().backward()
+    r = rec.recording
+    p = recording_payload(r)
+    assert p["figures"] == F.figures_payload()
+    assert (p["by_line"]["saved_label"], p["by_line"]["saved_definition"]) == (
+        F.LINE_SAVED.label, F.LINE_SAVED.definition)
+    job = Job((RankEntry(0, RankStatus.COMPLETE, r), RankEntry(1, RankStatus.COMPLETE, r)))
+    text = job.summary()
+    assert F.PEAK.label in text and F.SAVED_ALL.label in text and F.BASELINE.label in text
+    assert f"title='{F.SAVED_ALL.definition}'>{F.SAVED_ALL.label}</th>" in job._repr_html_()
+    assert job_payload(job)["figures"] == F.figures_payload()
+    assert f"{F.LINE_SAVED.label} ({F.LINE_SAVED.definition})" in r.summary() or not r.lines
+
+
+# ----- one downsampler -------------------------------------------------------------------------
+def _brute_force(values: list[int], limit: int, must: tuple[int, ...]) -> list[int]:
+    """What downsample keeps, written out: per bucket its first point, its first lowest and first
+    highest point, the last point, the first global maximum and ``must``."""
+    n = len(values)
+    w = bucket_width(n, limit, len(must))
+    out = {0, n - 1, values.index(max(values)), *must}
+    for lo in range(0, n, w):
+        seg = values[lo : lo + w]
+        out.add(lo)
+        out.add(lo + seg.index(min(seg)))
+        out.add(lo + seg.index(max(seg)))
+    return sorted(out)
+
+
+@pytest.mark.parametrize(("spread", "limit"), [(1000, 600), (10**9, 600), (5, 1000), (10**6, 7)])
+def test_downsample_matches_brute_force(spread: int, limit: int):
+    rng = random.Random(spread + limit)
+    values = [rng.randrange(spread) for _ in range(20_000)]  # small spreads: many equal values
+    must = (3, 12_345, 19_998)
+    keep = downsample(values, limit, must)
+    assert keep == _brute_force(values, limit, must)
+    assert keep == sorted(set(keep))  # sorted by time, each once
+    assert len(keep) <= max(limit, 5 + len(must))
+    kept = set(keep)
+    w = bucket_width(len(values), limit, len(must))
+    for lo in range(0, len(values), w):  # every bucket's lowest and highest value survive
+        seg = values[lo : lo + w]
+        shown = [values[i] for i in keep if lo <= i < lo + w]
+        assert min(shown) == min(seg) and max(shown) == max(seg)
+    assert values.index(max(values)) in kept and {0, len(values) - 1, *must} <= kept
+    # a tensor gives the same points
+    assert downsample(torch.tensor(values), limit, must) == keep
+
+
+def test_downsample_keeps_short_series_whole():
+    assert downsample([5, 1, 4], 3) == [0, 1, 2]
+    assert downsample([], 10) == []
+    assert downsample([2.5, 9.0, 1.0, 3.0, 0.5, 7.0, 8.0], 5) == [0, 1, 4, 6]  # one bucket
+    assert downsample([2.5, 9.0, 1.0, 3.0, 0.5, 7.0, 8.0], 7) == list(range(7))
+
+
+def test_widget_and_job_timelines_use_the_one_downsampler():
+    from gradscope.job import Job, RankEntry, RankStatus, job_view
+
+    rng = random.Random(3)
+    lives = [rng.randrange(10**6) for _ in range(9000)]
+    rec = Recording(timeline=tuple(MemoryPoint(i * 1e-4, v, Phase.FORWARD, "op") for i, v in enumerate(lives)),
+                    peak_bytes=max(lives))
+    p = recording_payload(rec, max_timeline_points=500)
+    assert p["timeline"]["live"] == [lives[i] for i in downsample(lives, 500)]
+    series = job_view(Job((RankEntry(0, RankStatus.COMPLETE, rec),))).timelines[0]
+    from gradscope.job import _TIMELINE_POINTS
+
+    assert [v for _, v in series.points] == [lives[i] for i in downsample(lives, _TIMELINE_POINTS)]
+
+
+# ----- one interner ----------------------------------------------------------------------------
+def test_interner_gives_each_value_one_index_in_order_of_first_sight():
+    s: Interner[str] = Interner()
+    assert [s("b"), s("a"), s("b"), s(None), s("c"), s("a")] == [0, 1, 0, -1, 2, 1]
+    assert s.table == ["b", "a", "c"] and len(s) == 3 and "a" in s and "z" not in s
+    p = recording_payload(tiny_recording())
+    assert len(set(p["strings"])) == len(p["strings"])  # each string travels once
+

@@ -17,7 +17,8 @@ from conftest import independent_nodes, profiler_cpu_allocations
 from torch import nn
 
 import gradscope as gs
-from gradscope.recording import FIGURES, BackwardCall, Category, Held, HeldAllocation, Kind, Phase
+from gradscope.figures import DEFINITIONS as FIGURES
+from gradscope.recording import BackwardCall, Category, Held, HeldAllocation, Kind, Phase
 
 DATA = Path(__file__).parent / "data"
 

@@ -12,11 +12,11 @@ from _recordings import HOSTILE, hostile_recording, layered_recording, tiny_reco
 
 import gradscope as gs
 import gradscope.widget as W
+from gradscope._series import downsample as _decimate
 from gradscope.errors import GradscopeError
 from gradscope.widget import (
     ComparisonWidget,
     RecordingWidget,
-    _decimate,
     comparison_payload,
     mimebundle,
     payload_json,

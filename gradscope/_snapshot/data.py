@@ -10,12 +10,12 @@ Example:
 from __future__ import annotations
 
 import base64
+import dataclasses
 import enum
 import operator
 import os
 import re
 import sys
-import weakref
 import zlib
 from array import array
 from collections.abc import Mapping, Sequence
@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from gradscope._frames import is_pytorch_file
+from gradscope._series import downsample
 from gradscope._snapshot import replay as _replay
 from gradscope._snapshot.replay import EndBlock, EndSegment
 from gradscope._snapshot.unpickle import gc_paused, load_plain
@@ -48,9 +49,11 @@ __all__ = [
     "OomCause",
     "SegmentState",
     "SnapshotData",
+    "SnapshotRecording",
     "accumulating_lines",
     "bytes_by_line",
     "fragmentation",
+    "from_saved",
     "group_of",
     "is_pytorch_frame",
     "largest_live_blocks",
@@ -66,7 +69,7 @@ __all__ = [
     "to_recording",
 ]
 
-EXTRA_KEY = "cuda_snapshot"  # where a recording keeps its SnapshotData (Recording.extra)
+EXTRA_KEY = "cuda_snapshot"  # where a saved recording keeps its SnapshotData (Recording.extra in a file)
 TIMELINE_POINTS = 10_000  # at most this many points in Recording.timeline (see NOTE [ what is kept ])
 GROUPS = ("line", "function", "file", "stack")
 _FORMAT = "gradscope.cuda_snapshot"
@@ -85,7 +88,7 @@ _COLUMNS = (
 # interned ]). From these any moment replays exactly: live blocks, bytes by line, reserved
 # ranges. What is dropped: the frames of free events (the stack that freed a block) and the
 # per-event fields nothing reads (compile_context, user_metadata). The Recording's timeline is
-# thinned to TIMELINE_POINTS points (per bucket its first, last, lowest and highest point, plus
+# thinned to TIMELINE_POINTS points (per bucket its first, lowest and highest point, plus
 # the peak, the highest reserved point and every OOM), so its peak is exact; its notes say how
 # many points were dropped. Sizes are the requested bytes the trace records; the allocator rounds
 # blocks up (to 512 bytes at least), so these totals can be a little below
@@ -194,6 +197,12 @@ class SnapshotData:
     allocator_settings: Mapping[str, Any]
     notes: tuple[str, ...] = ()
     _cache: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __copy__(self) -> SnapshotData:
+        return self  # immutable: a copy of a recording shares its data
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> SnapshotData:
+        return self
 
     # ----- rows and moments -----------------------------------------------------------------
     @property
@@ -512,8 +521,9 @@ def read_snapshot(source: str | os.PathLike[str] | Mapping[str, Any]) -> dict[in
 
 
 def load_snapshot(source: str | os.PathLike[str] | Mapping[str, Any],
-                  device: int | str | torch.device | None = None, *, label: str | None = None) -> Recording:
-    """A :class:`~gradscope.recording.Recording` of one device of a CUDA memory snapshot.
+                  device: int | str | torch.device | None = None, *, label: str | None = None) -> SnapshotRecording:
+    """A :class:`SnapshotRecording` (a :class:`~gradscope.recording.Recording`) of one device of a
+    CUDA memory snapshot.
 
     ``source`` is a file written by ``torch.cuda.memory._dump_snapshot`` (gzip-compressed or
     not) or the dict ``torch.cuda.memory._snapshot()`` returns. ``device`` picks the device
@@ -525,7 +535,7 @@ def load_snapshot(source: str | os.PathLike[str] | Mapping[str, Any],
     return to_recording(all_devices[d], label=label if label is not None else _default_label(source, d))
 
 
-def load_snapshot_devices(source: str | os.PathLike[str] | Mapping[str, Any]) -> dict[int, Recording]:
+def load_snapshot_devices(source: str | os.PathLike[str] | Mapping[str, Any]) -> dict[int, SnapshotRecording]:
     """One recording per device of the snapshot, keyed by device index."""
     return {d: to_recording(data, label=_default_label(source, d)) for d, data in read_snapshot(source).items()}
 
@@ -740,54 +750,110 @@ def _decode(text: Any) -> array:
 
 
 # ----- the recording -----------------------------------------------------------------------
-_DATA_OF: dict[int, SnapshotData] = {}  # id(recording) -> its data, while the recording lives
+# NOTE [ a snapshot is its own type ]: a recording made by load_snapshot is a SnapshotRecording, a
+# frozen subclass of Recording that carries its SnapshotData (and the trace position of each
+# timeline point) as fields. A subclass, not a separate class, because a snapshot has the
+# Recording's timeline, peak, where, notes and error, and every generic reader of those (compare,
+# jobs, save, the figures that are empty without a graph) keeps working unchanged; what differs
+# is found by type: the views are declared for this class in the view registry (gradscope._views),
+# gs.diagnose and the widget test isinstance. Nothing reads where.memory_source to decide, and
+# nothing keys data by id(): the data travels with the object through copy.copy,
+# dataclasses.replace and deepcopy (SnapshotData is immutable, so copies share it). In a file the
+# data is the JSON of SnapshotData under extra[EXTRA_KEY] (the same layout as before this type, so
+# older files load): to_dict writes it, and gs.load rebuilds a SnapshotRecording from it through
+# the registry's saved-type hook (_views.declare_saved, declared in gradscope/__init__.py).
+@dataclass(frozen=True, kw_only=True, repr=False, eq=False)
+class SnapshotRecording(Recording):
+    """A :class:`~gradscope.recording.Recording` made from a CUDA memory snapshot
+    (:func:`load_snapshot`): allocations over a trace, no autograd graph. ``data`` is every
+    allocation (:class:`SnapshotData`); ``timeline_at`` the trace position of each point of
+    ``timeline``. See NOTE [ a snapshot is its own type ].
+    """
+
+    data: SnapshotData
+    timeline_at: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.data, SnapshotData):
+            raise GradscopeError(
+                f"gradscope: SnapshotRecording.data must be a SnapshotData, not a {type(self.data).__name__}; "
+                "make one with gs.load_snapshot(path).")
+        if len(self.timeline_at) != len(self.timeline):
+            raise GradscopeError(
+                f"gradscope: a SnapshotRecording has {len(self.timeline)} timeline points but "
+                f"{len(self.timeline_at)} trace positions; give one position per point "
+                "(gs.load_snapshot(path) makes both).")
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        assert isinstance(other, SnapshotRecording)
+        return (Recording.__eq__(self, other) is True and self.timeline_at == other.timeline_at
+                and (self.data is other.data or self.data.to_json() == other.data.to_json()))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The recording's JSON-ready dict, with the snapshot's data under ``extra[EXTRA_KEY]``."""
+        d = super().to_dict()
+        d["extra"] = {**d["extra"], EXTRA_KEY: {**self.data.to_json(), "timeline_at": list(self.timeline_at)}}
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> SnapshotRecording:
+        """Rebuild from :meth:`to_dict` output; GradscopeError on bad data or another kind of recording."""
+        rec = Recording.from_dict(d)
+        if not isinstance(rec, SnapshotRecording):
+            raise GradscopeError("gradscope: this recording was not made from a CUDA memory snapshot (no "
+                                 f"extra[{EXTRA_KEY!r}]); load it with gs.load(path) or Recording.from_dict.")
+        return rec
+
+
+def from_saved(recording: Recording) -> SnapshotRecording:
+    """The :class:`SnapshotRecording` of a recording read from a file whose ``extra`` carries
+    snapshot data (what ``gs.load`` returns for a saved snapshot); GradscopeError when damaged."""
+    if isinstance(recording, SnapshotRecording):
+        return recording
+    extra = dict(recording.extra)
+    saved = extra.pop(EXTRA_KEY)
+    data = SnapshotData.from_json(saved)
+    at = saved.get("timeline_at") if isinstance(saved, Mapping) else None
+    if (not isinstance(at, list) or len(at) != len(recording.timeline)
+            or any(type(p) is not int or p < -1 for p in at)):
+        raise GradscopeError("gradscope: the recording's timeline positions are damaged; load the snapshot "
+                             "file again with gs.load_snapshot(path).")
+    fields = {f.name: getattr(recording, f.name) for f in dataclasses.fields(Recording)}
+    return SnapshotRecording(**{**fields, "extra": extra}, data=data, timeline_at=tuple(at))
 
 
 def snapshot_data(recording: Recording) -> SnapshotData:
     """The :class:`SnapshotData` behind a recording made by :func:`load_snapshot` (also after
-    ``Recording.save`` / ``gs.load``). The only reader of ``Recording.extra[EXTRA_KEY]``."""
-    data = _DATA_OF.get(id(recording))
-    if data is not None:
-        return data
-    extra = recording.extra.get(EXTRA_KEY) if isinstance(recording.extra, Mapping) else None
-    if extra is None:
-        raise GradscopeError(
-            "gradscope: this recording was not made from a CUDA memory snapshot (gs.load_snapshot(path) "
-            "makes one)."
-        )
-    data = SnapshotData.from_json(extra)
-    _remember(recording, data)
-    return data
+    ``Recording.save`` / ``gs.load``, ``copy`` or ``dataclasses.replace``): ``recording.data``."""
+    if isinstance(recording, SnapshotRecording):
+        return recording.data
+    how = "gs.load_snapshot(path) makes one"
+    if isinstance(recording, Recording) and isinstance(recording.extra, Mapping) and EXTRA_KEY in recording.extra:
+        how = ("this plain Recording only carries its saved data: gs.load(path) or Recording.from_dict rebuilds "
+               "the snapshot recording")
+    raise GradscopeError(f"gradscope: this recording was not made from a CUDA memory snapshot ({how}).")
 
 
 def timeline_positions(recording: Recording) -> tuple[int, ...]:
     """The trace position of each point of ``recording.timeline`` (a recording made by
     :func:`load_snapshot`): what to pass as ``at`` for the moment a timeline point shows."""
     snapshot_data(recording)  # the same checks and error for a recording of another kind
-    at = recording.extra[EXTRA_KEY].get("timeline_at")
-    if (not isinstance(at, list) or len(at) != len(recording.timeline)
-            or any(type(p) is not int or p < -1 for p in at)):
-        raise GradscopeError("gradscope: the recording's timeline positions are damaged; load the snapshot "
-                             "file again with gs.load_snapshot(path).")
-    return tuple(at)
-
-
-def _remember(recording: Recording, data: SnapshotData) -> None:
-    key = id(recording)
-    _DATA_OF[key] = data
-    weakref.finalize(recording, _DATA_OF.pop, key, None)
+    assert isinstance(recording, SnapshotRecording)
+    return recording.timeline_at
 
 
 @_replay.on_one_thread
-def to_recording(data: SnapshotData, label: str = "") -> Recording:
-    """The :class:`~gradscope.recording.Recording` of one device's snapshot data."""
+def to_recording(data: SnapshotData, label: str = "") -> SnapshotRecording:
+    """The :class:`SnapshotRecording` of one device's snapshot data."""
     s = _series(data)
     n = int(s.pos.numel())
     must = [int(i) for i in s.oom_index.tolist()]
     if n:
         must.append(int(torch.argmax(s.live).item()))
         must.append(int(torch.argmax(s.reserved).item()))
-    keep = _decimate(s.live, TIMELINE_POINTS, must).tolist()
+    keep = downsample(s.live, TIMELINE_POINTS, must)  # see NOTE [ downsampling keeps the peak ]
     labels = _point_labels(data, s)
     pos_l, live_l, res_l = s.pos.tolist(), s.live.tolist(), s.reserved.tolist()
     timeline = tuple(
@@ -806,7 +872,7 @@ def to_recording(data: SnapshotData, label: str = "") -> Recording:
     notes = list(data.notes)
     if len(keep) < n:
         notes.append(
-            f"timeline: {len(keep)} of {n} points kept (per bucket the first, last, lowest and highest, "
+            f"timeline: {len(keep)} of {n} points kept (per bucket the first, lowest and highest, "
             "plus the peak and every OOM); every allocation is kept, so any moment replays exactly "
             "(gradscope.snapshot.live_blocks(data, at))."
         )
@@ -829,7 +895,7 @@ def to_recording(data: SnapshotData, label: str = "") -> Recording:
     duration = 0.0
     if data.time_us is not None and data.events:
         duration = (data.time_us[data.events - 1] - data.time_us[0]) / 1e6
-    rec = Recording(
+    return SnapshotRecording(
         timeline=timeline,
         peak_bytes=peak_bytes,
         baseline_bytes=0,
@@ -842,10 +908,9 @@ def to_recording(data: SnapshotData, label: str = "") -> Recording:
         wall_time_s=duration,
         reserved_peak_bytes=reserved_peak,
         timeline_dropped=n - len(keep),
-        extra={EXTRA_KEY: {**data.to_json(), "timeline_at": [pos_l[k] for k in keep]}},
+        data=data,
+        timeline_at=tuple(pos_l[k] for k in keep),
     )
-    _remember(rec, data)
-    return rec
 
 
 def _t_of(data: SnapshotData, pos: int) -> float:
@@ -927,24 +992,6 @@ def _series(data: SnapshotData) -> _Series:
     s = _Series(pos, live, reserved, kind, ref, oom_index)
     data._cache["series"] = s
     return s
-
-
-def _decimate(live: torch.Tensor, max_points: int, must: Sequence[int]) -> torch.Tensor:
-    """Indices of points to keep: all when few; else per bucket the first, last, lowest and
-    highest, plus ``must``."""
-    n = int(live.numel())
-    if n <= max_points:
-        return torch.arange(n)
-    buckets = max(1, (max_points - len(must)) // 4)
-    w = -(-n // buckets)
-    padded = torch.cat([live, live[-1:].expand(buckets * w - n)]).view(buckets, w)
-    base = torch.clamp(torch.arange(buckets) * w, max=n - 1)
-    keep = torch.cat([
-        base, torch.clamp(base + w - 1, max=n - 1),
-        torch.clamp(base + padded.argmax(1), max=n - 1), torch.clamp(base + padded.argmin(1), max=n - 1),
-        torch.tensor(list(must), dtype=torch.int64), torch.tensor([0, n - 1]),
-    ])
-    return torch.unique(keep)
 
 
 # ----- frames and groups -------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """``gs.diagnose`` of a CUDA memory snapshot: what was live at the OOM by source line, the request
 that failed, how fragmented the reserved memory was, and which pattern the trace matches.
 
-Reached from :func:`gradscope.diagnose` when the recording's memory source is ``"cuda snapshot"``
+Reached from :func:`gradscope.diagnose` for a :class:`~gradscope.snapshot.SnapshotRecording`
 (see :func:`gradscope.snapshot.load_snapshot`); everything here reads the allocation-level data
 through the pure functions of :mod:`gradscope.snapshot`, so each figure of the report can be
 asked for on its own (``bytes_by_line``, ``fragmentation``, ``accumulating_lines``,

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from gradscope._series import Interner
 from gradscope._snapshot.data import (
     GroupTimeline,
     SnapshotData,
@@ -41,19 +42,6 @@ SNAPSHOT_GROUPS = ("line", "function", "file")  # the groupings the view offers
 _MAX_FRAMES = 48  # frames kept per stack (innermost first); deeper stacks say how many were cut
 
 
-class _Strings:
-    def __init__(self) -> None:
-        self.table: list[str] = []
-        self._index: dict[str, int] = {}
-
-    def __call__(self, s: str) -> int:
-        i = self._index.get(s)
-        if i is None:
-            i = self._index[s] = len(self.table)
-            self.table.append(s)
-        return i
-
-
 def _t(v: float | None) -> float | None:
     if v is None or not math.isfinite(v):
         return None
@@ -65,15 +53,15 @@ def snapshot_payload(rec: Recording, *, points: int = 1000, top: int = 8, blocks
     """The front end's data for a recording made by ``gs.load_snapshot`` (see NOTE [ a bounded
     snapshot payload ])."""
     data = snapshot_data(rec)
-    S = _Strings()
+    S: Interner[str] = Interner()  # see NOTE [ strings interned in one table ]
     timelines = {g: memory_by_group(data, g, top=top, points=points) for g in SNAPSHOT_GROUPS}
     base = timelines["line"]
     live = largest_live_blocks(data, base.positions, blocks)
-    rows: dict[int, int] = {}  # allocation index -> row in the payload's block table
+    rows: Interner[int] = Interner()  # allocation index -> row in the payload's block table
     moment_blocks = []
     for ids in live.blocks:
-        moment_blocks.append([rows.setdefault(i, len(rows)) for i in ids])
-    block_rows = sorted(rows, key=rows.__getitem__)
+        moment_blocks.append([rows(i) for i in ids])
+    block_rows = rows.table
     stacks: dict[int, int] = {}
     frames: dict[int, int] = {}
     stack_list: list[list[int]] = []

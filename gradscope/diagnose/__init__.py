@@ -113,7 +113,9 @@ def diagnose(
             f"gradscope: diagnose() takes a Recording (rec.recording after a gs.record block), not "
             f"a {type(recording).__name__}."
         )
-    if rec.where.memory_source == "cuda snapshot":  # allocations with frames, no graph
+    from gradscope._snapshot.data import SnapshotRecording
+
+    if isinstance(rec, SnapshotRecording):  # allocations with frames, no graph
         from gradscope._snapshot.diagnose import diagnose_snapshot
 
         return diagnose_snapshot(rec, top=top)

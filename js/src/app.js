@@ -350,8 +350,9 @@ export class RecordingView {
     tbl.appendChild(
       h("tr", {}, [
         h("th", { text: "line" }),
-        alive ? h("th", { class: "gs-num", text: "alive at peak", title: defs.alive }) : null,
-        h("th", { class: "gs-num", text: "saved", title: defs.saved }),
+        // the registry's labels, wrapped between words in the narrow side panel
+        alive ? h("th", { class: "gs-num gs-wrap", text: defs.aliveLabel, title: defs.alive }) : null,
+        h("th", { class: "gs-num gs-wrap", text: defs.savedLabel, title: defs.saved }),
       ]),
     );
     for (const r of rows) {

@@ -96,7 +96,12 @@ export function decodeRecording(p) {
   const byLine = B.line
     .map((k, i) => ({ line: lines[k] || null, alive: B.alive_at_peak ? B.alive_at_peak[i] : null, saved: B.saved[i] }))
     .filter((r) => r.line);
-  const lineDefinitions = { saved: B.saved_definition || "", alive: B.alive_definition || "" };
+  const lineDefinitions = {
+    saved: B.saved_definition || "",
+    alive: B.alive_definition || "",
+    savedLabel: B.saved_label || "saved",
+    aliveLabel: B.alive_label || "alive at peak",
+  };
   const levels = p.levels || (p.graph ? [p.graph] : []);
   return {
     label: p.label || "",

@@ -67,13 +67,16 @@ export class JobView {
     const imb = p.imbalance;
     const tbl = h("table", { class: "gs-table gs-job-table" });
     const th = (text, cls, title) => h("th", { class: cls, text, title });
+    // column titles from the figure registry (gradscope.figures.FIGURES), as every view
+    const fig = (name, label, definition) => (p.figures && p.figures[name]) || { label, definition };
+    const figTh = (f) => th(f.label, "gs-num", f.definition);
     tbl.appendChild(
       h("tr", {}, [
         th("rank"),
         th("status"),
-        th("peak (at once)", "gs-num", "the most memory allocated in the rank's block alive at one moment"),
-        th("before the block", "gs-num", "what existed before the block: parameters, buffers, inputs (CPU); allocated bytes (CUDA)"),
-        th("saved (total)", "gs-num", "bytes of tensors saved for backward in the block, each storage once"),
+        figTh(fig("peak", "peak (at once)", "the most memory allocated in the rank's block alive at one moment")),
+        figTh(fig("baseline_bytes", "baseline", "what existed before the block: parameters, buffers, inputs (CPU); allocated bytes (CUDA)")),
+        figTh(fig("saved_bytes", "saved (all kinds)", "bytes of every tensor saved for backward in the block, each storage once")),
         th("time", "gs-num", "wall time of the rank's recorded block"),
         th("peak at"),
         th("inputs", undefined, "the largest inputs its graph saved"),

@@ -48,6 +48,7 @@ export const CSS = `
 .gs-table th, .gs-table td { border-bottom: 1px solid #e4e7eb; padding: 2px 4px; text-align: left; vertical-align: top; overflow-wrap: anywhere; white-space: pre-wrap; }
 .gs-table th { white-space: nowrap; overflow-wrap: normal; }
 .gs-table td.gs-num, .gs-table th.gs-num { text-align: right; white-space: nowrap; }
+.gs-table th.gs-num.gs-wrap { white-space: normal; }
 .gs-table tr.gs-freed td { color: #9aa5b1; text-decoration: line-through; }
 .gs-table tr.gs-freed-now td { background: #fef3c7; }
 .gs-muted { color: #7b8794; }
