@@ -145,6 +145,12 @@ def _install_and_run(wheel: Path, base_python: Path, site_packages: Path, tmp: P
     return out
 
 
+def _set_up(venv: Path) -> bool:
+    """Whether ./dev finished setting ``venv`` up: it writes its stamp after the last install (CI sets the
+    range's virtualenvs up while this suite runs, so one may exist half-installed)."""
+    return (venv / "bin" / "python").exists() and (venv / ".gradscope-lock").exists()
+
+
 def _site_packages(python: Path) -> Path:
     p = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                        capture_output=True, text=True, check=True, timeout=60)
@@ -154,7 +160,7 @@ def _site_packages(python: Path) -> Path:
 @pytest.mark.parametrize("version", sorted(RANGE_VENVS))
 def test_the_wheel_installs_next_to_another_torch(wheel: Path, tmp_path: Path, version: str) -> None:
     python = RANGE_VENVS[version] / "bin" / "python"
-    if not python.exists():
+    if not _set_up(RANGE_VENVS[version]):
         pytest.skip(f"no virtualenv with torch {version} here (./dev setup-range makes .venvs/torch-{version})")
     out = _install_and_run(wheel, python, _site_packages(python), tmp_path)
     assert out["torch"].split("+")[0] == version
@@ -164,7 +170,7 @@ def test_the_wheel_installs_next_to_the_running_torch(wheel: Path, tmp_path: Pat
     """Where no other torch is set up: on top of the environment running the tests."""
     import torch
 
-    others = [v for v, venv in sorted(RANGE_VENVS.items()) if (venv / "bin" / "python").exists()]
+    others = [v for v, venv in sorted(RANGE_VENVS.items()) if _set_up(venv)]
     if others:
         pytest.skip(f"installed next to torch {' and '.join(others)} instead (the test above)")
     out = _install_and_run(wheel, Path(sys.executable), _site_packages(Path(sys.executable)), tmp_path)
