@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import html as _html
 
+from gradscope._page import document
 from gradscope.figures import BASELINE, MODULE_SAVED, PEAK, SAVED_ALL
-from gradscope.html import document
 from gradscope.jobs.analysis import JobView, job_view
 from gradscope.jobs.data import Job
 from gradscope.recording import format_bytes
