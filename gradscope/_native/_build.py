@@ -22,8 +22,8 @@ from typing import Any
 
 
 def _with_pip_ninja() -> None:
-    """Put the ``ninja`` package's binary (a dependency) and the interpreter's scripts on PATH,
-    where cpp_extension looks for ninja."""
+    """Put the ``ninja`` package's binary (where pip installed it) and the interpreter's scripts on
+    PATH, where cpp_extension looks for ninja (else a system ninja, else setuptools)."""
     dirs = [os.path.dirname(sys.executable)]
     try:
         import ninja  # type: ignore[import-not-found]
