@@ -12,7 +12,7 @@ NOTE [ supported range ]: torch 2.6 through the newest release. Measured gaps in
 ``SavedTensor.unpack_hook`` and ``SavedTensor.data`` are absent on 2.8 and older,
 ``_top_saved_tensors_default_hooks`` on 2.6, ``TorchDispatchMode.ignore_compile_internals`` on
 2.8; from 2.13 on a node's Python object lives as long as the node (see NOTE [ freeing deep
-graphs ] in :mod:`gradscope.release`), before that it is recreated whenever nobody holds it.
+graphs ] in :mod:`gradscope._walk`), before that it is recreated whenever nobody holds it.
 """
 
 from __future__ import annotations
@@ -772,7 +772,8 @@ def non_overlapping_and_dense(t: torch.Tensor) -> bool:
 def _probe_nodes_persist() -> bool:
     """Whether a node's Python object lives as long as the node once created (PyTorch keeps it
     in the node, as it does for tensors): then ``id()`` of node objects is stable, and a walked
-    graph frees recursively (see :mod:`gradscope.release`)."""
+    graph frees recursively (see :func:`gradscope.release` and NOTE [ freeing deep graphs ] in
+    :mod:`gradscope._walk`)."""
     try:
         x = torch.ones(1, requires_grad=True)
         y = x.exp()

@@ -15,7 +15,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from gradscope.recording import Allocation, Category, Held, HeldAllocation, Node, SavedTensor, Step, Table
+from gradscope.recording import (
+    Allocation,
+    Category,
+    HeldAllocation,
+    HeldMemory,
+    Node,
+    SavedTensor,
+    Step,
+    Table,
+)
 
 __all__: list[str] = []
 
@@ -30,8 +39,8 @@ _WHAT = {
 
 def held_pass(nodes: Table[Node], steps: Table[Step], allocations: Table[Allocation], saved: Table[SavedTensor],
               saved_by_alloc: Mapping[int, int], key_kind: str, *, failed: bool,
-              peak_position: int | None, n_events: int) -> Held | None:
-    """The :class:`Held` of a recording (see NOTE [ what is live at the failing moment ]).
+              peak_position: int | None, n_events: int) -> HeldMemory | None:
+    """The :class:`HeldMemory` of a recording (see NOTE [ what is live at the failing moment ]).
     ``saved_by_alloc`` maps an allocation to the first saved tensor (row of ``saved``) it holds.
     Reads the tables' columns: only the rows it keeps are made."""
     if not len(allocations):
@@ -88,7 +97,7 @@ def held_pass(nodes: Table[Node], steps: Table[Step], allocations: Table[Allocat
         m = module or "(no module)"
         rest_module[m] = rest_module.get(m, 0) + nbytes[i]
     rest_bytes = sum(nbytes[i] for i in rest)
-    return Held(
+    return HeldMemory(
         moment="failure" if failed else "peak",
         live_bytes=sum(r.bytes for r in rows) + rest_bytes,
         key_kind=key_kind,

@@ -21,6 +21,10 @@ segmentation fault; the same chain unwalked frees fine; on torch 2.6 the walked 
 A walk cannot avoid creating those objects, so :func:`release` frees such a graph safely: it holds
 every node object, detaches the tensors from the graph, then lets go of the nodes in topological
 order from the roots, so that each deallocation frees one node whose next nodes are still held.
+
+:func:`release` is public as ``gradscope.release`` (``gs.release``), a function: no module of that
+name exists, since importing one would replace the package attribute. It lives here, beside the
+walk whose node objects it holds and lets go of; point to it as :func:`gradscope.release`.
 """
 
 from __future__ import annotations

@@ -236,7 +236,7 @@ class Comparison:
         self._rtol = rtol
         self._atol = atol
         self._lock = threading.RLock()
-        self._state = _State(modules)
+        self._state = _Baseline(modules)
         # Modules passed by name also name the recordings' module paths ("G.0.weight").
         self._names = {k: m for k, m in _modules_arg(modules) if k} or None
         self._ref_outputs: list[tuple[str, torch.Tensor | None]] | None = None
@@ -505,12 +505,15 @@ class Comparison:
 class _Seen:
     """What one recorded run touched: leaf keys (see NOTE [ how compare finds the state to restore ])."""
 
-    def __init__(self, state: _State) -> None:
+    def __init__(self, state: _Baseline) -> None:
         self.state = state
         self.leaves: set[int] = set()
 
 
-class _State:
+class _Baseline:
+    """The state every run of the comparison starts from: the random generators, the modules'
+    parameters and buffers, the leaves' gradients (see NOTE [ how compare finds the state to restore ])."""
+
     def __init__(self, modules: nn.Module | Iterable[nn.Module] | Mapping[str, nn.Module] | None) -> None:
         self.cuda = torch.cuda.is_available()
         self.rng_cpu = torch.get_rng_state()
@@ -590,12 +593,12 @@ class _State:
             leaf.original_grad = None  # given back: holding it longer would keep it alive
         self.leaves = {k: v for k, v in self.leaves.items() if v.ref() is not None}
 
-    def hold(self) -> _Held:
+    def hold(self) -> _Checkpoint:
         """The current state of everything known, to give back after a rerun (the user may have
         trained the model since the comparison: a rerun must not undo that)."""
-        return _Held(self)
+        return _Checkpoint(self)
 
-    def give_back(self, held: _Held) -> None:
+    def give_back(self, held: _Checkpoint) -> None:
         torch.set_rng_state(held.rng_cpu)
         if held.rng_cuda is not None:
             torch.cuda.set_rng_state_all(held.rng_cuda)
@@ -610,8 +613,10 @@ class _State:
         return _Watch(self, seen)
 
 
-class _Held:
-    def __init__(self, state: _State) -> None:
+class _Checkpoint:
+    """The state as it is now, given back after a rerun (see :meth:`_Baseline.hold`)."""
+
+    def __init__(self, state: _Baseline) -> None:
         self.rng_cpu = torch.get_rng_state()
         self.rng_cuda = torch.cuda.get_rng_state_all() if state.cuda else None
         self.modules = [_ModuleSnapshot(s.module) for s in state.snapshots]
@@ -649,7 +654,7 @@ class _ModuleSnapshot:
 class _Watch:
     """During a recorded run: snapshot modules and leaves at first sight (global pre-hook + mode)."""
 
-    def __init__(self, state: _State, seen: _Seen) -> None:
+    def __init__(self, state: _Baseline, seen: _Seen) -> None:
         self.state = state
         self.seen = seen
         self.mode = _LeafMode(self)

@@ -36,7 +36,7 @@ __all__ = [
     "BackwardCall",
     "Category",
     "Edge",
-    "Held",
+    "HeldMemory",
     "HeldAllocation",
     "Kind",
     "OomInfo",
@@ -337,7 +337,7 @@ class BackwardCall:
 
 @dataclass(frozen=True, slots=True)
 class HeldAllocation:
-    """One allocation alive at the held moment (see :class:`Held`).
+    """One allocation alive at the held moment (see :class:`HeldMemory`).
 
     ``what`` is ``"saved"`` (saved for backward: ``node``, ``order``, ``attribute``,
     ``saved_kind``, ``shape``, ``dtype`` say by whom and what), ``"gradient"``, ``"backward"``
@@ -363,7 +363,7 @@ class HeldAllocation:
 
 
 @dataclass(frozen=True, slots=True)
-class Held:
+class HeldMemory:
     """What held the block's memory at its peak (``moment="peak"``) or at the allocation that
     failed (``"failure"``): the allocations alive then, largest first (at most 500 rows; the
     rest summed by kind and module). ``key_kind`` says what ``HeldAllocation.key`` is
@@ -544,7 +544,7 @@ class Recording:
     allocations: Sequence[Allocation] = ()
     allocation_key: str = "none"
     backward_calls: tuple[BackwardCall, ...] = ()
-    held: Held | None = None
+    held: HeldMemory | None = None
     oom: OomInfo | None = None
     nodes_created: int = 0
     nodes_created_seen: int = 0
@@ -852,7 +852,7 @@ class Recording:
                 allocations=tuple(_rows(d.get("allocations") or {}, Allocation)),
                 allocation_key=str(d.get("allocation_key", "none")),
                 backward_calls=tuple(_rows(d.get("backward_calls") or {}, BackwardCall)),
-                held=_held(d.get("held")),
+                held=_held_from_json(d.get("held")),
                 oom=None if d.get("oom") is None else _build(OomInfo, d["oom"]),
                 nodes_created=_int(d.get("nodes_created", 0)),
                 nodes_created_seen=_int(d.get("nodes_created_seen", 0)),
@@ -1113,14 +1113,14 @@ def _extra(v: Any) -> dict[str, Any]:
     return dict(v)
 
 
-def _held(v: Any) -> Held | None:
-    """A held-at-peak object from its JSON form (see :meth:`Held.to_dict`)."""
+def _held_from_json(v: Any) -> HeldMemory | None:
+    """A held-at-peak object from its JSON form (see :meth:`HeldMemory.to_dict`)."""
     if v is None:
         return None
     if not isinstance(v, Mapping):
         raise TypeError("held must be an object")
     if "rows" not in v:  # schema 1 kept {"error": ...} when listing failed
-        return Held(moment="none", live_bytes=0, key_kind="none", error=_opt_str(v.get("error")))
+        return HeldMemory(moment="none", live_bytes=0, key_kind="none", error=_opt_str(v.get("error")))
     rows = []
     for r in v.get("rows") or ():
         if not isinstance(r, Mapping):
@@ -1137,7 +1137,7 @@ def _held(v: Any) -> Held | None:
             raise TypeError("expected an object of byte counts")
         return tuple((str(k), _int(b)) for k, b in m.items())
 
-    return Held(
+    return HeldMemory(
         moment=str(v.get("moment", "peak")), live_bytes=_int(v.get("live_bytes", 0)),
         key_kind=str(v.get("key_kind", "storage")), rows=tuple(rows), omitted=_int(v.get("omitted", 0)),
         omitted_bytes=_int(v.get("omitted_bytes", 0)), omitted_by_kind=pairs(v.get("omitted_by_kind") or {}),

@@ -18,7 +18,7 @@ from torch import nn
 
 import gradscope as gs
 from gradscope.figures import DEFINITIONS as FIGURES
-from gradscope.recording import BackwardCall, Category, Held, HeldAllocation, Kind, Phase
+from gradscope.recording import BackwardCall, Category, HeldAllocation, HeldMemory, Kind, Phase
 
 DATA = Path(__file__).parent / "data"
 
@@ -167,7 +167,7 @@ def test_held_rows_and_figures_add_up_to_the_peak() -> None:
         opt.step()
     r = rec.recording
     held = r.held
-    assert isinstance(held, Held) and all(isinstance(h, HeldAllocation) for h in held.rows)
+    assert isinstance(held, HeldMemory) and all(isinstance(h, HeldAllocation) for h in held.rows)
     assert held.moment == "peak"
     assert held.live_bytes == sum(h.bytes for h in held.rows) + held.omitted_bytes == r.peak_bytes
     assert sum(r.bytes_at_peak_by_module().values()) == r.peak_bytes

@@ -37,7 +37,7 @@ __all__ = [
     "GROUPS",
     "TIMELINE_POINTS",
     "Accumulation",
-    "Allocation",
+    "TraceAllocation",
     "EndBlock",
     "EndSegment",
     "Fragmentation",
@@ -114,7 +114,7 @@ class Frame:
 
 
 @dataclass(frozen=True)
-class Allocation:
+class TraceAllocation:
     """One allocation of the trace (or alive at its start). Positions are trace positions.
 
     ``alloc_at`` is -1 for memory allocated before the trace began (see NOTE [ a trace that
@@ -218,12 +218,12 @@ class SnapshotData:
             out = fr[stack] = tuple(self.frames[i] for i in self.stacks[stack])
         return out
 
-    def allocation(self, i: int) -> Allocation:
+    def allocation(self, i: int) -> TraceAllocation:
         """Row ``i`` of the allocation table."""
         if not 0 <= i < self.allocations:
             raise GradscopeError(f"gradscope: no allocation {i} (this snapshot has {self.allocations}).")
         req, free = self.alloc_free_requested_at[i], self.alloc_free_at[i]
-        return Allocation(
+        return TraceAllocation(
             index=i, address=self.alloc_addr[i], size=self.alloc_size[i], stream=self.alloc_stream[i],
             alloc_at=self.alloc_at[i], free_requested_at=None if req < 0 else req,
             free_at=None if free < 0 else free, frames=self.stack_frames(self.alloc_stack[i]),
@@ -880,7 +880,7 @@ def to_recording(data: SnapshotData, label: str = "") -> SnapshotRecording:
                  "blocks up to multiples of 512 bytes).")
     notes.append("kept per allocation: size, stream, its alloc / free_requested / free_completed positions and "
                  "its stack; not kept: the stacks of free events and the entries' other fields "
-                 "(NOTE [ what is kept ] in gradscope.snapshot).")
+                 "(NOTE [ what is kept ] in gradscope._snapshot.data).")
     oom = data.oom
     error = None
     if oom is not None:
@@ -1074,7 +1074,7 @@ def _stack_groups(data: SnapshotData, group: str) -> tuple[torch.Tensor, list[st
 
 # ----- questions about a moment ------------------------------------------------------------
 @_replay.on_one_thread
-def live_blocks(data: SnapshotData, at: int | None = None, limit: int | None = None) -> tuple[Allocation, ...]:
+def live_blocks(data: SnapshotData, at: int | None = None, limit: int | None = None) -> tuple[TraceAllocation, ...]:
     """Allocations alive at position ``at`` (default: the OOM, else the peak), largest first,
     with their frames."""
     p = data._at(at)

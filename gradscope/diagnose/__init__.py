@@ -58,16 +58,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from gradscope.diagnose.facts import MIN_SAVING, Context, Graph, held_order
+from gradscope.diagnose.facts import MIN_SAVING, Context, IndexedRecording, held_order
 from gradscope.diagnose.fixes import REGISTRY, inplace_cut
 from gradscope.diagnose.measure import Bench
-from gradscope.diagnose.report import Diagnosis, Finding, GraphHolder, HeldTensor
+from gradscope.diagnose.report import Diagnosis, Finding, GraphHolder, LiveTensor
 from gradscope.diagnose.step import compose, shape_of
 from gradscope.diagnose.toolbox import TOOLBOX
 from gradscope.errors import GradscopeError
 from gradscope.recording import Recording, format_bytes
 
-__all__ = ["Diagnosis", "Finding", "GraphHolder", "HeldTensor", "diagnose"]
+__all__ = ["Diagnosis", "Finding", "GraphHolder", "LiveTensor", "diagnose"]
 
 if TYPE_CHECKING:
     from gradscope._snapshot.diagnose import SnapshotDiagnosis
@@ -136,14 +136,14 @@ def _run(self: Context) -> Diagnosis:
     holders = self.find_holders()
     kinds: dict[str, int] = {}
     modules: dict[str, int] = {}
-    held: list[HeldTensor] = []
+    held: list[LiveTensor] = []
     for r in self.rows:
         kind = self.kind(r)
         kinds[kind] = kinds.get(kind, 0) + r.bytes
         mod = r.module or "(no module)"
         modules[mod] = modules.get(mod, 0) + r.bytes
         held.append(
-            HeldTensor(
+            LiveTensor(
                 bytes=r.bytes,
                 kind=kind,
                 shape=r.shape,
@@ -374,7 +374,7 @@ def _toolbox(ctx: Context) -> list[Finding]:
 
 
 def _findings(self: Context, holders: list[GraphHolder]) -> list[Finding]:
-    self.g = Graph(self.rec)
+    self.g = IndexedRecording(self.rec)
     self.holders = holders
     self.demand = self.demand_bytes()
     cut = inplace_cut.propose(self, holders)

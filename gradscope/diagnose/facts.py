@@ -12,7 +12,7 @@ from torch import nn
 
 from gradscope import _compat
 from gradscope._source import step_source
-from gradscope.diagnose.report import KIND_NAMES, GraphHolder, HeldTensor
+from gradscope.diagnose.report import KIND_NAMES, GraphHolder, LiveTensor
 from gradscope.diagnose.step import inline
 from gradscope.recording import Allocation, BackwardCall, Category, Kind, Phase, Recording
 
@@ -29,7 +29,7 @@ _MAX_NODES = 200_000  # graph nodes walked per variable
 # `Recording.backward_calls` and `Recording.oom`, read through their JSON forms; moving to the
 # typed allocation table changes only `read`.
 @dataclass(frozen=True)
-class Row:
+class MomentRow:
     """One allocation made inside the block and alive at the diagnosed moment."""
 
     key: int  # storage key (tracker) or address (allocators), to match the user's live tensors
@@ -54,12 +54,12 @@ class Call:
 
 
 @dataclass(frozen=True)
-class Held:
-    """What `read` gives the analysis (see NOTE [ one accessor for what the recording held ])."""
+class DiagnosedMoment:
+    """The diagnosed moment, as `read` gives it to the analysis (see NOTE [ one accessor for what the recording held ])."""
 
     moment: str  # "failure" | "peak" | "none"
     live_bytes: int
-    rows: tuple[Row, ...]
+    rows: tuple[MomentRow, ...]
     by_storage: bool  # keys are storage keys (tracker) rather than addresses
     omitted: int  # smaller rows not listed one by one, summed below
     omitted_by_kind: tuple[tuple[str, int], ...]
@@ -96,7 +96,7 @@ def caught_oom(rec: Recording) -> dict[str, Any] | None:
     return None
 
 
-def read(rec: Recording) -> Held:
+def read(rec: Recording) -> DiagnosedMoment:
     """The one place that reads the recorder's data about the diagnosed moment."""
     held = rec.held.to_dict() if rec.held is not None else {}
     caught = caught_oom(rec)
@@ -105,7 +105,7 @@ def read(rec: Recording) -> Held:
     if oom:
         moment = "failure"  # even when it failed before anything was allocated
     rows = tuple(
-        Row(
+        MomentRow(
             key=int(r["key"]),
             bytes=int(r["bytes"]),
             what=str(r.get("what", "forward")),
@@ -123,7 +123,7 @@ def read(rec: Recording) -> Held:
         Call(c.api, c.create_graph, c.retain_graph)
         for c in rec.backward_calls
     )
-    return Held(
+    return DiagnosedMoment(
         moment=moment,
         live_bytes=int(held.get("live_bytes", 0)),
         rows=rows,
@@ -161,7 +161,7 @@ LINEAR_MERGES = frozenset({
 })
 
 
-class Graph:
+class IndexedRecording:
     """The recording's graph and allocation table, indexed for the findings (see NOTE [ findings
     are measured fixes ]). Walks are iterative: graphs may be deep."""
 
@@ -550,7 +550,7 @@ def root_names(rec: Recording) -> set[str]:
     return {r for r in out if r}
 
 
-def held_order(t: HeldTensor) -> tuple[Any, ...]:
+def held_order(t: LiveTensor) -> tuple[Any, ...]:
     """Largest first; ties in an order that does not depend on memory addresses."""
     return (
         -t.bytes,
@@ -575,7 +575,7 @@ class Context:
     """What every fix reads: the recording's held rows and graph facts (``g``), the user's variables
     (``ns``, ``modules``, ``optimizers``, ``names``), the holders of graphs and the block's demand."""
 
-    g: Graph
+    g: IndexedRecording
     holders: list[GraphHolder]
     demand: int
     modules: list[tuple[str, nn.Module]]
@@ -681,7 +681,7 @@ class Context:
         return out
 
     # ----- analysis ----------------------------------------------------------------------------
-    def matchable(self, r: Row) -> bool:
+    def matchable(self, r: MomentRow) -> bool:
         """Whether a row's key may be matched with the user's live tensors: only at a failure
         (nothing ran after it) and only if the key was not allocated again after the moment.
         After a peak, storages made outside any operator (``torch.tensor``) may reuse a key
@@ -692,7 +692,7 @@ class Context:
         """Whether the diagnosed moment is where the block ended (a failure it did not catch)."""
         return self.moment == "failure" and not self.held.caught
 
-    def kind(self, r: Row) -> str:
+    def kind(self, r: MomentRow) -> str:
         named = self.kind_of_key.get(r.key) if self.matchable(r) else None
         if named is not None:
             return named

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from gradscope.recording import format_bytes
 
-__all__ = ["Diagnosis", "Finding", "GraphHolder", "HeldTensor", "KIND_NAMES"]
+__all__ = ["Diagnosis", "Finding", "GraphHolder", "KIND_NAMES", "LiveTensor"]
 
 KIND_NAMES = {
     "saved": "saved activations",
@@ -22,7 +22,7 @@ KIND_NAMES = {
 
 
 @dataclass(frozen=True)
-class HeldTensor:
+class LiveTensor:
     """One allocation alive at the diagnosed moment.
 
     ``variable`` names a user variable that is this tensor (``model.0.weight.grad``,
@@ -108,7 +108,7 @@ class Diagnosis:
     by_kind: tuple[tuple[str, int], ...]
     by_module: tuple[tuple[str, int], ...]
     resident: tuple[tuple[str, int], ...]
-    largest: tuple[HeldTensor, ...]
+    largest: tuple[LiveTensor, ...]
     holders: tuple[GraphHolder, ...]
     findings: tuple[Finding, ...]
     notes: tuple[str, ...] = ()
