@@ -10,9 +10,11 @@ What is installed while a block runs, and removed in ``finally`` whatever happen
 - one memory source from :mod:`gradscope.memory`.
 
 The class :class:`record` is a facade: it holds the block's lifecycle (enter, set-up, exit,
-analysis) and takes the rest from its parts in :mod:`gradscope.capture` (saves: the saved-tensor
-hooks; modules: module and optimizer tracking; engine: the engine's entry point intercepted;
-discover: graph discovery; held: what the block left behind; patches and state: what they share).
+analysis) and calls its parts in :mod:`gradscope.capture`, objects made for each block, each with
+the block's shared state (:class:`~gradscope.capture.state.Block`) and its own: saves (the
+saved-tensor hooks), modules (module and optimizer tracking), engine (the engine's entry point
+intercepted), discover (graph discovery), held (what the block left behind); patches are what
+the blocks of all threads share.
 
 The hooks only append rows to a :class:`~gradscope._trace.Trace`; the passes of
 :mod:`gradscope._passes` turn it into the recording the first time it is asked for (see NOTE
@@ -51,12 +53,11 @@ profiler at a time ]); nesting blocks in one thread is refused.
 
 from __future__ import annotations
 
-import collections
 import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import torch
@@ -65,7 +66,6 @@ from torch.autograd.graph import saved_tensors_hooks
 
 from gradscope import _compat, _compiled, _names, _native, _passes
 from gradscope._lines import LineTable, lines_enabled
-from gradscope._native.fields import WalkerTables
 from gradscope._source import OWN_FILES as _OWN_FILES
 from gradscope._trace import (
     C_SEQ1,
@@ -73,8 +73,7 @@ from gradscope._trace import (
     EV_POST,
     Trace,
 )
-from gradscope._walk import _leaf_key, node_key
-from gradscope.capture.discover import GraphDiscovery, _type_info
+from gradscope.capture.discover import GraphDiscovery
 from gradscope.capture.engine import EngineInterception
 from gradscope.capture.held import HeldGraphs, _frame_namespaces, _held_graphs, _made_since  # noqa: F401
 from gradscope.capture.modules import (  # noqa: F401
@@ -86,14 +85,14 @@ from gradscope.capture.modules import (  # noqa: F401
 )
 from gradscope.capture.patches import _active, _join_patches, _patch_saved, _patch_users, packed_here  # noqa: F401
 from gradscope.capture.saves import SavedTensors
-from gradscope.capture.state import _new_state, _no_gc, _note_internal, _State  # noqa: F401
+from gradscope.capture.state import Block, _new_state, _no_gc, _note_internal, _State  # noqa: F401
 from gradscope.errors import GradscopeError, MemoryBudgetExceeded
-from gradscope.memory import MemorySource, make_source, parse_size, resolve_memory
+from gradscope.memory import make_source, parse_size, resolve_memory
 from gradscope.recording import Recording
 
 __all__ = ["record"]
 
-class record(SavedTensors, ModuleTracking, EngineInterception, GraphDiscovery, HeldGraphs):  # noqa: N801 - as torch.no_grad
+class record:  # noqa: N801 - as torch.no_grad
     """Record the autograd graph, saved tensors, backward steps and memory of a block.
 
     Args:
@@ -167,15 +166,13 @@ class record(SavedTensors, ModuleTracking, EngineInterception, GraphDiscovery, H
         caller = sys._getframe(1)
         self._step_at = (caller.f_code.co_filename, caller.f_lineno)
         self._init_state()
-        self._handles: list[Any] = []
-        self._undo: list[Callable[[], None]] = []
         try:
             self._install()
         except BaseException:
             try:
                 self._uninstall()
             finally:
-                self._let_go()
+                self._saves._let_go()
             raise
         _active.rec = self
         return self
@@ -186,7 +183,8 @@ class record(SavedTensors, ModuleTracking, EngineInterception, GraphDiscovery, H
 
     def _exit(self, exc_type: Any, exc: Any, tb: Any, frame: Any) -> Literal[False]:
         _active.rec = None
-        trace = self._trace
+        b = self._block
+        trace = b.trace
         trace.t1_ns = time.time_ns()
         trace.seq1 = _compat.sequence_nr()
         internal: BaseException | None = None
@@ -194,7 +192,7 @@ class record(SavedTensors, ModuleTracking, EngineInterception, GraphDiscovery, H
             self._uninstall()  # first: nothing that fails below may leave a hook installed
         except Exception as e:  # never mask the user's exception with ours
             internal = e
-        self._state.stack.clear()  # module calls that raised: never keep a user's module alive
+        b.state.stack.clear()  # module calls that raised: never keep a user's module alive
         # the trace keeps no reference to the exception (its traceback holds the user's frames)
         trace.failure = (MemoryBudgetExceeded(exc.requested, exc.live, exc.budget, where=exc.where)
                          if isinstance(exc, MemoryBudgetExceeded) else None)
@@ -209,12 +207,12 @@ class record(SavedTensors, ModuleTracking, EngineInterception, GraphDiscovery, H
         if trace.step is None and self._step_at is not None and not self._step_at[0].startswith(_OWN_FILES):
             trace.step = {"file": self._step_at[0], "line": self._step_at[1]}
         try:
-            self._at_block_end(frame, tb)
+            self._held._at_block_end(frame, tb)
         except Exception as e:
             internal = internal or e
-        self._root_mods.clear()
-        self._free_weak_refs()
-        self._let_go()
+        b.root_mods.clear()
+        self._saves._free_weak_refs()
+        self._saves._let_go()
         self._analysis = (exc_type is None, error)
         if internal is not None:
             self._analysis = None
@@ -249,109 +247,95 @@ class record(SavedTensors, ModuleTracking, EngineInterception, GraphDiscovery, H
                 self._analysis = None
                 self._recording = Recording(label=self._label, complete=False,
                                             error=error or f"gradscope internal error: {e!r}")
-                self._trace = Trace()
+                self._block.trace = Trace()
                 raise _internal_failure(e) from e
             self._analysis = None
             self._recording = rec
-            self._trace = Trace()  # the rows are the recording's now
+            self._block.trace = Trace()  # the rows are the recording's now
 
     def _finalize(self, complete: bool, error: str | None) -> Recording:
         """Everything after capture: the passes (see :mod:`gradscope._passes`)."""
-        return self._compiled.attach(_passes.build(self._trace, complete=complete, error=error))
+        return self._compiled.attach(_passes.build(self._block.trace, complete=complete, error=error))
 
     def add_roots(self, *tensors: torch.Tensor) -> None:
         """Name more results whose graphs belong to this recording (before the block ends)."""
         for t in tensors:
             if isinstance(t, torch.Tensor) and t.grad_fn is not None:
-                self._roots.append(weakref.ref(t))
+                self._block.roots.append(weakref.ref(t))
 
     def between_nodes(self) -> bool:
         """True while an observed backward pass is between one node's end and the next node's
         start (where the engine sums gradients that reach one input). Known only for sources
         that hook every node (the tracker, CUDA)."""
-        st = self._state
-        ev = self._trace.events
+        st = self._block.state
+        ev = self._block.trace.events
         return st.bw is not None and bool(ev) and ev[-1][0] == EV_POST
 
     # ------------------------------------------------------------------ set-up
     def _init_state(self) -> None:
-        self._tid = threading.get_ident()
-        self._native = _native.hooks()  # None: the Python pair records (see NOTE [ compiled hooks ])
-        self._state = _new_state(self._native)
+        """The block's shared state and its parts (see :mod:`gradscope.capture`)."""
+        tid = threading.get_ident()
+        native = _native.hooks()  # None: the Python pair records (see NOTE [ compiled hooks ])
         caps = _compat.capabilities()
-        self._caps = caps
-        tr = self._trace = Trace(tid=self._tid, memory=self._memory, label=self._label,
-                                 t0_ns=time.time_ns(), seq0=_compat.sequence_nr(),
-                                 max_events=self._max_events, deep_graph_trap=caps.nodes_persist,
-                                 modules_given=bool(self._given), torch_version=torch.__version__)
+        tr = Trace(tid=tid, memory=self._memory, label=self._label, t0_ns=time.time_ns(), seq0=_compat.sequence_nr(),
+                   max_events=self._max_events, deep_graph_trap=caps.nodes_persist,
+                   modules_given=bool(self._given), torch_version=torch.__version__)
         if not caps.sequence_nr:
             tr.notes.append(_compat.MISSING_NOTES["sequence_nr"])
-        self._line_table = tr.line_table = LineTable() if self._lines_on else None
-        self._roots: list[Any] = []  # weak references to results that may root a graph
-        self._root_mods: list[Any] = []  # weak references to root modules (by root index)
-        self._root_index: dict[int, int] = {}
-        self._param_by_id: dict[int, tuple[Any, int, str]] = {}
-        self._hooked: set[int] = set()  # nodes with a pre hook for the whole block
-        self._leaf_hooks: dict[int, Any] = {}  # see NOTE [ AccumulateGrad nodes come and go ]
-        self._acc_vars: dict[int, Any] = {}  # AccumulateGrad node -> weak ref to its leaf
-        self._packed_upto = 0
-        self._packed_seqs: collections.Counter[int] = collections.Counter()  # node seq -> saves we packed
-        self._func_seq: list[list[int]] = []  # [seq0, seq1] of regions where we stepped aside
-        self._hooking = True
-        self._other_seq: list[list[int]] = []  # see NOTE [ other pairs on an older torch ]
-        self._other_depth = 0
-        self._source: MemorySource | None = None
-        self._pack, self._unpack = self._make_pack()
-        tr = self._trace
-        self._walker = None if self._native is None else self._native.Walker(  # see NOTE [ compiled walk ]
-            WalkerTables(index=tr.node_index, nodes=tr.nodes, edge_keys=tr.edge_keys, edge_dst=tr.edge_dst,
-                         packed=self._packed_seqs, seq_attr=tr.seq_attr, seq_order=tr.seq_order,
-                         hooked=self._hooked, leaf_hooks=self._leaf_hooks, type_info=_type_info,
-                         node_key=node_key, name_node=self._name_node, hook=self._hook, leaf_row=self._leaf_row,
-                         saves=tr.saves, acc_vars=self._acc_vars, leaf_key=_leaf_key))
+        tr.line_table = LineTable() if self._lines_on else None
+        b = self._block = Block(tid=tid, memory=self._memory, history=self._history, native=native, caps=caps,
+                                trace=tr, state=_new_state(native), line_table=tr.line_table)
+        self._saves = SavedTensors(b)
+        self._modules = ModuleTracking(b, self._given)
+        self._discovery = GraphDiscovery(b, self._saves)
+        self._engine = EngineInterception(b, self._saves, self._discovery)
+        self._held = HeldGraphs(b, self._discovery)
 
     def _install(self) -> None:
+        b, saves, modules = self._block, self._saves, self._modules
         src = make_source(self._memory, budget=self._budget, device_type=self._tracker_device,
                           history=self._history, context=self._context)
-        hooks = saved_tensors_hooks(self._pack, self._unpack)
+        hooks = saved_tensors_hooks(saves.pack, saves.unpack)
         hooks.__enter__()
-        self._undo.append(lambda: hooks.__exit__(None, None, None))
-        mod_pre, mod_post = self._mod_pre, self._mod_post
-        if self._native is not None and (src is None or not src.marks_calls):  # NOTE [ compiled module hooks ]
-            st, tr = self._state, self._trace
-            compiled = self._native.ModHooks(st, tr.calls, tr.module_paths, self._root_of, self._roots,
-                                             self._internal, self._tid)
+        b.undo.append(lambda: hooks.__exit__(None, None, None))
+        mod_pre, mod_post = modules._mod_pre, modules._mod_post
+        if b.native is not None and (src is None or not src.marks_calls):  # NOTE [ compiled module hooks ]
+            st, tr = b.state, b.trace
+            compiled = b.native.ModHooks(st, tr.calls, tr.module_paths, modules._root_of, b.roots,
+                                         b.internal, b.tid)
             mod_pre, mod_post = _outside_compilers(compiled.pre), _outside_compilers(compiled.post)
         # always_call: a forward that raises closes its call too (a caught error must not leave its
         # module open, or the nodes made after it would be given to that module)
-        self._handles.append(_ModuleHooks(mod_pre, mod_post))  # see NOTE [ one key for module hooks ]
-        self._undo.append(_quiet_global_hook_warning())
+        b.handles.append(_ModuleHooks(mod_pre, mod_post))  # see NOTE [ one key for module hooks ]
+        b.undo.append(_quiet_global_hook_warning())
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-        self._handles.append(register_optimizer_step_pre_hook(self._opt_pre))
-        self._handles.append(register_optimizer_step_post_hook(self._opt_post))
-        self._patch_engine()
-        self._undo.append(self._compiled.start())
+        b.handles.append(register_optimizer_step_pre_hook(modules._opt_pre))
+        b.handles.append(register_optimizer_step_post_hook(modules._opt_post))
+        self._engine._patch_engine()
+        b.undo.append(self._compiled.start())
         if src is not None:
-            if self._line_table is not None and hasattr(src, "line_of"):  # see NOTE [ where lines come from ]
-                src.line_of = self._line_table.here
+            if b.line_table is not None and hasattr(src, "line_of"):  # see NOTE [ where lines come from ]
+                src.line_of = b.line_table.here
             src.start()
-            self._source = src
-            self._undo.append(self._stop_source)
+            b.source = src
+            b.undo.append(self._stop_source)
             watch_alias = getattr(src, "watch_alias", None)
-            if watch_alias is not None and self._native is not None:
-                self._alias_watchers.append(watch_alias)
-                self._undo.append(self._alias_watchers.clear)
+            if watch_alias is not None and b.native is not None:
+                saves.alias_watchers.append(watch_alias)
+                b.undo.append(saves.alias_watchers.clear)
 
     def _stop_source(self) -> None:
-        src, self._source = self._source, None
+        b = self._block
+        src, b.source = b.source, None
         if src is not None:
-            self._trace.memory_trace = src.stop()
+            b.trace.memory_trace = src.stop()
 
     def _uninstall(self) -> None:
         first: BaseException | None = None
-        st = self._state
-        src = self._source
+        b = self._block
+        st = b.state
+        src = b.source
         while st.stack:  # module calls left open by an exception inside a forward
             _, call, token = st.stack.pop()
             call[C_SEQ1] = _compat.sequence_nr()
@@ -361,14 +345,14 @@ class record(SavedTensors, ModuleTracking, EngineInterception, GraphDiscovery, H
                     src.call_exit(token, "")
             except Exception as e:
                 first = first or e
-        for h in self._handles:
+        for h in b.handles:
             try:
                 h.remove()
             except BaseException as e:  # a KeyboardInterrupt here must not skip the rest
                 first = first or e
-        self._handles.clear()
-        while self._undo:
-            undo = self._undo.pop()
+        b.handles.clear()
+        while b.undo:
+            undo = b.undo.pop()
             try:
                 undo()
             except BaseException as e:
@@ -378,8 +362,8 @@ class record(SavedTensors, ModuleTracking, EngineInterception, GraphDiscovery, H
 
     def _context(self) -> tuple[int | None, int | None]:
         """(position in the step events, module call running) for online sources."""
-        st = self._state
-        step = len(self._trace.events) if st.bw is not None else None
+        st = self._block.state
+        step = len(self._block.trace.events) if st.bw is not None else None
         call = self._calls_index(st.stack[-1][1]) if st.stack else None
         return step, call
 

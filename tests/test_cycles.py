@@ -179,7 +179,7 @@ def test_python_hooks_are_not_cyclic(memory: str, monkeypatch: pytest.MonkeyPatc
             opt.step()
             opt.zero_grad()
         r = rec.recording
-        assert rec._native is None and r is not None and len(r.nodes) == n_nodes
+        assert rec._block.native is None and r is not None and len(r.nodes) == n_nodes
 
     assert_no_cycles(recorded)
 

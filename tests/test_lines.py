@@ -147,7 +147,7 @@ def _graphs() -> dict[str, Callable[[], None]]:
 def _lines_of(step: Callable[[], None], memory: str) -> dict[str, Any]:
     with gs.record(memory=memory) as rec:
         step()
-    save_lines = list(rec._trace.save_lines)
+    save_lines = list(rec._block.trace.save_lines)
     r = rec.recording
     assert r is not None
     # each line, and its stack up to this function (the callers outside differ between the runs)

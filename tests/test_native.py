@@ -185,7 +185,7 @@ def _capture(step: Callable[[], None], memory: str) -> dict[str, Any]:
     first appearance, numbers from the block's first), and what its recording says."""
     with gs.record(memory=memory) as rec:
         step()
-    trace = rec._trace
+    trace = rec._block.trace
     keys: dict[int, int] = {}
     ptrs: dict[int, int] = {}
     rows = []
@@ -299,8 +299,8 @@ def test_gradient_rows_name_the_gradients_storages(compiled: bool, monkeypatch: 
         dense = torch.autograd.grad(loss, [w, lr], create_graph=True)
         mixed = torch.autograd.grad((emb(torch.tensor([3])) @ w).sum(), [emb.weight, w])
         (dense[0].sum() * dense[1]).backward()
-    assert (rec._native is not None) == compiled  # the compiled walk ran (dropped at the block's end)
-    trace = rec._trace
+    assert (rec._block.native is not None) == compiled  # the compiled walk ran (dropped at the block's end)
+    trace = rec._block.trace
 
     def rows(i: int, tensors: list[torch.Tensor]) -> list[tuple[int, int, int, int]]:
         return [(i, t.untyped_storage()._cdata, t.untyped_storage().data_ptr(), trace.backwards[i].t1_ns)
@@ -363,7 +363,7 @@ def test_compiled_pass_hooks_mark_steps_and_come_off() -> None:
     torch.manual_seed(0)
     w = torch.randn(3, requires_grad=True)
     with gs.record(memory="off") as rec:
-        spy = rec._walker = Spy(rec._walker)
+        spy = rec._block.walker = Spy(rec._block.walker)
         loss = (w.exp().sum() - 1) ** 2  # SubBackward0 saves nothing: it needs a pre hook
         (g,) = torch.autograd.grad(loss, w, create_graph=True)
         bad = (w.exp() * 2).sum() - 1
@@ -384,8 +384,8 @@ def test_the_compiled_pair_is_the_one_recording() -> None:
     with gs.record(memory="off") as rec:
         _shared_storage()
     assert _native.status()["compiled"] is True, _native.status()
-    assert type(rec._pack).__name__ == "builtin_function_or_method"
-    assert rec._pack.__self__ is rec._unpack.__self__
+    assert type(rec._saves.pack).__name__ == "builtin_function_or_method"
+    assert rec._saves.pack.__self__ is rec._saves.unpack.__self__
     r = rec.recording
     # exp saves its 64-float output; mul saves y twice, sin its input, the last mul two tensors
     assert r.saved_bytes == 64 * 4 * 3
@@ -426,7 +426,7 @@ def test_weak_handles_are_pytorchs_own() -> None:
     x = torch.randn(8, requires_grad=True)
     with gs.record(memory="off") as rec:
         y = x.exp()
-        handle = rec._weak[-1]
+        handle = rec._saves.weak[-1]
         assert handle == y.untyped_storage()._cdata
         assert not torch.UntypedStorage._expired(handle)
         del y

@@ -145,7 +145,7 @@ def test_saves_an_in_place_op_makes_after_its_node_belong_to_that_node() -> None
     for _ in range(2):
         with gs.record(memory="off") as rec:
             _gru_loop(cell, xs).backward()
-        moved = len(rec._trace.seq_moves)  # before the first look, which lets go of the trace
+        moved = len(rec._block.trace.seq_moves)  # before the first look, which lets go of the trace
         r = rec.recording
         assert len(r.saved) == len(saves) and r.saved_bytes == sum(storages.values())
         assert not [n for n in r.notes if "freed before" in n]

@@ -32,7 +32,11 @@ import gradscope.memory as gmem
 
 # `gradscope.record` the attribute is the function; the module is reached through importlib.
 grec = importlib.import_module("gradscope.record")
-gdisc = importlib.import_module("gradscope.capture.discover")  # the recorder's learnt tables
+gdisc = importlib.import_module("gradscope.capture.discover")  # the recorder's learnt tables, graph discovery
+gsaves = importlib.import_module("gradscope.capture.saves")  # the recorder's parts (see gradscope.capture)
+gmods = importlib.import_module("gradscope.capture.modules")
+gheld = importlib.import_module("gradscope.capture.held")
+gengine = importlib.import_module("gradscope.capture.engine")
 
 # The originals, taken before any test records anything.
 _ORIGINAL = {
@@ -177,7 +181,7 @@ def test_user_code_outcomes_leave_nothing(case: str, memory: str) -> None:
 
 def _counting_pre_hooks(monkeypatch: pytest.MonkeyPatch, calls: list[str]) -> None:
     """Every node pre hook gradscope registers also appends to ``calls`` when it runs."""
-    make = grec.record._make_pre
+    make = gdisc.GraphDiscovery._make_pre
 
     def counting(self: Any, i: int, name: str) -> Callable[[Any], None]:
         hook = make(self, i, name)
@@ -188,7 +192,7 @@ def _counting_pre_hooks(monkeypatch: pytest.MonkeyPatch, calls: list[str]) -> No
 
         return pre
 
-    monkeypatch.setattr(grec.record, "_make_pre", counting)
+    monkeypatch.setattr(gdisc.GraphDiscovery, "_make_pre", counting)
 
 
 @pytest.mark.parametrize("memory", MEMORY)
@@ -270,28 +274,28 @@ def _failing_counter(exc: type[BaseException]) -> Callable[..., Any]:
 FAULTS: dict[str, tuple[Any, ...]] = {
     "pack": (gcompat, "sequence_nr_fn", RuntimeError, "off", "ok", _failing_counter(RuntimeError)),
     "pack_value_error": (gcompat, "sequence_nr_fn", ValueError, "tracker", "ok", _failing_counter(ValueError)),
-    "graph_walk_in_backward": (grec.record, "_discover", RuntimeError, "cpu", "gradscope"),
-    "read_saved": (grec.record, "_name_saves", RuntimeError, "off", "ok"),
-    "module_root": (grec.record, "_root_of", RuntimeError, "tracker", "ok"),
-    "settle_step": (grec.record, "_step_boundary", RuntimeError, "tracker", "ok"),
+    "graph_walk_in_backward": (gdisc.GraphDiscovery, "_discover", RuntimeError, "cpu", "gradscope"),
+    "read_saved": (gdisc.GraphDiscovery, "_name_saves", RuntimeError, "off", "ok"),
+    "module_root": (gmods.ModuleTracking, "_root_of", RuntimeError, "tracker", "ok"),
+    "settle_step": (gdisc.GraphDiscovery, "_step_boundary", RuntimeError, "tracker", "ok"),
     "finalize": (grec.record, "_finalize", RuntimeError, "cpu", "analysis"),
     "timeline": (gpasses, "memory_pass", RuntimeError, "cpu", "analysis"),
     "assign_modules": (gpasses, "modules_pass", RuntimeError, "off", "analysis"),
-    "frame_roots": (grec.record, "_at_block_end", RuntimeError, "tracker", "gradscope"),
+    "frame_roots": (gheld.HeldGraphs, "_at_block_end", RuntimeError, "tracker", "gradscope"),
     "profiler_events": (gmem.ProfilerSource, "_parse", RuntimeError, "cpu", "analysis"),
     "tracker_stop": (gmem.TrackerSource, "stop", RuntimeError, "tracker", "gradscope"),
     "profiler_start": (gmem.ProfilerSource, "start", RuntimeError, "cpu", "enter"),
     "tracker_start": (gmem.TrackerSource, "start", RuntimeError, "tracker", "enter"),
     "make_source": (grec, "make_source", RuntimeError, "cpu", "enter"),
-    "patch_engine": (grec.record, "_patch_engine", RuntimeError, "tracker", "enter"),
-    "join_patches": (importlib.import_module("gradscope.capture.engine"), "_join_patches", RuntimeError, "off",
+    "patch_engine": (gengine.EngineInterception, "_patch_engine", RuntimeError, "tracker", "enter"),
+    "join_patches": (gengine, "_join_patches", RuntimeError, "off",
                      "enter"),
     "module_hook_register": (gcompat, "add_global_module_hooks", RuntimeError, "cpu", "enter"),
     "tracker_observe": (gmem.TrackerSource, "_observe", RuntimeError, "tracker", "ok"),
     # KeyboardInterrupt arriving while gradscope's own code runs
     "interrupt_in_pack": (gcompat, "sequence_nr_fn", KeyboardInterrupt, "cpu", "raises",
                           _failing_counter(KeyboardInterrupt)),
-    "interrupt_in_graph_walk": (grec.record, "_discover", KeyboardInterrupt, "tracker", "raises"),
+    "interrupt_in_graph_walk": (gdisc.GraphDiscovery, "_discover", KeyboardInterrupt, "tracker", "raises"),
     "interrupt_in_finalize": (grec.record, "_finalize", KeyboardInterrupt, "off", "analysis_raises"),
     "interrupt_in_profiler_events": (gmem.ProfilerSource, "_parse", KeyboardInterrupt, "cpu", "analysis_raises"),
     "interrupt_in_tracker_stop": (gmem.TrackerSource, "stop", KeyboardInterrupt, "tracker", "raises"),
@@ -432,7 +436,7 @@ def test_saved_activation_storages_freed_with_graph() -> None:
     the model itself holds it (a saved weight), and that one goes with the model."""
     model, x = tiny_model()
     storages: list[Any] = []
-    orig_make = grec.record._make_pack
+    orig_make = gsaves.SavedTensors._make_pack
 
     def spying_make(self: Any) -> Any:
         pack, unpack = orig_make(self)
@@ -443,12 +447,12 @@ def test_saved_activation_storages_freed_with_graph() -> None:
 
         return spy, unpack
 
-    grec.record._make_pack = spying_make  # type: ignore[method-assign]
+    gsaves.SavedTensors._make_pack = spying_make  # type: ignore[method-assign]
     try:
         with gs.record(memory="tracker") as rec:
             loss = model(x.clone()).pow(2).mean()
     finally:
-        grec.record._make_pack = orig_make  # type: ignore[method-assign]
+        gsaves.SavedTensors._make_pack = orig_make  # type: ignore[method-assign]
     # x (mat1), the second weight (mat2, a view), tanh's output (result and mat1), pow's input
     assert len(rec.recording.saved) == len(storages) == 5
     assert _alive(storages) == 5

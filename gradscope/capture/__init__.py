@@ -1,7 +1,13 @@
 """The recorder's parts: :class:`gradscope.record.record` is a small facade over them.
 
+Each block makes one :class:`~gradscope.capture.state.Block` (what the parts share: the trace,
+the hooks' state, the options, the memory source, the handles to remove) and one object of each
+part, made with the Block and the parts it calls (saves <- discover <- engine, held), each
+keeping only its own state. Nothing kept after the block refers back to the recorder (NOTE [ no
+cycles through the recorder ] in ``saves``).
+
 - ``patches``: the process-wide engine patches shared by every thread's block, the active block;
-- ``state``: the hooks' state (one definition with the compiled hooks) and the parts' base;
+- ``state``: the hooks' state (one definition with the compiled hooks) and the :class:`Block`;
 - ``saves``: the saved-tensor hooks (pack, unpack, frees, other pairs);
 - ``modules``: module and optimizer tracking (the global module hooks);
 - ``engine``: the engine's entry point intercepted, a backward pass's start and end;

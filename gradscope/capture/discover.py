@@ -3,6 +3,7 @@ named (NOTE [ pack order ]), the few nodes hooked, and the per-class tables lear
 
 from __future__ import annotations
 
+import collections
 import itertools
 import operator
 import time
@@ -14,14 +15,16 @@ from typing import Any
 import torch
 
 from gradscope import _compat
+from gradscope._native.fields import WalkerTables
 from gradscope._trace import (
     EV_LIVE,
     EV_POST,
     EV_PRE,
     S_SEQ,
 )
-from gradscope._walk import node_key, node_name, walk
-from gradscope.capture.state import Part, _note_internal
+from gradscope._walk import _leaf_key, node_key, node_name, walk
+from gradscope.capture.saves import SavedTensors
+from gradscope.capture.state import Block
 from gradscope.errors import MemoryBudgetExceeded
 
 # Per node class: (name, saved tensor attributes, custom Function?, its one attribute if it has
@@ -93,31 +96,51 @@ def _type_info(fn: Any) -> tuple[str, tuple[tuple[str, str], ...], bool, str | N
     return info
 
 
-class GraphDiscovery(Part):
-    """The recorder's graph walk."""
+class GraphDiscovery:
+    """The recorder's graph walk (Python's, or the compiled walk, made here and shared through
+    the block) and what it learns of the block's nodes."""
+
+    __slots__ = ("b", "saves", "packed_seqs", "packed_upto", "hooked", "leaf_hooks", "acc_vars")
+
+    def __init__(self, b: Block, saves: SavedTensors) -> None:
+        self.b = b
+        self.saves = saves  # what the pack hook packed (names the saves)
+        self.packed_seqs: collections.Counter[int] = collections.Counter()  # node seq -> saves we packed
+        self.packed_upto = 0  # saves counted into packed_seqs so far
+        self.hooked: set[int] = set()  # nodes with a pre hook for the whole block
+        self.leaf_hooks: dict[int, Any] = {}  # see NOTE [ AccumulateGrad nodes come and go ]
+        self.acc_vars: dict[int, weakref.ref[torch.Tensor]] = {}  # AccumulateGrad node -> weak ref to its leaf
+        tr = b.trace
+        b.walker = None if b.native is None else b.native.Walker(  # see NOTE [ compiled walk ]
+            WalkerTables(index=tr.node_index, nodes=tr.nodes, edge_keys=tr.edge_keys, edge_dst=tr.edge_dst,
+                         packed=self.packed_seqs, seq_attr=tr.seq_attr, seq_order=tr.seq_order,
+                         hooked=self.hooked, leaf_hooks=self.leaf_hooks, type_info=_type_info,
+                         node_key=node_key, name_node=self._name_node, hook=self._hook, leaf_row=self._leaf_row,
+                         saves=tr.saves, acc_vars=self.acc_vars, leaf_key=_leaf_key))
 
     # ------------------------------------------------------------------ graph discovery
     def _packed(self, seq: int) -> bool:
         """Whether this recording's pack hook saved for the node numbered ``seq``."""
-        if self._walker is not None:
-            self._walker.count_packed()
-            return seq in self._packed_seqs
-        saves = self._trace.saves
-        if self._packed_upto < len(saves):
-            _count_elements(self._packed_seqs, map(_SEQ_OF, itertools.islice(saves, self._packed_upto, None)))
-            self._packed_upto = len(saves)
-        return seq in self._packed_seqs
+        walker = self.b.walker
+        if walker is not None:
+            walker.count_packed()
+            return seq in self.packed_seqs
+        saves = self.b.trace.saves
+        if self.packed_upto < len(saves):
+            _count_elements(self.packed_seqs, map(_SEQ_OF, itertools.islice(saves, self.packed_upto, None)))
+            self.packed_upto = len(saves)
+        return seq in self.packed_seqs
 
     def _discover(self, roots: list[Any], keys: list[Any] | None = None, since: int | None = None) -> None:
         """Walk from ``roots`` through nodes not walked before, appending node and edge rows,
         naming saves and hooking the nodes whose steps the unpack hook cannot see (``keys``: the
         roots' keys, where the caller has them). ``since``: a sequence number below which a node
         not walked before is not entered (see NOTE [ the block's nodes ]); that walk is Python's."""
-        trace = self._trace
-        src = self._source
+        trace = self.b.trace
+        src = self.b.source
         hook_all = src is not None and src.node_hooks
-        hooking = self._hooking
-        walker = self._walker
+        hooking = self.b.hooking
+        walker = self.b.walker
         acc_known: Any = NotImplemented
         if walker is not None and since is None:  # see NOTE [ compiled walk ] in gradscope._native: the whole of this
             live = roots if keys is not None else [r for r in roots if r is not None]
@@ -127,10 +150,10 @@ class GraphDiscovery(Part):
         if acc_known is NotImplemented:
             self._packed(-1)
             nodes, index, edge_keys = trace.nodes, trace.node_index, trace.edge_keys
-            for i, ref in list(self._acc_vars.items()):
+            for i, ref in list(self.acc_vars.items()):
                 if ref() is None:  # a leaf that died: its id() may name a new leaf now
                     index.pop(nodes[i][0], None)
-                    del self._acc_vars[i]
+                    del self.acc_vars[i]
             acc_edges, acc_known = self._walk_nodes(roots, hooking, hook_all, since)
             for p in acc_edges:  # every key of this walk is indexed now; a leaf's key may name another later
                 j = index.get(edge_keys[p])
@@ -140,7 +163,7 @@ class GraphDiscovery(Part):
     def _rehook_known(self, acc_known: dict[Any, Any]) -> None:
         """The AccumulateGrad nodes a walk met that were walked before (key -> a parent node): a
         leaf's node may be a new one, to hook again (see _rehook_leaf)."""
-        src = self._source
+        src = self.b.source
         hook_all = src is not None and src.node_hooks
         for k, fn in acc_known.items():
             self._rehook_leaf(fn, k, post=hook_all)
@@ -150,8 +173,8 @@ class GraphDiscovery(Part):
         """The walk of _discover in Python (where the compiled walk is not in use, or a root is not
         a node it reads): the positions in edge_keys of AccumulateGrad keys, and a parent of each
         AccumulateGrad node walked before."""
-        trace = self._trace
-        packed = self._packed_seqs
+        trace = self.b.trace
+        packed = self.packed_seqs
         nodes, index = trace.nodes, trace.node_index
         edge_keys = trace.edge_keys
         key_out, dst_out = edge_keys.append, trace.edge_dst.append
@@ -219,12 +242,12 @@ class GraphDiscovery(Part):
         """The saves of a node made in the block whose class's learnt order does not name them
         (both walks call this): a learnt order for its pattern of saves, else they are read (and
         the orders learnt), or counted when another pair packed them."""
-        packed = self._packed_seqs
+        packed = self.packed_seqs
         if ours:
             okey = (type(fn), packed[key], absent)
             rule = _ORDERS.get(okey)
             if rule is not None and (not rule[1] or self._move_saves(key, rule[1])):
-                self._trace.seq_order[key] = rule[0]  # fewer saves than attributes: see NOTE [ pack order ]
+                self.b.trace.seq_order[key] = rule[0]  # fewer saves than attributes: see NOTE [ pack order ]
                 return
         try:
             if ours:
@@ -232,10 +255,10 @@ class GraphDiscovery(Part):
                 read = self._name_saves(fn, key, attrs)
                 _learn_order(type(fn), read, len(attrs), moves=False)
                 _learn_order(okey, read, n, moves=True)
-            elif key >= self._trace.seq0:
+            elif key >= self.b.trace.seq0:
                 self._count_unseen(fn, key, attrs)
         except Exception as e:  # a node whose saves cannot be read: noted, the walk goes on
-            self._internal(e)
+            self.b.internal(e)
 
     def _leaf_row(self, fn: Any, i: int, key: Any, name: str, custom: bool, hooking: bool, hook_all: bool) -> None:
         """An AccumulateGrad node's row (both walks call this): its leaf names it."""
@@ -243,14 +266,14 @@ class GraphDiscovery(Part):
         leaf_shape = None
         try:
             var = fn.variable
-            self._acc_vars[i] = weakref.ref(var)
+            self.acc_vars[i] = weakref.ref(var)
             leaf_shape = tuple(var.shape)
-            named = self._param_by_id.get(id(var))
+            named = self.b.param_by_id.get(id(var))
             if named is not None and named[0]() is var:
                 leaf = (named[1], named[2])
         except (AttributeError, RuntimeError):
             pass
-        self._trace.nodes.append((key, _compat.ACC_SEQ, name, leaf, leaf_shape, custom))
+        self.b.trace.nodes.append((key, _compat.ACC_SEQ, name, leaf, leaf_shape, custom))
         if hooking:
             self._hook_leaf(fn, i, name, post=hook_all)
 
@@ -258,7 +281,7 @@ class GraphDiscovery(Part):
         """Attribute names of one node's saves (see NOTE [ which node saved a tensor ]); the
         ``(save index, label, offset)`` it named (offset: the save's first number minus the node's,
         see _reattribute), None when a list attribute was among them."""
-        trace = self._trace
+        trace = self.b.trace
         if len(attrs) == 1 and type(fn) not in _LISTS:
             raw = getattr(fn, attrs[0][1], None)
             if isinstance(raw, list | tuple):
@@ -270,7 +293,7 @@ class GraphDiscovery(Part):
                 return None
         names = trace.save_attr
         named: list[tuple[int, str, int]] | None = []
-        if not self._caps.saved_data:
+        if not self.b.caps.saved_data:
             for attr, raw_attr in attrs:
                 raws, listed = _compat.raw_saved_listed(fn, raw_attr)
                 many = _indexed(attr, listed, len(raws))
@@ -282,8 +305,8 @@ class GraphDiscovery(Part):
                         named += got
             return named
         # each raw saved variable shows what our pack hook returned for it (one getattr each)
-        packed_by, not_visible, unpack = _compat.packed_by, _compat.NOT_VISIBLE, self._unpack
-        info_get, saves = self._packed_info.get, trace.saves
+        packed_by, not_visible, unpack = _compat.packed_by, _compat.NOT_VISIBLE, self.saves.unpack
+        info_get, saves = self.saves.packed_info.get, trace.saves
         for attr, raw_attr in attrs:
             try:
                 raw = getattr(fn, raw_attr, None)
@@ -318,7 +341,7 @@ class GraphDiscovery(Part):
                            names: dict[int, str]) -> list[tuple[int, str, int]]:
         """Older torch: read the attribute; our unpack hook notes which saves it returned. Only
         nodes whose saves we packed get here, so no other pair's unpack hook runs."""
-        st = self._state
+        st = self.b.state
         st.reading = []
         try:
             try:
@@ -333,7 +356,7 @@ class GraphDiscovery(Part):
         out = []
         seq = int(_compat.node_seq(fn))
         for k, sid in enumerate(read):
-            offset = self._trace.saves[sid][S_SEQ] - seq
+            offset = self.b.trace.saves[sid][S_SEQ] - seq
             if offset:
                 self._reattribute(sid, seq)
             names[sid] = label if label is not None else (attr if len(read) == 1 and attr != "saved_tensors"
@@ -346,11 +369,11 @@ class GraphDiscovery(Part):
         number ]): where each such number has exactly the one save of ours and no node walked so
         far, the analysis moves it to this node (only if no node has that number by then).
         False where the pattern does not hold: the node is read instead."""
-        packed, index = self._packed_seqs, self._trace.node_index
+        packed, index = self.packed_seqs, self.b.trace.node_index
         if any(packed.get(seq + d, 0) != 1 or seq + d in index for d, _ in moves):
             return False
         for d, label in moves:
-            self._trace.seq_moves[seq + d] = (seq, label)
+            self.b.trace.seq_moves[seq + d] = (seq, label)
         return True
 
     def _reattribute(self, sid: int, seq: int) -> None:
@@ -361,9 +384,9 @@ class GraphDiscovery(Part):
         variable holds our packed value is the saver; its save moves there (a GRU cell step on
         CPU saves two tensors so). Nodes that learnt the pattern move theirs without a read
         (see _move_saves)."""
-        saves = self._trace.saves
+        saves = self.b.trace.saves
         row = saves[sid]
-        packed = self._packed_seqs
+        packed = self.packed_seqs
         old = row[S_SEQ]
         packed[old] -= 1
         if packed[old] <= 0:
@@ -383,18 +406,18 @@ class GraphDiscovery(Part):
         there the nodes made while another pair was on top are known (see NOTE [ other pairs on
         an older torch ]) and their saved variables are counted, Nones included, and the note
         says so."""
-        for lo, hi in self._func_seq:
+        for lo, hi in self.saves.func_seq:
             if lo <= seq and (hi < 0 or seq < hi):
                 return  # see NOTE [ torch.func and our hooks ]: said in the notes already
-        trace = self._trace
-        others = any(lo <= seq and (hi < 0 or seq < hi) for lo, hi in self._other_seq)
+        trace = self.b.trace
+        others = any(lo <= seq and (hi < 0 or seq < hi) for lo, hi in self.saves.other_seq)
         for attr, raw_attr in attrs:
             raws, listed = _compat.raw_saved_listed(fn, raw_attr)
             read = False
             for k, raw in enumerate(raws):
                 hook = _compat.unpack_hook_of(raw)
-                if hook is self._unpack:  # ours, packed under another number
-                    sid = self._packed_info.get(id(_compat.packed_value(raw)))
+                if hook is self.saves.unpack:  # ours, packed under another number
+                    sid = self.saves.packed_info.get(id(_compat.packed_value(raw)))
                     if sid is not None:
                         self._reattribute(sid, seq)
                         trace.save_attr[sid] = f"{attr}[{k}]" if _indexed(attr, listed, len(raws)) else attr
@@ -413,7 +436,7 @@ class GraphDiscovery(Part):
                 try:
                     self._read_by_unpacking(fn, attr, None if many else attr, trace.save_attr)
                 except Exception as e:
-                    self._internal(e)
+                    self.b.internal(e)
 
     def _hook_leaf(self, fn: Any, i: int, name: str, post: bool) -> None:
         """NOTE [ AccumulateGrad nodes come and go ]: a leaf's AccumulateGrad node lives only while
@@ -421,31 +444,31 @@ class GraphDiscovery(Part):
         recording, its key being the leaf). Its hooks are kept per node index, and a leaf whose
         hooked node died gets its new node hooked when a walk meets it (see _rehook_leaf)."""
         pre = fn.register_prehook(self._make_pre(i, name))
-        self._handles.append(pre)
-        self._leaf_hooks[i] = pre
+        self.b.handles.append(pre)
+        self.leaf_hooks[i] = pre
         if post:
-            self._handles.append(fn.register_hook(self._make_post(i)))
+            self.b.handles.append(fn.register_hook(self._make_post(i)))
 
     def _rehook_leaf(self, parent: Any, key: Any, post: bool) -> None:
-        i = self._trace.node_index.get(key)
+        i = self.b.trace.node_index.get(key)
         if i is None:
             return
-        h = self._leaf_hooks.get(i)
+        h = self.leaf_hooks.get(i)
         if h is not None and h.hooks_dict_ref() is not None:
             return  # the node we hooked is the leaf's node still (one lives at a time)
 
         for nxt, _ in parent.next_functions:
             if nxt is not None and node_key(nxt) == key:
-                self._hook_leaf(nxt, i, self._trace.nodes[i][2], post)
+                self._hook_leaf(nxt, i, self.b.trace.nodes[i][2], post)
                 return
 
     def _hook(self, fn: Any, i: int, name: str, post: bool) -> None:
-        if i in self._hooked:
+        if i in self.hooked:
             return
-        self._hooked.add(i)
-        self._handles.append(fn.register_prehook(self._make_pre(i, name)))
+        self.hooked.add(i)
+        self.b.handles.append(fn.register_prehook(self._make_pre(i, name)))
         if post:
-            self._handles.append(fn.register_hook(self._make_post(i)))
+            self.b.handles.append(fn.register_hook(self._make_post(i)))
 
     def _hook_for_pass(self, roots: list[Any], keys: list[Any], stop: set[Any], into: list[Any]) -> None:
         """Pre hooks for one create_graph pass on every node it may run that has none yet and
@@ -453,14 +476,14 @@ class GraphDiscovery(Part):
         see NOTE [ how steps are seen ]); the walk starts at ``roots`` (their ``keys``) and stops at
         ``stop``, the keys of the ``inputs=`` nodes, which the engine does not run past."""
 
-        index = self._trace.node_index
-        names = self._trace.nodes
+        index = self.b.trace.node_index
+        names = self.b.trace.nodes
         self._packed(-1)
-        packed, hooked, leaf_hooks = self._packed_seqs, self._hooked, self._leaf_hooks
-        walker = self._walker
+        packed, hooked, leaf_hooks = self.packed_seqs, self.hooked, self.leaf_hooks
+        walker = self.b.walker
         if walker is not None:  # see NOTE [ compiled walk ] in gradscope._native
-            if self._source is None and self._frees_once_a_pass:  # see NOTE [ compiled pass hooks ] in walk.cc
-                found = walker.hook_pass(roots, keys, stop, self._state, self._trace.events)
+            if self.b.source is None and self.saves.frees_once_a_pass:  # see NOTE [ compiled pass hooks ] in walk.cc
+                found = walker.hook_pass(roots, keys, stop, self.b.state, self.b.trace.events)
                 if found is not NotImplemented:
                     into.append(found)
                     return
@@ -476,8 +499,8 @@ class GraphDiscovery(Part):
                 into.append(fn.register_prehook(self._make_pre(i, names[i][2])))
 
     def _make_pre(self, i: int, name: str) -> Callable[[Any], None]:
-        st = self._state
-        events_append = self._trace.events.append
+        st = self.b.state
+        events_append = self.b.trace.events.append
         seq = _compat.sequence_nr_fn()
         time_ns = time.time_ns
         boundary = self._step_boundary
@@ -492,13 +515,13 @@ class GraphDiscovery(Part):
                 except MemoryBudgetExceeded:
                     raise
                 except Exception as e:
-                    self._internal(e)
+                    self.b.internal(e)
 
         return pre
 
     def _make_post(self, i: int) -> Callable[[Any, Any], None]:
-        st = self._state
-        events_append = self._trace.events.append
+        st = self.b.state
+        events_append = self.b.trace.events.append
         time_ns = time.time_ns
 
         def post(grad_inputs: Any, grad_outputs: Any) -> None:
@@ -510,18 +533,16 @@ class GraphDiscovery(Part):
     def _step_boundary(self, name: str | None) -> None:
         """Between two steps (or at a pass's end): frees of the last step's saves, the source's
         reading after the last step (``"X done"``) and before the next one (``name``)."""
-        st = self._state
-        if st.pending and (name is None or not self._frees_once_a_pass):  # see NOTE [ frees checked once a pass ]
-            self._check_frees()
-        src = self._source
+        b = self.b
+        st = b.state
+        if st.pending and (name is None or not self.saves.frees_once_a_pass):  # see NOTE [ frees checked once a pass ]
+            self.saves.check_frees()
+        src = b.source
         if src is not None and src.node_hooks:
             prev = st.prev_node
             if prev is not None and src.marks_steps:
-                src.mark(self._trace.nodes[prev][2] + " done")
+                src.mark(b.trace.nodes[prev][2] + " done")
             if prev is not None or name is not None:
-                self._trace.events.append((EV_LIVE, prev if prev is not None else -1, time.time_ns(), src.live()))
+                b.trace.events.append((EV_LIVE, prev if prev is not None else -1, time.time_ns(), src.live()))
             if name is not None and src.marks_steps:
                 src.mark(name)
-
-    def _internal(self, e: BaseException) -> None:
-        _note_internal(self._trace.notes, e)

@@ -19,6 +19,7 @@ from gradscope._trace import (
 )
 from gradscope._walk import keys_of, node_key, roots_of
 from gradscope.capture import discover as _discovery  # its tables, read where patched
+from gradscope.capture.discover import GraphDiscovery
 from gradscope.capture.patches import (
     _engine_dispatch,
     _func_guard,
@@ -27,22 +28,32 @@ from gradscope.capture.patches import (
     _pair_enter,
     _pair_exit,
 )
-from gradscope.capture.state import Part
+from gradscope.capture.saves import SavedTensors
+from gradscope.capture.state import Block
 
 
-class EngineInterception(Part):
-    """The recorder's view of each backward pass."""
+class EngineInterception:
+    """The recorder's view of each backward pass: the engine's entry point patched (see NOTE
+    [ shared patches ]); a pass's new nodes found by graph discovery, its steps by the saves'
+    hooks."""
+
+    __slots__ = ("b", "saves", "discovery")
+
+    def __init__(self, b: Block, saves: SavedTensors, discovery: GraphDiscovery) -> None:
+        self.b = b
+        self.saves = saves
+        self.discovery = discovery
 
     # ------------------------------------------------------------------ engine interception
     def _patch_engine(self) -> None:
         ag = _compat.engine_entry_module()
         if ag is not None:  # see NOTE [ shared patches ]
-            self._undo.append(lambda: _leave_patches(self))
+            self.b.undo.append(lambda: _leave_patches(self))
             patches: list[tuple[Any, str, Callable[[Any], Any]]] = [(ag, _compat.ENGINE_ENTRY, _engine_dispatch)]
             agg = _compat.disable_hooks_module()
             if agg is not None:
                 patches.append((agg, "disable_saved_tensors_hooks", _func_guard))
-            if not self._caps.saved_hook:  # see NOTE [ other pairs on an older torch ]
+            if not self.b.caps.saved_hook:  # see NOTE [ other pairs on an older torch ]
                 pairs = _compat.hooks_class()
                 patches += [(pairs, "__enter__", _pair_enter), (pairs, "__exit__", _pair_exit)]
             _join_patches(self, patches)
@@ -67,12 +78,13 @@ class EngineInterception(Part):
             def restore() -> None:
                 agm.backward, agm.grad = orig_b, orig_g
 
-            self._undo.append(restore)
+            self.b.undo.append(restore)
 
     def _run_backward(self, orig: Callable[..., Any], t_outputs: Any, args: tuple[Any, ...],
                       kwargs: dict[str, Any]) -> Any:
-        st = self._state
-        if threading.get_ident() != self._tid or st.bw is not None or st.func_depth or _compat.is_compiling():
+        b = self.b
+        st = b.state
+        if threading.get_ident() != b.tid or st.bw is not None or st.func_depth or _compat.is_compiling():
             # Another thread, a backward started from inside a node (reentrant checkpoint), a
             # torch.func region, or a compiler tracing a graph: run it unobserved (the nodes of the
             # user's graph are still found later).
@@ -81,37 +93,37 @@ class EngineInterception(Part):
         if any(type(t) is not torch.Tensor and _compat.is_fake(t) for t in outputs):
             return orig(t_outputs, *args, **kwargs)  # a compiler tracing a backward: not the user's
         call = _compat.engine_call(args, kwargs)
-        trace = self._trace
+        trace = b.trace
         row = BackwardRow(api="backward" if call.accumulate_grad else "autograd.grad",
                           create_graph=call.create_graph, retain_graph=call.retain_graph, roots=[],
                           inputs=[], seq0=_compat.sequence_nr(), t0_ns=time.time_ns(),
                           ev0=len(trace.events))
         index = len(trace.backwards)
         trace.backwards.append(row)
-        src = self._source
+        src = b.source
         token = src.call_enter("backward", index, "") if src is not None and src.marks_calls else None
         temporary: list[Any] = []
         result: Any = None
         done = False
         try:
             try:
-                walker = self._walker
-                compiled_hooks = call.create_graph and src is None and self._frees_once_a_pass
+                walker = b.walker
+                compiled_hooks = call.create_graph and src is None and self.saves.frees_once_a_pass
                 started: Any = NotImplemented
                 was = gc.isenabled()  # see NOTE [ no collection while rows are made ] (inline: every pass)
                 gc.disable()
                 try:
                     if walker is not None:  # see NOTE [ a pass in two calls ] in walk.cc
-                        started = walker.pass_start(outputs, call.inputs, compiled_hooks, self._hooking,
+                        started = walker.pass_start(outputs, call.inputs, compiled_hooks, b.hooking,
                                                     src is not None and src.node_hooks, trace.seq0, _discovery._TYPES, _discovery._ORDERS,
                                                     st, trace.events)
                     if started is NotImplemented:
                         roots, keys = self._roots_keys(outputs)
                         input_keys = self._roots_keys(call.inputs, make=False)[1]
-                        self._discover(roots, keys)
+                        self.discovery._discover(roots, keys)
                     else:
                         acc_known, row.roots, row.inputs, hooks, roots, keys, input_keys = started
-                        self._rehook_known(acc_known)
+                        self.discovery._rehook_known(acc_known)
                         if hooks is not None:
                             temporary.append(hooks)
                 finally:
@@ -123,12 +135,12 @@ class EngineInterception(Part):
                     row.roots = [idx[k] for k in keys if k in idx]
                     row.inputs = [idx[k] for k in input_keys if k in idx]
                 if call.create_graph and not temporary:
-                    self._hook_for_pass(roots, keys, set(input_keys), temporary)
+                    self.discovery._hook_for_pass(roots, keys, set(input_keys), temporary)
                 del roots
             except Exception as e:  # the user's backward runs whatever happens to observing
-                self._internal(e)
+                b.internal(e)
             st.bw = row
-            st.marks = self._memory == "off" or (call.create_graph and not (src is not None and src.node_hooks))
+            st.marks = b.memory == "off" or (call.create_graph and not (src is not None and src.node_hooks))
             row.seq0 = _compat.sequence_nr()
             row.ev0 = len(trace.events)
             try:
@@ -145,9 +157,9 @@ class EngineInterception(Part):
         finally:
             try:
                 try:
-                    self._step_boundary(None)
+                    self.discovery._step_boundary(None)
                 except Exception as e:
-                    self._internal(e)
+                    b.internal(e)
             finally:  # whatever the boundary raised, the pass ends and its hooks go
                 st.bw = None
                 st.marks = False
@@ -162,7 +174,7 @@ class EngineInterception(Part):
                 try:
                     src.call_exit(token, "")
                 except Exception as e:
-                    self._internal(e)
+                    b.internal(e)
             if done or row.api == "backward":
                 # The gradients it made (a backward that raised: the .grad of the leaves it
                 # accumulated into before the failure, which stay); after a create_graph=True pass,
@@ -170,32 +182,33 @@ class EngineInterception(Part):
                 try:
                     self._gradient_keys(index, row, result)
                 except Exception as e:
-                    self._internal(e)
+                    b.internal(e)
 
     def _gradient_keys(self, index: int, row: BackwardRow, result: Any) -> None:
         """Storages of the gradients a pass made, for the GRADIENT category: the returned
         gradients of ``autograd.grad``, or the ``.grad`` of every leaf it accumulated into."""
+        b = self.b
         tensors: list[Any] = []
         if row.api == "autograd.grad":
             tensors = [t for t in (result if isinstance(result, list | tuple) else (result,))
                        if isinstance(t, torch.Tensor)]
         else:
-            acc_vars = self._acc_vars  # the leaves whose node ran, in the order they ran
-            ran = dict.fromkeys(e[1] for e in itertools.islice(self._trace.events, row.ev0, row.ev1) if e[0] == EV_PRE)
+            acc_vars = self.discovery.acc_vars  # the leaves whose node ran, in the order they ran
+            ran = dict.fromkeys(e[1] for e in itertools.islice(b.trace.events, row.ev0, row.ev1) if e[0] == EV_PRE)
             for ident in [i for i in ran if i in acc_vars]:
                 var = acc_vars[ident]()
                 if var is not None and var.grad is not None:
                     tensors.append(var.grad)
-        keys = self._trace.gradient_keys
-        walker = self._walker
+        keys = b.trace.gradient_keys
+        walker = b.walker
         if walker is not None:  # see NOTE [ a pass in two calls ] in walk.cc
-            src = self._source
-            acc_known = walker.pass_end(tensors, index, row.t1_ns, keys, row.create_graph, self._hooking,
-                                        src is not None and src.node_hooks, self._trace.seq0,
+            src = b.source
+            acc_known = walker.pass_end(tensors, index, row.t1_ns, keys, row.create_graph, b.hooking,
+                                        src is not None and src.node_hooks, b.trace.seq0,
                                         _discovery._TYPES, _discovery._ORDERS)
             if acc_known is not NotImplemented:
                 if acc_known is not None:
-                    self._rehook_known(acc_known)
+                    self.discovery._rehook_known(acc_known)
                 return
         for t in tensors:  # a tensor the compiled call does not read (nothing of it was appended)
             try:
@@ -204,13 +217,13 @@ class EngineInterception(Part):
             except (RuntimeError, NotImplementedError):
                 pass
         if row.create_graph:
-            self._discover(*self._roots_keys(tensors))
+            self.discovery._discover(*self._roots_keys(tensors))
 
     def _roots_keys(self, values: Any, make: bool = True) -> tuple[list[Any], list[Any]]:
         """The graph nodes behind ``values`` and their keys (``make``: roots_of and node_key), or
         their keys only, without making a leaf's node (keys_of): compiled where the walk is."""
-        if self._walker is not None:
-            got = self._walker.roots(values, make)
+        if self.b.walker is not None:
+            got = self.b.walker.roots(values, make)
             if got is not NotImplemented:
                 return got
         if not make:

@@ -15,7 +15,8 @@ import torch
 from torch import nn
 
 from gradscope import _compat, _names
-from gradscope.capture.state import Part
+from gradscope.capture.discover import GraphDiscovery
+from gradscope.capture.state import Block
 
 # NOTE [ the block's nodes ]: a notebook keeps earlier cells' results alive (an ``out`` whose graph
 # is still there, a list of losses), and a script's globals hold the last step's graph while the
@@ -115,8 +116,14 @@ def _frame_namespaces(frame: Any) -> tuple[Mapping[str, Any] | None, Mapping[str
     return copy, global_ns
 
 
-class HeldGraphs(Part):
-    """The recorder's walk of what the block left behind."""
+class HeldGraphs:
+    """The recorder's walk of what the block left behind (through graph discovery)."""
+
+    __slots__ = ("b", "discovery")
+
+    def __init__(self, b: Block, discovery: GraphDiscovery) -> None:
+        self.b = b
+        self.discovery = discovery
 
     # ------------------------------------------------------------------ end of the block
     def _at_block_end(self, frame: Any, tb: Any) -> None:
@@ -135,22 +142,23 @@ class HeldGraphs(Part):
                 if loc is not None:
                     values += list(loc.values())
             tb = tb.tb_next
-        seq0 = self._trace.seq0
-        index = self._trace.node_index
+        b = self.b
+        seq0 = b.trace.seq0
+        index = b.trace.node_index
         roots = [fn for fn in _held_graphs(values) if _made_since(fn, seq0, index)]
-        for ref in self._roots:
+        for ref in b.roots:
             t = ref()
             fn = t.grad_fn if t is not None else None
             if fn is not None and _made_since(fn, seq0, index):
                 roots.append(fn)
-        self._roots.clear()
+        b.roots.clear()
         del values
-        self._hooking = False  # everything is uninstalled: this walk only reads
+        b.hooking = False  # everything is uninstalled: this walk only reads
         try:
-            self._discover(roots, since=seq0)
+            self.discovery._discover(roots, since=seq0)
         finally:
             del roots
-        mods = [r() for r in self._root_mods]
-        self._trace.root_names = _names.names_in_frame(mods, local_ns, global_ns)
+        mods = [r() for r in b.root_mods]
+        b.trace.root_names = _names.names_in_frame(mods, local_ns, global_ns)
         del mods
-        self._acc_vars.clear()
+        self.discovery.acc_vars.clear()

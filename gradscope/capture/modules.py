@@ -20,7 +20,7 @@ from gradscope._trace import (
     C_SEQ1,
     C_T1,
 )
-from gradscope.capture.state import Part
+from gradscope.capture.state import Block
 
 
 def _quiet_global_hook_warning() -> Callable[[], None]:
@@ -110,41 +110,51 @@ def _outside_compilers(hook: Callable[..., None]) -> Callable[..., None]:
     return call
 
 
-class ModuleTracking(Part):
-    """The recorder's module and optimizer hooks."""
+class ModuleTracking:
+    """The recorder's module and optimizer hooks: the open module calls, the root modules, the
+    optimizers' phases."""
+
+    __slots__ = ("b", "given", "root_index")
+
+    def __init__(self, b: Block, given: list[tuple[str, nn.Module]]) -> None:
+        self.b = b
+        self.given = given  # modules= as [(name, module)]
+        self.root_index: dict[int, int] = {}  # id(root module) -> its root index
 
     # ------------------------------------------------------------------ modules and optimizers
     def _mod_pre(self, module: nn.Module, args: Any) -> None:
-        if _compat.is_compiling() or threading.get_ident() != self._tid:
+        b = self.b
+        if _compat.is_compiling() or threading.get_ident() != b.tid:
             return  # see NOTE [ hooks inside compiled modules ] in gradscope._compat
         try:
-            st = self._state
-            calls = self._trace.calls
+            st = b.state
+            calls = b.trace.calls
             if st.stack:
                 parent = st.stack[-1][1]
                 root, parent_rel = parent[0], parent[1]
             else:
                 root, parent_rel = self._root_of(module), None
-            rel = self._trace.module_paths[root].get(id(module))
+            rel = b.trace.module_paths[root].get(id(module))
             cls = type(module).__name__
             if rel is None:
                 rel = cls if parent_rel in (None, "") else f"{parent_rel}.{cls}"
             idx = len(calls)
             call = [root, rel, _compat.sequence_nr(), -1, time.time_ns(), 0, idx, cls]
             calls.append(call)
-            src = self._source
+            src = b.source
             token = src.call_enter("module", idx, cls) if src is not None and src.marks_calls else None
             call[2] = _compat.sequence_nr()
             st.stack.append((module, call, token))
         except Exception as e:  # observing must never break the model
-            self._internal(e)
+            b.internal(e)
 
     def _mod_post(self, module: nn.Module, args: Any, output: Any) -> None:
-        if _compat.is_compiling() or threading.get_ident() != self._tid:
+        b = self.b
+        if _compat.is_compiling() or threading.get_ident() != b.tid:
             return  # see NOTE [ hooks inside compiled modules ] in gradscope._compat
         try:
-            st = self._state
-            src = self._source
+            st = b.state
+            src = b.source
             while st.stack:
                 m, call, token = st.stack.pop()
                 call[C_SEQ1] = _compat.sequence_nr()
@@ -155,25 +165,26 @@ class ModuleTracking(Part):
                     break
             # plain tensors only: a compiler tracing the module (fake tensors) makes no graph of ours
             if type(output) is torch.Tensor and not output.is_leaf:  # has a grad_fn (none made here)
-                self._roots.append(weakref.ref(output))
+                b.roots.append(weakref.ref(output))
         except Exception as e:
-            self._internal(e)
+            b.internal(e)
 
     def _root_of(self, module: nn.Module) -> int:
-        idx = self._root_index.get(id(module))
-        if idx is not None and self._root_mods[idx]() is module:
+        b = self.b
+        idx = self.root_index.get(id(module))
+        if idx is not None and b.root_mods[idx]() is module:
             return idx
-        tr = self._trace
+        tr = b.trace
         idx = len(tr.roots)
-        self._root_index[id(module)] = idx
-        given = _names.given_name(module, self._given)
+        self.root_index[id(module)] = idx
+        given = _names.given_name(module, self.given)
         tr.roots.append((type(module).__name__, given))
-        self._root_mods.append(weakref.ref(module))
+        b.root_mods.append(weakref.ref(module))
         tr.module_paths.append({id(m): name for name, m in module.named_modules()})
         for kind, named in (("parameter", module.named_parameters()), ("buffer", module.named_buffers())):
             for name, p in named:
                 if kind == "parameter":
-                    self._param_by_id[id(p)] = (weakref.ref(p), idx, name)
+                    b.param_by_id[id(p)] = (weakref.ref(p), idx, name)
                 if is_lazy(p):  # a lazy module's parameter before its first call has no storage yet
                     continue
                 k = _compat.storage_key(p)
@@ -183,11 +194,11 @@ class ModuleTracking(Part):
         return idx
 
     def _opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if threading.get_ident() == self._tid:
-            self._trace.optimizer_steps.append([type(optimizer).__name__, time.time_ns(), 0,
+        if threading.get_ident() == self.b.tid:
+            self.b.trace.optimizer_steps.append([type(optimizer).__name__, time.time_ns(), 0,
                                                 _compat.sequence_nr(), -1])
 
     def _opt_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if threading.get_ident() == self._tid and self._trace.optimizer_steps:
-            row = self._trace.optimizer_steps[-1]
+        if threading.get_ident() == self.b.tid and self.b.trace.optimizer_steps:
+            row = self.b.trace.optimizer_steps[-1]
             row[2], row[4] = time.time_ns(), _compat.sequence_nr()

@@ -1,5 +1,6 @@
 """Engine interception's process-wide patches, shared by the blocks of every thread (see NOTE
-[ shared patches ]), and the block running on this thread (``_active``)."""
+[ shared patches ]; each thread's block is there as its engine interception part), and the block
+running on this thread (``_active``: the recorder)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def packed_here(fn: Any) -> bool:
     rec = getattr(_active, "rec", None)
     if rec is None:
         return False
-    return rec._packed(_compat.node_sequence_nr(fn))
+    return bool(rec._discovery._packed(_compat.node_sequence_nr(fn)))
 
 # NOTE [ shared patches ]: the engine's entry point and torch.func's hooks guard are process-wide,
 # but recordings are per thread and may end in any order (a widget re-measuring in a background
@@ -28,7 +29,7 @@ def packed_here(fn: Any) -> bool:
 # is active; it sends each call to the recording of the calling thread (or straight through), and
 # the original comes back when the last recording ends, whatever the order.
 _patch_lock = threading.Lock()
-_patch_users: dict[int, Any] = {}  # thread id -> active recorder
+_patch_users: dict[int, Any] = {}  # thread id -> the active recorder's EngineInterception
 _patch_saved: dict[tuple[Any, str], Any] = {}  # (module, attribute) -> original
 
 
@@ -39,12 +40,12 @@ def _join_patches(rec: Any, patches: list[tuple[Any, str, Callable[[Any], Any]]]
                 orig = getattr(obj, attr)
                 _patch_saved[(obj, attr)] = orig
                 setattr(obj, attr, make(orig))
-        _patch_users[rec._tid] = rec
+        _patch_users[rec.b.tid] = rec
 
 
 def _leave_patches(rec: Any) -> None:
     with _patch_lock:
-        tid = rec._tid
+        tid = rec.b.tid
         if _patch_users.get(tid) is rec:
             del _patch_users[tid]
         if not _patch_users:
@@ -76,19 +77,19 @@ def _func_guard(orig: Callable[..., Any]) -> Callable[..., Any]:
     @contextlib.contextmanager
     def guard(error_message: str) -> Any:
         rec = _patch_users.get(threading.get_ident())
-        if rec is None or not rec._hooks_on_top():
+        if rec is None or not rec.saves._hooks_on_top():
             with orig(error_message):
                 yield
             return
-        owner: Any = rec
+        saves: Any = rec.saves
         _compat.pop_saved_tensors_hooks()
-        owner._func_enter()
+        saves._func_enter()
         try:
             with orig(error_message):
                 yield
         finally:
-            owner._func_exit()
-            _compat.push_saved_tensors_hooks(owner._pack, owner._unpack)
+            saves._func_exit()
+            _compat.push_saved_tensors_hooks(saves.pack, saves.unpack)
 
     return guard
 
@@ -101,8 +102,8 @@ def _pair_enter(orig: Callable[..., Any]) -> Callable[..., Any]:
     def enter(self: Any) -> Any:
         out = orig(self)
         rec = _patch_users.get(threading.get_ident())
-        if rec is not None and getattr(self, "pack_hook", None) is not rec._pack:
-            rec._other_pair(True)
+        if rec is not None and getattr(self, "pack_hook", None) is not rec.saves.pack:
+            rec.saves._other_pair(True)
         return out
 
     return enter
@@ -111,8 +112,8 @@ def _pair_enter(orig: Callable[..., Any]) -> Callable[..., Any]:
 def _pair_exit(orig: Callable[..., Any]) -> Callable[..., Any]:
     def exit_(self: Any, *exc: Any) -> Any:
         rec = _patch_users.get(threading.get_ident())
-        if rec is not None and getattr(self, "pack_hook", None) is not rec._pack:
-            rec._other_pair(False)
+        if rec is not None and getattr(self, "pack_hook", None) is not rec.saves.pack:
+            rec.saves._other_pair(False)
         return orig(self, *exc)
 
     return exit_

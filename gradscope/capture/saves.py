@@ -20,29 +20,46 @@ from gradscope._trace import (
     S_SEQ,
     S_SKEY,
 )
-from gradscope.capture.state import Part, _note_internal
+from gradscope.capture.state import Block, _note_internal
 
 
-class SavedTensors(Part):
-    """The recorder's saved-tensor hooks."""
+class SavedTensors:
+    """The recorder's saved-tensor hooks: the pair (``pack``, ``unpack``, made once per block),
+    what unpacking reads, the frees checked, and the regions where other hooks saved."""
+
+    __slots__ = ("b", "pack", "unpack", "weak", "packed_info", "check_frees", "frees_once_a_pass",
+                 "free_handles", "alias_watchers", "func_seq", "other_seq", "other_depth")
+
+    def __init__(self, b: Block) -> None:
+        self.b = b
+        self.weak: list[int | None] = []  # by save index: the storage's weak handle (frees checked)
+        self.packed_info: dict[int, int | None] = {}  # see NOTE [ the packed value is the tensor ]
+        self.frees_once_a_pass = b.memory == "off"  # see NOTE [ frees checked once a pass ]
+        self.check_frees: Callable[[], None] = _nothing
+        self.free_handles: Callable[[], None] | None = None  # the compiled pair's: frees every handle
+        self.alias_watchers: list[Callable[[torch.Tensor], None]] = []  # see _make_pack
+        self.func_seq: list[list[int]] = []  # [seq0, seq1] of regions where we stepped aside
+        self.other_seq: list[list[int]] = []  # see NOTE [ other pairs on an older torch ]
+        self.other_depth = 0
+        self.pack, self.unpack = self._make_pack()
 
     # ------------------------------------------------------------------ saved tensors
     def _make_pack(self) -> tuple[Callable[[torch.Tensor], Any], Callable[[Any], torch.Tensor]]:
         """The pack/unpack pair, built once per block with everything it needs bound locally:
         they run for every saved tensor (see NOTE [ capture apart from analysis ] in
         :mod:`gradscope._trace`)."""
-        trace, st = self._trace, self._state
+        b = self.b
+        trace, st = b.trace, b.state
         saves, events = trace.saves, trace.events
         saves_append, events_append = saves.append, events.append
         seq = _compat.sequence_nr_fn()
         key_of, weak_of, version_of = _compat.storage_cdata, _compat.storage_weak, _compat.tensor_version
         time_ns = time.time_ns
-        memory = self._memory
-        need_ptr = memory == "cpu" or (memory == "cuda" and self._history)  # matched with allocations by address
+        memory = b.memory
+        need_ptr = memory == "cpu" or (memory == "cuda" and b.history)  # matched with allocations by address
         need_time = memory != "off"  # matched with allocations in time
         need_weak = self._free_checks_needed()  # frees seen by weak reference at step boundaries
-        weak: list[int | None] = []
-        self._weak = weak
+        weak = self.weak
         weak_append = weak.append
         internal = functools.partial(_note_internal, trace.notes)  # see NOTE [ no cycles through the recorder ]
         pending = st.pending
@@ -59,17 +76,16 @@ class SavedTensors(Part):
         # plain ints under the tensor's id, which no other live object shares while the saved
         # variable holds it (a new pack of a reused id overwrites the entry first). Rows hold no
         # object the collector tracks either (the shape as a tuple of ints).
-        packed_info: dict[int, int | None] = {}  # the packed value's id -> its save's index
-        self._packed_info = packed_info
+        packed_info = self.packed_info  # the packed value's id -> its save's index
         versions: list[int] = []  # by save index: the saved tensor's version when packed
         versions_append = versions.append
-        table = self._line_table  # see NOTE [ where lines come from ] in gradscope._lines
+        table = b.line_table  # see NOTE [ where lines come from ] in gradscope._lines
         save_lines = trace.save_lines
         lines_append = save_lines.append
         here = table.find if table is not None else None
         getframe = sys._getframe
         last_line: list[Any] = [None, -1]  # the node of the last save given a line, and that line
-        same_node = self._caps.sequence_nr  # without the counter every save looks at its stack
+        same_node = b.caps.sequence_nr  # without the counter every save looks at its stack
 
         def check_frees(by_save: bool = False) -> None:
             """The engine releases a node's saved tensors right after the node (and its post
@@ -116,8 +132,8 @@ class SavedTensors(Part):
                     free(ref)
             pending.clear()
 
-        batched = self._frees_once_a_pass = memory == "off"
-        self._check_frees: Callable[[], None] = check_frees_at_end if batched else check_frees
+        batched = self.frees_once_a_pass
+        self.check_frees = check_frees_at_end if batched else check_frees
 
         def pack(t: torch.Tensor) -> Any:
             # No thread filter: saved-tensor hooks are thread-local, and the engine carries them
@@ -201,43 +217,42 @@ class SavedTensors(Part):
                 st.reading.append(sid)
             return t
 
-        self._free_handles: Callable[[], None] | None = None
-        if self._native is None:
+        self.free_handles = None
+        if b.native is None:
             return pack, unpack
         # the same pair, compiled: the Python pack hook packs what it does not read exactly
         # The tracker follows each storage until its last holder dies; the compiled pack hook makes
         # its alias without an operator (no dispatch mode sees it), so it tells the tracker (the
         # source, made later in _install, is put in this list, and taken out when the block ends).
-        watchers: list[Callable[[torch.Tensor], None]] = []
-        self._alias_watchers = watchers
+        watchers = self.alias_watchers
 
         def watch(alias: torch.Tensor) -> None:
             for w in watchers:
                 w(alias)
 
-        compiled = self._native.Hooks(saves, versions, packed_info, weak if need_weak else None, events, pending, st,
+        compiled = b.native.Hooks(saves, versions, packed_info, weak if need_weak else None, events, pending, st,
                                       pack, None if batched else check_frees, _inplace_error, need_ptr, need_time,
                                       watch if memory == "tracker" else None,
                                       None if table is None else save_lines, table)
         if batched:
-            self._check_frees = compiled.frees_at_end
-        self._free_handles = compiled.free_handles  # the Python pair's handles are the same kind
+            self.check_frees = compiled.frees_at_end
+        self.free_handles = compiled.free_handles  # the Python pair's handles are the same kind
         return compiled.pack, compiled.unpack  # bound once: the pair is known by identity
 
     def _free_checks_needed(self) -> bool:
         """Frees of saved storages are checked by weak reference at step boundaries where the
         memory source cannot say which allocation died (off; CUDA without history)."""
-        return self._memory == "off" or (self._memory == "cuda" and not self._history)
+        return self.b.memory == "off" or (self.b.memory == "cuda" and not self.b.history)
 
     def _free_weak_refs(self) -> None:
-        if self._free_handles is not None:  # compiled: one call for every save of the block
-            self._free_handles()
+        if self.free_handles is not None:  # compiled: one call for every save of the block
+            self.free_handles()
             return
         free = _compat.free_weak_ref
-        for ref in self._weak:
+        for ref in self.weak:
             if ref is not None:
                 free(ref)
-        self._weak.clear()
+        self.weak.clear()
 
     def _let_go(self) -> None:
         """NOTE [ no cycles through the recorder ]: a recorder dropped after its block must go at
@@ -247,22 +262,22 @@ class SavedTensors(Part):
         installs never refers back to the recorder after the block: the saved-tensor hooks (which
         a graph keeps after the block, for its backward) note an internal error into the trace's
         notes, not through the recorder; memory sources let go of the recorder's callback when
-        they stop; the compiled walk, whose callbacks are the recorder's methods, is dropped here
-        when the block ends (the walk at the block's end is its last use).
+        they stop; the compiled walk, whose callbacks are graph discovery's methods, is dropped
+        here when the block ends (the walk at the block's end is its last use).
         tests/test_cycles.py counts what the collector finds."""
-        self._walker = None
+        self.b.walker = None
 
     def _hooks_on_top(self) -> bool:
         """Whether our pair is the innermost saved-tensor hooks pair on this thread."""
         top = _compat.top_saved_tensors_hooks()
         if top is _compat.NOT_VISIBLE:
             return self._probe_innermost()
-        return top is not None and top[0] is self._pack
+        return top is not None and top[0] is self.pack
 
     def _probe_innermost(self) -> bool:
         """Without ``_top_saved_tensors_default_hooks`` (torch 2.6): pack one tiny saved tensor and
         see whose pack hook ran; the probe's row is removed again."""
-        saves = self._trace.saves
+        saves = self.b.trace.saves
         n = len(saves)
         try:
             with _compat.no_dispatch_modes():
@@ -277,27 +292,29 @@ class SavedTensors(Part):
 
     def _other_pair(self, entering: bool) -> None:
         """See NOTE [ other pairs on an older torch ]: [seq0, seq1) while another pair is on top."""
-        seqs = self._other_seq
+        seqs = self.other_seq
         if entering:
-            self._other_depth += 1
-            if self._other_depth == 1:
+            self.other_depth += 1
+            if self.other_depth == 1:
                 seqs.append([_compat.sequence_nr(), -1])
-        elif self._other_depth > 0:
-            self._other_depth -= 1
-            if self._other_depth == 0 and seqs:
+        elif self.other_depth > 0:
+            self.other_depth -= 1
+            if self.other_depth == 0 and seqs:
                 seqs[-1][1] = _compat.sequence_nr()
 
     def _func_enter(self) -> None:
-        st = self._state
-        st.func_depth += 1
-        self._trace.func_regions += 1
-        self._func_seq.append([_compat.sequence_nr(), -1])
+        self.b.state.func_depth += 1
+        self.b.trace.func_regions += 1
+        self.func_seq.append([_compat.sequence_nr(), -1])
 
     def _func_exit(self) -> None:
-        st = self._state
-        st.func_depth -= 1
-        if self._func_seq and self._func_seq[-1][1] < 0:
-            self._func_seq[-1][1] = _compat.sequence_nr()
+        self.b.state.func_depth -= 1
+        if self.func_seq and self.func_seq[-1][1] < 0:
+            self.func_seq[-1][1] = _compat.sequence_nr()
+
+
+def _nothing() -> None:
+    """No frees to check (until the pair is made)."""
 
 
 def _inplace_error(t: torch.Tensor, expected: int) -> RuntimeError:

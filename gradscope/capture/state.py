@@ -1,18 +1,29 @@
 """What the hooks read and change while a block runs (``_State``: the same fields as the
 compiled hooks' State, NOTE [ one definition of the shared state ] in gradscope._native.fields),
-the recorder's parts' common base, and the collector switched off while rows are made."""
+what the recorder's parts share (:class:`Block`), and the collector switched off while rows are
+made."""
 
 from __future__ import annotations
 
 import contextlib
 import gc
-from typing import TYPE_CHECKING, Any
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
+import torch
+from torch import nn
+
+from gradscope._compat import Capabilities
+from gradscope._lines import LineTable
 from gradscope._native.fields import STATE_SLOTS
 from gradscope._trace import (
     BackwardRow,
+    Trace,
 )
 from gradscope.errors import MemoryBudgetExceeded
+from gradscope.memory import MemorySource
 
 
 class _State:
@@ -72,14 +83,28 @@ def _note_internal(notes: list[str], e: BaseException) -> None:
         notes.append(msg)
 
 
-class Part:
-    """A part of the recorder (:class:`gradscope.record.record` is made of them): its methods read
-    the block's attributes, set by ``record._init_state``."""
+@dataclass(slots=True, eq=False)
+class Block:
+    """What the recorder's parts share while one block runs (one per block, made as it is entered;
+    see :mod:`gradscope.capture`). Each part keeps the rest of its state itself."""
 
-    # set by the parts themselves (the rest by record._init_state)
-    _other_depth: int  # see NOTE [ other pairs on an older torch ]
-    _packed_upto: int  # saves counted into record._packed_seqs so far
+    tid: int  # the thread recorded (see NOTE [ threads ] in gradscope.record)
+    memory: str  # the memory source's kind, resolved ("cpu", "cuda", "tracker", "off")
+    history: bool  # CUDA: the caching allocator's event history is recorded
+    native: Any  # the compiled hooks' module; None: the Python pair records (see NOTE [ compiled hooks ])
+    caps: Capabilities
+    trace: Trace  # the rows the hooks append (see NOTE [ capture apart from analysis ] in gradscope._trace)
+    state: _State  # what the hooks read and change (the compiled hooks read it too)
+    line_table: LineTable | None  # see NOTE [ where lines come from ] in gradscope._lines
+    source: MemorySource | None = None  # the memory source, once started
+    walker: Any = None  # the compiled walk (see NOTE [ compiled walk ]); None: Python walks, or the block ended
+    hooking: bool = True  # False for the walk at the block's end, which only reads
+    handles: list[Any] = field(default_factory=list)  # hook handles, removed when the block ends
+    undo: list[Callable[[], None]] = field(default_factory=list)  # what else the block's end undoes
+    roots: list[weakref.ref[torch.Tensor]] = field(default_factory=list)  # results that may root a graph
+    root_mods: list[weakref.ref[nn.Module]] = field(default_factory=list)  # root modules, by root index
+    param_by_id: dict[int, tuple[weakref.ref[torch.Tensor], int, str]] = field(default_factory=dict)  # id -> (param, root, name)
 
-    if TYPE_CHECKING:
-
-        def __getattr__(self, name: str) -> Any: ...
+    def internal(self, e: BaseException) -> None:
+        """An error of gradscope's own while observing: a note (see _note_internal)."""
+        _note_internal(self.trace.notes, e)
