@@ -498,3 +498,13 @@ def test_the_shared_state_has_one_definition() -> None:
         native.Walker(fields.WalkerTables(**{**tables, "nodes": {}}))
     with pytest.raises(TypeError, match="exactly the fields"):
         fields.WalkerTables(**{k: v for k, v in tables.items() if k != "hook"})
+
+
+def test_a_build_is_keyed_by_the_sources_bytes_not_where_they_are() -> None:
+    """Two checkouts (or a checkout and a wheel's install) of the same sources share one build; a
+    different flag does not."""
+    settings = _native._settings()
+    here = _native._target(settings)
+    elsewhere = dict(settings, sources=[f"/elsewhere/gradscope/_native/{Path(p).name}" for p in settings["sources"]])
+    assert _native._target(elsewhere) == here
+    assert _native._target(dict(settings, cflags=[*settings["cflags"], "-DGRADSCOPE_OTHER"])) != here

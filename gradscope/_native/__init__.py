@@ -125,7 +125,8 @@ def _target(settings: dict[str, object]) -> Path:
     h = hashlib.sha256()
     for source in (*_SOURCES, _HEADER, _FIELDS, _BUILDER):
         h.update(source.read_bytes())
-    h.update(repr(sorted(settings.items())).encode())
+    # the sources by their bytes above, not their paths: checkouts and installs elsewhere share a build
+    h.update(repr(sorted((k, v) for k, v in settings.items() if k != "sources")).encode())
     h.update(f"{torch.__version__} {torch.version.git_version} {sys.implementation.cache_tag}".encode())
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
     return cache_dir() / "native" / f"_hooks-{torch.__version__.replace('+', '-')}-{h.hexdigest()[:16]}{suffix}"
