@@ -730,7 +730,7 @@ class _AsOnTheDevice(_compat.torch_dispatch_mode()):  # type: ignore[misc]
         self._saved: list[tuple[Any, int, int]] = []  # (weak ref to the op's output, key, bytes)
 
     def _source(self) -> Any:
-        src = getattr(self._rec, "_source", None) if self._device == "cpu" else None
+        src = self._rec.memory_source if self._device == "cpu" else None
         return src if hasattr(src, "count_unseen") else None
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -1026,7 +1026,7 @@ def _unseen_on_cpu(func: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) ->
 def _count_cpu(rec: Any, inside: bool) -> None:
     """Inside an optimizer step of a ``device="cpu"`` prediction, CPU tensors count as the meta ones
     do: see NOTE [ optimizer steps keep the default device ]."""
-    src = getattr(rec, "_source", None)
+    src = rec.memory_source
     if src is not None and hasattr(src, "also_device_type"):
         src.also_device_type = "cpu" if inside else None
 

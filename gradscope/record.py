@@ -87,7 +87,7 @@ from gradscope.capture.patches import _active, _join_patches, _patch_saved, _pat
 from gradscope.capture.saves import SavedTensors
 from gradscope.capture.state import Block, _new_state, _no_gc, _note_internal, _State  # noqa: F401
 from gradscope.errors import GradscopeError, MemoryBudgetExceeded
-from gradscope.memory import make_source, parse_size, resolve_memory
+from gradscope.memory import MemorySource, make_source, parse_size, resolve_memory
 from gradscope.recording import Recording
 
 __all__ = ["record"]
@@ -262,6 +262,14 @@ class record:  # noqa: N801 - as torch.no_grad
         for t in tensors:
             if isinstance(t, torch.Tensor) and t.grad_fn is not None:
                 self._block.roots.append(weakref.ref(t))
+
+    @property
+    def memory_source(self) -> MemorySource | None:
+        """The block's memory source while it runs (None before the block starts): ``gs.predict``
+        counts into it the bytes no operator output holds (NOTE [ bytes no operator output holds ]
+        in gradscope.predict)."""
+        b = getattr(self, "_block", None)  # set as the block starts
+        return None if b is None else b.source
 
     def between_nodes(self) -> bool:
         """True while an observed backward pass is between one node's end and the next node's
