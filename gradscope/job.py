@@ -11,19 +11,7 @@ layer: the job and its files (:mod:`gradscope.jobs.data`), its analysis
 (:mod:`gradscope.jobs.analysis`), its payload and its script-free page (:mod:`gradscope.jobs.payload`,
 :mod:`gradscope.jobs.page`). Nothing here imports ``torch.distributed``: a saved job opens on a laptop.
 
-Example:
-    >>> import torch, gradscope as gs
-    >>> from gradscope.job import Job, RankEntry, RankStatus
-    >>> def run(batch):
-    ...     torch.manual_seed(0)
-    ...     fnet = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Tanh(), torch.nn.Linear(256, 1))
-    ...     x = torch.randn(batch, 64)
-    ...     with gs.record(memory="tracker", modules={"fnet": fnet}) as rec:
-    ...         fnet(x).sum().backward()
-    ...     return rec.recording
-    >>> job = Job((RankEntry(0, RankStatus.COMPLETE, run(32)), RankEntry(1, RankStatus.COMPLETE, run(64))))
-    >>> print(job_view(job).imbalance.sentence)
-    rank 1 peaks 2.0x rank 0: its batch is twice as large (64 vs 32); fnet.1 activations +32.0 KiB
+Its example is :mod:`gradscope.jobs.analysis`'s (a job of two ranks and the sentence that says why one peaks).
 """
 
 from __future__ import annotations

@@ -74,7 +74,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base: units, errors, the view registry, PyTorch's private APIs, the raw trace",
      ("gradscope._units", "gradscope.errors", "gradscope._views", "gradscope._stderr", "gradscope._source",
-      "gradscope._compat", "gradscope._trace", "gradscope._frames", "gradscope._series", "gradscope._page")),
+      "gradscope._compat", "gradscope._trace", "gradscope._frames", "gradscope._series", "gradscope._page", "gradscope._gc")),
     ("data model: the Recording and what its numbers mean",
      ("gradscope.recording", "gradscope.figures", "gradscope._held", "gradscope._names", "gradscope._lines",
       "gradscope.jobs.data")),
