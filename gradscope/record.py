@@ -65,6 +65,7 @@ from torch import nn
 from torch.autograd.graph import saved_tensors_hooks
 
 from gradscope import _compat, _compiled, _names, _native, _passes
+from gradscope._gc import paused
 from gradscope._lines import LineTable, lines_enabled
 from gradscope._source import OWN_FILES as _OWN_FILES
 from gradscope._trace import (
@@ -85,7 +86,7 @@ from gradscope.capture.modules import (  # noqa: F401
 )
 from gradscope.capture.patches import _active, _join_patches, _patch_saved, _patch_users, packed_here  # noqa: F401
 from gradscope.capture.saves import SavedTensors
-from gradscope.capture.state import Block, _new_state, _no_gc, _note_internal, _State  # noqa: F401
+from gradscope.capture.state import Block, _new_state, _note_internal, _State  # noqa: F401
 from gradscope.errors import GradscopeError, MemoryBudgetExceeded
 from gradscope.memory import MemorySource, make_source, parse_size, resolve_memory
 from gradscope.recording import Recording
@@ -178,7 +179,7 @@ class record:  # noqa: N801 - as torch.no_grad
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> Literal[False]:
-        with _no_gc():  # see NOTE [ no collection while rows are made ]
+        with paused():  # see NOTE [ no collection while rows are made ]
             return self._exit(exc_type, exc, tb, sys._getframe(1))
 
     def _exit(self, exc_type: Any, exc: Any, tb: Any, frame: Any) -> Literal[False]:
@@ -241,7 +242,7 @@ class record:  # noqa: N801 - as torch.no_grad
         if self._analysis is not None:
             complete, error = self._analysis
             try:
-                with _no_gc():  # see NOTE [ no collection while rows are made ]
+                with paused():  # see NOTE [ no collection while rows are made ]
                     rec = self._finalize(complete=complete, error=error)
             except Exception as e:
                 self._analysis = None

@@ -25,10 +25,11 @@ from typing import Any
 import torch
 
 from gradscope._frames import is_pytorch_file
+from gradscope._gc import paused
 from gradscope._series import downsample
 from gradscope._snapshot import replay as _replay
 from gradscope._snapshot.replay import EndBlock, EndSegment
-from gradscope._snapshot.unpickle import gc_paused, load_plain
+from gradscope._snapshot.unpickle import load_plain
 from gradscope.errors import GradscopeError
 from gradscope.recording import MemoryPoint, Peak, Phase, Recording, Where, format_bytes
 
@@ -491,7 +492,7 @@ def read_snapshot(source: str | os.PathLike[str] | Mapping[str, Any]) -> dict[in
     # see NOTE [ a plain-data unpickler ]: no collections while millions of containers are alive
     # (objects made with the collector off sit in its youngest generation: the first collection
     # after it is back on would walk them all, so it stays off until they are gone)
-    with gc_paused():
+    with paused():
         if isinstance(source, Mapping):
             raw: Any = source
             what = "the snapshot dict"

@@ -18,7 +18,7 @@ from typing import IO, Any, cast
 from gradscope._gc import paused
 from gradscope.errors import GradscopeError
 
-__all__ = ["gc_paused", "load_plain"]
+__all__ = ["load_plain"]
 
 # NOTE [ a plain-data unpickler ]
 # A pickle is a program for a small stack machine. Only a few of its opcodes can call anything:
@@ -61,13 +61,12 @@ class _PlainUnpickler(pickle.Unpickler):
         raise _Refused(f"a persistent id ({str(pid)[:60]!r})")
 
 
-gc_paused = paused  # the one pause of the collector (gradscope._gc)
 
 
 def _unpickle(f: IO[bytes], what: str) -> Any:
     copyreg.clear_extension_cache()  # see NOTE [ a plain-data unpickler ]
     try:
-        with gc_paused():
+        with paused():
             return _PlainUnpickler(f).load()
     except _Refused as e:
         raise GradscopeError(

@@ -14,7 +14,6 @@ import torch
 from torch import nn
 
 from gradscope._compat import Capabilities
-from gradscope._gc import paused
 from gradscope._lines import LineTable
 from gradscope._native.fields import STATE_SLOTS
 from gradscope._trace import (
@@ -54,9 +53,6 @@ def _new_state(native: Any) -> _State:
                                                   {"__slots__": (), "__init__": _State.__init__,
                                                    "__doc__": _State.__doc__})
     return cls()  # type: ignore[no-any-return]
-
-
-_no_gc = paused  # NOTE [ no collection while rows are made ] in gradscope._gc
 
 
 def _note_internal(notes: list[str], e: BaseException) -> None:
