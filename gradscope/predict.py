@@ -25,10 +25,13 @@ What it cannot know: workspaces that kernels allocate through the allocator (cuB
 workspaces, typically a few MiB to tens of MiB per stream), the GPU's own kernel choices (attention
 and dropout take the usual fused kernels for their dtype, see :func:`_kernel_choices`, but a GPU
 also decides by its architecture), the CUDA context itself (hundreds of MiB outside the allocator),
-other streams, and fragmentation from earlier steps. On CPU, the meta run cannot see buffers that
-kernels allocate internally (convolution, norm and flash-attention backward); the result's notes
-say when such ops ran. What a CPU step allocates outside operator outputs (Python numbers wrapped
-in tensors, kernels' dtype copies of inputs) is counted: see NOTE [ bytes no operator output holds ].
+other streams, and the segments obtained before the step (the model starts from an empty cache: what
+earlier steps reserved, and how fragmented they left it, is not known). Over the alloc/free sequence
+of a real CUDA snapshot it reproduces the file's reserved peak (tests/test_snapshot_real.py). On
+CPU, the meta run cannot see buffers that kernels allocate internally (convolution, norm and
+flash-attention backward); the result's notes say when such ops ran. What a CPU step allocates
+outside operator outputs (Python numbers wrapped in tensors, kernels' dtype copies of inputs) is
+counted: see NOTE [ bytes no operator output holds ].
 
 Example:
     >>> import torch, gradscope as gs
@@ -105,7 +108,10 @@ _CUDA_CANNOT_KNOW = (
     "20 MiB segments for requests under 10 MiB, larger ones rounded to 2 MiB, best-fit reuse); it cannot "
     "know kernel workspaces (cuBLAS/cuDNN), the GPU's own kernel choices (attention and dropout follow "
     "the usual choice for their dtype, but a GPU also decides by its architecture), the CUDA context "
-    "outside the allocator, or fragmentation left by earlier steps."
+    "outside the allocator, or the segments obtained before the step: it starts from an empty cache, while a "
+    "real allocator reuses (and is fragmented by) what earlier steps reserved. Replayed over a real snapshot's "
+    "own allocations and frees, it gives that snapshot's reserved peak; without the history of how the cached "
+    "segments were obtained it cannot."
 )
 
 
