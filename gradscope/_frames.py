@@ -5,8 +5,10 @@ PyTorch's own (:func:`is_pytorch_file`: an installed torch / functorch / triton,
 C++ frames). A recorded line (:attr:`gradscope.Recording.lines`) folds more (:func:`is_folded_file`):
 gradscope's own files, the standard library and installed libraries (``site-packages``), so that a
 line inside ``nn.Linear.forward`` or a library's model names the user's line that called it. A
-module defined in the user's own files (a test, a script, a notebook cell) is the user's code.
-Both rules are decided once per file name.
+module defined in the user's own files (a test, a script, a notebook cell) is the user's code. A
+snapshot's frames come from another machine: its standard library is recognised by its path
+(``.../lib/python3.11/...``, ``...\\Lib\\...``) as well as by this machine's. Both rules are
+decided once per file name.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import os
 import re
 import sysconfig
 
-__all__ = ["is_folded_file", "is_pytorch_file"]
+__all__ = ["is_folded_file", "is_python_file", "is_pytorch_file"]
 
 
 def _torch_dir() -> str:
@@ -30,11 +32,19 @@ _OWN_PATH = re.compile(r"[/\\](?:site|dist)-packages[/\\](?:torch|functorch|trit
 _PYTORCH_CACHE: dict[str, bool] = {}
 _GRADSCOPE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _LIBRARY_PATH = re.compile(r"[/\\](?:site|dist)-packages[/\\]")
+# another machine's standard library: lib/python3.X/ (conda, pyenv, uv, /usr/lib) or Windows' Lib\
+_OTHER_STDLIB = re.compile(r"[/\\]lib(?:64)?[/\\]python\d+(?:\.\d+)?[/\\]|^[A-Za-z]:\\.*\\Lib\\")
 _STDLIB_DIRS = tuple(
     {os.path.abspath(p) + os.sep for p in (sysconfig.get_paths().get("stdlib"), sysconfig.get_paths().get("platstdlib"))
      if p}
 )
 _FOLDED_CACHE: dict[str, bool] = {}
+
+
+def is_python_file(fn: str) -> bool:
+    """Whether a frame's file is Python source (``.py``, or ``<...>`` code such as a notebook
+    cell or generated code), not a C++ frame of the interpreter or a library."""
+    return fn.endswith(".py") or (fn.startswith("<") and fn.endswith(">"))
 
 
 def is_pytorch_file(fn: str) -> bool:
@@ -47,8 +57,7 @@ def is_pytorch_file(fn: str) -> bool:
     """
     own = _PYTORCH_CACHE.get(fn)
     if own is None:
-        python = fn.endswith(".py") or (fn.startswith("<") and fn.endswith(">"))
-        own = (not python or fn.startswith("<eval_with_key") or bool(_OWN_PATH.search(fn))
+        own = (not is_python_file(fn) or fn.startswith("<eval_with_key") or bool(_OWN_PATH.search(fn))
                or _under_torch(fn))
         if len(_PYTORCH_CACHE) < 100_000:
             _PYTORCH_CACHE[fn] = own
@@ -65,12 +74,12 @@ def _under_torch(fn: str) -> bool:
 
 def is_folded_file(fn: str) -> bool:
     """Whether a recorded line skips a frame of this file (see NOTE [ folded frames ]): PyTorch's
-    own, gradscope's, the standard library's (``<frozen ...>`` modules too) or an installed
-    library's (``site-packages`` / ``dist-packages``)."""
+    own, gradscope's, the standard library's (``<frozen ...>`` modules too, and another machine's
+    ``lib/python3.X``) or an installed library's (``site-packages`` / ``dist-packages``)."""
     folded = _FOLDED_CACHE.get(fn)
     if folded is None:
         folded = (fn.startswith(_GRADSCOPE_DIR) or fn.startswith("<frozen ") or bool(_LIBRARY_PATH.search(fn))
-                  or fn.startswith(_STDLIB_DIRS) or is_pytorch_file(fn))
+                  or fn.startswith(_STDLIB_DIRS) or bool(_OTHER_STDLIB.search(fn)) or is_pytorch_file(fn))
         if len(_FOLDED_CACHE) < 100_000:
             _FOLDED_CACHE[fn] = folded
     return folded
