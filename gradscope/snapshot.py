@@ -7,8 +7,9 @@ trace exactly, and returns a :class:`SnapshotRecording` (a
 reserved) bytes over the trace. Everything the trace knows about each allocation (size, stream,
 when it was made and freed, its Python frames) is kept in a :class:`SnapshotData`, its ``data``
 field (also :func:`snapshot_data`); the pure functions below answer questions about any moment:
-what was live and from which line, how fragmented the reserved memory was, which line keeps
-allocating memory that is never freed.
+what was live and from which line, what each block was for (its role: parameters, activations,
+gradients, optimizer state, temporaries; see :mod:`gradscope._snapshot.roles`), the trace's passes
+and steps, how fragmented the reserved memory was, which memory grows from one step to the next.
 
 Positions: every moment is a position in the device's trace, ``0 .. events - 1``; "at position
 p" means after the trace's event ``p`` (``-1``: before its first event). ``at=None`` means the
@@ -33,7 +34,10 @@ Example:
 from __future__ import annotations
 
 from gradscope._snapshot import data as _data
+from gradscope._snapshot import roles as _roles
 from gradscope._snapshot.data import *  # noqa: F403  (the snapshot's data and pure functions, as listed there)
 from gradscope._snapshot.diagnose import SnapshotDiagnosis, SnapshotFinding, diagnose_snapshot, pageable_bytes
+from gradscope._snapshot.roles import *  # noqa: F403  (roles, passes, steps, accumulating memory)
 
-__all__ = [*_data.__all__, "SnapshotDiagnosis", "SnapshotFinding", "diagnose_snapshot", "pageable_bytes"]
+__all__ = [*_data.__all__, *_roles.__all__, "SnapshotDiagnosis", "SnapshotFinding", "diagnose_snapshot",
+           "pageable_bytes"]

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["FakeAllocator", "Oom", "frames", "training_snapshot"]
+__all__ = ["FakeAllocator", "Oom", "frames", "real_loop", "training_snapshot"]
 
 MiB = 1 << 20
 TORCH = "/opt/venv/lib/python3.11/site-packages/torch"
@@ -76,6 +76,12 @@ class FakeAllocator:
         self.pending: list[tuple[int, int]] = []  # (events to wait, addr) of frees still in use elsewhere
         self.ooms: list[int] = []  # index (in the full history) of each oom event
         self.events = 0
+        self.annotations: list[dict[str, Any]] = []  # external_annotations (record_function ranges)
+
+    def annotate(self, name: str, stage: str) -> None:
+        """A ``record_function`` range's START or END, at the time of the last event (as PyTorch
+        records them: by time, beside the trace)."""
+        self.annotations.append({"stage": stage, "name": name, "device": self.device, "time_us": self.t_us + 1})
 
     # ----- the trace ---------------------------------------------------------------------
     def _emit(self, entry: dict[str, Any]) -> None:
@@ -211,16 +217,18 @@ def snapshot(*allocators: FakeAllocator, devices: int | None = None) -> dict[str
     n = devices if devices is not None else max(a.device for a in allocators) + 1
     traces: list[list[dict[str, Any]]] = [[] for _ in range(n)]
     segments: list[dict[str, Any]] = []
+    annotations: list[dict[str, Any]] = []
     for a in allocators:
         traces[a.device] = a.trace
         segments.extend(a.segment_dicts())
+        annotations.extend(a.annotations)
     return {
         "segments": segments,
         "device_traces": traces,
         "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": "", "max_split_size": -1,
                                "garbage_collection_threshold": 0.0, "expandable_segments": False,
                                "roundup_power2_divisions": {"1": 0, "2": 0}},
-        "external_annotations": [],
+        "external_annotations": annotations,
     }
 
 
@@ -302,3 +310,157 @@ def training_snapshot(steps: int = 12, leak: bool = True, oom_step: int | None =
             break
     a._emit({"action": "snapshot", "addr": 0, "size": 0, "stream": 0})
     return Training(a, snapshot(a), params, leaked, oom_at, done)
+
+
+# ----- a loop as real files record it ------------------------------------------------------
+# The frames of a real snapshot (stacks="all"): the allocator's C++ frames first, then the
+# operator's, then Python frames interleaved with the interpreter's C frames, the process's C
+# frames last; PyTorch under site-packages; the autograd engine's thread with C++ frames only.
+SITE = "/opt/conda/lib/python3.11/site-packages"
+_ALLOC_CPP = (("??", 0, "torch::unwind::unwind()"), ("??", 0, "torch::CapturedTraceback::gather(bool, bool, bool)"),
+              ("memory_snapshot.cpp", 0, "torch::cuda::(anonymous namespace)::gather_with_cpp()"),
+              ("CUDACachingAllocator.cpp", 0, "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::"
+               "malloc(signed char, unsigned long, CUstream_st*)"),
+              ("", 0, "at::detail::empty_generic(c10::ArrayRef<long>, c10::Allocator*, c10::DispatchKeySet, "
+               "c10::ScalarType, std::optional<c10::MemoryFormat>)"))
+_EVAL = ("??", 0, "_PyEval_EvalFrameDefault")
+_MAIN_CPP = (("??", 0, "Py_RunMain"), ("??", 0, "__libc_start_main"), ("??", 0, "_start"))
+_ENGINE_CPP = (("??", 0, "torch::autograd::Node::operator()(std::vector<at::Tensor, std::allocator<at::Tensor> >&&)"),
+               ("??", 0, "torch::autograd::Engine::evaluate_function(std::shared_ptr<torch::autograd::GraphTask>&, "
+                "torch::autograd::Node*, torch::autograd::InputBuffer&, std::shared_ptr<torch::autograd::"
+                "ReadyQueue> const&)"),
+               ("??", 0, "torch::autograd::Engine::thread_main(std::shared_ptr<torch::autograd::GraphTask> const&)"),
+               ("thread48.o", 0, "execute_native_thread_routine"))
+CALL_IMPL = (f"{SITE}/torch/nn/modules/module.py", 1750, "_call_impl")
+WRAPPED_CALL = (f"{SITE}/torch/nn/modules/module.py", 1739, "_wrapped_call_impl")
+EINSUM = (f"{SITE}/einops/einops.py", 916, "einsum")
+TRAIN = "/home/u/proj/train.py"
+MODEL = "/home/u/proj/model.py"
+
+
+def real_frames(*python: tuple[str, int, str], op: str = "mm", cpp: bool = True) -> list[dict[str, Any]]:
+    """A stack as ``_record_memory_history(stacks="all")`` writes it, ``python`` innermost first
+    (``cpp=False``: as ``stacks="python"`` writes it, the Python frames alone)."""
+    if not cpp:
+        return frames(*python)
+    spec: list[tuple[str, int, str]] = [*_ALLOC_CPP, ("RegisterCUDA.cpp", 0, f"at::(anonymous namespace)::wrapper_CUDA_{op}")]
+    for f in python:
+        spec += [f, _EVAL]
+    return frames(*spec, *_MAIN_CPP)
+
+
+def engine_frames(node: str, cpp: bool = True) -> list[dict[str, Any]]:
+    """A stack of the autograd engine's device thread: C++ only (``node`` as ``MmBackward0``);
+    with ``stacks="python"`` (``cpp=False``) it has no frame at all."""
+    if not cpp:
+        return []
+    return frames(*_ALLOC_CPP, ("??", 0, f"torch::autograd::generated::{node}::apply(std::vector<at::Tensor, "
+                                         "std::allocator<at::Tensor> >&&)"), *_ENGINE_CPP)
+
+
+def _in_model(*inner: tuple[str, int, str], caller: tuple[str, int, str]) -> tuple[tuple[str, int, str], ...]:
+    """Frames of a line of the model's forward (``inner``, innermost first) called through
+    ``model(x)`` at ``caller``."""
+    return (*inner, (MODEL, 40, "forward"), CALL_IMPL, WRAPPED_CALL, caller, (TRAIN, 120, "main"),
+            (TRAIN, 130, "<module>"))
+
+
+@dataclass
+class Loop:
+    alloc: FakeAllocator
+    snap: dict[str, Any]
+    param_bytes: int
+    kept: list[int]  # addresses the program's list keeps
+    kept_size: int  # bytes of each kept block
+    layers: int
+
+
+def real_loop(steps: int = 6, *, keep: str | None = None, annotate: bool = True, backward: bool = True,
+              optimizer: bool = True, layers: int = 3, capacity: int = 4000 * MiB, lazy_state: bool = False,
+              cpp: bool = True) -> Loop:
+    """A training (or evaluation) loop as a real snapshot shows it: parameters made by
+    ``model.to("cuda")`` (nn.Module._apply), per step a forward through ``layers`` layers (an
+    activation each, a temporary freed at once, one line through einops), logits and a loss; with
+    ``backward`` the engine's C++-only allocations (gradient buffers, the parameters' gradients,
+    the activations freed as it goes); with ``optimizer`` AdamW's two state tensors per parameter
+    at the first step (kept for good) and a temporary each step, inside ``Optimizer.step``
+    annotations when ``annotate``; zero_grad(set_to_none=True) frees the gradients before each
+    forward. ``keep="logits"`` keeps each step's logits in a list (a leak);
+    ``keep="outputs"`` (without backward: an evaluation loop under grad) keeps each step's logits
+    and with them every activation of that forward (its graph). ``lazy_state``: the optimizer makes
+    the state of parameter k at step k (its state grows over the first steps, then stays);
+    ``cpp=False``: frames as ``stacks="python"`` records them."""
+
+    def fr(*python: tuple[str, int, str], op: str = "mm") -> list[dict[str, Any]]:
+        return real_frames(*python, op=op, cpp=cpp)
+
+    a = FakeAllocator(capacity)
+    to = (f"{SITE}/torch/nn/modules/module.py", 1355, "_apply")
+    sizes = [4 * MiB + 512 * k for k in range(layers)]
+    for n in sizes:  # model.to("cuda")
+        a.malloc(n, fr((f"{SITE}/torch/nn/modules/module.py", 1340, "convert"), to,
+                       (f"{SITE}/torch/nn/modules/module.py", 1369, "to"), (TRAIN, 20, "build"),
+                       (TRAIN, 120, "main"), (TRAIN, 130, "<module>"), op="copy_"))
+    grads: list[int] = []
+    state: list[int] = []
+    kept: list[int] = []
+    act_size, logit_size = 3 * MiB, 5 * MiB
+    step_line = (TRAIN, 57, "train_step") if backward else (TRAIN, 80, "validate")
+    for step in range(steps):
+        if annotate and optimizer:
+            a.annotate("Optimizer.zero_grad#AdamW.zero_grad", "START")
+        for g in grads:
+            a.free(g)
+        grads = []
+        if annotate and optimizer:
+            a.annotate("Optimizer.zero_grad#AdamW.zero_grad", "END")
+        x = a.malloc(512 * 1024, fr(step_line, (TRAIN, 120, "main"), (TRAIN, 130, "<module>"), op="to"))
+        acts = []
+        for k in range(layers):
+            line = (MODEL, 22 + k, "forward")
+            inner = (EINSUM, line) if k == 0 else (line,)
+            tmp = a.malloc(1 * MiB, fr(*_in_model(*inner, caller=step_line), op="gelu"))
+            acts.append(a.malloc(act_size, fr(*_in_model(*inner, caller=step_line))))
+            a.free(tmp)
+        logits = a.malloc(logit_size, fr(*_in_model((MODEL, 30, "forward"), caller=step_line)))
+        loss = a.malloc(512, fr((TRAIN, 58, "train_step") if backward else (TRAIN, 81, "validate"),
+                                         (TRAIN, 120, "main"), (TRAIN, 130, "<module>"), op="mean"))
+        if backward:
+            ones = a.malloc(512, fr((f"{SITE}/torch/autograd/__init__.py", 220, "_make_grads"),
+                                             (f"{SITE}/torch/autograd/__init__.py", 340, "backward"),
+                                             (f"{SITE}/torch/_tensor.py", 626, "backward"), (TRAIN, 59, "train_step"),
+                                             (TRAIN, 120, "main"), (TRAIN, 130, "<module>"), op="ones_like"))
+            gl = a.malloc(logit_size, engine_frames("LogSoftmaxBackward0", cpp))
+            a.free(ones)
+            for k in reversed(range(layers)):
+                gx = a.malloc(act_size, engine_frames("MmBackward0", cpp))
+                grads.insert(0, a.malloc(sizes[k], engine_frames("MmBackward0", cpp)))  # AccumulateGrad keeps it
+                a.free(acts[k])
+                a.free(gx)
+            a.free(gl)
+            acts = []
+        if optimizer:
+            if annotate:
+                a.annotate("Optimizer.step#AdamW.step", "START")
+            opt = [(f"{SITE}/torch/optim/adamw.py", 520, "_single_tensor_adamw"),
+                   (f"{SITE}/torch/optim/adamw.py", 230, "step"), (f"{SITE}/torch/optim/optimizer.py", 493, "wrapper"),
+                   (TRAIN, 60, "train_step"), (TRAIN, 120, "main"), (TRAIN, 130, "<module>")]
+            for k, n in enumerate(sizes):
+                if len(state) < 2 * (k + 1) and (not lazy_state or k <= step):
+                    state.append(a.malloc(n, fr(*opt, op="zeros_like")))  # exp_avg
+                    state.append(a.malloc(n, fr(*opt, op="zeros_like")))  # exp_avg_sq
+            a.free(a.malloc(max(sizes), fr(*opt, op="addcdiv")))
+            if annotate:
+                a.annotate("Optimizer.step#AdamW.step", "END")
+        a.free(loss)
+        a.free(x)
+        if keep in ("logits", "outputs"):
+            kept.append(logits)
+        else:
+            a.free(logits)
+        if not backward and keep != "outputs":
+            for t in acts:  # the output is dropped: its graph, and the activations with it
+                a.free(t)
+    a._emit({"action": "snapshot", "addr": 0, "size": 0, "stream": 0})
+    return Loop(a, snapshot(a), sum(sizes), kept, logit_size + (0 if keep != "outputs" else layers * act_size),
+                layers)

@@ -40,6 +40,7 @@ from gradscope.snapshot import (
     read_snapshot,
     snapshot_data,
     timeline_positions,
+    trace_steps,
 )
 
 # ----- an independent replay ------------------------------------------------------------------
@@ -291,26 +292,35 @@ def test_fragmentation_capacity_and_streams() -> None:
 def test_accumulating_lines_finds_the_list_keeping_graphs() -> None:
     t = training_snapshot(steps=12, oom_step=9)
     d = snapshot_data(gs.load_snapshot(t.snap))
-    found = accumulating_lines(d)
+    found = accumulating_lines(d, group="line")
     assert [a.key for a in found] == ["model.py:20 forward"]
     acc = found[0]
     # kept at the OOM: 9 validation activations, plus the OOM step's 3 activations of the same line
     assert acc.blocks == 9 + 3
     assert acc.bytes == 9 * 1536 * 1024 + sum(2 * MiB + 512 * k + 100 for k in range(3))
-    assert acc.slices_hit >= acc.slices // 2
     assert acc.freed == 9 * 3  # the training activations of the 9 finished steps
     assert [f.name for f in acc.frames][2:4] == ["forward", "validate"]  # who keeps calling it
-    # by whole stack, the validation path alone accumulates
-    by_stack = accumulating_lines(d, group="stack")
+    # the steps end where a forward begins after the optimizer step (the first step) or the backward:
+    # just before each validation pass; at the end of step k the list held k outputs
+    trace = t.snap["device_traces"][0]
+    kept_at = [p for p, e in enumerate(trace) if e["action"] == "alloc"
+               and any(f["name"] == "validate" for f in e["frames"])]
+    assert trace_steps(d).ends == tuple(p - 1 for p in kept_at) and trace_steps(d).source == "passes"
+    assert acc.step_ends == trace_steps(d).ends
+    assert acc.at_step_ends == tuple(k * 1536 * 1024 for k in range(9))
+    assert acc.grew == 8 and "grew at 8 of 8 step ends (0 B → 12.0 MiB)" in str(acc)
+    # by whole stack (the default), the validation path alone accumulates
+    by_stack = accumulating_lines(d)
     assert [a.key for a in by_stack] == ["model.py:20 forward ← train.py:80 validate ← train.py:120 main"]
     assert by_stack[0].blocks == 9 and by_stack[0].bytes == 9 * 1536 * 1024
-    assert "never freed" in str(acc)
 
 
 def test_no_accumulation_without_a_leak() -> None:
     t = training_snapshot(steps=12, leak=False)
     d = snapshot_data(gs.load_snapshot(t.snap))
     assert accumulating_lines(d, d.events - 1) == ()  # parameters, gradients, Adam: made once
+    assert accumulating_lines(d, d.events - 1, group="line") == ()
+    assert trace_steps(d).count == 11  # the steps are there: nothing grows across them
 
 
 # ----- memory by group over time ---------------------------------------------------------------

@@ -15,6 +15,7 @@ from _snapshots import TORCH, FakeAllocator, MiB, Oom, frames, snapshot, trainin
 import gradscope as gs
 from gradscope.snapshot import (
     OomCause,
+    Role,
     SnapshotDiagnosis,
     pageable_bytes,
     segment_size_for,
@@ -81,7 +82,15 @@ def test_a_list_keeping_graphs_fills_the_device() -> None:
     assert len(acc) == 1
     assert acc[0].key == "model.py:20 forward ← train.py:80 validate ← train.py:120 main"
     assert acc[0].bytes == steps * 1536 * 1024
-    assert f"made {steps} blocks ({gs.recording.format_bytes(steps * 1536 * 1024)})" in acc[0].message
+    assert f"held {gs.recording.format_bytes(steps * 1536 * 1024)} in {steps} blocks at the OOM" in acc[0].message
+    # the steps: the loop's turns, found from the code that repeats (each starts at the kept output);
+    # at the end of step k the list held k outputs
+    assert acc[0].role is Role.KEPT and d.steps is not None and d.steps.source == "repetition"
+    kept_at = [p for p, e in enumerate(a.trace) if e["action"] == "alloc" and e["frames"][3] == frames(EVAL)[0]]
+    assert d.steps.ends == tuple(p - 1 for p in kept_at)
+    assert d.accumulating[0].at_step_ends == tuple(k * 1536 * 1024 for k in range(steps))
+    assert f"it went from 0 B to {gs.recording.format_bytes((steps - 1) * 1536 * 1024)}, about 1.5 MiB more per " \
+           "step" in acc[0].message
     assert "(called from train.py:80 validate ← train.py:120 main)" in acc[0].message
     assert "none of its allocations was ever freed" in acc[0].message
     assert "autograd graphs" in acc[0].message and "train.py:80 validate" in acc[0].suggestion
@@ -150,7 +159,7 @@ def test_fragmentation_that_expandable_segments_fix() -> None:
            "220.0 MiB to map, enough for the 120.0 MiB of 20.0 MiB pages the 120.0 MiB request takes" in frag.suggestion
     assert "max_split_size_mb would not help here: no segment of stream 0 is as large as the request (the " \
            "largest is 100.0 MiB)" in frag.suggestion
-    assert frag.code == "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+    assert frag.suggestion.startswith("set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (before CUDA starts)")
     assert [r.key for r in d.by_line] == ["model.py:30 cache_kv"] and d.by_line[0].blocks == 3
     assert not [x for x in d.findings if x.pattern == "accumulating"]  # made once, not across the run
 
@@ -186,7 +195,7 @@ def test_fragmentation_that_max_split_size_fixes() -> None:
            "220.0 MiB to map, enough for the 160.0 MiB of 20.0 MiB pages the 150.0 MiB request takes" in frag.suggestion
     assert "or max_split_size_mb:150: 1 segment of at least the request's size (200.0 MiB) is split by smaller " \
            "live blocks (1 of them, 30.0 MiB)" in frag.suggestion
-    assert frag.code == "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True  # or max_split_size_mb:150"
+    assert frag.suggestion.startswith("set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (before CUDA starts)")
 
 
 def test_holes_too_small_for_any_setting() -> None:
@@ -203,7 +212,7 @@ def test_holes_too_small_for_any_setting() -> None:
     d = _diagnose(a)
     assert d.fragmentation.cause is OomCause.FRAGMENTATION and d.pageable_bytes == 0
     frag, kept = d.findings  # the cause, then the 15 blocks that one line keeps (a list here)
-    assert kept.pattern == "accumulating" and kept.bytes == 15 * 2560 * 1024 and kept.code == ""
+    assert kept.pattern == "accumulating" and kept.bytes == 15 * 2560 * 1024
     assert "15 other allocations from it were freed" in kept.message
     assert "the free pieces hold 0 B in whole pages and the device's 20.0 MiB free gives 20.0 MiB more: 20.0 MiB " \
            "to map, 20.0 MiB short of the 40.0 MiB of 20.0 MiB pages the 30.0 MiB request takes" in frag.suggestion
@@ -225,15 +234,21 @@ def test_capacity_names_the_lines_that_hold_most() -> None:
     assert d.fragmentation.cause is OomCause.CAPACITY and d.fragmentation.unallocated == 15 * MiB
     assert [(r.key, r.bytes, r.blocks) for r in d.by_line] == [
         ("model.py:20 forward", 45 * MiB, 3), ("model.py:10 __init__", 40 * MiB, 1)]
-    (cap,) = d.findings
+    cap, act = d.findings  # the verdict, then what each role would free: the activations only
     # the 15 MiB of free pieces cannot hold it; a new 30 MiB segment cannot come from a full device:
     # 15 MiB more in one free piece would have served it
     assert cap.pattern == "capacity" and cap.bytes == 15 * MiB
     assert "the free pieces of reserved memory hold 15.0 MiB, less than the 30.0 MiB request, so the " \
            "allocator needed a new segment of 30.0 MiB, and the device had 0 B free; no allocator setting " \
            "makes room: at least 15.0 MiB had to be released" in cap.message
-    assert "hold less where the memory is: model.py:20 forward (45.0 MiB), model.py:10 __init__ (40.0 MiB)" \
-        in cap.suggestion
+    assert "85.0 MiB was allocated: activations 45.0 MiB, parameters and model state 40.0 MiB; most by model.py:20 " \
+           "forward (45.0 MiB), model.py:10 __init__ (40.0 MiB)." in cap.message
+    assert cap.suggestion == "hold at least 15.0 MiB less; what each role would free is below (largest first)."
+    # the 40 MiB made in __init__ are the model's; the three outputs of forward its activations
+    assert [(r.role, r.bytes, r.blocks) for r in d.by_role] == [
+        (Role.PARAMETERS, 40 * MiB, 1), (Role.ACTIVATIONS, 45 * MiB, 3)]
+    assert (act.pattern, act.bytes, act.role) == ("activations", 45 * MiB, Role.ACTIVATIONS)
+    assert "half the batch (or sequence) frees about 22.5 MiB" in act.suggestion
 
 
 def test_a_request_larger_than_the_device() -> None:
@@ -276,7 +291,7 @@ def test_without_an_oom_the_peak_and_the_pattern() -> None:
                and t.snap["device_traces"][0][p].get("frames", [{}])[-2:] == frames(EVAL, MAIN))
     assert acc.bytes == kept * 1536 * 1024 and kept >= 8
     assert "no OOM in this CUDA snapshot of cuda:0; state at its peak" in d.text()
-    assert "still alive at the peak" in acc.message
+    assert f"held {gs.recording.format_bytes(acc.bytes)} in {kept} blocks at the peak" in acc.message
 
 
 def test_an_empty_trace_says_so() -> None:
@@ -328,7 +343,7 @@ def test_a_process_share_used_up_while_the_device_had_room() -> None:
         {"action": "oom", "size": 24 * MiB, "device_free": 60 * 1024 * MiB, "stream": 0, "frames": frames(BIG, MAIN)},
     ]
     d = gs.diagnose(gs.load_snapshot({"segments": [], "device_traces": [trace]}))
-    (cap,) = d.findings
+    cap = d.findings[0]
     assert cap.pattern == "capacity" and cap.bytes == 24 * MiB - 10 * MiB
     assert "the device reported 60.0 GiB free, enough for it: the process's share was used up" in cap.message
 

@@ -14,7 +14,15 @@ from _snapshots import FakeAllocator, MiB, Oom, frames, snapshot, training_snaps
 
 import gradscope as gs
 from gradscope._snapshot.payload import SNAPSHOT_GROUPS
-from gradscope.snapshot import bytes_by_line, live_blocks, memory_by_group, snapshot_data
+from gradscope.snapshot import (
+    allocation_role,
+    bytes_by_line,
+    bytes_by_role,
+    live_blocks,
+    memory_by_group,
+    memory_by_role,
+    snapshot_data,
+)
 from gradscope.widget import payload_json, payload_of, snapshot_payload
 
 
@@ -58,6 +66,22 @@ def test_the_largest_live_blocks_at_every_moment_with_their_frames(rec: gs.Recor
     # each block travels once, however many moments show it
     shown = {r for ids in p["moments"]["blocks"] for r in ids}
     assert shown == set(range(len(B["size"])))
+
+
+def test_memory_by_role_and_each_blocks_role(rec: gs.Recording) -> None:
+    p = snapshot_payload(rec, points=60, blocks=5)
+    d = snapshot_data(rec)
+    S, B = p["strings"], p["blocks"]
+    want = memory_by_role(d, points=60)
+    assert [S[i] for i in p["groupings"]["role"]["names"]] == list(want.groups)
+    assert p["groupings"]["role"]["bytes"] == [list(r) for r in want.bytes] and want.positions == tuple(p["positions"])
+    for k, pos in enumerate(p["positions"]):  # the roles add up to what was allocated, at every moment
+        assert sum(r[k] for r in p["groupings"]["role"]["bytes"]) == p["total"][k] == d.live_bytes(pos)
+    for k, pos in enumerate(p["positions"]):
+        for r, a in zip(p["moments"]["blocks"][k], live_blocks(d, pos), strict=False):
+            assert S[B["role"][r]] == allocation_role(d, a.index).label
+    assert p["diagnosis"]["by_role"] == [[r.role.label, r.bytes, r.blocks] for r in bytes_by_role(d)]
+    assert all("code" not in f for f in p["diagnosis"]["findings"])
 
 
 def test_the_diagnosis_travels_with_it(rec: gs.Recording) -> None:

@@ -24,11 +24,11 @@ from typing import Any
 
 import torch
 
-from gradscope._frames import is_pytorch_file
+from gradscope._frames import is_folded_file, is_python_file, is_pytorch_file
 from gradscope._gc import paused
 from gradscope._series import downsample
 from gradscope._snapshot import replay as _replay
-from gradscope._snapshot.replay import EndBlock, EndSegment
+from gradscope._snapshot.replay import Annotation, EndBlock, EndSegment
 from gradscope._snapshot.unpickle import load_plain
 from gradscope.errors import GradscopeError
 from gradscope.recording import MemoryPoint, Peak, Phase, Recording, Where, format_bytes
@@ -37,7 +37,7 @@ __all__ = [
     "EXTRA_KEY",
     "GROUPS",
     "TIMELINE_POINTS",
-    "Accumulation",
+    "Annotation",
     "TraceAllocation",
     "EndBlock",
     "EndSegment",
@@ -51,13 +51,15 @@ __all__ = [
     "SegmentState",
     "SnapshotData",
     "SnapshotRecording",
-    "accumulating_lines",
     "bytes_by_line",
     "fragmentation",
     "from_saved",
     "group_of",
     "is_pytorch_frame",
+    "is_user_frame",
+    "line_frame",
     "largest_live_blocks",
+    "timeline_of_groups",
     "live_blocks",
     "load_snapshot",
     "load_snapshot_devices",
@@ -134,7 +136,7 @@ class TraceAllocation:
 
     @property
     def label(self) -> str:
-        """The allocating line: innermost frame that is not PyTorch's own (``file:line function``)."""
+        """The allocating line: the user's line (:func:`line_frame`, ``file:line function``)."""
         return _label_of(self.frames, "line")
 
 
@@ -169,6 +171,8 @@ class SnapshotData:
     ``initial_segments`` are the reserved ranges before the first event (address, size, stream,
     mapped); ``end_segments`` the allocator's segments and blocks when the snapshot was taken
     (:class:`EndSegment` / :class:`EndBlock`, a block's ``stack`` indexes ``stacks``).
+    ``annotations`` are the snapshot's ``external_annotations`` of this device placed in the trace
+    (:class:`Annotation`; none when the trace has no times).
     """
 
     device: int
@@ -197,6 +201,7 @@ class SnapshotData:
     end_segments: tuple[EndSegment, ...]
     allocator_settings: Mapping[str, Any]
     notes: tuple[str, ...] = ()
+    annotations: tuple[Annotation, ...] = ()
     _cache: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __copy__(self) -> SnapshotData:
@@ -320,6 +325,7 @@ class SnapshotData:
             ],
             "allocator_settings": dict(self.allocator_settings),
             "notes": list(self.notes),
+            "annotations": [[a.name, a.stage, a.at, a.time_us] for a in self.annotations],
         }
 
     def _stack_of(self, frames: tuple[Frame, ...]) -> int:
@@ -433,34 +439,6 @@ class LineBytes:
 
 
 @dataclass(frozen=True)
-class Accumulation:
-    """A line whose allocations pile up: made across the run and never freed.
-
-    ``blocks`` / ``bytes``: its allocations alive at ``at`` that were made during the trace;
-    ``slices_hit`` of ``slices`` equal parts of the trace (from the line's first allocation to
-    ``at``) made at least one of them. ``frames`` is the stack that kept the most bytes before
-    the last part (its outer frames say who keeps calling the line). ``freed`` counts the line's
-    allocations freed before ``at``.
-    """
-
-    key: str
-    bytes: int
-    blocks: int
-    first_at: int
-    last_at: int
-    slices_hit: int
-    slices: int
-    freed: int
-    frames: tuple[Frame, ...]
-
-    def __str__(self) -> str:
-        return (
-            f"{self.key}: {format_bytes(self.bytes)} in {self.blocks} blocks never freed, allocated across "
-            f"{self.slices_hit}/{self.slices} of the run"
-        )
-
-
-@dataclass(frozen=True)
 class GroupTimeline:
     """Allocated bytes over time split by frame group, for a stacked chart.
 
@@ -500,6 +478,7 @@ def read_snapshot(source: str | os.PathLike[str] | Mapping[str, Any]) -> dict[in
             what = repr(os.fspath(source))
             raw = load_plain(source)
         segments, traces, settings = _replay.check_snapshot(raw, what)
+        annotations, skipped = _replay.read_annotations(raw)
         stacks = _replay.StackTable()
         try:
             segs = _replay.end_segments(segments, stacks)
@@ -517,7 +496,8 @@ def read_snapshot(source: str | os.PathLike[str] | Mapping[str, Any]) -> dict[in
         out = {}
         for d, scan in scans.items():
             rec = _replay.reconcile(scan, segs, stacks, have_state=True)
-            out[d] = _build(scan, rec, segs, frames, stack_tuple, settings)
+            out[d] = _build(scan, rec, segs, frames, stack_tuple, settings,
+                            _replay.place_annotations(annotations, d, scan.times), skipped)
     return out
 
 
@@ -589,14 +569,23 @@ def _default_label(source: Any, device: int) -> str:
 
 def _build(scan: _replay.DeviceScan, rec: _replay.Reconciled, segs: list[_replay.EndSegment],
            frames: tuple[Frame, ...], stacks: tuple[tuple[int, ...], ...],
-           settings: dict[str, Any]) -> SnapshotData:
+           settings: dict[str, Any], annotations: tuple[Annotation, ...] = (),
+           skipped_annotations: int = 0) -> SnapshotData:
     def ro(a: array) -> memoryview:
         return memoryview(a).toreadonly()
 
     notes = list(rec.notes)
     pre = sum(1 for a in scan.alloc_at if a < 0)
     initial_allocated = sum(s for s, a in zip(scan.size, scan.alloc_at, strict=True) if a < 0)
-    if pre:
+    if pre and pre == len(scan.alloc_at):
+        notes.append(
+            f"no allocation history: the snapshot holds the allocator's segments and blocks when it was taken and "
+            f"no allocation in its trace ({pre} allocations, {format_bytes(initial_allocated)}, alive then). When "
+            "each was made and "
+            "freed, and so its role and whether memory grows from step to step, cannot be known; record with "
+            "torch.cuda.memory._record_memory_history() before the code runs for a trace."
+        )
+    elif pre:
         notes.append(
             f"the trace starts mid-run: {pre} allocations ({format_bytes(initial_allocated)}) were alive "
             "before its first event, known from their frees and from the snapshot's segments "
@@ -608,6 +597,9 @@ def _build(scan: _replay.DeviceScan, rec: _replay.Reconciled, segs: list[_replay
     if scan.double_allocs:
         notes.append(f"{scan.double_allocs} allocations reused an address the trace had not freed; "
                      "the earlier allocation is taken as freed there.")
+    if skipped_annotations:
+        notes.append(f"{skipped_annotations} external_annotations entries without a name, stage or time were "
+                     "left out.")
     if scan.events and scan.times is None:
         notes.append("the trace has no 'time_us' on every event: times are event positions.")
     if scan.events and not any(scan.stack):
@@ -628,7 +620,7 @@ def _build(scan: _replay.DeviceScan, rec: _replay.Reconciled, segs: list[_replay
         initial_reserved=rec.initial_reserved,
         initial_segments=tuple((a, s, st, m) for a, s, st, m in rec.initial_ranges),
         end_segments=tuple(g for g in segs if g.device is None or g.device == scan.device),
-        allocator_settings=settings, notes=tuple(notes),
+        allocator_settings=settings, notes=tuple(notes), annotations=annotations,
     )
     ooms = tuple(
         Oom(at=at, requested=size, device_free=None if free < 0 else free, stream=stream,
@@ -702,6 +694,12 @@ def _from_json(d: Any) -> SnapshotData:
     settings = d.get("allocator_settings") or {}
     if not isinstance(settings, Mapping):
         raise TypeError("allocator_settings is not an object")
+    annotations = []
+    for a in d.get("annotations", ()):  # absent in files saved before annotations were kept
+        at = _int(a[2])
+        if not -1 <= at < max(events, 1) or a[1] not in ("START", "END"):
+            raise ValueError("an annotation points outside the trace")
+        annotations.append(Annotation(str(a[0]), str(a[1]), at, _int(a[3])))
     return SnapshotData(
         device=_nonneg(d["device"]), events=events, frames=frames, stacks=stacks,
         **{c: memoryview(cols[c]).toreadonly() for c in _COLUMNS},
@@ -710,7 +708,7 @@ def _from_json(d: Any) -> SnapshotData:
         initial_allocated=_nonneg(d["initial_allocated"]), initial_reserved=_nonneg(d["initial_reserved"]),
         initial_segments=tuple((_nonneg(s[0]), _nonneg(s[1]), _int(s[2]), bool(s[3])) for s in d["initial_segments"]),
         end_segments=tuple(end), allocator_settings=dict(settings),
-        notes=tuple(str(n) for n in d.get("notes", ())),
+        notes=tuple(str(n) for n in d.get("notes", ())), annotations=tuple(annotations),
     )
 
 
@@ -1002,6 +1000,47 @@ def is_pytorch_frame(frame: Frame) -> bool:
     return is_pytorch_file(frame.filename)
 
 
+def is_user_frame(frame: Frame) -> bool:
+    """Whether a frame is the user's code: Python outside PyTorch, the standard library and
+    installed packages (:func:`gradscope._frames.is_folded_file`, also for another machine's
+    paths); never a C++ frame."""
+    return is_python_file(frame.filename) and not is_folded_file(frame.filename)
+
+
+def line_frame(frames: tuple[Frame, ...]) -> Frame | None:
+    """The frame that names a stack's line: the innermost user frame (:func:`is_user_frame`);
+    without one the innermost Python frame outside PyTorch (a library's), else PyTorch's own;
+    None when the stack has no Python frame (C++ only: the autograd engine's threads)."""
+    fallback = own = None
+    for f in frames:
+        if not is_python_file(f.filename):
+            continue
+        if not is_folded_file(f.filename):
+            return f
+        if fallback is None and not is_pytorch_file(f.filename):
+            fallback = f
+        if own is None:
+            own = f
+    return fallback or own
+
+
+def _cpp_only_label(frames: tuple[Frame, ...]) -> str:
+    """A stack of C++ frames only: the autograd engine's (backward) or another thread's."""
+    if any(_is_engine_frame(f.name) for f in frames):
+        return "(backward: C++ frames only)"
+    return "(C++ frames only)"
+
+
+_ENGINE = re.compile(r"torch::autograd::(?:Engine::|python::PythonEngine|AccumulateGrad|generated::\w+Backward\d*::apply)"
+                     r"|Backward\d*::apply\b|AccumulateGrad::apply")
+
+
+def _is_engine_frame(name: str) -> bool:
+    """A C++ frame of the autograd engine running backward (its thread, a node's apply,
+    AccumulateGrad)."""
+    return bool(_ENGINE.search(name))
+
+
 def _short_file(fn: str) -> str:
     parts = fn.replace("\\", "/").rstrip("/").split("/")
     base = parts[-1] if parts else fn
@@ -1013,13 +1052,13 @@ def _short_file(fn: str) -> str:
 def _label_of(frames: tuple[Frame, ...], group: str) -> str:
     if not frames:
         return "(no stack recorded)"
-    users = [f for f in frames if not is_pytorch_frame(f)]
+    f = line_frame(frames)
+    if f is None:
+        return _cpp_only_label(frames)
     if group == "stack":
-        shown = users[:4] or [next((f for f in frames if f.filename.endswith(".py")), frames[0])]
-        return " ← ".join(f.label for f in shown) + (" ← …" if len(users) > 4 else "")
-    f = users[0] if users else next((f for f in frames if f.filename.endswith(".py")), None)
-    if f is None:  # C++ frames only
-        return frames[0].name[:80]
+        users = [u for u in frames if is_user_frame(u)]
+        shown = users[:4] or [f]
+        return " ← ".join(u.label for u in shown) + (" ← …" if len(users) > 4 else "")
     if group == "line":
         return f.label
     if group == "function":
@@ -1028,9 +1067,11 @@ def _label_of(frames: tuple[Frame, ...], group: str) -> str:
 
 
 def group_of(frames: tuple[Frame, ...], group: str = "line") -> str:
-    """The frame group of a stack: ``"line"`` (``train.py:57 train_step``, the innermost frame
-    that is not PyTorch's own), ``"function"`` (``train.py train_step``), ``"file"``
-    (``train.py``) or ``"stack"`` (the user frames, innermost first)."""
+    """The frame group of a stack: ``"line"`` (``train.py:57 train_step``, the user's line:
+    :func:`line_frame`), ``"function"`` (``train.py train_step``), ``"file"`` (``train.py``) or
+    ``"stack"`` (the user frames, innermost first). A stack of C++ frames only (the autograd
+    engine's backward thread has no Python frames) is ``"(backward: C++ frames only)"``, never
+    a C++ function's name."""
     _check_group(group)
     return _label_of(frames, group)
 
@@ -1065,8 +1106,7 @@ def _stack_groups(data: SnapshotData, group: str) -> tuple[torch.Tensor, list[st
             g = index[name] = len(names)
             names.append(name)
             fr = data.stack_frames(sid)
-            users = [f for f in fr if not is_pytorch_frame(f)]
-            firsts.append(users[0] if users else (fr[0] if fr else None))
+            firsts.append(line_frame(fr) or (fr[0] if fr else None))
         of_stack.append(g)
     out = (torch.tensor(of_stack, dtype=torch.int64), names, firsts)
     data._cache[key] = out
@@ -1206,66 +1246,6 @@ def fragmentation(data: SnapshotData, at: int | None = None) -> Fragmentation:
     )
 
 
-@_replay.on_one_thread
-def accumulating_lines(data: SnapshotData, at: int | None = None, group: str = "line", min_blocks: int = 3,
-                       slices: int = 8) -> tuple[Accumulation, ...]:
-    """Lines whose allocations pile up over the run and are never freed (a list keeping graphs,
-    a cache that only grows), largest first.
-
-    For each frame group, the allocations alive at ``at`` that were made during the trace are
-    "kept"; the span from the group's first allocation to ``at`` is cut into ``slices`` equal
-    parts. A group accumulates when it has at least ``min_blocks`` kept blocks made in at least
-    half of the parts: memory made once (parameters, optimizer state) or by the current step
-    only (its activations) falls in one or two parts and is not reported.
-    """
-    _check_group(group)
-    if slices < 2 or min_blocks < 1:
-        raise GradscopeError("gradscope: accumulating_lines needs slices >= 2 and min_blocks >= 1.")
-    p = data._at(at)
-    t = _cols(data)
-    of_stack, names, _ = _stack_groups(data, group)
-    n_groups = len(names)
-    g_all = of_stack[t["alloc_stack"]]
-    alloc_at = t["alloc_at"]
-    made = (alloc_at >= 0) & (alloc_at <= p)
-    live = _live_mask(t, p)
-    kept = made & live
-    gk = g_all[kept]
-    blocks = torch.bincount(gk, minlength=n_groups)
-    if not bool((blocks >= min_blocks).any().item()):
-        return ()
-    first = torch.full((n_groups,), p + 1, dtype=torch.int64).scatter_reduce_(
-        0, g_all[made], alloc_at[made], "amin")
-    span = p - first + 1
-    at_k = alloc_at[kept]
-    part = torch.clamp((at_k - first[gk]) * slices // torch.clamp(span[gk], min=1), max=slices - 1)
-    pairs = torch.unique(gk * slices + part)
-    hits = torch.bincount(pairs // slices, minlength=n_groups)
-    nbytes = torch.zeros(n_groups, dtype=torch.int64).index_add_(0, gk, t["alloc_size"][kept])
-    freed = torch.bincount(g_all[made & ~live], minlength=n_groups)
-    flagged = torch.nonzero((blocks >= min_blocks) & (span >= slices) & (hits * 2 >= slices)).flatten()
-    kept_idx = torch.nonzero(kept).flatten()
-    out = []
-    for g in flagged.tolist():
-        mine = kept_idx[gk == g]
-        ats = alloc_at[mine]
-        # the stack that kept most bytes before the last slice: the one that accumulates (the last
-        # slice also holds the current step's memory from the same line)
-        early = mine[part[gk == g] < slices - 1]
-        pick = early if early.numel() else mine
-        stack_ids = t["alloc_stack"][pick]
-        uniq, inv = torch.unique(stack_ids, return_inverse=True)
-        per_stack = torch.zeros(int(uniq.numel()), dtype=torch.int64).index_add_(0, inv, t["alloc_size"][pick])
-        best = int(uniq[int(torch.argmax(per_stack).item())].item())
-        out.append(Accumulation(
-            key=names[g], bytes=int(nbytes[g].item()), blocks=int(blocks[g].item()),
-            first_at=int(ats.min().item()), last_at=int(ats.max().item()), slices_hit=int(hits[g].item()),
-            slices=slices, freed=int(freed[g].item()), frames=data.stack_frames(best),
-        ))
-    out.sort(key=lambda a: (-a.bytes, a.key))
-    return tuple(out)
-
-
 @dataclass(frozen=True)
 class LiveBlocksOverTime:
     """The largest live blocks at each of several moments, for a view that steps through them.
@@ -1320,10 +1300,6 @@ def memory_by_group(data: SnapshotData, group: str = "line", top: int = 8, point
     _check_group(group)
     if top < 1 or points < 2:
         raise GradscopeError("gradscope: memory_by_group needs top >= 1 and points >= 2.")
-    n = data.events
-    base = torch.linspace(0, max(n - 1, 0), steps=min(points, max(n, 1))).round().to(torch.int64)
-    extra = torch.tensor([-1, data.peak_at] + [o.at for o in data.ooms], dtype=torch.int64)
-    pos = torch.unique(torch.cat([base, extra]))
     t = _cols(data)
     of_stack, names, _ = _stack_groups(data, group)
     g_all = of_stack[t["alloc_stack"]]
@@ -1336,6 +1312,21 @@ def memory_by_group(data: SnapshotData, group: str = "line", top: int = 8, point
                 break
             if names[g] not in chosen:
                 chosen.append(names[g])
+    return timeline_of_groups(data, group, g_all, names, chosen, points)
+
+
+def timeline_of_groups(data: SnapshotData, group: str, of_alloc: torch.Tensor, names: Sequence[str],
+                       chosen: Sequence[str], points: int) -> GroupTimeline:
+    """The :class:`GroupTimeline` of any grouping of the allocations: ``of_alloc[i]`` indexes
+    ``names`` for allocation ``i``; the groups ``chosen`` get a row each, the rest "(other)".
+    Samples as in :func:`memory_by_group`."""
+    n = data.events
+    base = torch.linspace(0, max(n - 1, 0), steps=min(points, max(n, 1))).round().to(torch.int64)
+    extra = torch.tensor([-1, data.peak_at] + [o.at for o in data.ooms], dtype=torch.int64)
+    pos = torch.unique(torch.cat([base, extra]))
+    t = _cols(data)
+    g_all = of_alloc
+    chosen = list(chosen)
     slot = torch.full((len(names),), len(chosen), dtype=torch.int64)
     for i, name in enumerate(chosen):
         slot[names.index(name)] = i

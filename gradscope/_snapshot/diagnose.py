@@ -1,23 +1,36 @@
-"""``gs.diagnose`` of a CUDA memory snapshot: what was live at the OOM by source line, the request
-that failed, how fragmented the reserved memory was, and which pattern the trace matches.
+"""``gs.diagnose`` of a CUDA memory snapshot: what was live at the OOM (else the peak) by role and by
+the user's line, the request that failed, how fragmented the reserved memory was, and the causes
+the trace shows, each with the bytes that acting on it would free.
 
 Reached from :func:`gradscope.diagnose` for a :class:`~gradscope.snapshot.SnapshotRecording`
 (see :func:`gradscope.snapshot.load_snapshot`); everything here reads the allocation-level data
 through the pure functions of :mod:`gradscope.snapshot`, so each figure of the report can be
-asked for on its own (``bytes_by_line``, ``fragmentation``, ``accumulating_lines``,
-``segment_states``).
+asked for on its own (``bytes_by_role``, ``bytes_by_line``, ``trace_steps``, ``fragmentation``,
+``accumulating_lines``, ``segment_states``).
 
-Patterns:
+NOTE [ a snapshot's findings ]: one finding per cause, at most five. The failure's verdict comes
+first (an OOM's ``capacity``, ``fragmentation``, ``request_too_large`` or ``free_piece_fits``),
+then the causes ranked by the bytes that acting on them would free. Each names the user's line
+(:func:`gradscope.snapshot.line_frame`: never a C++ frame), the role and the bytes. A snapshot
+runs nothing, so no finding carries code: they say what to change in words and bytes, and
+``gs.record`` / ``gs.diagnose`` on the step itself run each fix and print its code with the
+saving measured. Causes:
 
-- ``accumulating``: one line (reached through one stack) keeps allocating memory that is never
-  freed, across the whole trace: a list that keeps outputs and with them their autograd graphs,
-  a cache that only grows. The outer frames name who keeps calling it.
+- ``accumulating``: memory kept from step to step keeps growing (NOTE [ a leak grows across
+  steps ] in :mod:`gradscope._snapshot.roles`): a list that keeps outputs, and with them their
+  autograd graphs; a cache that only grows. One finding per line that enters the model (the stacks
+  it reaches are one cause).
+- ``unused_graph``: without an OOM, activations that no backward in the trace came after: a
+  forward whose graph is never used (``torch.no_grad()`` / ``inference_mode()``), one finding
+  however many lines made them.
+- at a ``capacity`` OOM, what each lever would free: ``activations`` (checkpointing, a smaller
+  batch), ``optimizer_state`` (its bytes per parameter), ``gradients`` (freed earlier), and
+  ``fragmentation`` (what ``expandable_segments`` could map, counted from the segments).
 - ``fragmentation``: the request would have fit in the reserved but unallocated memory plus what
   the device still had, but no free piece was large enough. What ``expandable_segments`` and
   ``max_split_size_mb`` would change is computed on the snapshot's own segments (NOTE [ what the
   allocator settings would change ]).
-- ``capacity``: even all free memory together was less than the request: only holding less helps;
-  the lines holding most are named.
+- ``capacity``: even all free memory together was less than the request: only holding less helps.
 - ``request_too_large``: the one request is larger than everything the device had left, with
   nothing else counted.
 - ``free_piece_fits``: a free piece of the request's stream was large enough: the failure came from
@@ -34,7 +47,7 @@ Example:
     ...                    "state": "active_allocated", "frames": fr} for i in range(40)]}
     >>> d = gs.diagnose(gs.load_snapshot({"segments": [seg], "device_traces": [trace]}))
     >>> d.request, [f.pattern for f in d.findings]
-    (67108864, ['capacity', 'accumulating'])
+    (67108864, ['capacity', 'accumulating', 'activations'])
     >>> print(d.by_line[0])
     train.py:57 train_step: 80.0 MiB in 40 blocks
 """
@@ -45,25 +58,39 @@ import html
 from dataclasses import dataclass
 
 from gradscope._snapshot.data import (
-    Accumulation,
     Fragmentation,
+    Frame,
     LineBytes,
     OomCause,
     SegmentState,
     SnapshotData,
-    accumulating_lines,
     bytes_by_line,
     fragmentation,
     group_of,
-    is_pytorch_frame,
+    is_user_frame,
     segment_size_for,
     segment_states,
     snapshot_data,
+)
+from gradscope._snapshot.roles import (
+    Accumulation,
+    Role,
+    RoleBytes,
+    TracePass,
+    TraceSteps,
+    accumulating_lines,
+    bytes_by_role,
+    entry_frame,
+    role_notes,
+    trace_passes,
+    trace_steps,
+    unused_graph,
 )
 from gradscope.recording import Recording, format_bytes
 
 __all__ = [
     "LARGE_PAGE",
+    "MAX_FINDINGS",
     "SMALL_PAGE",
     "SMALL_REQUEST",
     "SnapshotDiagnosis",
@@ -75,7 +102,9 @@ __all__ = [
 SMALL_REQUEST = 1 << 20  # requests up to 1 MiB are served from the small pool
 SMALL_PAGE = 2 << 20  # expandable segments map the small pool in 2 MiB pages
 LARGE_PAGE = 20 << 20  # and the large pool in 20 MiB pages
-
+MAX_FINDINGS = 5  # see NOTE [ a snapshot's findings ]
+_MEASURE = ("a snapshot runs nothing: these say what to change and how many bytes it frees; gs.record() and "
+            "gs.diagnose() on the step itself run each fix and print its code with the saving measured.")
 # NOTE [ what the allocator settings would change ]
 # PyTorch's caching allocator serves a request from one contiguous free block of one segment of
 # the request's stream and pool; a segment goes back to CUDA only when it is entirely free (on an
@@ -96,18 +125,20 @@ LARGE_PAGE = 20 << 20  # and the large pool in 20 MiB pages
 
 @dataclass(frozen=True)
 class SnapshotFinding:
-    """One pattern found in a snapshot, with what to do.
+    """One cause found in a snapshot, with what to change, in words (see NOTE [ a snapshot's
+    findings ]).
 
-    ``bytes`` is what the culprit held at the diagnosed moment; ``key`` the line or stack it is
-    about (None for the allocator as a whole).
+    ``bytes`` is what acting on it would free (for an OOM's verdict: what had to be released, or
+    the request); ``key`` the user's line (or stack) it is about, None for the allocator as a
+    whole; ``role`` the role of the memory it is about (None for the allocator).
     """
 
     pattern: str
     bytes: int
     message: str
     suggestion: str
-    code: str = ""
     key: str | None = None
+    role: Role | None = None
 
 
 @dataclass(frozen=True)
@@ -115,9 +146,11 @@ class SnapshotDiagnosis:
     """What a CUDA snapshot says about its OOM (or its peak, without one).
 
     ``moment`` is ``"oom"`` or ``"peak"`` (``"empty"`` without allocations); ``at`` its trace
-    position. ``by_line`` is what was live then by allocating line, largest first (all of them;
-    the text lists ``top``); ``pageable_bytes`` what ``expandable_segments`` could have unmapped
-    and used again (None without a request). ``text()`` is deterministic.
+    position. ``by_role`` is what was live then by role, ``by_line`` by the user's line, largest
+    first (all of them; the text lists ``top``); ``passes`` and ``steps`` the trace's structure;
+    ``accumulating`` the memory that grows from step to step; ``pageable_bytes`` what
+    ``expandable_segments`` could have unmapped and used again (None without a request).
+    ``text()`` is deterministic.
     """
 
     label: str
@@ -138,6 +171,9 @@ class SnapshotDiagnosis:
     pageable_bytes: int | None
     notes: tuple[str, ...] = ()
     top: int = 8
+    by_role: tuple[RoleBytes, ...] = ()
+    passes: tuple[TracePass, ...] = ()
+    steps: TraceSteps | None = None
 
     def text(self) -> str:
         """The report as plain text."""
@@ -171,6 +207,16 @@ class SnapshotDiagnosis:
             + f" across {f.segments} segment{'s' if f.segments != 1 else ''}"
             + (f", {format_bytes(slack)} rounding inside blocks" if slack > 0 else "")
         )
+        if self.steps is not None and self.steps.source == "" and not self.passes and self.by_role \
+                and all(r.role is Role.BEFORE_TRACE for r in self.by_role):
+            lines.append("trace: no allocation history (the segments and blocks when the snapshot was taken): "
+                         "no passes, no steps, no lifetimes")
+        elif self.steps is not None:
+            lines.append(f"trace: {_passes_text(self.passes)}; {self.steps.how}")
+        if self.by_role:
+            lines.append(f"live {moment} by role:")
+            for rb in self.by_role:
+                lines.append(f"  {rb} — {rb.role.how}")
         if self.by_line:
             lines.append(f"live {moment} by source line:")
             for r in self.by_line[: self.top]:
@@ -185,12 +231,24 @@ class SnapshotDiagnosis:
             for i, fd in enumerate(self.findings, 1):
                 lines.append(f"  {i}. [{fd.pattern}] {_clean(fd.message)}")
                 lines.append(f"     suggestion: {_clean(fd.suggestion)}")
-                if fd.code:
-                    lines.append(f"     code: {_clean(fd.code)}")
+            lines.append(f"  ({_MEASURE})")
         else:
-            lines.append("findings: no known pattern; the lines above are where the memory is.")
+            lines.append(f"findings: none: {self._why_none()}")
         lines.extend(f"note: {_one_line(n, 300)}" for n in self.notes)
         return "\n".join(lines)
+
+    def _why_none(self) -> str:
+        steps = self.steps.count if self.steps is not None else 0
+        if self.by_role and all(r.role is Role.BEFORE_TRACE for r in self.by_role):
+            return ("without an allocation history no cause can be told (when each block was made and freed is "
+                    "unknown); the lines above are where the memory is.")
+        if not self.passes:
+            return "without frames no cause can be told; the lines above are where the memory is."
+        grow = ("no memory grows from step to step" if steps >= 3 else
+                f"the trace holds {steps} step end{'s' if steps != 1 else ''}, too few to tell whether memory grows "
+                "from step to step (it takes three)")
+        return f"{grow}, and no forward left activations waiting for a backward that did not come; the roles and " \
+               "lines above are where the memory is."
 
     def __str__(self) -> str:
         return self.text()
@@ -204,7 +262,9 @@ def diagnose_snapshot(recording: Recording, *, top: int = 8) -> SnapshotDiagnosi
     ``gs.diagnose`` returns for one). ``top``: how many lines the text lists."""
     data = snapshot_data(recording)
     at = data.default_at
-    notes = [n for n in recording.notes if n.startswith(("the trace starts mid-run", "no stack frames"))]
+    notes = [n for n in recording.notes
+             if n.startswith(("the trace starts mid-run", "no stack frames", "no allocation history"))]
+    notes.extend(role_notes(data))
     if at < 0 and data.peak_bytes == 0:
         return SnapshotDiagnosis(
             label=recording.label, device=data.device, moment="empty", at=at, t_s=None, allocated=0,
@@ -216,14 +276,21 @@ def diagnose_snapshot(recording: Recording, *, top: int = 8) -> SnapshotDiagnosi
     oom = data.oom
     frag = fragmentation(data, at)
     by_line = bytes_by_line(data, at)
-    acc = _accumulations(data, at)
+    by_role = bytes_by_role(data, at)
+    acc = accumulating_lines(data, at, group="stack")
     segs = segment_states(data, at)
     pageable = pageable_bytes(segs) if oom is not None else None
-    findings: list[SnapshotFinding] = []
-    findings.extend(_accumulation_finding(a, data, oom is not None) for a in acc)
+    causes = _leak_findings(data, acc, oom is not None)
+    unused = unused_graph(data, at)
+    if unused is not None:
+        causes.append(_unused_graph_finding(unused, at, data))
+    verdict: list[SnapshotFinding] = []
     if oom is not None:
-        findings.extend(_oom_findings(data, frag, segs, by_line, acc, pageable or 0))
-    findings.sort(key=lambda fd: (_ORDER.get(fd.pattern, 9), -fd.bytes))
+        verdict = _oom_findings(data, frag, segs, by_line, by_role, causes, pageable or 0)
+        if verdict and verdict[0].pattern == "capacity":
+            causes.extend(_levers(data, at, by_role, frag, pageable or 0))
+    causes.sort(key=lambda fd: (-fd.bytes, fd.pattern, fd.key or ""))
+    findings = (verdict + causes)[:MAX_FINDINGS]
     return SnapshotDiagnosis(
         label=recording.label, device=data.device, moment="oom" if oom is not None else "peak", at=at,
         t_s=data.t_s(at), allocated=frag.allocated, reserved=frag.reserved,
@@ -231,54 +298,164 @@ def diagnose_snapshot(recording: Recording, *, top: int = 8) -> SnapshotDiagnosi
         request_line=None if oom is None or not oom.frames else group_of(oom.frames, "line"),
         device_free=None if oom is None else oom.device_free, by_line=by_line, fragmentation=frag,
         accumulating=acc, findings=tuple(findings), pageable_bytes=pageable, notes=tuple(notes), top=top,
+        by_role=by_role, passes=trace_passes(data), steps=trace_steps(data),
     )
 
 
-# the cause of the failure first, then what fed it
-_ORDER = {"request_too_large": 0, "fragmentation": 0, "free_piece_fits": 0, "capacity": 1, "accumulating": 2}
+def _passes_text(passes: tuple[TracePass, ...]) -> str:
+    if not passes:
+        return "no passes (no frames tell forward, backward and optimizer step apart)"
+    if len(passes) <= 4:
+        return ", ".join(f"{p.kind} events {p.start}-{p.end} (left {format_bytes(p.kept)} alive)" for p in passes)
+    kinds: dict[str, int] = {}
+    for p in passes:
+        kinds[p.kind] = kinds.get(p.kind, 0) + 1
+    return f"{len(passes)} passes (" + ", ".join(f"{n} {k}" for k, n in kinds.items()) + ")"
 
 
-# ----- accumulation ----------------------------------------------------------------------------
-def _accumulations(data: SnapshotData, at: int) -> tuple[Accumulation, ...]:
-    """Whole stacks that accumulate (exact: one caller's blocks), then lines that accumulate
-    through no single stack (several callers each too few to count)."""
-    by_stack = accumulating_lines(data, at, group="stack")
-    covered = {group_of(a.frames, "line") for a in by_stack}
-    by_line = tuple(a for a in accumulating_lines(data, at, group="line") if a.key not in covered)
-    return tuple(sorted(by_stack + by_line, key=lambda a: (-a.bytes, a.key)))
-
-
-def _accumulation_finding(a: Accumulation, data: SnapshotData, at_oom: bool) -> SnapshotFinding:
-    users = [f for f in a.frames if not is_pytorch_frame(f)]
-    line = users[0].label if users else group_of(a.frames, "line")
-    outer = [f.label for f in users[1:4]]
-    callers = f" (called from {' ← '.join(outer)})" if outer else ""
-    module_call = any(f.name in ("_call_impl", "_wrapped_call_impl") or f.filename.endswith("/nn/modules/module.py")
-                      for f in a.frames)
-    what = ("a module's outputs: whatever keeps them (a list of outputs or losses) also keeps their autograd "
-            "graphs, with every activation saved for backward" if module_call else
-            "memory that is made again and again and never released (a list or cache that only grows)")
+# ----- memory that grows from step to step ----------------------------------------------------------
+def _leak_findings(data: SnapshotData, acc: tuple[Accumulation, ...], at_oom: bool) -> list[SnapshotFinding]:
+    """One finding per line that enters the model: the stacks that grow through it are one cause."""
+    causes: dict[str, list[Accumulation]] = {}
+    for a in acc:
+        entry = _entry_of(data, a.frames)
+        causes.setdefault(entry.label if entry is not None else a.key, []).append(a)
     moment = "at the OOM" if at_oom else "at the peak"
-    freed = ("none of its allocations was ever freed" if a.freed == 0
-             else f"{a.freed} other allocation{'s' if a.freed != 1 else ''} from it "
-                  f"{'were' if a.freed != 1 else 'was'} freed")
-    message = (
-        f"{line}{callers} made {a.blocks} blocks ({format_bytes(a.bytes)}) that were all still alive {moment}, "
-        f"allocated across {a.slices_hit} of {a.slices} equal parts of the trace; {freed}: {what}."
-    )
-    where = outer[0] if outer else line
-    if module_call:
-        suggestion = (
-            f"where {where} keeps the result, keep a number or a detached copy instead (loss.item(), "
-            "out.detach()), or run the call under torch.no_grad() when no gradient is needed; or stop keeping "
-            "the results (clear the list each step)."
+    out = []
+    for where, group in causes.items():
+        top = max(group, key=lambda a: a.bytes)
+        total = sum(a.bytes for a in group)
+        blocks = sum(a.blocks for a in group)
+        first = sum(a.at_step_ends[0] for a in group)
+        last = sum(a.at_step_ends[-1] for a in group)
+        n = len(top.step_ends)
+        per_step = (last - first) // max(n - 1, 1)
+        users = [f for f in top.frames if is_user_frame(f)]
+        line = users[0].label if users else group_of(top.frames, "line")
+        callers = [f.label for f in users[1:4]]
+        called = f" (called from {' ← '.join(callers)})" if callers else ""
+        others = f" and {len(group) - 1} other stack{'s' if len(group) > 2 else ''}" if len(group) > 1 else ""
+        # made inside a module call: outputs that hold their autograd graphs while they are kept
+        graphs = any(f.name in ("_call_impl", "_wrapped_call_impl") and f.filename.replace("\\", "/").endswith(
+            "/nn/modules/module.py") for f in top.frames)
+        keeper = where if where != line else (callers[0] if callers else line)
+        what = ("a module's outputs, and with them their autograd graphs (every activation saved for backward)"
+                if graphs else "what it makes each step (a list or cache that only grows)")
+        freed = sum(a.freed for a in group)
+        gone = ("none of its allocations was ever freed" if not freed else
+                f"{freed} other allocation{'s' if freed != 1 else ''} from it {'were' if freed != 1 else 'was'} freed")
+        message = (
+            f"memory kept from step to step grows: {line}{called}{others} held {format_bytes(total)} in {blocks} "
+            f"block{'s' if blocks != 1 else ''} {moment} ({gone}); at the ends of {n} steps it went from "
+            f"{format_bytes(first)} to {format_bytes(last)}, about {format_bytes(per_step)} more per step: "
+            f"something keeps {what}."
         )
-        code = f"# at {where}: results.append(out.detach())  # or loss.item(); or with torch.no_grad(): ..."
-    else:
-        suggestion = (f"find what keeps the blocks made at {line} alive (a list, dict or cache filled at {where}) "
-                      "and clear or bound it each step; keep numbers (.item()) or detached copies instead.")
-        code = ""
-    return SnapshotFinding("accumulating", a.bytes, message, suggestion, code, a.key)
+        suggestion = (
+            f"where {keeper} keeps the result, keep a number (loss.item()) or a detached copy (out.detach()) "
+            + ("instead, or run the call under torch.no_grad() when no gradient is needed; " if graphs else
+               "instead; ")
+            + f"or clear or bound what keeps them each step: that frees the {format_bytes(total)} and stops the "
+            f"growth of about {format_bytes(per_step)} per step."
+        )
+        out.append(SnapshotFinding("accumulating", total, message, suggestion, top.key, Role.KEPT))
+    return out
+
+
+def _entry_of(data: SnapshotData, frames: tuple[Frame, ...]) -> Frame | None:
+    index = data._cache.get("stack_by_frames")
+    if index is None:
+        index = data._cache["stack_by_frames"] = {data.stack_frames(i): i for i in range(len(data.stacks))}
+    sid = index.get(frames)
+    return entry_frame(data, sid) if sid is not None else None
+
+
+# ----- a forward whose graph no backward used -----------------------------------------------------
+def _unused_graph_finding(u: object, at: int, data: SnapshotData) -> SnapshotFinding:
+    from_ = getattr(u, "entry", None)
+    where = from_.label if from_ is not None else "the forward"
+    nbytes, blocks, cast, passes = (getattr(u, k) for k in ("bytes", "blocks", "autocast", "passes"))
+    forwards = "the forward" if passes <= 1 else f"the {passes} forwards"
+    called = f" called at {where}" if from_ is not None else ""
+    autocast = (f"; {format_bytes(cast)} of it are autocast's lower-precision copies of weights and inputs "
+                "(at::autocast::cached_cast), kept for the same backward" if cast else "")
+    message = (
+        f"{forwards}{called} left {format_bytes(nbytes)} of activations in {blocks} block{'s' if blocks != 1 else ''} "
+        f"alive at the peak, and no backward in the trace came after {'it' if passes <= 1 else 'them'}: the "
+        f"autograd graph of the output holds them for a backward that did not run{autocast}."
+    )
+    suggestion = (
+        f"if no gradient is needed there, run {'it' if passes <= 1 else 'them'} under torch.no_grad() or "
+        f"torch.inference_mode(): activations are then not kept, up to {format_bytes(nbytes)} less at the peak "
+        "(the output itself stays); if a backward comes after the snapshot was taken, they are what it needs "
+        "(activation checkpointing keeps fewer)."
+    )
+    return SnapshotFinding("unused_graph", nbytes, message, suggestion, where if from_ is not None else None,
+                           Role.ACTIVATIONS)
+
+
+# ----- what each lever would free at a capacity OOM ------------------------------------------------
+def _levers(data: SnapshotData, at: int, by_role: tuple[RoleBytes, ...], frag: Fragmentation,
+            pageable: int) -> list[SnapshotFinding]:
+    held = {r.role: r.bytes for r in by_role}
+    total = max(frag.allocated, 1)
+    out = []
+
+    def share(n: int) -> str:
+        return f"{format_bytes(n)} ({100 * n / total:.0f}% of what was allocated)"
+
+    act = held.get(Role.ACTIVATIONS, 0)
+    if act:
+        out.append(SnapshotFinding(
+            "activations", act,
+            f"activations held {share(act)} at the OOM: what the forward keeps for its backward.",
+            f"activation checkpointing (torch.utils.checkpoint around the model's blocks) keeps only each block's "
+            f"inputs and recomputes the rest in backward: it frees most of the {format_bytes(act)}; half the batch "
+            f"(or sequence) frees about {format_bytes(act // 2)}.",
+            None, Role.ACTIVATIONS))
+    opt = held.get(Role.OPTIMIZER_STATE, 0)
+    if opt:
+        params = held.get(Role.PARAMETERS, 0) or held.get(Role.BEFORE_TRACE, 0)
+        what = ("the parameters" if held.get(Role.PARAMETERS, 0) else
+                "what existed before the trace (the parameters among it)")
+        ratio = (f", {opt / params:.1f}x the {format_bytes(params)} of {what}: about {4 * opt / params:.0f} bytes "
+                 "of state per 4-byte parameter" if params else "")
+        out.append(SnapshotFinding(
+            "optimizer_state", opt,
+            f"optimizer state held {share(opt)} at the OOM{ratio}.",
+            "an optimizer that keeps less per parameter: 8-bit Adam keeps a quarter of fp32 Adam's 8 bytes per "
+            f"parameter (about {format_bytes(opt * 3 // 4)} less here); sharding the state over N GPUs (FSDP, "
+            "ZeRO) keeps 1/N of it; SGD without momentum keeps none.",
+            None, Role.OPTIMIZER_STATE))
+    grads = held.get(Role.GRADIENTS, 0)
+    if grads:
+        kind = _pass_kind_at(data, at)
+        if kind == "forward":
+            fix = (f"they are the previous step's, still alive in this forward: optimizer.zero_grad(set_to_none=True) "
+                   f"before the forward frees the {format_bytes(grads)}.")
+        else:
+            fix = ("an optimizer step inside backward (Tensor.register_post_accumulate_grad_hook) frees each "
+                   f"gradient as soon as it is used, up to the {format_bytes(grads)}; gradients in lower precision "
+                   "keep half.")
+        out.append(SnapshotFinding("gradients", grads, f"gradients held {share(grads)} at the OOM.", fix, None,
+                                   Role.GRADIENTS))
+    if pageable:
+        out.append(SnapshotFinding(
+            "fragmentation", pageable,
+            f"{format_bytes(frag.free_bytes)} of reserved memory was free in {frag.free_pieces} pieces, none large "
+            "enough: a block must be contiguous inside one segment.",
+            f"with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (set before CUDA starts) the allocator can unmap "
+            f"the whole pages of those pieces and map them where a request needs them: {format_bytes(pageable)} "
+            "counted on this snapshot's segments (an estimate: with the setting the layout differs).",
+            None, None))
+    return out
+
+
+def _pass_kind_at(data: SnapshotData, at: int) -> str | None:
+    kind = None
+    for p in trace_passes(data):
+        if p.start <= at:
+            kind = p.kind
+    return kind
 
 
 # ----- the failed request ----------------------------------------------------------------------
@@ -298,7 +475,7 @@ def pageable_bytes(segments: tuple[SegmentState, ...]) -> int:
 
 
 def _oom_findings(data: SnapshotData, frag: Fragmentation, segs: tuple[SegmentState, ...],
-                  by_line: tuple[LineBytes, ...], acc: tuple[Accumulation, ...],
+                  by_line: tuple[LineBytes, ...], by_role: tuple[RoleBytes, ...], causes: list[SnapshotFinding],
                   pageable: int) -> list[SnapshotFinding]:
     oom = data.oom
     assert oom is not None and frag.request is not None
@@ -340,23 +517,24 @@ def _oom_findings(data: SnapshotData, frag: Fragmentation, segs: tuple[SegmentSt
         # releasing that much makes room either way: a free piece the request fits, or a segment
         short = min(request - frag.free_bytes, need - device_free)
         device = f"the device had {format_bytes(device_free)} free"
-    if acc:
-        kept = sum(a.bytes for a in acc)
-        suggestion = (f"the accumulating memory below holds {format_bytes(kept)}"
+    leaks = [c for c in causes if c.pattern == "accumulating"]
+    if leaks:
+        kept = sum(c.bytes for c in leaks)
+        suggestion = (f"the memory that grows from step to step (below) holds {format_bytes(kept)}"
                       + (f", more than the {format_bytes(short)} that had to be released: releasing it leaves room."
                          if kept >= short else
                          f", less than the {format_bytes(short)} that had to be released: release it, then hold "
                          "less at the lines above."))
     else:
-        suggestion = (f"hold less where the memory is: {holders}: a smaller batch, activation checkpointing "
-                      "(torch.utils.checkpoint) around the blocks that allocate most, or lower precision "
-                      "(torch.autocast).")
+        suggestion = (f"hold at least {format_bytes(short)} less; what each role would free is below "
+                      "(largest first).")
+    roles = ", ".join(f"{r.role.label} {format_bytes(r.bytes)}" for r in sorted(by_role, key=lambda r: -r.bytes))
     return [SnapshotFinding(
         "capacity", short,
         f"not fragmentation: the free pieces of reserved memory hold {format_bytes(frag.free_bytes)}, less than "
         f"the {format_bytes(request)} request, so the allocator needed a new segment of {format_bytes(need)}, and "
         f"{device}; no allocator setting makes room: at least {format_bytes(short)} had to be released. "
-        f"{format_bytes(frag.allocated)} was allocated, most by {holders}.",
+        f"{format_bytes(frag.allocated)} was allocated: {roles}; most by {holders}.",
         suggestion,
     )]
 
@@ -400,7 +578,6 @@ def _fragmentation_finding(frag: Fragmentation, segs: tuple[SegmentState, ...], 
             f"{stream} is as large as the request (the largest is {format_bytes(largest)}), so there is no "
             "large block to keep whole"
         )
-        code = "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
     elif m >= 1 and splitting:
         sizes = ", ".join(format_bytes(g.size) for g in splitting[:4])
         split = (
@@ -410,12 +587,10 @@ def _fragmentation_finding(frag: Fragmentation, segs: tuple[SegmentState, ...], 
             f"blocks of {m} MiB or more are then never split for smaller requests, which keeps them whole for "
             "requests like this one (the smaller requests take segments of their own)"
         )
-        code = f"PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True  # or max_split_size_mb:{m}"
     else:
         split = ("max_split_size_mb would not help here: the segments as large as the request hold no live "
                  "block that splits them")
-        code = "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
-    return SnapshotFinding("fragmentation", frag.free_bytes, message, f"{expandable}; {split}.", code)
+    return SnapshotFinding("fragmentation", frag.free_bytes, message, f"{expandable}; {split}.")
 
 
 def _request_line(oom: object) -> str:

@@ -6,10 +6,11 @@ the payload never carries the trace or the allocation table. It carries:
 - memory over time by frame group (``memory_by_group``) at about ``points`` moments (evenly
   spaced trace positions plus the peak and every OOM), for each grouping the view offers (line,
   function, file): the top ``top`` groups and "(other)", exact at every moment, with the
-  reserved bytes;
+  reserved bytes; and by role (``memory_by_role``: every role, at the same moments);
 - at each of those moments, the ``blocks`` largest live blocks (``largest_live_blocks``) and how
-  many were live in all; the blocks' rows (size, stream, address, allocated and freed at) are
-  sent once however many moments show them, with their stacks and frames interned;
+  many were live in all; the blocks' rows (size, stream, address, allocated and freed at, role)
+  are sent once however many moments show them, with their stacks and frames interned (a frame
+  says whether it is folded: PyTorch's, the standard library's or an installed package's);
 - the diagnosis (``gs.diagnose``), its findings and the figures it used.
 Its size is thus bounded by ``points x (groups x top + blocks)`` numbers and the stacks of the
 blocks shown: about 1 MB for a 1 M-event trace (``benchmarks/bench_snapshot_view.py`` measures
@@ -28,12 +29,13 @@ from gradscope._snapshot.data import (
     SnapshotData,
     bytes_by_line,
     group_of,
-    is_pytorch_frame,
+    is_user_frame,
     largest_live_blocks,
     memory_by_group,
     snapshot_data,
 )
 from gradscope._snapshot.diagnose import diagnose_snapshot
+from gradscope._snapshot.roles import allocation_role, memory_by_role
 from gradscope.recording import Recording
 
 __all__ = ["SNAPSHOT_GROUPS", "snapshot_payload"]
@@ -55,6 +57,7 @@ def snapshot_payload(rec: Recording, *, points: int = 1000, top: int = 8, blocks
     data = snapshot_data(rec)
     S: Interner[str] = Interner()  # see NOTE [ strings interned in one table ]
     timelines = {g: memory_by_group(data, g, top=top, points=points) for g in SNAPSHOT_GROUPS}
+    timelines["role"] = memory_by_role(data, points=points)
     base = timelines["line"]
     live = largest_live_blocks(data, base.positions, blocks)
     rows: Interner[int] = Interner()  # allocation index -> row in the payload's block table
@@ -65,7 +68,7 @@ def snapshot_payload(rec: Recording, *, points: int = 1000, top: int = 8, blocks
     stacks: dict[int, int] = {}
     frames: dict[int, int] = {}
     stack_list: list[list[int]] = []
-    frame_cols: dict[str, list[Any]] = {"file": [], "line": [], "name": [], "torch": []}
+    frame_cols: dict[str, list[Any]] = {"file": [], "line": [], "name": [], "folded": []}
 
     def frame_id(f: int) -> int:
         k = frames.get(f)
@@ -75,7 +78,7 @@ def snapshot_payload(rec: Recording, *, points: int = 1000, top: int = 8, blocks
             frame_cols["file"].append(S(fr.filename))
             frame_cols["line"].append(fr.line)
             frame_cols["name"].append(S(fr.name))
-            frame_cols["torch"].append(is_pytorch_frame(fr))
+            frame_cols["folded"].append(not is_user_frame(fr))
         return k
 
     def stack_id(s: int) -> int:
@@ -86,7 +89,7 @@ def snapshot_payload(rec: Recording, *, points: int = 1000, top: int = 8, blocks
         return k
 
     table: dict[str, list[Any]] = {k: [] for k in ("size", "stream", "address", "alloc_at", "free_at", "stack",
-                                                    "line", "depth")}
+                                                    "line", "depth", "role")}
     for i in block_rows:
         s = data.alloc_stack[i]
         table["size"].append(data.alloc_size[i])
@@ -97,6 +100,7 @@ def snapshot_payload(rec: Recording, *, points: int = 1000, top: int = 8, blocks
         table["stack"].append(stack_id(s))
         table["line"].append(S(group_of(data.stack_frames(s), "line")))
         table["depth"].append(len(data.stacks[s]))
+        table["role"].append(S(allocation_role(data, i).label))
     groupings = {}
     for g, tl in timelines.items():
         groupings[g] = {"names": [S(n) for n in tl.groups], "bytes": [list(r) for r in tl.bytes]}
@@ -132,8 +136,10 @@ def snapshot_payload(rec: Recording, *, points: int = 1000, top: int = 8, blocks
             "moment": d.moment,
             "at": d.at,
             "text": d.text(),
-            "findings": [{"pattern": f.pattern, "bytes": f.bytes, "message": f.message,
-                          "suggestion": f.suggestion, "code": f.code} for f in d.findings],
+            "findings": [{"pattern": f.pattern, "bytes": f.bytes, "message": f.message, "suggestion": f.suggestion,
+                          "role": None if f.role is None else f.role.label} for f in d.findings],
+            "by_role": [[r.role.label, r.bytes, r.blocks] for r in d.by_role],
+            "steps": None if d.steps is None else d.steps.how,
             "by_line": [[r.key, r.bytes, r.blocks] for r in bytes_by_line(data, d.at)[:top]]
             if d.moment != "empty" else [],
         },

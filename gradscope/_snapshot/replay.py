@@ -22,6 +22,7 @@ from gradscope.errors import GradscopeError
 
 __all__ = [
     "ACTIONS",
+    "Annotation",
     "on_one_thread",
     "one_thread",
     "LIVE_STATES",
@@ -32,6 +33,8 @@ __all__ = [
     "StackTable",
     "check_snapshot",
     "end_segments",
+    "place_annotations",
+    "read_annotations",
     "reconcile",
     "scan_device",
 ]
@@ -500,13 +503,81 @@ def end_segments(segments: list[Any], stacks: StackTable) -> list[EndSegment]:
                 raise _bad(bw, f"has a 'state' that is {_tname(state)}, not a string")
             baddr = b.get("address", at)
             baddr = _need_int(baddr, bw, "address")
-            blocks.append(EndBlock(baddr, size, req, state, stacks.intern(b.get("frames"), bw)))
+            frames = b.get("frames")
+            if frames is None:
+                frames = _legacy_frames(b, bw)
+            blocks.append(EndBlock(baddr, size, req, state, stacks.intern(frames, bw)))
             at = baddr + size
         kind = seg.get("segment_type")
         large = kind != "small" if isinstance(kind, str) else total != 2 << 20
         out.append(EndSegment(dev, address, total, stream, large, bool(seg.get("is_expandable", False)),
                               tuple(blocks)))
     return out
+
+
+def _legacy_frames(block: dict[str, Any], where: str) -> Any:
+    """The frames of a block in the format of PyTorch 1.13 to 2.0: ``history``, a list of
+    ``{addr, real_size, frames}`` whose first entry is the block's allocation (what
+    ``torch.cuda._memory_viz`` reads); None when the block has none."""
+    history = block.get("history")
+    if history is None:
+        return None
+    if type(history) is not list:
+        raise _bad(where, f"has a 'history' that is {_tname(history)}, not a list")
+    if not history:
+        return None
+    first = history[0]
+    if type(first) is not dict:
+        raise _bad(where, f"has history[0] that is {_tname(first)}, not a dict")
+    return first.get("frames")
+
+
+@dataclass(frozen=True)
+class Annotation:
+    """An ``external_annotations`` entry: a ``record_function`` range that began (``START``) or
+    ended (``END``) while the history was recorded (``Optimizer.step#AdamW.step``, a user's
+    ``torch.profiler.record_function("step")``), placed in the trace: ``at`` is the position of
+    the last event at or before its time (-1: before the first)."""
+
+    name: str
+    stage: str
+    at: int
+    time_us: int
+
+
+def read_annotations(obj: Mapping[str, Any]) -> tuple[list[tuple[int | None, str, str, int]], int]:
+    """The snapshot's ``external_annotations`` as (device, name, stage, time_us), and how many
+    entries were skipped because a field was missing or of the wrong type (annotations only
+    help to find steps: a damaged one is left out, never fatal)."""
+    raw = obj.get("external_annotations")
+    if type(raw) is not list:
+        return [], 0 if raw is None else 1
+    out: list[tuple[int | None, str, str, int]] = []
+    skipped = 0
+    for e in raw:
+        if type(e) is not dict:
+            skipped += 1
+            continue
+        name, stage, t, dev = e.get("name"), e.get("stage"), e.get("time_us"), e.get("device")
+        if type(name) is not str or stage not in ("START", "END") or type(t) is not int \
+                or not (dev is None or type(dev) is int):
+            skipped += 1
+            continue
+        out.append((dev, name[:500], stage, t))
+    return out, skipped
+
+
+def place_annotations(entries: list[tuple[int | None, str, str, int]], device: int,
+                      times: array | None) -> tuple[Annotation, ...]:
+    """The annotations of ``device`` placed at trace positions by their times (none without
+    times: an annotation has a time, not a position)."""
+    mine = [(n, st, t) for d, n, st, t in entries if d is None or d == device]
+    if not mine or times is None or not len(times):
+        return ()
+    reach = torch.cummax(_t(times), 0).values  # times of a trace only grow, but never rely on it
+    when = torch.tensor([t for _, _, t in mine], dtype=torch.int64)
+    at = (torch.searchsorted(reach, when, right=True) - 1).tolist()
+    return tuple(Annotation(n, st, p, t) for (n, st, t), p in zip(mine, at, strict=True))
 
 
 class Ranges:

@@ -18,7 +18,7 @@ export function frameLabel(f) {
 export function decodeSnapshot(p) {
   const S = p.strings || [];
   const F = p.frames;
-  const frames = F.line.map((line, i) => ({ file: S[F.file[i]], line, name: S[F.name[i]], torch: !!F.torch[i] }));
+  const frames = F.line.map((line, i) => ({ file: S[F.file[i]], line, name: S[F.name[i]], folded: !!F.folded[i] }));
   const stacks = p.stacks.map((ids) => ids.map((k) => frames[k]));
   const B = p.blocks;
   const blocks = B.size.map((size, i) => ({
@@ -31,6 +31,7 @@ export function decodeSnapshot(p) {
     frames: stacks[B.stack[i]],
     depth: B.depth[i],
     line: S[B.line[i]],
+    role: B.role ? S[B.role[i]] : "",
   }));
   const groupings = {};
   for (const [g, v] of Object.entries(p.groupings)) groupings[g] = { names: v.names.map((k) => S[k]), bytes: v.bytes };
@@ -116,12 +117,13 @@ export function moment(snap, k, grouping = snap.group) {
   };
 }
 
-/** The frames of a block to show: the user's first, PyTorch's folded into a count between them. */
+/** The frames of a block to show: the user's, with those of PyTorch, the standard library, installed
+ * packages and C++ folded into a count between them. */
 export function visibleFrames(frames) {
   const out = [];
   let hidden = 0;
   for (const f of frames) {
-    if (f.torch) {
+    if (f.folded) {
       hidden++;
       continue;
     }

@@ -1,6 +1,7 @@
 // The view of a CUDA memory snapshot: memory over time stacked by allocating line (function,
-// file), reserved bytes, the OOM and the peak marked; a slider (or a click on the plot) picks a
-// moment, whose live memory by line and largest live blocks, with their stack frames, show below.
+// file) or by role (parameters, activations, gradients, optimizer state...), reserved bytes, the
+// OOM and the peak marked; a slider (or a click on the plot) picks a moment, whose live memory by
+// group and largest live blocks, with their roles and stack frames, show below.
 // The diagnosis comes first: what ran out and why. There is no graph in a snapshot, so none is
 // drawn. See NOTE [ text is data ] in dom.js.
 
@@ -12,7 +13,18 @@ import { decodeSnapshot, frameLabel, hasTimes, moment, momentText, nearestIndex,
 const GROUP_COLORS = ["#2563eb", "#f59e0b", "#16a34a", "#dc2626", "#9333ea", "#0891b2", "#ea580c", "#be185d", "#4d7c0f", "#6366f1"];
 const OTHER_COLOR = "#cbd5e1";
 const CONFIG = { displaylogo: false, responsive: true, modeBarButtonsToRemove: ["toImage", "lasso2d", "select2d"] };
-const GROUP_NAMES = { line: "source line", function: "function", file: "file" };
+const GROUP_NAMES = { line: "source line", function: "function", file: "file", role: "role" };
+// one color per role, whatever the moment or the file (names as gradscope.snapshot.Role.label)
+const ROLE_COLORS = {
+  "existed before the trace": "#94a3b8",
+  "parameters and model state": "#475569",
+  "optimizer state": "#9333ea",
+  gradients: "#dc2626",
+  activations: "#2563eb",
+  "kept across steps": "#f59e0b",
+  temporaries: "#16a34a",
+  "role unknown": "#cbd5e1",
+};
 
 export class SnapshotView {
   constructor(parent, payload, hooks = {}) {
@@ -129,7 +141,6 @@ export class SnapshotView {
         h("div", {}, [h("span", { class: "gs-finding-tag", text: f.pattern }), ` ${i + 1}. ${f.message}`]),
         h("div", { class: "gs-finding-fix", text: `→ ${f.suggestion}` }),
       ]);
-      if (f.code) item.appendChild(h("code", { class: "gs-finding-code", text: f.code }));
       box.appendChild(item);
     });
     const full = h("details", { class: "gs-snap-fulltext" }, [h("summary", { text: "the whole diagnosis as text (gs.diagnose)" }), h("pre", { text: d.text })]);
@@ -149,7 +160,7 @@ export class SnapshotView {
     const step = x.length > 1 ? "hv" : "linear";
     g.names.forEach((name, j) => {
       const other = name === "(other)";
-      const color = other ? OTHER_COLOR : GROUP_COLORS[j % GROUP_COLORS.length];
+      const color = other ? OTHER_COLOR : (this.group === "role" && ROLE_COLORS[name]) || GROUP_COLORS[j % GROUP_COLORS.length];
       traces.push({
         type: "scatter",
         mode: "lines",
@@ -287,12 +298,13 @@ export class SnapshotView {
       return;
     }
     const tbl = h("table", { class: "gs-table gs-snap-blocklist" });
-    tbl.appendChild(h("tr", {}, [h("th", { class: "gs-num", text: "size" }), h("th", { text: "allocated at" }), h("th", { class: "gs-num", text: "made at", title: "the trace event that allocated it" }), h("th", { class: "gs-num", text: "freed at", title: "the trace event that freed it (never: alive at the end)" }), h("th", { class: "gs-num", text: "stream" })]));
+    tbl.appendChild(h("tr", {}, [h("th", { class: "gs-num", text: "size" }), h("th", { text: "allocated at" }), h("th", { text: "role", title: "what the block was for, from its frames and lifetime" }), h("th", { class: "gs-num", text: "made at", title: "the trace event that allocated it" }), h("th", { class: "gs-num", text: "freed at", title: "the trace event that freed it (never: alive at the end)" }), h("th", { class: "gs-num", text: "stream" })]));
     for (const b of m.blocks) {
       const isOpen = this.open.has(b.row);
       const tr = h("tr", { class: `gs-snap-block${isOpen ? " gs-open" : ""}`, title: "click for its stack frames", dataset: { row: b.row } }, [
         h("td", { class: "gs-num", text: formatBytes(b.size) }),
         h("td", { class: "gs-snap-line", text: `${isOpen ? "▾" : "▸"} ${b.line}` }),
+        h("td", { class: "gs-snap-role", text: b.role }),
         h("td", { class: "gs-num", text: b.allocAt < 0 ? "before" : `#${b.allocAt}` }),
         h("td", { class: "gs-num", text: b.freeAt === null ? "never" : `#${b.freeAt}` }),
         h("td", { class: "gs-num", text: String(b.stream) }),
@@ -306,12 +318,12 @@ export class SnapshotView {
       if (isOpen) {
         const list = h("ol", { class: "gs-snap-frames" });
         for (const f of visibleFrames(b.frames)) {
-          if (f.hidden) list.appendChild(h("li", { class: "gs-muted gs-snap-torch", text: `… ${f.hidden} PyTorch frame${f.hidden === 1 ? "" : "s"}` }));
+          if (f.hidden) list.appendChild(h("li", { class: "gs-muted gs-snap-folded", text: `… ${f.hidden} frame${f.hidden === 1 ? "" : "s"} of PyTorch, libraries or C++` }));
           else list.appendChild(h("li", { class: "gs-snap-frame", text: frameLabel(f), title: f.file }));
         }
         if (b.depth > b.frames.length) list.appendChild(h("li", { class: "gs-muted", text: `… ${b.depth - b.frames.length} outer frames not kept` }));
         if (!b.frames.length) list.appendChild(h("li", { class: "gs-muted", text: "no stack recorded" }));
-        tbl.appendChild(h("tr", { class: "gs-snap-stack" }, [h("td", { colspan: "5" }, [list])]));
+        tbl.appendChild(h("tr", { class: "gs-snap-stack" }, [h("td", { colspan: "6" }, [list])]));
       }
     }
     bb.appendChild(tbl);

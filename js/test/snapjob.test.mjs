@@ -9,7 +9,7 @@ function snapPayload() {
     kind: "snapshot",
     label: "s",
     summary: { device: "cuda:0", events: 10, allocations: 3 },
-    strings: ["/home/u/train.py", "train_step", "/opt/venv/lib/python3.11/site-packages/torch/nn/modules/linear.py", "forward", "train.py:57 train_step", "model.py:20 forward", "(other)", "/home/u/pkg/__init__.py", "main"],
+    strings: ["/home/u/train.py", "train_step", "/opt/venv/lib/python3.11/site-packages/torch/nn/modules/linear.py", "forward", "train.py:57 train_step", "model.py:20 forward", "(other)", "/home/u/pkg/__init__.py", "main", "activations", "existed before the trace"],
     positions: [-1, 3, 6, 9],
     t: [0, 0.001, 0.002, 0.003],
     total: [0, 300, 700, 500],
@@ -17,9 +17,9 @@ function snapPayload() {
     groupings: { line: { names: [4, 5, 6], bytes: [[0, 100, 100, 100], [0, 200, 400, 400], [0, 0, 200, 0]] } },
     group: "line",
     moments: { blocks: [[], [1, 0], [2, 1, 0], [1, 0]], counts: [0, 2, 4, 2], limit: 3 },
-    blocks: { size: [100, 200, 200], stream: [0, 0, 7], address: [0, 512, 1024], alloc_at: [1, 2, 5], free_at: [-1, -1, 7], stack: [0, 1, 1], line: [4, 5, 5], depth: [1, 3, 3] },
+    blocks: { size: [100, 200, 200], stream: [0, 0, 7], address: [0, 512, 1024], alloc_at: [1, 2, 5], free_at: [-1, -1, 7], stack: [0, 1, 1], line: [4, 5, 5], depth: [1, 3, 3], role: [10, 9, 9] },
     stacks: [[0], [1, 2, 3]],
-    frames: { file: [0, 2, 0, 7], line: [57, 125, 20, 3], name: [1, 3, 3, 8], torch: [false, true, false, false] },
+    frames: { file: [0, 2, 0, 7], line: [57, 125, 20, 3], name: [1, 3, 3, 8], folded: [false, true, false, false] },
     peak: { at: 6, bytes: 700, index: 2 },
     oom: { at: 9, index: 3, requested: 4096 },
     ooms: [3],
@@ -35,6 +35,7 @@ test("a snapshot payload decodes into blocks with their frames", () => {
   assert.deepEqual(s.blocks[1].frames.map(frameLabel), ["linear.py:125 forward", "train.py:20 forward", "pkg/__init__.py:3 main"]);
   assert.equal(s.blocks[0].freeAt, null);
   assert.equal(s.blocks[2].freeAt, 7);
+  assert.deepEqual(s.blocks.map((b) => b.role), ["existed before the trace", "activations", "activations"]);
   assert.equal(s.defaultIndex, 3);
   assert.equal(shortFile("/a/b/__main__.py"), "b/__main__.py");
 });
@@ -65,8 +66,8 @@ test("nearest sampled moment and x values", () => {
   assert.deepEqual(snapshotX(s, "events"), [-1, 3, 6, 9]);
 });
 
-test("PyTorch's own frames fold into a count between the user's", () => {
-  const f = (name, torch) => ({ file: "x.py", line: 1, name, torch });
+test("frames of PyTorch, libraries and C++ fold into a count between the user's", () => {
+  const f = (name, folded) => ({ file: "x.py", line: 1, name, folded });
   assert.deepEqual(visibleFrames([f("a", true), f("b", true), f("c", false), f("d", true)]), [{ hidden: 2 }, f("c", false), { hidden: 1 }]);
 });
 
