@@ -377,7 +377,7 @@ class Loop:
 
 def real_loop(steps: int = 6, *, keep: str | None = None, annotate: bool = True, backward: bool = True,
               optimizer: bool = True, layers: int = 3, capacity: int = 4000 * MiB, lazy_state: bool = False,
-              cpp: bool = True) -> Loop:
+              cpp: bool = True, oom_step: int | None = None) -> Loop:
     """A training (or evaluation) loop as a real snapshot shows it: parameters made by
     ``model.to("cuda")`` (nn.Module._apply), per step a forward through ``layers`` layers (an
     activation each, a temporary freed at once, one line through einops), logits and a loss; with
@@ -389,7 +389,9 @@ def real_loop(steps: int = 6, *, keep: str | None = None, annotate: bool = True,
     ``keep="outputs"`` (without backward: an evaluation loop under grad) keeps each step's logits
     and with them every activation of that forward (its graph). ``lazy_state``: the optimizer makes
     the state of parameter k at step k (its state grows over the first steps, then stays);
-    ``cpp=False``: frames as ``stacks="python"`` records them."""
+    ``cpp=False``: frames as ``stacks="python"`` records them. ``oom_step``: in that step's forward,
+    after its second layer, a request 2 MiB larger than both the free pieces of the reserved memory
+    and what the device has left (a capacity failure; the loop ends there)."""
 
     def fr(*python: tuple[str, int, str], op: str = "mm") -> list[dict[str, Any]]:
         return real_frames(*python, op=op, cpp=cpp)
@@ -422,6 +424,13 @@ def real_loop(steps: int = 6, *, keep: str | None = None, annotate: bool = True,
             tmp = a.malloc(1 * MiB, fr(*_in_model(*inner, caller=step_line), op="gelu"))
             acts.append(a.malloc(act_size, fr(*_in_model(*inner, caller=step_line))))
             a.free(tmp)
+            if step == oom_step and k == 1:
+                try:
+                    free = sum(b.size for g in a.segments for b in g.blocks if b.state == "inactive")
+                    a.malloc(max(free, capacity - a.reserved) + 2 * MiB,
+                             fr(*_in_model((MODEL, 35, "forward"), caller=step_line)))
+                except Oom:
+                    return Loop(a, snapshot(a), sum(sizes), kept, logit_size, layers)
         logits = a.malloc(logit_size, fr(*_in_model((MODEL, 30, "forward"), caller=step_line)))
         loss = a.malloc(512, fr((TRAIN, 58, "train_step") if backward else (TRAIN, 81, "validate"),
                                          (TRAIN, 120, "main"), (TRAIN, 130, "<module>"), op="mean"))

@@ -234,6 +234,18 @@ def test_adamw_step_parameters_activations_gradients_and_state() -> None:
     assert "optimizer state: 25.4 GiB in 582 blocks — made in an optimizer's step" in d.text()
 
 
+def test_a_saved_recording_keeps_the_annotations_and_the_diagnosis(tmp_path: Path) -> None:
+    name = "lm2.7b_ctx128_adamw_step.pickle.gz"
+    rec, d = loaded(name)
+    rec.save(tmp_path / "r.gscope.json")
+    back = gs.load(tmp_path / "r.gscope.json")
+    assert snapshot_data(back).annotations == snapshot_data(rec).annotations
+    assert [(a.name, a.stage) for a in snapshot_data(rec).annotations] == [
+        ("Optimizer.zero_grad#AdamW.zero_grad", "START"), ("Optimizer.zero_grad#AdamW.zero_grad", "END"),
+        ("Optimizer.step#AdamW.step", "START"), ("Optimizer.step#AdamW.step", "END")]
+    assert gs.diagnose(back).text() == d.text()
+
+
 @pytest.mark.parametrize("name, line", [("lm2.7b_ctx128_forward_only.pickle.gz", 222),
                                         ("lm2.7b_ctx128_forward_only_bf16.pickle.gz", 224)])
 def test_a_forward_whose_graph_no_backward_uses_is_one_finding(name: str, line: int) -> None:

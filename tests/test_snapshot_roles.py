@@ -184,3 +184,58 @@ def test_roles_over_time_for_the_view() -> None:
         assert {g: tl.bytes[j][k] for j, g in enumerate(tl.groups) if tl.bytes[j][k]} == want
         assert tl.total[k] == data.live_bytes(p)
     assert [p.kind for p in trace_passes(data)][:3] == ["forward", "backward", "optimizer step"]
+
+
+def test_a_trace_without_frames_says_what_it_cannot_tell() -> None:
+    """The same leaking loop recorded without stacks: the Optimizer.step annotations still give the
+    steps, and what is made inside them is optimizer state; the rest has no role, and the growth is
+    found without a line to name."""
+    loop = real_loop(steps=6, keep="logits")
+    for e in loop.snap["device_traces"][0]:
+        e["frames"] = []
+    for seg in loop.snap["segments"]:
+        for b in seg["blocks"]:
+            b["frames"] = []
+    data = snapshot_data(gs.load_snapshot(loop.snap))
+    d = _diagnose(loop)
+    steps = trace_steps(data)
+    assert steps.source == "annotations" and steps.ends == tuple(_step_ends(loop, True))
+    assert [p.kind for p in trace_passes(data)] == ["optimizer step"] * 6
+    roles = {r.role: r.bytes for r in bytes_by_role(data, data.events - 1)}
+    assert roles == {Role.OPTIMIZER_STATE: 2 * loop.param_bytes,
+                     Role.UNKNOWN: data.live_bytes(data.events - 1) - 2 * loop.param_bytes}
+    (leak,) = d.findings
+    assert leak.pattern == "accumulating" and leak.key is None
+    assert "the trace has no frames to say which line makes it" in leak.message
+    assert "about 5.0 MiB more per step" in leak.message  # the kept logits, one per step
+    assert any("the trace has no Python frames" in n for n in d.notes)
+
+
+def test_a_capacity_oom_says_what_each_role_would_free() -> None:
+    """An OOM in the third step's forward of the training loop: the verdict, then the levers by the
+    bytes they free: AdamW's state (two tensors per parameter: 2x the parameters), the
+    activations held so far (checkpointing, half the batch), the fragmented free pieces."""
+    loop = real_loop(steps=5, oom_step=2, capacity=100 * MiB)
+    data = snapshot_data(gs.load_snapshot(loop.snap))
+    d = _diagnose(loop)
+    assert d.moment == "oom" and d.findings[0].pattern == "capacity"
+    levers = d.findings[1:]
+    assert [f.bytes for f in levers] == sorted((f.bytes for f in levers), reverse=True)
+    by = {f.pattern: f for f in levers}
+    roles = {r.role: r.bytes for r in bytes_by_role(data)}
+    assert sum(roles.values()) == d.allocated == data.live_bytes(d.at)
+    assert by["optimizer_state"].bytes == roles[Role.OPTIMIZER_STATE] == 2 * loop.param_bytes
+    assert "2.0x the 12.0 MiB of the parameters (Adam and AdamW keep two tensors the size of each parameter: " \
+           "2x)" in by["optimizer_state"].message
+    assert f"about {gs.recording.format_bytes(loop.param_bytes * 2 * 3 // 4)} less here" in \
+        by["optimizer_state"].suggestion
+    # the activations alive at the OOM: the two layers of this step's forward, and its input
+    acts = [(p, e, fr) for p, e, fr in _allocs(loop) if e["size"] in (3 * MiB, 512 * 1024)]
+    assert by["activations"].bytes == roles[Role.ACTIVATIONS] == sum(
+        e["size"] for p, e, fr in acts if _alive(p, fr, d.at))
+    assert "half the batch (or sequence) frees about" in by["activations"].suggestion
+    assert "gradients" not in by  # zero_grad(set_to_none=True) freed them before this forward
+    if "fragmentation" in by:
+        assert by["fragmentation"].bytes == d.pageable_bytes
+    for role in (Role.OPTIMIZER_STATE, Role.ACTIVATIONS, Role.PARAMETERS):
+        assert f"{role.label} {gs.recording.format_bytes(roles[role])}" in d.findings[0].message

@@ -357,7 +357,20 @@ def _leak_findings(data: SnapshotData, acc: tuple[Accumulation, ...], at_oom: bo
             + f"or clear or bound what keeps them each step: that frees the {format_bytes(total)} and stops the "
             f"growth of about {format_bytes(per_step)} per step."
         )
-        out.append(SnapshotFinding("accumulating", total, message, suggestion, top.key, Role.KEPT))
+        if not top.frames:  # a trace recorded without frames: the growth is known, the line is not
+            message = (
+                f"memory kept from step to step grows: allocations without frames held {format_bytes(total)} in "
+                f"{blocks} block{'s' if blocks != 1 else ''} {moment}; at the ends of {n} steps it went from "
+                f"{format_bytes(first)} to {format_bytes(last)}, about {format_bytes(per_step)} more per step: "
+                "something keeps memory each step, and the trace has no frames to say which line makes it."
+            )
+            suggestion = (
+                "record the history with frames (torch.cuda.memory._record_memory_history(stacks='all')) to see the "
+                "line; then keep numbers or detached copies there instead of tensors, or clear what keeps them each "
+                f"step: that frees the {format_bytes(total)}."
+            )
+        out.append(SnapshotFinding("accumulating", total, message, suggestion, top.key if top.frames else None,
+                                   Role.KEPT))
     return out
 
 
@@ -417,13 +430,13 @@ def _levers(data: SnapshotData, at: int, by_role: tuple[RoleBytes, ...], frag: F
         params = held.get(Role.PARAMETERS, 0) or held.get(Role.BEFORE_TRACE, 0)
         what = ("the parameters" if held.get(Role.PARAMETERS, 0) else
                 "what existed before the trace (the parameters among it)")
-        ratio = (f", {opt / params:.1f}x the {format_bytes(params)} of {what}: about {4 * opt / params:.0f} bytes "
-                 "of state per 4-byte parameter" if params else "")
+        ratio = (f", {opt / params:.1f}x the {format_bytes(params)} of {what} (Adam and AdamW keep two tensors "
+                 "the size of each parameter: 2x)" if params else "")
         out.append(SnapshotFinding(
             "optimizer_state", opt,
             f"optimizer state held {share(opt)} at the OOM{ratio}.",
-            "an optimizer that keeps less per parameter: 8-bit Adam keeps a quarter of fp32 Adam's 8 bytes per "
-            f"parameter (about {format_bytes(opt * 3 // 4)} less here); sharding the state over N GPUs (FSDP, "
+            "an optimizer that keeps less per parameter: 8-bit Adam keeps 2 bytes per parameter where fp32 Adam "
+            f"keeps 8 (about {format_bytes(opt * 3 // 4)} less here); sharding the state over N GPUs (FSDP, "
             "ZeRO) keeps 1/N of it; SGD without momentum keeps none.",
             None, Role.OPTIMIZER_STATE))
     grads = held.get(Role.GRADIENTS, 0)

@@ -354,26 +354,34 @@ def _passes(data: SnapshotData, st: _Stacks) -> tuple[torch.Tensor, torch.Tensor
     at = t["alloc_at"]
     kind = st.kind[t["alloc_stack"]].clone() if n else torch.zeros(0, dtype=torch.int64)
     kind[kind == _BUILD] = _FORWARD  # model building is code outside backward and the optimizer
-    for lo, hi in _optimizer_windows(data):
+    windows = _optimizer_windows(data)
+    window = torch.full((n,), -1, dtype=torch.int64)  # the Optimizer.step annotation an allocation is in
+    for j, (lo, hi) in enumerate(windows):
         inside = (at > lo) & (at <= hi) & (kind != _BACKWARD)
         kind[inside] = _OPTIMIZER
+        window[inside] = j
     classified = (at >= 0) & (kind >= _FORWARD) & (kind <= _OPTIMIZER)
     idx = torch.nonzero(classified).flatten()
     order = idx[torch.argsort(at[idx], stable=True)]
-    ks, ps = kind[order], at[order]
+    ks, ps, ws = kind[order], at[order], window[order]
     passes: list[TracePass] = []
     pass_of = torch.full((n,), -1, dtype=torch.int64)
     if ks.numel():
         change = torch.ones(int(ks.numel()), dtype=torch.bool)
-        change[1:] = ks[1:] != ks[:-1]
+        change[1:] = (ks[1:] != ks[:-1]) | (ws[1:] != ws[:-1])  # each annotated step is a pass of its own
         starts = torch.nonzero(change).flatten()
         counts = torch.diff(torch.cat([starts, torch.tensor([int(ks.numel())])]))
         start_pos = ps[starts]
         ends = torch.cat([start_pos[1:] - 1, torch.tensor([max(data.events - 1, 0)])])
+        if windows:  # an annotated optimizer step ends where its annotation does
+            hi_of = torch.tensor([hi for _, hi in windows], dtype=torch.int64)
+            w0 = ws[starts]
+            ends = torch.where(w0 >= 0, torch.minimum(ends, hi_of[torch.clamp(w0, min=0)]), ends)
         # every allocation made in the trace falls in the pass whose extent holds it
         made = at >= 0
         p = torch.searchsorted(start_pos, at, right=True) - 1
         pass_of = torch.where(made & (p >= 0), p, -1)
+        pass_of = torch.where(at > ends[torch.clamp(pass_of, min=0)], -1, pass_of)
         free = t["alloc_free_at"]
         mine = pass_of >= 0
         end_of = ends[torch.clamp(pass_of, min=0)]
