@@ -559,12 +559,13 @@ if _anywidget is not None:
                 t.join(timeout)
 
     class SnapshotWidget(_anywidget.AnyWidget):  # type: ignore[misc,name-defined]
-        """A CUDA memory snapshot: memory over time by allocating line (function, file), the OOM,
-        the reserved bytes, and the largest live blocks with their stacks at any moment.
+        """A CUDA memory snapshot: memory over time by allocating line (function, file) or by role,
+        the OOM, the reserved bytes, and the largest live blocks with their roles and stacks at any
+        moment.
 
         Synced state: ``position`` (the trace position shown, one of the sampled moments; settable
         from Python, which shows the nearest sampled moment) and ``group`` (``"line"``,
-        ``"function"`` or ``"file"``). :meth:`live_blocks` answers for the position exactly.
+        ``"function"``, ``"file"`` or ``"role"``). :meth:`live_blocks` answers for the position exactly.
         """
 
         data = _t.Unicode("{}").tag(sync=True)

@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 import gradscope as gs
-from gradscope.predict import _CUDA_CANNOT_KNOW, estimate_cuda_allocator
+from gradscope.predict import estimate_cuda_allocator
 from gradscope.recording import format_bytes
 from gradscope.snapshot import (
     Role,
@@ -191,7 +192,12 @@ def test_the_allocator_model_gives_the_reserved_peak(name: str) -> None:
         # the cached segments came before the history: the model packs the live blocks from an
         # empty cache and cannot know them (its notes say so)
         assert sum(-(-s // 512) * 512 for s, _ in r.pre.values()) <= model.reserved_peak < rec.reserved_peak_bytes
-        assert "the segments obtained before the step" in _CUDA_CANNOT_KNOW
+        p = gs.predict(_step, torch.nn.Linear(4, 4), torch.randn(2, 4), device="cuda")
+        assert any(n.startswith("CUDA estimate") and "the segments obtained before the step" in n for n in p.notes)
+
+
+def _step(model: torch.nn.Module, x: torch.Tensor) -> None:
+    model(x).sum().backward()
 
 
 # ----- what a right diagnosis says, file by file -----------------------------------------------------

@@ -81,10 +81,13 @@ __all__ = [
 #   freed in the backward that followed, or still held (by a graph, or as an output) afterwards;
 # - kept: made in a forward of one step and still alive when the next step ended (a list of
 #   outputs, a cache): see NOTE [ a leak grows across steps ] for when that is a leak;
-# - temporaries: freed within the pass that made them (and within its step);
+# - temporaries: freed within the pass that made them (and within its step; in a loop of forwards
+#   only, within the model's call: what the model made and kept past its last allocation is held
+#   by its output, an activation);
 # - unknown: made in the trace with no frames, outside any pass (a file recorded without stacks).
-# A pass ends where a pass of another kind begins; an allocation without frames of its own (the
-# engine thread's, when only Python stacks were recorded) takes the kind of the pass it falls in.
+# A pass ends where a pass of another kind begins (an annotated optimizer step where its
+# annotation ends); an allocation without frames of its own (the engine thread's, when only
+# Python stacks were recorded) takes the kind of the pass it falls in.
 # What a file lacks is said in role_notes: no frames (roles from lifetime only), no trace
 # (everything "before_trace"), no backward or optimizer in the trace.
 
@@ -110,8 +113,8 @@ __all__ = [
 # the same level every step, a cache filled once, or a list cleared now and then is not a leak;
 # optimizer state (kept by design) and memory made before the trace or while building the model
 # are never counted. Gradients are: the parameters' come back at the same size each step, so only
-# what backward keeps adding (graphs of create_graph=True passes kept alive) can grow. Long runs are read at most at 64 step ends (evenly
-# spread, the last one included).
+# what backward keeps adding (graphs of create_graph=True passes kept alive) can grow. Long runs
+# are read at most at 64 step ends (evenly spread, the last one included).
 
 
 class Role(str, enum.Enum):
