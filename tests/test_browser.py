@@ -1104,6 +1104,40 @@ def test_snapshot_page_offline(tmp_path: Path, browser, width: int):
         ctx.close()
 
 
+def test_a_real_gpu_snapshot_by_role(tmp_path: Path, browser):
+    """The page of a 2.7B model's AdamW step recorded on a real GPU (tests/data/snapshots): no finding,
+    and why; the steps; memory by role: at the peak each role's bytes, in the chart every role."""
+    import gradscope as gs
+    from gradscope.snapshot import bytes_by_role, memory_by_role, snapshot_data
+
+    rec = gs.load_snapshot(Path(__file__).parent / "data" / "snapshots" / "lm2.7b_ctx128_adamw_step.pickle.gz")
+    d, data = gs.diagnose(rec), snapshot_data(rec)
+    path = tmp_path / "adamw.html"
+    rec.to_html(path)
+    ctx, page, requests, errors = _open(browser, 1300, path)
+    try:
+        page.wait_for_selector('.gs-snap-timeline[data-ready="1"]', timeout=30_000)
+        root = page.locator(".gs-snapshot")
+        assert d.findings == () and root.locator(".gs-finding").count() == 0
+        assert root.locator(".gs-snap-none").inner_text() == f"No finding: {d.why_no_finding()}"
+        assert root.locator(".gs-snap-steps").inner_text() == f"Steps: {d.steps.how}."
+        root.locator(".gs-snap-group").select_option("role")
+        page.wait_for_selector('.gs-snap-timeline[data-ready="1"]')
+        root.locator(".gs-snap-peak").click()
+        state = _snap_state(root)
+        assert state["position"] == data.peak_at
+        want = sorted(bytes_by_role(data, data.peak_at), key=lambda r: (-r.bytes, r.role.label))
+        assert state["groups"] == [[r.role.label, format_bytes(r.bytes)] for r in want]
+        names = page.evaluate("() => document.querySelector('.gs-snap-timeline').data.filter(t => t.meta === 'group')"
+                              ".map(t => t.name)")
+        assert names == list(memory_by_role(data).groups) == [
+            "existed before the trace", "optimizer state", "gradients", "activations", "temporaries"]
+        _shot(page, "snapshot_real_adamw_roles")
+        assert errors == [] and requests == []
+    finally:
+        ctx.close()
+
+
 _VIEWS_SETUP = r"""
 import json, gradscope as gs
 from gradscope.snapshot import snapshot_data, live_blocks

@@ -233,11 +233,12 @@ class SnapshotDiagnosis:
                 lines.append(f"     suggestion: {_clean(fd.suggestion)}")
             lines.append(f"  ({_MEASURE})")
         else:
-            lines.append(f"findings: none: {self._why_none()}")
+            lines.append(f"findings: none: {self.why_no_finding()}")
         lines.extend(f"note: {_one_line(n, 300)}" for n in self.notes)
         return "\n".join(lines)
 
-    def _why_none(self) -> str:
+    def why_no_finding(self) -> str:
+        """Why there is no finding, in one sentence (what the trace could and could not tell)."""
         steps = self.steps.count if self.steps is not None else 0
         if self.by_role and all(r.role is Role.BEFORE_TRACE for r in self.by_role):
             return ("without an allocation history no cause can be told (when each block was made and freed is "

@@ -139,6 +139,7 @@ def snapshot_payload(rec: Recording, *, points: int = 1000, top: int = 8, blocks
             "findings": [{"pattern": f.pattern, "bytes": f.bytes, "message": f.message, "suggestion": f.suggestion,
                           "role": None if f.role is None else f.role.label} for f in d.findings],
             "by_role": [[r.role.label, r.bytes, r.blocks] for r in d.by_role],
+            "none": None if d.findings or d.moment == "empty" else d.why_no_finding(),
             "steps": None if d.steps is None else d.steps.how,
             "by_line": [[r.key, r.bytes, r.blocks] for r in bytes_by_line(data, d.at)[:top]]
             if d.moment != "empty" else [],

@@ -135,7 +135,8 @@ export class SnapshotView {
     if (!d || !d.findings) return;
     const box = h("div", { class: "gs-snap-diagnosis" });
     box.appendChild(h("h4", { text: d.moment === "oom" ? "Why it ran out of memory" : "What the trace shows" }));
-    if (!d.findings.length) box.appendChild(h("div", { class: "gs-muted", text: "No known pattern; the largest live blocks below are where the memory is." }));
+    if (d.steps) box.appendChild(h("div", { class: "gs-muted gs-snap-steps", text: `Steps: ${d.steps}.` }));
+    if (!d.findings.length) box.appendChild(h("div", { class: "gs-muted gs-snap-none", text: d.none ? `No finding: ${d.none}` : "No known pattern; the largest live blocks below are where the memory is." }));
     d.findings.forEach((f, i) => {
       const item = h("div", { class: "gs-finding", dataset: { pattern: f.pattern } }, [
         h("div", {}, [h("span", { class: "gs-finding-tag", text: f.pattern }), ` ${i + 1}. ${f.message}`]),
