@@ -13,7 +13,7 @@ the payload never carries the trace or the allocation table. It carries:
   says whether it is folded: PyTorch's, the standard library's or an installed package's);
 - the diagnosis (``gs.diagnose``), its findings and the figures it used.
 Its size is thus bounded by ``points x (groups x top + blocks)`` numbers and the stacks of the
-blocks shown: about 1 MB for a 1 M-event trace (``benchmarks/bench_snapshot_view.py`` measures
+blocks shown: about 600 KiB for a 1 M-event trace (``benchmarks/bench_snapshot_view.py`` measures
 it), whatever the trace's length. A moment between two samples is not shown in the page; from
 Python, ``live_blocks(data, at)`` answers any position exactly.
 """
