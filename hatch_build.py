@@ -61,8 +61,11 @@ class JSBuildHook(BuildHookInterface):  # type: ignore[misc]
             raise RuntimeError(
                 f"{NEEDS_NODE}, and npm is not on PATH. Install Node.js and npm (Debian: apt-get install "
                 "nodejs npm; elsewhere: https://nodejs.org), or install gradscope from a wheel, which "
-                "carries the widget (pip install gradscope), or set GRADSCOPE_SKIP_JS=1 to build without "
-                "the widget (recording, text and JSON work; the widget and HTML pages do not)."
+                "carries the widget: build it once where npm is (pip wheel --no-deps -w dist .), then "
+                f"pip install \"dist/gradscope-{self.metadata.version}-py3-none-any.whl[notebook]\" here "
+                "(gradscope is not on PyPI: the project of that name there is another one); or set "
+                "GRADSCOPE_SKIP_JS=1 to build without the widget (recording, text and JSON work; the "
+                "widget and HTML pages do not)."
             )
         try:
             if not (js / "node_modules").exists():

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 import sys
 from pathlib import Path
 
@@ -27,8 +29,9 @@ def _data(page: str) -> dict:
 def test_recording_page_is_one_self_contained_file(tmp_path: Path):
     rec = tiny_recording()
     path = tmp_path / "run.html"
-    page = rec.to_html(path)
-    assert path.read_text(encoding="utf-8") == page
+    assert rec.to_html(path) == str(path)  # the path: as a cell's last line it shows the name, not the page
+    page = path.read_text(encoding="utf-8")
+    assert rec.to_html() == page
     assert page.startswith("<!doctype html>")
     assert page.count("<script") == 2  # the data and the bundled module, nothing else
     assert not re.search(r"<script[^>]+src=", page)
@@ -123,3 +126,24 @@ def test_demo_page_states_the_problem(tmp_path: Path, capsys: pytest.CaptureFixt
         "The problem (seed 000): d/dy <1, d f(y, G(z))/dz> through a frozen G of 2 x (Linear 16 + Tanh), batch 4;"
     )
     assert [r["name"] for r in data["rows"]] == ["create_graph", "forward_ad", "split"]
+
+
+def test_written_files_get_the_users_umask(tmp_path: Path):
+    """Every file gradscope writes (pages, recordings) gets the mode ``open(path, "w")`` gives:
+    0o666 less the umask for a new file, its own mode for a file written over."""
+    rec = tiny_recording()
+    old = os.umask(0o022)
+    try:
+        assert rec.to_html(tmp_path / "a.html") == str(tmp_path / "a.html")
+        rec.save(tmp_path / "a.gscope.json")
+        os.umask(0o077)
+        rec.to_html(tmp_path / "private.html")
+        os.umask(0o002)
+        (tmp_path / "shared.html").write_text("old")
+        os.chmod(tmp_path / "shared.html", 0o640)
+        rec.to_html(tmp_path / "shared.html")
+    finally:
+        os.umask(old)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in tmp_path.iterdir()}
+    assert modes == {"a.html": 0o644, "a.gscope.json": 0o644, "private.html": 0o600, "shared.html": 0o640}
+    assert (tmp_path / "shared.html").read_text(encoding="utf-8") == rec.to_html()

@@ -92,6 +92,9 @@ def test_building_from_source_without_node_says_what_to_do(tmp_path: Path) -> No
     out = " ".join((p.stdout + p.stderr).split())
     assert "building gradscope from source needs Node.js (18 or newer) with npm" in out
     assert "install gradscope from a wheel, which carries the widget" in out
+    # the install named is one that works: the wheel's file name, never PyPI's project of that name
+    assert 'pip install "dist/gradscope-0.1.0-py3-none-any.whl[notebook]"' in out
+    assert "(pip install gradscope)" not in out and "pip install gradscope " not in out
     assert "GRADSCOPE_SKIP_JS=1" in out
     assert not list((tmp_path / "dist").glob("*.whl"))
 
