@@ -1253,6 +1253,10 @@ def test_a_cell_over_budget_in_jupyterlab_shows_diagnosis_trimmed_traceback_and_
         assert "fits the budget" in d and "code:" in d  # a fix that fits, run on copies
         assert "frames in" in t and "torch" in t  # the library frames folded into one line
         assert "out = model(input_ids=ids, labels=ids)" in t  # the cell's own line
+        # the traceback names the cell by the number JupyterLab shows for it (NOTE [ the recorded cell
+        # keeps its number ] in gradscope.ipython): "Cell In[2]" beside the prompt [2]
+        shown = re.search(r"\[(\d+)\]", cell.locator(".jp-InputArea-prompt").inner_text())
+        assert shown is not None and re.findall(r"Cell In\[(\d+)\]", t) == [shown.group(1)], t
         assert "site-packages/transformers" not in t and "site-packages/torch" not in t
         # the fixes ran on copies without a word to the user's output (transformers logs "use_cache=True
         # is incompatible with gradient checkpointing" when one enables checkpointing)
