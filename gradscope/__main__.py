@@ -90,9 +90,10 @@ def demo(out: str = "demo.html", depth: int = 24, width: int = 512, batch: int =
 
 
 def setup() -> int:
-    """``python -m gradscope setup``: compile the fast saved-tensor hooks for this PyTorch now and say
-    where the build went (a first recording would otherwise build them in the background; see
-    NOTE [ first use never waits for the compiler ] in gradscope._native).
+    """``python -m gradscope setup``: compile the fast saved-tensor hooks for this PyTorch now (or wait
+    for the builder at work), say how long it took and where the build went (a first recording
+    would otherwise build them in the background; see NOTE [ first use never waits for the
+    compiler ] in gradscope._native).
 
     Returns:
         The process exit status: 0 when built, cached or skipped (``GRADSCOPE_NATIVE=0``), 1 when
