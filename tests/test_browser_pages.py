@@ -141,8 +141,10 @@ def test_demo_first_screen_says_what_it_shows(demo: Path, truth: dict[str, Any],
     try:
         head = page.locator(".gs-cmp-headline")
         problem = head.locator(".gs-cmp-problem").inner_text()
-        assert problem.startswith("The problem (seed 000): d/dy <1, d f(y, G(z))/dz> through a frozen G of 24 x")
+        assert problem.startswith("The problem: d/dy <1, d f(y, G(z))/dz>, a mixed second derivative through a "
+                                  "frozen G of 24 x")
         assert "create_graph=True keeps G's graph" in problem
+        assert "split: wrong, and that is the point" in problem  # the point of the demo, said where it shows
         pk = truth["peak"]
         winner = head.locator(".gs-cmp-winner").inner_text()
         assert winner.startswith(
