@@ -43,6 +43,7 @@ from typing import Any
 
 _GRACE_S = 10.0  # after SIGTERM, how long the compile has to end before SIGKILL
 _PR_SET_CHILD_SUBREAPER = 36
+_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGINT", "SIGHUP") if hasattr(signal, n))
 
 
 # ----------------------------------------------------------------------------- the compile
@@ -163,6 +164,11 @@ def _end_descendants() -> None:
 def _end_compile(proc: subprocess.Popen[bytes]) -> None:
     """Stop the compile's process group: SIGTERM (ninja ends each compiler's group), then
     SIGKILL after a grace period; then whatever is left below the builder."""
+    if not hasattr(os, "killpg"):  # no process groups (Windows): the compile alone
+        proc.kill()
+        with contextlib.suppress(subprocess.SubprocessError):
+            proc.wait(_GRACE_S)
+        return
     if proc.poll() is None:
         with contextlib.suppress(OSError):
             os.killpg(proc.pid, signal.SIGTERM)
@@ -223,7 +229,7 @@ def build(s: dict[str, Any]) -> int:
     for stale in native.glob("build-*"):  # a builder killed outright (SIGKILL) left it
         shutil.rmtree(stale, ignore_errors=True)
     _become_subreaper()
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    for sig in _SIGNALS:
         signal.signal(sig, _stop)
     tmp = Path(tempfile.mkdtemp(prefix="build-", dir=native))
     t0 = time.monotonic()
@@ -234,7 +240,7 @@ def build(s: dict[str, Any]) -> int:
     try:
         proc = subprocess.Popen([sys.executable, __file__, "--compile", json.dumps({**s, "out": str(tmp)})],
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                cwd=tmp, preexec_fn=os.setpgrp)  # a group of its own: see _end_compile
+                                cwd=tmp, preexec_fn=getattr(os, "setpgrp", None))  # a group of its own: _end_compile
         try:
             output, _ = proc.communicate(timeout=float(s.get("timeout", 1800)))
         except subprocess.TimeoutExpired:
@@ -253,13 +259,13 @@ def build(s: dict[str, Any]) -> int:
     except subprocess.TimeoutExpired:
         status = 1
     except _Stopped as e:
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        for sig in _SIGNALS:
             signal.signal(sig, signal.SIG_IGN)  # stop once: the clean-up below is not cut short
         output += f"\nstopped by {e}".encode()
         if proc is not None:
             _end_compile(proc)
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        for sig in _SIGNALS:
             signal.signal(sig, signal.SIG_IGN)
         text = output.decode("utf-8", "replace")
         _write(native / ".build.log", text)
