@@ -1,4 +1,5 @@
-"""Build hook: bundle the widget's front end (js/) into gradscope/static/widget.js with esbuild.
+"""Build hook: bundle the widget's front end (js/) into gradscope/static/widget.js with esbuild, and
+have a wheel install a copy where the Jupyter server serves it.
 
 NOTE [ the wheel carries the widget ]: a wheel (``pip wheel .``, ``python -m build``) contains
 gradscope/static/widget.js, so installing gradscope from a wheel needs no Node.js. Building from
@@ -8,10 +9,19 @@ it is made from (js/src, js/package.json, js/package-lock.json; what ``./dev`` b
 as it is and npm is not needed. A wheel is never built without the widget unless asked:
 GRADSCOPE_SKIP_JS=1 skips the front end (recording, text and JSON still work; the widget and the
 HTML pages need the bundle).
+
+NOTE [ the wheel installs the script for the Jupyter server ]: a widget's own module is a small
+loader (js/src/loader.js; see NOTE [ the script once per environment ] in gradscope.widget) that imports the
+bundle from the Jupyter server. So a wheel also installs the bundle, as shared data, at
+share/jupyter/labextensions/gradscope/static/widget-<id>.js under the environment's prefix, where
+JupyterLab and Notebook 7 serve extensions' files; <id> is the first 16 hex digits of the bundle's
+SHA-256, as gradscope.widget.bundle_id() computes it, so a page never imports another version than
+its kernel's (a server that lacks that file makes the loader ask the kernel instead).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -21,6 +31,8 @@ from typing import Any
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
 BUNDLE = Path("gradscope") / "static" / "widget.js"
+LOADER = Path("gradscope") / "static" / "loader.js"
+SERVED = "share/jupyter/labextensions/gradscope/static"  # under the prefix: see NOTE [ the wheel installs ... ]
 NEEDS_NODE = (
     "gradscope: building gradscope from source needs Node.js (18 or newer) with npm, to bundle the "
     "notebook widget (js/ into gradscope/static/widget.js)"
@@ -28,14 +40,20 @@ NEEDS_NODE = (
 
 
 def bundle_is_current(root: Path) -> bool:
-    """Whether the bundle exists and is newer than every file it is made from."""
-    bundle = root / BUNDLE
-    if not bundle.is_file():
+    """Whether the bundle and the loader exist and are newer than every file they are made from."""
+    outputs = [root / BUNDLE, root / LOADER]
+    if not all(p.is_file() for p in outputs):
         return False
     js = root / "js"
     sources = [js / "package.json", js / "package-lock.json", *(js / "src").rglob("*")]
-    made = bundle.stat().st_mtime
+    made = min(p.stat().st_mtime for p in outputs)
     return all(p.stat().st_mtime <= made for p in sources if p.is_file())
+
+
+def served_name(bundle: Path) -> str:
+    """Where a wheel installs the bundle for the Jupyter server (NOTE [ the wheel installs the
+    script for the Jupyter server ])."""
+    return f"{SERVED}/widget-{hashlib.sha256(bundle.read_bytes()).hexdigest()[:16]}.js"
 
 
 class JSBuildHook(BuildHookInterface):  # type: ignore[misc]
@@ -44,6 +62,13 @@ class JSBuildHook(BuildHookInterface):  # type: ignore[misc]
     def initialize(self, version: str, build_data: dict[str, Any]) -> None:
         if os.environ.get("GRADSCOPE_SKIP_JS") == "1":
             return
+        self._bundle(version)
+        bundle = Path(self.root) / BUNDLE
+        if self.target_name == "wheel" and bundle.is_file():
+            build_data.setdefault("shared_data", {})[str(bundle)] = served_name(bundle)
+
+    def _bundle(self, version: str) -> None:
+        """Make the bundle (and the loader) unless they are current."""
         root = Path(self.root)
         js = root / "js"
         if not (js / "package.json").exists():
@@ -61,8 +86,11 @@ class JSBuildHook(BuildHookInterface):  # type: ignore[misc]
             raise RuntimeError(
                 f"{NEEDS_NODE}, and npm is not on PATH. Install Node.js and npm (Debian: apt-get install "
                 "nodejs npm; elsewhere: https://nodejs.org), or install gradscope from a wheel, which "
-                "carries the widget (pip install gradscope), or set GRADSCOPE_SKIP_JS=1 to build without "
-                "the widget (recording, text and JSON work; the widget and HTML pages do not)."
+                "carries the widget: build it once where npm is (pip wheel --no-deps -w dist .), then "
+                f"pip install \"dist/gradscope-{self.metadata.version}-py3-none-any.whl[notebook]\" here "
+                "(gradscope is not on PyPI: the project of that name there is another one); or set "
+                "GRADSCOPE_SKIP_JS=1 to build without the widget (recording, text and JSON work; the "
+                "widget and HTML pages do not)."
             )
         try:
             if not (js / "node_modules").exists():

@@ -1,13 +1,16 @@
-"""``python -m gradscope demo``: record the seed-000 problem and compare the strategies that solve it.
+"""``python -m gradscope demo``: record a mixed second derivative through a frozen model and compare
+three ways to compute it, saying what each result means.
 
-The problem: ``d/dy <1, d f(y, G(z)) / dz>`` through a frozen model ``G`` (a stack of Linear + Tanh
-layers). Double backward with ``create_graph=True`` keeps ``G``'s graph and the graph of its backward;
-forward AD keeps neither; the thread's two-step "split" loses the gradient.
+The problem (from a user's thread): ``d/dy <1, d f(y, G(z)) / dz>`` through a frozen model ``G`` (a
+stack of Linear + Tanh layers). Double backward with ``create_graph=True`` keeps ``G``'s graph and
+the graph of its backward (the reference); forward AD keeps neither (the same result, a fraction of
+the memory); the thread's two-step "split" loses the gradient, and the comparison shows it as
+*wrong*: that is the point of checking results, not only memory.
 
 Example:
     >>> from gradscope.__main__ import main
     >>> main(["demo", "--depth", "2", "--width", "16", "--batch", "4", "--out", ""])  # doctest: +ELLIPSIS
-    seed 000: ...
+    The problem: ...
     0
 """
 
@@ -16,9 +19,12 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
+
+from gradscope.recording import atomic_write_text, format_bytes
 
 __all__ = ["demo", "main", "setup"]
 
@@ -40,8 +46,45 @@ def _problem(
     return f, G, z, y
 
 
+def _problem_text(depth: int, width: int, batch: int) -> str:
+    return (f"d/dy <1, d f(y, G(z))/dz>, a mixed second derivative through a frozen G of {depth} x "
+            f"(Linear {width} + Tanh), batch {batch}")
+
+
+def _meanings(cmp: Any) -> list[str]:
+    """What each candidate's row means, from the comparison's own figures."""
+    rows = {r.name: r for r in cmp.rows}
+    ref = rows["create_graph"]
+    out = []
+    if ref.status == "ok":
+        out.append(f"create_graph: the reference. Double backward with create_graph=True keeps G's graph and the "
+                   f"graph of its own backward alive at once: peak {format_bytes(ref.peak_bytes)}.")
+    else:
+        out.append(f"create_graph: the reference {ref.status}: {ref.message}")
+    for name, what in (("forward_ad", "Forward-mode AD through G keeps neither graph"),):
+        r = rows[name]
+        if r.status == "ok" and ref.status == "ok" and ref.peak_bytes:
+            ratio = r.peak_bytes / ref.peak_bytes
+            out.append(f"{name}: {what}: the same result (max abs error {r.max_abs_error:g}) at "
+                       f"{format_bytes(r.peak_bytes)}, {ratio:.2f}x the reference's peak"
+                       + ("; the one to use." if ratio < 1 else "."))
+        else:
+            out.append(f"{name}: {r.status}: {r.message}")
+    split = rows["split"]
+    if split.status == "wrong":
+        lower = (split.peak_bytes is not None and ref.peak_bytes is not None and split.peak_bytes < ref.peak_bytes)
+        out.append(f"split: wrong, and that is the point: the thread's two-step split (backward through G first, "
+                   f"then through f) loses the gradient ({split.message}). "
+                   + ("Its peak is lower too, which is why " if lower else "That is why ")
+                   + "gs.compare checks every result against the reference before it compares memory.")
+    else:
+        out.append(f"split: {split.status} (expected wrong: the two-step split loses the gradient): {split.message}")
+    return out
+
+
 def demo(out: str = "demo.html", depth: int = 24, width: int = 512, batch: int = 64) -> int:
-    """Record the seed-000 problem, print its summary and the strategy comparison, write ``out``.
+    """Record the mixed second derivative, print its summary, the strategy comparison and what each
+    result means, write ``out``.
 
     Args:
         out: where to write the comparison as one HTML page; ``""`` to write nothing.
@@ -56,11 +99,10 @@ def demo(out: str = "demo.html", depth: int = 24, width: int = 512, batch: int =
     from gradscope.strategies import mixed_grad
 
     f, G, z, y = _problem(depth, width, batch)
-    print(
-        f"seed 000: d/dy <1, d f(y, G(z))/dz> through a frozen G of {depth} x (Linear {width} + Tanh), batch {batch}"
-    )
+    print(f"The problem: {_problem_text(depth, width, batch)}.")
+    print("Three ways to compute it are recorded and compared: create_graph (the reference), forward_ad, split.")
     print()
-    with gs.record(label="seed 000: create_graph", modules={"G": G}) as rec:
+    with gs.record(label="create_graph", modules={"G": G}) as rec:
         mixed_grad(f, G, z, y, method="create_graph")
     assert rec.recording is not None
     print(rec.recording.summary())
@@ -71,6 +113,11 @@ def demo(out: str = "demo.html", depth: int = 24, width: int = 512, batch: int =
     }
     cmp = gs.compare(candidates, reference="create_graph", modules={"G": G})
     print(cmp.summary())
+    print()
+    print("What the results mean:")
+    meanings = _meanings(cmp)
+    for line in meanings:
+        print(f"  {line}")
     if out:
         print()
         try:
@@ -78,21 +125,17 @@ def demo(out: str = "demo.html", depth: int = 24, width: int = 512, batch: int =
         except ImportError as e:
             print(f"gradscope.html is not available ({e}); no {out} written.")
         else:
-            problem = (
-                f"The problem (seed 000): d/dy <1, d f(y, G(z))/dz> through a frozen G of {depth} x (Linear {width} + "
-                f"Tanh), batch {batch}; double backward with create_graph=True keeps G's graph and the graph of its "
-                "own backward alive at once, forward AD needs neither, and the two-step split loses the gradient."
-            )
-            with open(out, "w", encoding="utf-8") as fh:
-                fh.write(comparison_html(cmp, problem=problem))
+            problem = f"The problem: {_problem_text(depth, width, batch)}. " + " ".join(meanings)
+            atomic_write_text(out, comparison_html(cmp, problem=problem))
             print(f"wrote {out}")
     return 0
 
 
 def setup() -> int:
-    """``python -m gradscope setup``: compile the fast saved-tensor hooks for this PyTorch now and say
-    where the build went (a first recording would otherwise build them in the background; see
-    NOTE [ first use never waits for the compiler ] in gradscope._native).
+    """``python -m gradscope setup``: compile the fast saved-tensor hooks for this PyTorch now (or wait
+    for the builder at work), say how long it took and where the build went (a first recording
+    would otherwise build them in the background; see NOTE [ first use never waits for the
+    compiler ] in gradscope._native).
 
     Returns:
         The process exit status: 0 when built, cached or skipped (``GRADSCOPE_NATIVE=0``), 1 when
@@ -118,7 +161,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ``python -m gradscope setup``."""
     parser = argparse.ArgumentParser(prog="python -m gradscope", description="gradscope command line")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("demo", help="record the seed-000 problem and compare create_graph, forward_ad, split")
+    p = sub.add_parser("demo", help="record a mixed second derivative through a frozen model and compare three ways "
+                                    "to compute it (create_graph, forward_ad, and split, which is wrong on purpose)")
     p.add_argument("--out", default="demo.html", help="HTML file to write ('' for none)")
     p.add_argument("--depth", type=int, default=24, help="Linear + Tanh layers in the frozen model")
     p.add_argument("--width", type=int, default=512, help="layer width")

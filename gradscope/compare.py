@@ -43,6 +43,7 @@ Example:
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import threading
 import time
@@ -58,7 +59,7 @@ from torch.overrides import TorchFunctionMode
 from gradscope import _views
 from gradscope.errors import GradscopeError
 from gradscope.figures import PEAK, SAVED_TOTAL, saved_activation_bytes
-from gradscope.recording import Recording, format_bytes
+from gradscope.recording import Recording, atomic_write_text, format_bytes
 
 __all__ = ["SPREAD_LIMIT", "Comparison", "Row", "compare", "saved_total", "tolerance"]
 
@@ -308,13 +309,14 @@ class Comparison:
         """The comparison as a text table (deterministic apart from the times)."""
         return _summary_text(self)
 
-    def to_html(self, path: str | None = None) -> str:
-        """One self-contained HTML page of the comparison; written to ``path`` when given."""
+    def to_html(self, path: str | os.PathLike[str] | None = None) -> str:
+        """One self-contained HTML page of the comparison. With ``path``, writes it there and
+        returns the path; without, returns the page's text."""
         html = str(_views.render("html", self))  # see NOTE [ results ask the registry ]
-        if path is not None:
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(html)
-        return html
+        if path is None:
+            return html
+        atomic_write_text(os.fspath(path), html)
+        return os.fspath(path)
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
         return dict(_views.render("mimebundle", self))

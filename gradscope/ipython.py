@@ -304,8 +304,10 @@ def _run_recorded(shell: Any, st: _State, rec: Any, cell: str) -> Recording:
         raise UsageError(str(e)) from None
     st.active, st.finished = rec, None
     outer = getattr(shell.displayhook, "exec_result", None)
+    count = _outer_count(shell, outer)
     try:
-        result = shell.run_cell(cell, store_history=False)
+        with _numbered_as(shell, count):
+            result = shell.run_cell(cell, store_history=False)
     except BaseException as e:
         _finish(st, rec, e, shell.user_ns)
         raise
@@ -318,6 +320,35 @@ def _run_recorded(shell: Any, st: _State, rec: Any, cell: str) -> Recording:
         outer.error_in_exec = err
     recording = _finish(st, rec, err, shell.user_ns)
     return recording
+
+
+# NOTE [ the recorded cell keeps its number ]: the cell under ``%%gradscope`` runs through a second
+# ``shell.run_cell`` (store_history=False), which compiles it under the shell's execution count at
+# that moment. IPython 8 adds one to the count after a cell has run, so that was the outer cell's
+# number; IPython 9 adds one before the cell runs, so the inner cell was compiled as the next
+# cell's (``cell [4]`` in the lines, ``Cell In[4]`` in tracebacks, for the cell shown as In[3]).
+# The inner run therefore sees the outer cell's own count (its ExecutionResult's), restored after.
+def _outer_count(shell: Any, outer: Any) -> int | None:
+    """The execution count of the cell running ``%%gradscope`` (None outside a cell: a magic
+    called from code)."""
+    count = getattr(outer, "execution_count", None)
+    return count if isinstance(count, int) and not isinstance(count, bool) else None
+
+
+@contextlib.contextmanager
+def _numbered_as(shell: Any, count: int | None) -> Iterator[None]:
+    """Run the inner cell under the outer cell's number (see NOTE [ the recorded cell keeps its
+    number ])."""
+    before = getattr(shell, "execution_count", None)
+    if count is None or before == count:
+        yield
+        return
+    shell.execution_count = count
+    try:
+        yield
+    finally:
+        if shell.execution_count == count:  # the inner run stores no history: nothing moved it
+            shell.execution_count = before
 
 
 def _finish(st: _State, rec: Any, err: BaseException | None, ns: dict[str, Any] | None = None) -> Recording:

@@ -7,9 +7,11 @@ sibling blocks of one structure (``h.0`` … ``h.11``) fold into one repeat box 
 folding ]). Each box carries its own inner layout, so the front end expands a box in place without
 asking Python again (the HTML page has no kernel).
 
-Engines: Graphviz ``dot`` draws the nicest small graphs but is slow on big ones (about 6 s at
-2,000 nodes even with ``nslimit``), so it is used only when the whole graph is small; above that,
-igraph's Sugiyama layout (under a second at 20,000 nodes). All graph walks are iterative.
+Engines: ``"layered"`` (the default) is gradscope's own layered layout in pure Python, dot's
+steps (see NOTE [ a layered layout of our own ] in gradscope._layered): it needs nothing beyond
+gradscope, so a page looks the same wherever it is made. Graphviz's ``dot`` program (``"dot"``,
+where it is installed) and igraph's Sugiyama layout (``"sugiyama"``, with ``igraph``) are there
+when asked for. All graph walks are iterative.
 
 A recording may be laid out at several *levels* of detail (:func:`layout_levels`): every node,
 and folded into nested module boxes. The front end picks the finest level whose names are legible at the width
@@ -19,7 +21,7 @@ Example:
     >>> from gradscope.recording import Recording, Node, Edge
     >>> rec = Recording(nodes=(Node(0, "SumBackward0"), Node(1, "AccumulateGrad", leaf="w")),
     ...                 edges=(Edge(1, 0),))
-    >>> lay = layout_recording(rec, engine="sugiyama")
+    >>> lay = layout_recording(rec)
     >>> lay.y[1] < lay.y[0]   # the leaf is drawn above the sum
     True
 """
@@ -32,11 +34,11 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gradscope._layered import layered, sink_layers
 from gradscope.errors import GradscopeError
 from gradscope.recording import Recording
 
 __all__ = [
-    "DOT_MAX_NODES",
     "COLLAPSE_MIN_NODES",
     "NESTED",
     "GROUP_H",
@@ -62,11 +64,12 @@ _MARGIN = 30
 _INNER_PAD = 24  # padding around an expanded module's nodes
 _HEADER = 14  # room for an expanded module's header band above its content
 
-# NOTE [ layout engine thresholds ]: dot's network simplex grows fast (21 s for a 2,000-node
-# worst-case DAG, 6.4 s with -Gnslimit=2); igraph's Sugiyama takes 0.06 s there and 0.9 s at
-# 20,000 nodes. dot is used only when the whole graph has at most DOT_MAX_NODES nodes, so that
-# a widget never waits on it; graphs above COLLAPSE_MIN_NODES open collapsed by module.
-DOT_MAX_NODES = 400
+# NOTE [ layout engine thresholds ]: the default engine is gradscope's layered layout, whatever
+# is installed: a page made where Graphviz is not (``pip install "gradscope[notebook]"`` brings no
+# dot) is the page made where it is. It places big contents with fewer ordering sweeps and without
+# the network simplex (gradscope._layered), so that a widget never waits long; graphs above
+# COLLAPSE_MIN_NODES open collapsed by module. dot, asked for, runs once over every box's content
+# with a time limit (21 s for a 2,000-node worst-case DAG, 6.4 s with -Gnslimit=2).
 COLLAPSE_MIN_NODES = 250
 _MIN_VISIBLE = 24  # a collapsed view should show at least this many boxes when it can
 _FOLD_MIN_NODES = 20  # smaller graphs always fit legibly: no folded level for them
@@ -266,7 +269,7 @@ def _layout_dot_many(jobs: Sequence[tuple[int, str]]) -> list[list[tuple[float, 
         ).stdout
     except (OSError, subprocess.SubprocessError) as e:
         raise GradscopeError(
-            f"gradscope: Graphviz dot failed ({type(e).__name__}); use engine='sugiyama'."
+            f"gradscope: Graphviz dot failed ({type(e).__name__}); leave engine='auto' (gradscope's own layout)."
         ) from None
     results: list[list[tuple[float, float]]] = []
     pos: list[tuple[float, float]] = []
@@ -284,7 +287,9 @@ def _layout_dot_many(jobs: Sequence[tuple[int, str]]) -> list[list[tuple[float, 
         elif parts[0] == "stop":
             results.append(pos)
     if len(results) != len(jobs):
-        raise GradscopeError("gradscope: Graphviz dot returned fewer layouts than asked; use engine='sugiyama'.")
+        raise GradscopeError(
+            "gradscope: Graphviz dot returned fewer layouts than asked; leave engine='auto' (gradscope's own layout)."
+        )
     return results
 
 
@@ -298,52 +303,22 @@ def _layout_dot(
     return _layout_dot_many([(n, _dot_source(n, edges, sizes, weights, groups))])[0]
 
 
-def _sink_layers(n: int, edges: Sequence[tuple[int, int]]) -> list[int]:
-    """Layer of each node: the loss (a sink) at the bottom, every other node one layer above its
-    highest consumer.
-
-    NOTE [ layering next to the consumer ]: longest-path layering from the sources (igraph's
-    default) puts every parameter leaf in the top layer, so a leaf used 3,000 layers down drags
-    an edge through 3,000 layers of dummy vertices (minutes at 20,000 nodes). Layering from the
-    sinks puts each leaf right above the node that uses it. Iterative (Kahn's algorithm); nodes on
-    a cycle (possible between collapsed modules) are placed above their known consumers.
-    """
-    preds: list[list[int]] = [[] for _ in range(n)]
-    remaining = [0] * n
-    for s, d in edges:
-        if s != d:
-            preds[d].append(s)
-            remaining[s] += 1
-    depth = [0] * n
-    done = [False] * n
-    stack = [v for v in range(n) if remaining[v] == 0]
-    processed = 0
-    while True:
-        while stack:
-            u = stack.pop()
-            done[u] = True
-            processed += 1
-            for p in preds[u]:
-                if depth[u] + 1 > depth[p]:
-                    depth[p] = depth[u] + 1
-                remaining[p] -= 1
-                if remaining[p] == 0:
-                    stack.append(p)
-        if processed >= n:
-            break
-        # a cycle: release the pending node with the fewest unprocessed consumers
-        v = min((v for v in range(n) if not done[v] and remaining[v] > 0), key=lambda v: remaining[v])
-        remaining[v] = 0
-        stack.append(v)
-    top = max(depth, default=0)
-    return [top - d for d in depth]
-
-
+# NOTE [ layering next to the consumer ]: longest-path layering from the sources (igraph's
+# default) puts every parameter leaf in the top layer, so a leaf used 3,000 layers down drags an
+# edge through 3,000 layers of dummy vertices (minutes at 20,000 nodes). Layering from the sinks
+# puts each leaf right above the node that uses it (gradscope._layered.sink_layers, which both
+# the layered and the igraph engine use).
 def _layout_sugiyama(n: int, edges: Sequence[tuple[int, int]]) -> list[tuple[float, float]]:
-    import igraph
+    try:
+        import igraph
+    except ImportError:
+        raise GradscopeError(
+            "gradscope: engine='sugiyama' needs igraph (pip install igraph); or leave engine='auto' "
+            "(gradscope's own layered layout)."
+        ) from None
 
     g = igraph.Graph(n=n, edges=list(edges), directed=True)
-    coords = g.layout_sugiyama(layers=_sink_layers(n, edges)).coords
+    coords = g.layout_sugiyama(layers=sink_layers(n, edges)).coords
     return [(float(coords[i][0]) * _X_STEP, float(coords[i][1]) * _Y_STEP) for i in range(n)]
 
 
@@ -366,7 +341,7 @@ def layout_dag(
     edges: Sequence[tuple[int, int]],
     sizes: Sequence[tuple[float, float]] | None = None,
     *,
-    engine: str = "sugiyama",
+    engine: str = "layered",
     weights: Sequence[int] | None = None,
     groups: Sequence[str | None] | None = None,
 ) -> tuple[list[tuple[float, float]], float, float]:
@@ -374,7 +349,7 @@ def layout_dag(
 
     Returns centres shifted so that the boxes start at ``(_MARGIN, _MARGIN)``, and the total
     width and height including margins. ``weights`` (per edge) and ``groups`` (per node, boxes
-    of one group are kept in a straight column) are hints for ``dot``.
+    of one group are kept in a straight column) are hints for ``"layered"`` and ``"dot"``.
     """
     if sizes is None:
         sizes = [(NODE_W, NODE_H)] * n
@@ -382,10 +357,12 @@ def layout_dag(
         return [], 2 * _MARGIN, 2 * _MARGIN
     if engine == "dot":
         pos = _layout_dot(n, edges, sizes, weights, groups)
+    elif engine == "layered":
+        pos = layered(n, edges, sizes, weights, groups)
     elif engine == "sugiyama":
         pos = _layout_sugiyama(n, edges)
     else:
-        raise GradscopeError(f"gradscope: unknown layout engine {engine!r}; use 'dot' or 'sugiyama'.")
+        raise GradscopeError(f"gradscope: unknown layout engine {engine!r}; use 'dot', 'layered' or 'sugiyama'.")
     return _place(pos, sizes)
 
 
@@ -432,16 +409,19 @@ def _layout_plan(
     return laid, weights, groups
 
 
-def _pick_engine(engine: str, n_nodes: int) -> str:
+def _pick_engine(engine: str) -> str:
+    """The engine to run (see NOTE [ layout engine thresholds ])."""
     if engine == "auto":
-        return "dot" if n_nodes <= DOT_MAX_NODES and _dot_available() else "sugiyama"
+        return "layered"
     if engine == "dot" and not _dot_available():
         raise GradscopeError(
             "gradscope: engine='dot' needs Graphviz's dot program (Debian: apt-get install graphviz); "
-            "or use engine='sugiyama'."
+            "or leave engine='auto' (gradscope's own layered layout)."
         )
-    if engine not in ("dot", "sugiyama"):
-        raise GradscopeError(f"gradscope: unknown layout engine {engine!r}; use 'auto', 'dot' or 'sugiyama'.")
+    if engine not in ("dot", "layered", "sugiyama"):
+        raise GradscopeError(
+            f"gradscope: unknown layout engine {engine!r}; use 'auto' (the same as 'layered'), 'dot' or 'sugiyama'."
+        )
     return engine
 
 
@@ -479,9 +459,10 @@ def layout_recording(
         collapse: ``"auto"`` (fold big graphs into nested module boxes, see NOTE [ nested
             folding ]), ``False`` (draw every node), ``True`` (nested module boxes even if small)
             or an int (one level of boxes: module paths cut to that many components).
-        engine: ``"auto"``, ``"dot"`` or ``"sugiyama"``.
+        engine: ``"auto"`` (gradscope's ``"layered"`` layout), ``"dot"`` (Graphviz's program) or
+            ``"sugiyama"`` (igraph's).
     """
-    return _with_fallback(rec, [_level_of(rec, collapse)], engine)[0]
+    return _layouts(rec, [_level_of(rec, collapse)], engine)[0]
 
 
 def layout_levels(
@@ -497,26 +478,19 @@ def layout_levels(
     gives), so its layout time does not double. ``collapse=False`` or a depth asks for one level.
     """
     if collapse != "auto":
-        return _with_fallback(rec, [_level_of(rec, collapse)], engine)
+        return _layouts(rec, [_level_of(rec, collapse)], engine)
     level = _level_of(rec, "auto")
     if level is not None:
-        return _with_fallback(rec, [level], engine)
+        return _layouts(rec, [level], engine)
     if len(rec.nodes) <= _FOLD_MIN_NODES or not _has_modules(rec):
-        return _with_fallback(rec, [None], engine)
-    flat, folded = _with_fallback(rec, [None, NESTED], engine)
+        return _layouts(rec, [None], engine)
+    flat, folded = _layouts(rec, [None, NESTED], engine)
     # folding must make the picture clearly smaller
     return [flat, folded] if folded.visible_count <= 0.75 * len(rec.nodes) else [flat]
 
 
-def _with_fallback(rec: Recording, levels: Sequence[_Level], engine: str) -> list[GraphLayout]:
-    if engine == "auto":
-        try:
-            eng = _pick_engine("auto", len(rec.nodes))
-            return [_layout_level(rec, lv, eng) for lv in levels]
-        except GradscopeError:
-            # dot failed or timed out: Sugiyama always works
-            return [_layout_level(rec, lv, "sugiyama") for lv in levels]
-    eng = _pick_engine(engine, len(rec.nodes))
+def _layouts(rec: Recording, levels: Sequence[_Level], engine: str) -> list[GraphLayout]:
+    eng = _pick_engine(engine)
     return [_layout_level(rec, lv, eng) for lv in levels]
 
 
@@ -773,6 +747,9 @@ def _layout_recording(rec: Recording, depth: int | None, eng: str, nested: bool 
                                            [content_edges[c][e] for e in ce[c]], groups_of[c]))
             for c in range(n_groups + 1)
         ])
+    elif eng == "layered":
+        raw = [layered(len(sizes_of[c]), ce[c], sizes_of[c], [content_edges[c][e] for e in ce[c]], groups_of[c])
+               for c in range(n_groups + 1)]
     else:
         raw = [_layout_sugiyama(len(sizes_of[c]), ce[c]) for c in range(n_groups + 1)]
     xs = [0.0] * n

@@ -748,12 +748,14 @@ class Recording:
         return str(_views.render("text", self, top=top))  # see NOTE [ results ask the registry ]
 
     def to_html(self, path: str | os.PathLike[str] | None = None) -> str:
-        """One self-contained HTML page (scripts and data inline, no network). Returns the HTML;
-        writes it to ``path`` when given."""
+        """One self-contained HTML page (scripts and data inline, no network). With ``path``,
+        writes it there and returns the path (as a cell's last line it shows the file's name, not
+        the page); without, returns the page's text."""
         html = str(_views.render("html", self))
-        if path is not None:
-            atomic_write_text(os.fspath(path), html)
-        return html
+        if path is None:
+            return html
+        atomic_write_text(os.fspath(path), html)
+        return os.fspath(path)
 
     def to_dot(self, max_nodes: int = 5000) -> Any:
         """A ``graphviz.Digraph`` of the graph with saved tensors and their bytes."""
@@ -916,13 +918,17 @@ def load(path: str | os.PathLike[str]) -> Recording:
 # ----- helpers ---------------------------------------------------------------------------
 def atomic_write_text(path: str, text: str) -> None:
     """Write ``text`` to ``path`` atomically and durably: a crash or a failed write leaves any
-    previous file intact and no temporary behind (every file gradscope writes goes through it)."""
+    previous file intact and no temporary behind (every file gradscope writes goes through it).
+    The file gets the mode ``open(path, "w")`` would give it: a file written over keeps its
+    mode, a new one gets ``0o666`` less the process's umask (the temporary is ``0o600``)."""
     directory = os.path.dirname(os.path.abspath(path))
+    mode = _mode_for(path)
     fd, tmp = tempfile.mkstemp(prefix=".gradscope-", suffix=".tmp", dir=directory)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
+            os.chmod(tmp, mode)
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
@@ -931,6 +937,29 @@ def atomic_write_text(path: str, text: str) -> None:
         except OSError:
             pass
         raise
+
+
+def _mode_for(path: str) -> int:
+    """The permission bits a plain ``open(path, "w")`` leaves: the existing file's, else
+    ``0o666`` less the umask (read from /proc where it can be, so no other thread sees the umask
+    changed for a moment)."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        pass
+    umask = None
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    umask = int(line.split()[1], 8)
+                    break
+    except (OSError, ValueError):
+        umask = None
+    if umask is None:
+        umask = os.umask(0o022)
+        os.umask(umask)
+    return 0o666 & ~umask
 
 
 def _enum_safe(d: dict[str, Any]) -> dict[str, Any]:

@@ -13,6 +13,7 @@ In a notebook, ``gs.show(rec.recording)`` (or a recording as a cell's last value
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import threading
@@ -34,8 +35,11 @@ __all__ = [
     "JobWidget",
     "RecordingWidget",
     "SnapshotWidget",
+    "bundle_id",
+    "bundle_name",
     "bundle_path",
     "bundle_text",
+    "loader_text",
     "comparison_payload",
     "is_snapshot",
     "job_payload",
@@ -65,17 +69,72 @@ def bundle_path() -> Path:
     return _STATIC / "widget.js"
 
 
+def _missing(p: Path) -> GradscopeError:
+    return GradscopeError(
+        f"gradscope: the widget's JavaScript bundle is missing ({p.name} in gradscope/static). "
+        "Reinstall gradscope with Node.js and npm available (pip install -e .), or build it: "
+        "cd js && npm ci && npm run build."
+    )
+
+
+# NOTE [ the script once per environment ]: anywidget stores a widget's ``_esm`` in the notebook's
+# widget state, once per widget: with the whole bundle inline, every output added 1.2 MB to a saved
+# notebook. A widget's ``_esm`` is a loader of a few kilobytes instead (js/src/loader.js, built
+# beside the bundle), all that a saved notebook keeps of the script. It imports the bundle
+#   1. from the Jupyter server: a wheel installs it where JupyterLab and Notebook 7 serve extensions'
+#      files, share/jupyter/labextensions/gradscope/static/widget-<id>.js, <id> naming its content
+#      (bundle_id), so a page never runs another version than its kernel's (hatch_build.py);
+#   2. else from the kernel: the widget asks over its own channel (Jupyter running in another
+#      environment, VS Code, an editable install whose copy is older) and the kernel sends it;
+#   3. else it draws what it can: a notice saying what the view needs and the figures the widget's
+#      data holds (a notebook opened where gradscope is not installed).
+# Nothing comes from beyond the Jupyter server and the kernel in use; the bundle is imported once per
+# page and shared by every widget of its version. The HTML pages still carry the bundle inline.
 def bundle_text() -> str:
     """The bundled front end; raises GradscopeError saying how to build it when it is missing."""
     p = bundle_path()
     try:
         return p.read_text(encoding="utf-8")
     except OSError:
-        raise GradscopeError(
-            f"gradscope: the widget's JavaScript bundle is missing ({p.name} in gradscope/static). "
-            "Reinstall gradscope with Node.js and npm available (pip install -e .), or build it: "
-            "cd js && npm ci && npm run build."
-        ) from None
+        raise _missing(p) from None
+
+
+_ids: dict[tuple[int, int], str] = {}  # (mtime, size) of the bundle -> its id
+
+
+def bundle_id() -> str:
+    """The bundle named by its content: the first 16 hex digits of its SHA-256 (what
+    ``hatch_build.py`` names the copy a wheel installs for the Jupyter server; see NOTE [ the
+    script once per environment ])."""
+    p = bundle_path()
+    try:
+        st = p.stat()
+        key = (st.st_mtime_ns, st.st_size)
+        if key not in _ids:
+            _ids.clear()
+            _ids[key] = hashlib.sha256(p.read_bytes()).hexdigest()[:16]
+        return _ids[key]
+    except OSError:
+        raise _missing(p) from None
+
+
+def bundle_name() -> str:
+    """The file name the Jupyter server serves the bundle under: ``widget-<bundle_id>.js``."""
+    return f"widget-{bundle_id()}.js"
+
+
+def loader_text() -> str:
+    """A widget's own module (its ``_esm``, a few kilobytes): it loads the bundle ``bundle_name()``
+    from the Jupyter server, else from the kernel, else draws a notice and the data's figures (see
+    NOTE [ the script once per environment ])."""
+    p = _STATIC / "loader.js"
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError:
+        raise _missing(p) from None
+    if "__GRADSCOPE_BUNDLE__" not in text:
+        raise GradscopeError(f"gradscope: {p} is not the widget's loader; rebuild it: cd js && npm run build.")
+    return text.replace("__GRADSCOPE_BUNDLE__", bundle_name())
 
 
 # ----- payloads: what the front end reads -----------------------------------------------------
@@ -444,7 +503,21 @@ def _need_widgets() -> None:
 if _anywidget is not None:
     _t = _traitlets
 
-    class RecordingWidget(_anywidget.AnyWidget):  # type: ignore[misc,name-defined]
+    class _FrontEnd(_anywidget.AnyWidget):  # type: ignore[misc,name-defined]
+        """What every gradscope widget shares: its ``_esm`` is the loader (a few kilobytes, what a
+        saved notebook keeps of the script), and it answers the loader's request for the bundle
+        where the Jupyter server does not have it (see NOTE [ the script once per environment ])."""
+
+        def __init__(self, **kwargs: Any) -> None:
+            self._esm = loader_text()
+            super().__init__(**kwargs)
+            self.on_msg(self._send_bundle)
+
+        def _send_bundle(self, _widget: Any, content: Any, _buffers: Any = None) -> None:
+            if isinstance(content, dict) and content.get("type") == "gradscope-bundle":
+                self.send({"type": "gradscope-bundle", "bundle": bundle_name(), "text": bundle_text()})
+
+    class RecordingWidget(_FrontEnd):
         """A recording's graph, saved tensors, memory timeline and backward step-through.
 
         Synced state: ``selected_node`` (the node clicked in the graph, -1 for none) and ``step``
@@ -458,7 +531,6 @@ if _anywidget is not None:
         def __init__(
             self, recording: Recording, *, collapse: bool | int | str = "auto", **kwargs: Any
         ) -> None:
-            self._esm = bundle_text()
             super().__init__(data=payload_json(recording, collapse=collapse), **kwargs)
             self.recording = recording
 
@@ -474,7 +546,7 @@ if _anywidget is not None:
             """Saved tensors of the clicked node."""
             return [s for s in self.recording.saved if s.node == self.selected_node]
 
-    class ComparisonWidget(_anywidget.AnyWidget):  # type: ignore[misc,name-defined]
+    class ComparisonWidget(_FrontEnd):
         """A comparison's candidates side by side, with toggles to re-run some of them.
 
         The front end sends ``{"type": "rerun", "names": [...]}``; the comparison re-measures them
@@ -491,7 +563,6 @@ if _anywidget is not None:
         rerun_error = _t.Unicode("").tag(sync=True)
 
         def __init__(self, comparison: Any, **kwargs: Any) -> None:
-            self._esm = bundle_text()
             super().__init__(data=payload_json(comparison), **kwargs)
             self.comparison = comparison
             self._thread: threading.Thread | None = None
@@ -558,7 +629,7 @@ if _anywidget is not None:
             if t is not None:
                 t.join(timeout)
 
-    class SnapshotWidget(_anywidget.AnyWidget):  # type: ignore[misc,name-defined]
+    class SnapshotWidget(_FrontEnd):
         """A CUDA memory snapshot: memory over time by allocating line (function, file) or by role,
         the OOM, the reserved bytes, and the largest live blocks with their roles and stacks at any
         moment.
@@ -573,7 +644,6 @@ if _anywidget is not None:
         group = _t.Unicode("line").tag(sync=True)
 
         def __init__(self, recording: Recording, **kwargs: Any) -> None:
-            self._esm = bundle_text()
             payload = snapshot_payload(recording)
             default = payload["positions"][payload["default"]] if payload["positions"] else -2
             super().__init__(data=json.dumps(payload, separators=(",", ":"), allow_nan=False,
@@ -586,7 +656,7 @@ if _anywidget is not None:
 
             return live_blocks(snapshot_data(self.recording), None if self.position < -1 else self.position, limit)
 
-    class JobWidget(_anywidget.AnyWidget):  # type: ignore[misc,name-defined]
+    class JobWidget(_FrontEnd):
         """A job's ranks side by side: per-rank figures, the imbalance, overlaid timelines and
         communication spans; one rank's graph and step-through below.
 
@@ -601,7 +671,6 @@ if _anywidget is not None:
         step = _t.Int(-1).tag(sync=True)
 
         def __init__(self, job: Any, **kwargs: Any) -> None:
-            self._esm = bundle_text()
             super().__init__(data=payload_json(job), **kwargs)
             self.job = job
 
@@ -666,7 +735,7 @@ def mimebundle(obj: Any) -> dict[str, Any]:
     """What a Recording or Comparison shows as a cell's value: the widget when the widget stack
     and the bundle are available, otherwise the text summary and the self-contained HTML page."""
     text = _summary_text(obj)
-    if _anywidget is not None and bundle_path().exists():
+    if _anywidget is not None and bundle_path().exists() and (_STATIC / "loader.js").exists():
         w = show(obj)
         data = w._repr_mimebundle_()
         if isinstance(data, tuple):

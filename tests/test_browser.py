@@ -11,6 +11,7 @@ Screenshots go to test-artifacts/.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -170,26 +171,28 @@ def _settings(dirpath: Path) -> None:
     )
 
 
-@pytest.fixture()
-def lab(tmp_path: Path) -> Iterator[tuple[str, str, Path]]:
-    """A JupyterLab server on 127.0.0.1 with a temp root; stopped (with its kernels) afterwards."""
-    root = tmp_path / "root"
-    root.mkdir()
-    shutil.copy(ROOT / "tests" / "_recordings.py", root / "_recordings.py")
-    (root / "widget_test.ipynb").write_text(json.dumps(_notebook()), encoding="utf-8")
+@contextlib.contextmanager
+def running_lab(tmp_path: Path, root: Path, *, python: str = sys.executable, env: dict[str, str] | None = None,
+                save_widget_state: bool = False) -> Iterator[tuple[str, str]]:
+    """A JupyterLab server on 127.0.0.1 serving ``root``, run by ``python`` with ``env`` (its own
+    settings, workspaces and runtime directories under ``tmp_path``); stopped with its kernels on exit.
+    ``save_widget_state``: saving a notebook stores its widgets' state (Lab's setting)."""
     settings = tmp_path / "settings"
     _settings(settings)
+    if save_widget_state:
+        manager = settings / "@jupyter-widgets" / "jupyterlab-manager"
+        manager.mkdir(parents=True)
+        (manager / "plugin.jupyterlab-settings").write_text(json.dumps({"saveState": True}))
     port = _free_port()
     token = secrets.token_hex(16)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env = dict(os.environ if env is None else env)
     env["JUPYTERLAB_SETTINGS_DIR"] = str(settings)
     env["JUPYTERLAB_WORKSPACES_DIR"] = str(tmp_path / "workspaces")
     env["JUPYTER_RUNTIME_DIR"] = str(tmp_path / "runtime")
     log = open(tmp_path / "lab.log", "wb")
     proc = subprocess.Popen(
         [
-            sys.executable,
+            python,
             "-m",
             "jupyterlab",
             "--no-browser",
@@ -222,7 +225,7 @@ def lab(tmp_path: Path) -> Iterator[tuple[str, str, Path]]:
                 log.flush()
                 raise RuntimeError("JupyterLab did not start:\n" + (tmp_path / "lab.log").read_text()[-3000:])
             time.sleep(0.3)
-        yield base, token, root
+        yield base, token
     finally:
         # the server's process group holds the server and its kernels: stop all of it
         try:
@@ -235,6 +238,19 @@ def lab(tmp_path: Path) -> Iterator[tuple[str, str, Path]]:
                 pass
             proc.wait(timeout=10)
         log.close()
+
+
+@pytest.fixture()
+def lab(tmp_path: Path) -> Iterator[tuple[str, str, Path]]:
+    """A JupyterLab server on 127.0.0.1 with a temp root; stopped (with its kernels) afterwards."""
+    root = tmp_path / "root"
+    root.mkdir()
+    shutil.copy(ROOT / "tests" / "_recordings.py", root / "_recordings.py")
+    (root / "widget_test.ipynb").write_text(json.dumps(_notebook()), encoding="utf-8")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    with running_lab(tmp_path, root, env=env) as (base, token):
+        yield base, token, root
 
 
 def _cell_output(page, index: int) -> str:
@@ -1307,6 +1323,10 @@ def test_a_cell_over_budget_in_jupyterlab_shows_diagnosis_trimmed_traceback_and_
         assert "fits the budget" in d and "code:" in d  # a fix that fits, run on copies
         assert "frames in" in t and "torch" in t  # the library frames folded into one line
         assert "out = model(input_ids=ids, labels=ids)" in t  # the cell's own line
+        # the traceback names the cell by the number JupyterLab shows for it (NOTE [ the recorded cell
+        # keeps its number ] in gradscope.ipython): "Cell In[2]" beside the prompt [2]
+        shown = re.search(r"\[(\d+)\]", cell.locator(".jp-InputArea-prompt").inner_text())
+        assert shown is not None and re.findall(r"Cell In\[(\d+)\]", t) == [shown.group(1)], t
         assert "site-packages/transformers" not in t and "site-packages/torch" not in t
         # the fixes ran on copies without a word to the user's output (transformers logs "use_cache=True
         # is incompatible with gradient checkpointing" when one enables checkpointing)

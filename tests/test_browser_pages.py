@@ -46,11 +46,14 @@ CAND = ".gs-candidate-view"  # the recording shown under the comparison
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The page of ``python -m gradscope demo`` (default sizes: the 200-node graph docs/views.md describes)."""
+    """The page of ``python -m gradscope demo`` (default sizes: the 200-node graph docs/views.md
+    describes), made as after ``pip install`` alone: no Graphviz dot on PATH."""
     from gradscope.__main__ import main
 
     path = tmp_path_factory.mktemp("demo") / "demo.html"
-    assert main(["demo", "--out", str(path)]) == 0
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv("PATH", str(path.parent / "no-programs"))
+        assert main(["demo", "--out", str(path)]) == 0
     return path
 
 
@@ -141,8 +144,10 @@ def test_demo_first_screen_says_what_it_shows(demo: Path, truth: dict[str, Any],
     try:
         head = page.locator(".gs-cmp-headline")
         problem = head.locator(".gs-cmp-problem").inner_text()
-        assert problem.startswith("The problem (seed 000): d/dy <1, d f(y, G(z))/dz> through a frozen G of 24 x")
+        assert problem.startswith("The problem: d/dy <1, d f(y, G(z))/dz>, a mixed second derivative through a "
+                                  "frozen G of 24 x")
         assert "create_graph=True keeps G's graph" in problem
+        assert "split: wrong, and that is the point" in problem  # the point of the demo, said where it shows
         pk = truth["peak"]
         winner = head.locator(".gs-cmp-winner").inner_text()
         assert winner.startswith(
@@ -346,6 +351,31 @@ def test_node_names_are_drawn_whole(demo: Path, truth: dict[str, Any], browser: 
         lines = {i: d["lines"][0] for i, d in drawn.items() if d and d.get("lines")}  # those in view
         assert len(lines) >= 10 and set(lines) & set(long), (len(lines), sorted(long)[:5])
         assert all(lines[i] == names[i] for i in lines), {names[i]: lines[i] for i in lines if lines[i] != names[i]}
+        assert errors == []
+    finally:
+        ctx.close()
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_demo_graph_fit_and_whole_graph(demo: Path, browser: Any, size: tuple[int, int]):
+    """The demo's graph, every node and folded by module: *Fit* shows it whole where names can be
+    read, else its top with names; *Whole graph* shows all of it and says when names cannot be read
+    (test_browser_models.check_fit_and_whole). Screenshots: layout_demo_<width>_<level>_{fit,whole}."""
+    from test_browser_models import check_fit_and_whole
+
+    ctx, page, errors = _open(browser, demo, size)
+    try:
+        cand = page.locator(CAND)
+        cand.locator(".gs-graph").scroll_into_view_if_needed()
+        levels = cand.locator(".gs-level option").count()
+        assert levels == 2
+        seen = []
+        for level in range(levels):
+            cand.locator(".gs-level").select_option(str(level))
+            depth = cand.locator(".gs-graph").get_attribute("data-depth")
+            seen.append(check_fit_and_whole(page, cand, f"layout_demo_{size[0]}_{'every_node' if depth == '' else 'folded'}"))
+        # every node of the 200 is too tall to be read whole; the note says so and points to folding
+        assert not seen[0]["legible"]
         assert errors == []
     finally:
         ctx.close()

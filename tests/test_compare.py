@@ -288,8 +288,8 @@ def test_views_delegate_to_html_and_widget(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "gradscope.html", fake_html)
     monkeypatch.setitem(sys.modules, "gradscope.widget", fake_widget)
     out = tmp_path / "cmp.html"
-    assert cmp.to_html(str(out)) == "<p>a:ok</p>"
-    assert out.read_text() == "<p>a:ok</p>"
+    assert cmp.to_html(out) == str(out)  # the path, not the page (as a cell's last line)
+    assert out.read_text() == cmp.to_html() == "<p>a:ok</p>"
     assert cmp._repr_mimebundle_() == {"text/plain": "Comparison(reference='a': a=ok)"}
 
 

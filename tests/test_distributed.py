@@ -530,8 +530,9 @@ def test_job_page_is_self_contained_and_shows_names_as_text(tmp_path: Path) -> N
         recs.append(dataclasses.replace(r, saved=saved))
     job = Job((RankEntry(0, RankStatus.COMPLETE, recs[0]), RankEntry(1, RankStatus.COMPLETE, recs[1]),
                RankEntry(2, RankStatus.MISSING, None, HOSTILE[1])), label=HOSTILE[0])
-    page = job.to_html(tmp_path / "job.html")
-    assert (tmp_path / "job.html").read_text() == page
+    assert job.to_html(tmp_path / "job.html") == str(tmp_path / "job.html")
+    page = (tmp_path / "job.html").read_text()
+    assert job.to_html() == page
     assert "Content-Security-Policy" in page and "default-src 'none'" in page
     # the data and the bundled view, inline; nothing loaded from anywhere
     assert page.count("<script") == 2 and not re.search(r"<(script|link|img)[^>]+(src|href)=", page)

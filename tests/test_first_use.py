@@ -4,13 +4,17 @@ PyTorch warning about ``torch.compile``d modules."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 import warnings
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,11 +28,15 @@ COMPILER = shutil.which("c++") or shutil.which("g++")
 HOOK_WARNING = "Using `torch.compile(module)` when there are global hooks on modules"
 
 
-def _run(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+def _env(**env: str) -> dict[str, str]:
     e = {k: v for k, v in os.environ.items() if k not in ("GRADSCOPE_NATIVE", "GRADSCOPE_CACHE", "CXX")}
     e.update(PYTHONPATH=str(ROOT), **env)
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=e,
-                          timeout=600)
+    return e
+
+
+def _run(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          env=_env(**env), timeout=600)
 
 
 # One process, the whole sequence: a first block while the build runs, a block after it.
@@ -62,8 +70,58 @@ SEQUENCE = """
 PYTHON_PAIR = SEQUENCE.replace("_native.wait()", "pass")
 
 
-@pytest.mark.skipif(COMPILER is None, reason="no C++ compiler here: nothing is built")
-def test_first_record_does_not_wait_for_the_build(tmp_path: Path) -> None:
+# A script as a user writes one: one block, then it exits (no wait for anything).
+SCRIPT = """
+    import json, torch, gradscope as gs
+    from gradscope import _native
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(8, 4)
+    with gs.record(memory="off") as rec:
+        lin(torch.randn(3, 8)).tanh().sum().backward()
+    print(json.dumps({"status": _native.status(), "saved": rec.recording.saved_bytes}))
+"""
+
+
+def _ours(cache: Path) -> dict[int, str]:
+    """Every process at work in ``cache`` (its directory or command line there): the builder, the
+    compile, ninja, the compilers. Linux's /proc."""
+    found = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cwd = os.readlink(proc / "cwd")
+            args = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if cwd.startswith(str(cache)) or str(cache) in args:
+            found[int(proc.name)] = args[:120]
+    return found
+
+
+def _until(what: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not what():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def _said(stderr: str) -> list[str]:
+    return [ln for ln in stderr.splitlines() if ln.startswith("gradscope:")]
+
+
+@pytest.mark.skipif(COMPILER is None or not sys.platform.startswith("linux"),
+                    reason="a C++ compiler and Linux's /proc (to see every process of the build)")
+def test_first_use_never_waits_and_scripts_get_the_compiled_hooks(tmp_path: Path) -> None:
+    """NOTE [ first use never waits for the compiler ] and NOTE [ one builder per cache ] in
+    gradscope._native, from an empty cache, with one build: a script that records one block and exits
+    starts the builder, which a signal stops cleanly (no compiler, ninja or directory left); the next
+    process starts it again and records its first block with the Python pair, the same rows, while a
+    process started meanwhile finds the builder at work and starts none; once built, a later block of
+    the same process and the next process's first block record with the compiled pair, the same rows
+    again, and no process of the build is left."""
     import json
 
     ref = _run(PYTHON_PAIR, GRADSCOPE_NATIVE="0")
@@ -72,31 +130,72 @@ def test_first_record_does_not_wait_for_the_build(tmp_path: Path) -> None:
     assert reference["during"]["pair"] == "python"
     assert reference["first"]["nodes"] and reference["first"]["saves"]
 
-    out = _run(SEQUENCE, GRADSCOPE_CACHE=str(tmp_path))
-    assert out.returncode == 0, out.stderr
-    got = json.loads(out.stdout)
-    # the first block ended while the build still ran: the Python pair recorded it, with the same rows
-    assert got["during"]["building"] is True and got["during"]["compiled"] is False
-    assert got["during"]["pair"] == "python"
-    assert got["first"] == reference["first"]
-    # once built, a later block records with the compiled pair, the same rows again
-    assert got["after"] == {**got["after"], "compiled": True, "pair": "compiled", "building": False, "reason": None}
-    assert got["later"] == reference["first"]
-    built = list((tmp_path / "native").glob("_hooks-*"))
-    assert len(built) == 1 and got["after"]["path"] == str(built[0])
-    assert [p.name for p in (tmp_path / "native").iterdir() if p.is_dir()] == []  # no temporary left
-    said = [ln for ln in out.stderr.splitlines() if ln.startswith("gradscope:")]
-    assert len(said) == 1, out.stderr
-    assert said[0].startswith("gradscope: compiling the fast saved-tensor hooks in the background (~")
-    assert said[0].endswith("s); this recording uses the Python hooks")
+    cache = tmp_path / "cache"
+    native = cache / "native"
+    try:
+        # a script: its one block does not wait, its exit does not end the build
+        first = _run(SCRIPT, GRADSCOPE_CACHE=str(cache))
+        assert first.returncode == 0, first.stderr
+        assert json.loads(first.stdout)["status"]["pair"] == "python"
+        said = _said(first.stderr)
+        assert len(said) == 1, first.stderr
+        assert said[0].startswith(f"gradscope: building the fast saved-tensor hooks for torch {torch.__version__} in "
+                                  "the background (once per torch version; ")
+        assert said[0].endswith("until then blocks record with the Python hooks, more slowly. To build them now and "
+                                "wait: python -m gradscope setup")
+        # stopped (SIGTERM) while its compilers run, the builder ends them and removes its directory
+        assert _until((native / ".building").exists, 30)
+        building = json.loads((native / ".building").read_text())
+        assert _until(lambda: any("cc1plus" in a or "clang" in a for a in _ours(cache).values()), 120), _ours(cache)
+        os.kill(building["pid"], signal.SIGTERM)
+        assert _until(lambda: not _ours(cache), 60), _ours(cache)
+        assert sorted(p.name for p in native.iterdir()) == [".build.log", ".lock"]
+        assert (native / ".build.log").read_text().strip().endswith("stopped by SIGTERM")
 
-    # the next process finds the build cached: compiled from its first block, nothing said
-    again = _run(SEQUENCE, GRADSCOPE_CACHE=str(tmp_path))
-    assert again.returncode == 0, again.stderr
-    got = json.loads(again.stdout)
-    assert got["during"]["compiled"] is True and got["during"]["building"] is False
-    assert got["first"] == reference["first"]
-    assert "gradscope:" not in again.stderr
+        # the next process starts the builder again, records its first block with the Python pair and
+        # waits for the build (_native.wait) before its second block
+        proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(SEQUENCE)], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=_env(GRADSCOPE_CACHE=str(cache)))
+        try:
+            assert _until((native / ".building").exists, 60)
+            # a process started meanwhile finds that builder at work and starts none
+            meanwhile = _run(SCRIPT, GRADSCOPE_CACHE=str(cache))
+            assert meanwhile.returncode == 0, meanwhile.stderr
+            assert "gradscope: the fast saved-tensor hooks are being built in the background (started " in meanwhile.stderr
+            assert json.loads(meanwhile.stdout)["status"]["building"] is True
+            assert len([a for a in _ours(cache).values() if "_build.py {" in a]) == 1, _ours(cache)
+            out, err = proc.communicate(timeout=600)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert proc.returncode == 0, err
+        got = json.loads(out)
+        assert got["during"] == {**got["during"], "building": True, "compiled": False, "pair": "python"}
+        assert got["first"] == reference["first"]
+        assert got["after"] == {**got["after"], "compiled": True, "pair": "compiled", "building": False, "reason": None}
+        assert got["later"] == reference["first"]
+        assert len(_said(err)) == 1, err
+        # the build completed and left no process and no directory
+        assert _until(lambda: not _ours(cache), 60), _ours(cache)
+        built = list(native.glob("_hooks-*"))
+        assert len(built) == 1 and got["after"]["path"] == str(built[0])
+        assert not [p for p in native.iterdir() if p.is_dir()] and not (native / ".building").exists()
+        seconds = int((native / ".build-seconds").read_text())
+
+        # the next process: compiled from its first block, the same rows, nothing said
+        again = _run(SEQUENCE, GRADSCOPE_CACHE=str(cache))
+        assert again.returncode == 0, again.stderr
+        got = json.loads(again.stdout)
+        assert got["during"]["compiled"] is True and got["during"]["building"] is False
+        assert got["first"] == reference["first"]
+        assert "gradscope:" not in again.stderr
+        # a build's message from now on says the time this one took
+        assert f"the last build here took {max(1, seconds)} s" in _run(
+            "from gradscope import _native; print(_native._time_text())", GRADSCOPE_CACHE=str(cache)).stdout
+    finally:
+        for pid in _ours(cache):  # a failed assertion leaves nothing running either
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_native_0_never_builds_and_native_1_builds_before_the_block(tmp_path: Path) -> None:

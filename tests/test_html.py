@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 import sys
 from pathlib import Path
 
@@ -27,8 +29,9 @@ def _data(page: str) -> dict:
 def test_recording_page_is_one_self_contained_file(tmp_path: Path):
     rec = tiny_recording()
     path = tmp_path / "run.html"
-    page = rec.to_html(path)
-    assert path.read_text(encoding="utf-8") == page
+    assert rec.to_html(path) == str(path)  # the path: as a cell's last line it shows the name, not the page
+    page = path.read_text(encoding="utf-8")
+    assert rec.to_html() == page
     assert page.startswith("<!doctype html>")
     assert page.count("<script") == 2  # the data and the bundled module, nothing else
     assert not re.search(r"<script[^>]+src=", page)
@@ -112,14 +115,48 @@ def test_comparison_page_states_its_problem():
 
 
 def test_demo_page_states_the_problem(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
-    """``python -m gradscope demo`` writes the seed-000 problem into its page, with its sizes."""
+    """``python -m gradscope demo`` writes its problem into its page, with its sizes, and says in the
+    page and on stdout what each result means, from the comparison's own rows."""
     from gradscope.__main__ import main
+    from gradscope.recording import format_bytes
 
     path = tmp_path / "demo.html"
     assert main(["demo", "--depth", "2", "--width", "16", "--batch", "4", "--out", str(path)]) == 0
-    assert f"wrote {path}" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"wrote {path}" in out
     data = _data(path.read_text(encoding="utf-8"))
-    assert data["problem"].startswith(
-        "The problem (seed 000): d/dy <1, d f(y, G(z))/dz> through a frozen G of 2 x (Linear 16 + Tanh), batch 4;"
-    )
-    assert [r["name"] for r in data["rows"]] == ["create_graph", "forward_ad", "split"]
+    problem = data["problem"]
+    assert problem.startswith("The problem: d/dy <1, d f(y, G(z))/dz>, a mixed second derivative through a frozen G "
+                              "of 2 x (Linear 16 + Tanh), batch 4. ")
+    rows = {r["name"]: r for r in data["rows"]}
+    assert list(rows) == ["create_graph", "forward_ad", "split"]
+    assert [r["status"] for r in rows.values()] == ["ok", "ok", "wrong"]
+    ref, fad = rows["create_graph"]["peak_bytes"], rows["forward_ad"]["peak_bytes"]
+    said = out.split("What the results mean:\n")[1].split("\n\n")[0].splitlines()
+    assert [ln.split(":")[0].strip() for ln in said] == ["create_graph", "forward_ad", "split"]
+    assert f"peak {format_bytes(ref)}." in said[0]
+    assert f"at {format_bytes(fad)}, {fad / ref:.2f}x the reference's peak" in said[1]
+    assert said[2].strip().startswith("split: wrong, and that is the point: ")
+    assert rows["split"]["message"] in said[2]
+    assert problem.endswith(" ".join(ln.strip() for ln in said))  # the page says the same
+
+
+def test_written_files_get_the_users_umask(tmp_path: Path):
+    """Every file gradscope writes (pages, recordings) gets the mode ``open(path, "w")`` gives:
+    0o666 less the umask for a new file, its own mode for a file written over."""
+    rec = tiny_recording()
+    old = os.umask(0o022)
+    try:
+        assert rec.to_html(tmp_path / "a.html") == str(tmp_path / "a.html")
+        rec.save(tmp_path / "a.gscope.json")
+        os.umask(0o077)
+        rec.to_html(tmp_path / "private.html")
+        os.umask(0o002)
+        (tmp_path / "shared.html").write_text("old")
+        os.chmod(tmp_path / "shared.html", 0o640)
+        rec.to_html(tmp_path / "shared.html")
+    finally:
+        os.umask(old)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in tmp_path.iterdir()}
+    assert modes == {"a.html": 0o644, "a.gscope.json": 0o644, "private.html": 0o600, "shared.html": 0o640}
+    assert (tmp_path / "shared.html").read_text(encoding="utf-8") == rec.to_html()

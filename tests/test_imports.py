@@ -85,7 +85,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
      ("gradscope.strategies", "gradscope._snapshot", "gradscope.snapshot", "gradscope.predict",
       "gradscope.compare", "gradscope.graph", "gradscope.diagnose", "gradscope.jobs", "gradscope.distributed")),
     ("views: text, layout, widget payloads, pages",
-     ("gradscope.report", "gradscope.layout", "gradscope.widget", "gradscope._snapshot.payload", "gradscope.html",
+     ("gradscope.report", "gradscope.layout", "gradscope._layered", "gradscope._simplex", "gradscope.widget", "gradscope._snapshot.payload", "gradscope.html",
       "gradscope.jobs.text", "gradscope.jobs.payload", "gradscope.jobs.page", "gradscope.job")),
     ("notebook and the package's top",
      ("gradscope.ipython", "gradscope.__main__", "gradscope")),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -621,3 +622,27 @@ def test_a_gpt2_over_budget_in_a_real_kernel() -> None:
     assert "loss = step(model)" in whole
     assert whole.count("File ") >= int(fold.group(1))
     assert streamed(4).split() == ["False", str(3 * 1024 * 1024), str(resident)]
+
+
+def test_a_recorded_cell_keeps_its_own_number(ip: Any, capsys: Any) -> None:
+    """NOTE [ the recorded cell keeps its number ]: the lines of a %%gradscope cell and its
+    traceback name the cell by the number the notebook shows for it (the ExecutionResult's), as a
+    plain ``with gs.record()`` cell's lines do, whichever IPython adds one to the count first."""
+    body = "w = torch.ones(3, requires_grad=True)\n(w * w).sum().backward()\n"
+    plain = ip.run_cell("with gs.record(memory='off') as rec:\n" + "".join("    " + ln + "\n" for ln in body.splitlines()),
+                        store_history=True)
+    magic = ip.run_cell("%%gradscope -o r --memory off --no-widget\n" + body, store_history=True)
+    assert plain.success and magic.success, (plain.error_in_exec, magic.error_in_exec)
+    assert magic.execution_count == plain.execution_count + 1
+    for result, r, line in ((plain, ip.user_ns["rec"].recording, 3), (magic, ip.user_ns["r"], 2)):
+        mul = next(n for n in r.nodes if n.name == "MulBackward0")
+        assert r.lines[mul.line].label == f"cell [{result.execution_count}]:{line} in <module>"
+    capsys.readouterr()
+    failing = ip.run_cell("%%gradscope -o r --memory off --no-widget\nx = 1\nraise ValueError('the cell failed')\n",
+                          store_history=True)
+    assert isinstance(failing.error_in_exec, ValueError)
+    out = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().out)
+    # "Cell In[N], line 2" (IPython 8.4 and later), "Input In [N], in <module>" before
+    assert re.findall(r"(?:Cell In\[|Input In \[)(\d+)\]", out) == [str(failing.execution_count)], out
+    after = ip.run_cell("1 + 1", store_history=True)
+    assert after.execution_count == failing.execution_count + 1  # the shell's own count moved on as usual

@@ -9,7 +9,6 @@ from _recordings import hostile_recording, layered_recording, tiny_recording
 
 from gradscope.errors import GradscopeError
 from gradscope.layout import (
-    DOT_MAX_NODES,
     GROUP_W,
     NODE_W,
     choose_depth,
@@ -40,7 +39,7 @@ def test_choose_depth_picks_layers_of_an_encoder():
     assert choose_depth([n.module for n in rec.nodes]) == 2
 
 
-@pytest.mark.parametrize("engine", ["sugiyama", "dot"])
+@pytest.mark.parametrize("engine", ["layered", "sugiyama", "dot"])
 def test_forward_direction_is_top_to_bottom(engine):
     if engine == "dot" and shutil.which("dot") is None:
         pytest.skip("Graphviz dot is not installed")
@@ -55,12 +54,18 @@ def test_forward_direction_is_top_to_bottom(engine):
     assert min(lay.x) - NODE_W / 2 >= 0 and max(lay.x) + NODE_W / 2 <= lay.width
 
 
-def test_auto_engine_uses_dot_only_for_small_graphs():
-    small = layout_recording(tiny_recording())
-    assert small.engine == ("dot" if shutil.which("dot") else "sugiyama")
-    big = layout_recording(layered_recording(8))  # 601 nodes > DOT_MAX_NODES
-    assert len(big.x) > DOT_MAX_NODES
-    assert big.engine == "sugiyama"
+def test_auto_engine_is_the_layered_one_whatever_is_installed(monkeypatch):
+    """NOTE [ layout engine thresholds ]: the same page with Graphviz's dot on PATH and without
+    (as ``pip install "gradscope[notebook]"`` leaves a machine)."""
+    small, big = tiny_recording(), layered_recording(8)
+    with_dot = [layout_recording(r) for r in (small, big)]
+    monkeypatch.setenv("PATH", "")
+    assert shutil.which("dot") is None
+    without = [layout_recording(r) for r in (small, big)]
+    assert [lay.engine for lay in with_dot] == ["layered", "layered"]
+    assert with_dot == without
+    with pytest.raises(GradscopeError, match="needs Graphviz's dot program"):
+        layout_recording(small, engine="dot")
 
 
 def test_encoder_opens_folded_as_one_box_of_repeated_layers():
@@ -113,9 +118,11 @@ def test_deep_chain_needs_no_recursion():
         nodes=tuple(Node(i, "MulBackward0") for i in range(n)),
         edges=tuple(Edge(i + 1, i) for i in range(n - 1)),
     )
-    lay = layout_recording(rec, engine="sugiyama")
-    assert lay.y[n - 1] < lay.y[0]
-    assert len(set(lay.y)) == n
+    for engine in ("layered", "sugiyama"):
+        lay = layout_recording(rec, engine=engine)
+        assert lay.y[n - 1] < lay.y[0]
+        assert len(set(lay.y)) == n
+        assert len(set(lay.x)) == 1  # one straight column
 
 
 def test_empty_graph_and_hostile_names():
@@ -124,12 +131,13 @@ def test_empty_graph_and_hostile_names():
     h = layout_recording(hostile_recording(), collapse=1)
     # only the first hostile module holds two nodes (the sum and one leaf); the others stay loose
     assert [(g.key, g.count) for g in h.groups] == [("<img src=x onerror=alert(1)>", 2)]
-    pos, w, hgt = layout_dag(2, [(0, 1)], engine="sugiyama")
-    assert pos[0][1] < pos[1][1] and w > 0 and hgt > 0
+    for engine in ("layered", "sugiyama"):
+        pos, w, hgt = layout_dag(2, [(0, 1)], engine=engine)
+        assert pos[0][1] < pos[1][1] and w > 0 and hgt > 0
 
 
 def test_sink_layering_puts_leaves_next_to_their_consumer():
-    from gradscope.layout import _sink_layers
+    from gradscope._layered import sink_layers as _sink_layers
 
     # chain 3 -> 2 -> 1 -> 0 (the loss), and a leaf 4 used only by node 1
     assert _sink_layers(5, [(3, 2), (2, 1), (1, 0), (4, 1)]) == [3, 2, 1, 0, 1]
@@ -150,15 +158,15 @@ def test_twenty_thousand_nodes_fully_expanded_lays_out():
             assert lay.y[e.dst] - lay.y[e.src] == pytest.approx(step)
 
 
-def test_auto_engine_falls_back_to_sugiyama_when_dot_fails(monkeypatch):
+def test_dot_asked_for_says_when_it_fails(monkeypatch):
     import gradscope.layout as L
 
     def broken(*args, **kwargs):
-        raise GradscopeError("gradscope: Graphviz dot failed (TimeoutExpired); use engine='sugiyama'.")
+        raise GradscopeError("gradscope: Graphviz dot failed (TimeoutExpired); leave engine='auto'.")
 
     monkeypatch.setattr(L, "_layout_dot_many", broken)
     monkeypatch.setattr(L, "_dot_available", lambda: True)
-    assert layout_recording(tiny_recording()).engine == "sugiyama"
+    assert layout_recording(tiny_recording()).engine == "layered"  # auto never runs dot
     with pytest.raises(GradscopeError, match="dot failed"):
         layout_recording(tiny_recording(), engine="dot")
 
@@ -177,7 +185,7 @@ def _create_graph_recording(depth: int = 8):
     return r.recording
 
 
-@pytest.mark.parametrize("engine", ["dot", "sugiyama"])
+@pytest.mark.parametrize("engine", ["layered", "dot", "sugiyama"])
 def test_create_graph_nodes_sit_beside_what_they_differentiate(engine):
     if engine == "dot" and shutil.which("dot") is None:
         pytest.skip("Graphviz dot is not installed")
@@ -194,7 +202,7 @@ def test_create_graph_nodes_sit_beside_what_they_differentiate(engine):
             assert lay.y[e.dst] > lay.y[e.src], e  # forward runs down
             down += 1
     assert up >= 16 and down >= 32
-    if engine == "dot":
+    if engine in ("dot", "layered"):
         # no edge spans the drawing: the create_graph chain is not hung below the forward one
         spans = sorted(abs(lay.y[e.dst] - lay.y[e.src]) for e in rec.edges)
         assert spans[-1] < lay.height / 6  # three ranks at most, here

@@ -466,19 +466,6 @@ def test_without_the_compiled_hooks_the_python_pair_records(tmp_path: Path) -> N
     assert bad.returncode != 0 and "GRADSCOPE_NATIVE is 0, 1 or auto" in bad.stderr
 
 
-def test_built_once_then_cached(tmp_path: Path) -> None:
-    """A fresh cache builds (one line on stderr says so), the next process loads the built file."""
-    first = _run(RECORD_AND_SAY, GRADSCOPE_CACHE=str(tmp_path))
-    assert first.returncode == 0, first.stderr
-    assert first.stdout.split() == ["True", "None", "16"]
-    assert "compiling the fast saved-tensor hooks in the background" in first.stderr
-    built = list((tmp_path / "native").glob("_hooks-*"))
-    assert len(built) == 1
-    again = _run(RECORD_AND_SAY, GRADSCOPE_CACHE=str(tmp_path))
-    assert again.stdout.split() == ["True", "None", "16"] and "compiling" not in again.stderr
-    assert list((tmp_path / "native").glob("_hooks-*")) == built
-
-
 def test_the_shared_state_has_one_definition() -> None:
     """NOTE [ one definition of the shared state ]: fields.h is fields.py's output, the compiled
     State has the Python _State's fields, and the Walker reads its one argument by those names."""

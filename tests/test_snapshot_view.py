@@ -125,7 +125,8 @@ def test_show_gives_the_snapshot_widget_and_python_sees_the_moment(rec: gs.Recor
 
 
 def test_the_page_is_the_snapshot_view(rec: gs.Recording, tmp_path: Path) -> None:
-    page = rec.to_html(tmp_path / "snap.html")
+    assert rec.to_html(tmp_path / "snap.html") == str(tmp_path / "snap.html")
+    page = (tmp_path / "snap.html").read_text(encoding="utf-8")
     data = json.loads(re.search(r'<script type="application/json" id="gradscope-data">(.*?)</script>', page,
                                 re.S).group(1))
     assert data == json.loads(payload_json(rec))

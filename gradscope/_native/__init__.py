@@ -17,17 +17,27 @@ the user's line, as the Python one does (see NOTE [ where lines come from ] in g
 reading the interpreter's frames in C++ and calling back only for a code object or line not met
 before.
 
-NOTE [ first use never waits for the compiler ]: a build takes 15-60 s, too long for a first
-recording (a notebook's first ``%%gradscope`` cell) to wait. Where nothing is cached, :func:`hooks`
-starts the build in a background thread (one per process; the lock file in the cache directory
-makes another process wait for it, not build it again), says so in one line on stderr and returns
-None: that block and every block begun while the build runs record with the Python pair (the same
-rows, more slowly); the first block begun after it ends loads the built file. The build (a child
-process running cpp_extension, in a session of its own) writes into a temporary directory beside
-the target and the file is renamed into place, so no process loads a half-written file; a process
-that exits while its build runs kills that session (cpp_extension, ninja and the compilers) and
-removes the temporary directory (``python -m gradscope setup`` builds synchronously).
-``GRADSCOPE_NATIVE=1`` builds synchronously (its failure is an error).
+NOTE [ first use never waits for the compiler ]: a build takes half a minute to two minutes
+(two C++ files against PyTorch's headers, about 1 GB of memory each), too long for a first
+recording (a notebook's first ``%%gradscope`` cell, a short script) to wait. Where nothing is
+cached, :func:`hooks` starts the builder in the background (see NOTE [ one builder per cache ]),
+says so in one line on stderr, with the time the last build here took and the command that builds
+now (``python -m gradscope setup``), and returns None: that block and every block begun while the
+build runs record with the Python pair (the same rows, more slowly); the first block begun after
+the file appears loads it, in this process or the next. ``GRADSCOPE_NATIVE=1`` builds
+synchronously (its failure is an error), and so does ``python -m gradscope setup``.
+
+NOTE [ one builder per cache ]: a script that records one block and exits must still get the
+compiled hooks for its next run, so the build is not this process's: it is a builder process
+(``_build.py``) in a session of its own, which outlives the script that started it and is the
+only one at work on a cache (it holds ``native/.lock``; a second one started meanwhile ends at
+once, and a process that finds one at work says so and starts none). It finishes by itself: it
+moves the built file into place atomically, or records a failed compile beside the target (a
+script does not start that build again: ``python -m gradscope setup`` does, and shows why); and
+it cleans up by itself: stopped by a signal or a time limit, it ends its compilers (ninja runs
+each in a process group of its own, which a kill of the builder's group would leave running) and
+removes its directory. Its output is kept in ``native/.build.log``, the build's seconds in
+``native/.build-seconds``.
 
 NOTE [ compiled walk ]: at each backward's start the recorder walks the graph's new nodes (a row
 per node and edge, its saves named: record._discover); in Python that costs ~1.8 us a node, as
@@ -45,7 +55,6 @@ holds both (one build, one cache entry).
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import hashlib
 import importlib.machinery
@@ -56,7 +65,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -72,17 +80,18 @@ __all__ = ["build", "build_or_say", "building", "cache_dir", "hooks", "status", 
 _SOURCES = (Path(__file__).with_name("hooks.cc"), Path(__file__).with_name("walk.cc"))
 _HEADER = Path(__file__).with_name("native.h")
 _FIELDS = Path(__file__).with_name("fields.h")  # generated from fields.py
-_BUILDER = Path(__file__).with_name("_build.py")  # run in a child process: see build()
+_BUILDER = Path(__file__).with_name("_build.py")  # the builder: see NOTE [ one builder per cache ]
 _lock = threading.Lock()
 _loaded: ModuleType | None = None
 _reason: str | None = None  # why the compiled pair is not in use (None: not tried yet, or in use)
 _tried = False  # settled: _loaded is the module, or None for good (GRADSCOPE_NATIVE=0, a failed build)
-_thread: threading.Thread | None = None  # the background build (see NOTE [ first use never waits ... ])
-_built: Path | None = None  # what the background build made
-_build_error: BaseException | None = None  # why it failed
-_running: set[subprocess.Popen[str]] = set()  # compilers running in this process
-_temps: set[str] = set()  # their temporary directories
-_BUILD_SECONDS = ".build-seconds"  # the last build's duration, in the cache (for the estimate said)
+_builder: subprocess.Popen[bytes] | None = None  # the builder this process started, if any
+_said = False  # the one line on stderr about a build in the background was said
+_settings_made: dict[str, object] | None = None  # this process's settings (see _settings_now)
+_target_path: Path | None = None  # and the file they build
+_BUILD_SECONDS = ".build-seconds"  # the last build's duration, in the cache (for the time said)
+_TIME_LIMIT_S = 1800  # a build taking longer is stopped (and recorded as failed)
+_BUSY = 3  # the builder's exit status where another builder held the cache (it built nothing)
 
 
 def cache_dir() -> Path:
@@ -132,82 +141,124 @@ def _target(settings: dict[str, object]) -> Path:
     return cache_dir() / "native" / f"_hooks-{torch.__version__.replace('+', '-')}-{h.hexdigest()[:16]}{suffix}"
 
 
-def build(*, say: bool = True) -> Path:
-    """Compile the hooks for this PyTorch unless a build is cached; returns the built file.
-    ``say=False`` prints nothing (the background build said it already).
-    Raises OSError (no compiler, the compiler failed, the cache not writable).
+def _given(target: Path, settings: dict[str, object], **more: object) -> str:
+    return json.dumps({**settings, "dir": str(target.parent), "name": target.name, "timeout": _TIME_LIMIT_S,
+                       **more})
 
-    The build is ``torch.utils.cpp_extension``'s (``_build.py``, in a child process of its own
-    session, so that :func:`_stop_builds` can end it and the compilers it runs at once)."""
+
+def _failure(target: Path) -> str | None:
+    """The compiler's output where the last build of ``target`` failed, else None."""
+    try:
+        return target.with_name(f".{target.name}.failed").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+
+
+def _first_error(output: str) -> str:
+    lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
+    first = next((ln for ln in lines if "error" in ln.lower()), lines[-1] if lines else "no output")
+    return f"the C++ compiler failed: {first}"
+
+
+def _builder_at_work(target_dir: Path) -> bool:
+    """Whether a builder holds the cache's lock (this process's or another's)."""
+    if _builder is not None and _builder.poll() is None:
+        return True
+    try:
+        import fcntl
+    except ImportError:
+        return False
+    try:
+        with open(target_dir / ".lock", "a") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(f, fcntl.LOCK_UN)
+    except OSError:
+        return False
+    return False
+
+
+def _building_since(target_dir: Path) -> float | None:
+    """Seconds since the builder at work began (from ``native/.building``), None if unknown."""
+    try:
+        started = float(json.loads((target_dir / ".building").read_text())["started"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return max(0.0, time.time() - started)
+
+
+def _last_build_s() -> int | None:
+    """Seconds the last build in this cache took (measured by its builder), None before any."""
+    try:
+        return max(1, round(float((cache_dir() / "native" / _BUILD_SECONDS).read_text())))
+    except (OSError, ValueError):
+        return None
+
+
+def _time_text() -> str:
+    last = _last_build_s()
+    if last is not None:
+        return f"the last build here took {last} s"
+    return "about 35 s on two free cores, up to 2 minutes on a busy machine"
+
+
+def build(*, say: bool = True) -> Path:
+    """Compile the hooks for this PyTorch now, unless a build is cached; returns the built file.
+    Waits for a builder already at work; starts again a build that failed before. ``say=False``
+    prints nothing. Raises OSError (no compiler, the compiler failed, the cache not writable).
+
+    The builder runs in the foreground (see NOTE [ one builder per cache ]): Ctrl-C stops it,
+    and it ends its compilers before it exits."""
     settings = _settings()
     target = _target(settings)
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / ".lock", "a") as lock:
-        with contextlib.suppress(ImportError, OSError):
-            import fcntl
-
-            fcntl.flock(lock, fcntl.LOCK_EX)  # another process building the same file: wait for it
-        if target.exists():
-            return target
+    waiting = _builder_at_work(target.parent)
+    if say:
+        if waiting:
+            since = _building_since(target.parent)
+            ago = f" {since:.0f} s ago" if since is not None else ""
+            print(f"gradscope: [c++] waiting for the build of the compiled hooks another process started{ago}",
+                  file=sys.stderr, flush=True)
+        else:
+            print(f"gradscope: [c++] compiling its saved-tensor hooks for torch {torch.__version__} (once per "
+                  f"torch version; {_time_text()}; GRADSCOPE_NATIVE=0 skips it)", file=sys.stderr, flush=True)
+    t0 = time.monotonic()
+    proc = subprocess.Popen([sys.executable, str(_BUILDER), _given(target, settings, wait=True, force=True)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            cwd=target.parent)
+    try:
+        proc.wait()
+    except BaseException:  # Ctrl-C (the builder, in the same process group, got it too) or a kernel interrupt
+        with contextlib.suppress(OSError):
+            proc.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(60)  # it ends its compilers and removes its directory
+        raise
+    if target.exists():
         if say:
-            print(f"gradscope: [c++] compiling its saved-tensor hooks for torch {torch.__version__} (once, "
-                  f"~{_estimate()} s; GRADSCOPE_NATIVE=0 skips it)", file=sys.stderr, flush=True)
-        t0 = time.monotonic()
-        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-            _temps.add(tmp)
-            try:
-                out = Path(tmp) / target.name
-                given = json.dumps({**settings, "out": tmp, "name": target.name})
-                proc = subprocess.Popen([sys.executable, str(_BUILDER), given], stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                                        cwd=tmp)
-                _running.add(proc)
-                try:
-                    err, _ = proc.communicate()
-                finally:
-                    _running.discard(proc)
-                if proc.returncode != 0 or not out.exists():
-                    first = next((ln for ln in err.splitlines() if "error" in ln.lower()), "")
-                    raise OSError(f"the C++ compiler failed: {first.strip()}\n{err[-3000:]}")
-                os.replace(out, target)  # atomic: a loader sees no file or the whole file
-            finally:
-                _temps.discard(tmp)
-        with contextlib.suppress(OSError):
-            (target.parent / _BUILD_SECONDS).write_text(f"{time.monotonic() - t0:.0f}\n")
-    return target
+            done = "ready after" if waiting else "built in"
+            print(f"gradscope: [c++] {done} {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
+        return target
+    output = _failure(target)
+    if output is None:
+        raise OSError(f"the build ended without the compiled hooks (exit status {proc.returncode}); its output "
+                      f"is in {target.parent / '.build.log'}")
+    raise OSError(f"{_first_error(output)}\n{output[-3000:]}")
 
 
-def _estimate() -> int:
-    """Seconds a build takes here: the last build's, else a busy 2-core machine's."""
-    try:
-        return max(1, round(float((cache_dir() / "native" / _BUILD_SECONDS).read_text())))
-    except (OSError, ValueError):
-        return 60
-
-
-@atexit.register
-def _stop_builds() -> None:
-    """A process that ends during a background build kills its compiler and leaves no temporary
-    files (the build starts again in the next process)."""
-    for proc in list(_running):
-        with contextlib.suppress(OSError):
-            if hasattr(os, "killpg"):
-                os.killpg(proc.pid, signal.SIGKILL)  # the build's session: cpp_extension, its compilers
-            else:
-                proc.kill()
-            proc.wait()
-    for tmp in list(_temps):
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _build_in_background() -> None:
-    global _built, _build_error
-    try:
-        _built = build(say=False)
-    except BaseException as e:  # said by hooks() and status(), never raised in this thread
-        _build_error = e
+def _start_builder(target: Path, settings: dict[str, object]) -> None:
+    """Start the builder in a session of its own, to outlive this process (NOTE [ one builder per
+    cache ]); a daemon thread reaps it should this process live longer."""
+    global _builder
+    target.parent.mkdir(parents=True, exist_ok=True)
+    _builder = subprocess.Popen([sys.executable, str(_BUILDER), _given(target, settings)],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                cwd=target.parent, start_new_session=True)
+    threading.Thread(target=_builder.wait, name="gradscope-builder-reaper", daemon=True).start()
 
 
 def build_or_say() -> None:
@@ -234,8 +285,9 @@ def _load(path: Path) -> ModuleType:
 def hooks() -> ModuleType | None:
     """The compiled module, or None where the Python pair records instead (see NOTE [ compiled
     hooks ], NOTE [ first use never waits for the compiler ] and :func:`status`). Where nothing is
-    cached it starts the build in the background and returns None at once."""
-    global _loaded, _reason, _tried, _thread, _built, _build_error
+    cached it starts the builder in the background (unless one is at work) and returns None at
+    once; a later call loads the file once it is there."""
+    global _reason, _tried
     if _tried:
         return _loaded
     with _lock:
@@ -245,32 +297,58 @@ def hooks() -> ModuleType | None:
         if mode == "0":
             _reason, _tried = "GRADSCOPE_NATIVE=0", True
             return None
-        if _thread is not None:
-            if _thread.is_alive() and mode != "1":
-                return None  # still building: the Python pair records this block too
-            _thread.join()
-            _thread = None
-            if _built is not None:
-                return _settle(lambda: _built, mode)
-            if mode != "1":
-                e, _build_error = _build_error, None
-                _reason, _tried = f"could not build the compiled hooks: {str(e).splitlines()[0]}", True
-                return None
-        if mode == "1":
-            return _settle(build, mode)
         try:
-            target = _target(_settings())
+            settings, target = _settings_now()
         except OSError as e:
             _reason, _tried = f"could not build the compiled hooks: {str(e).splitlines()[0]}", True
             return None
         if target.exists():
             return _settle(lambda: target, mode)
-        _thread = threading.Thread(target=_build_in_background, name="gradscope-build", daemon=True)
-        _thread.start()
+        if mode == "1":
+            return _settle(build, mode)
+        failed = _failure(target)
+        if failed is not None:  # not started again by a script: python -m gradscope setup does
+            _reason, _tried = f"could not build the compiled hooks: {_first_error(failed)}", True
+            return None
+        if _builder_at_work(target.parent):
+            _reason = "the compiled hooks are being built in the background"
+            if not _said:
+                since = _building_since(target.parent)
+                began = f"started {since:.0f} s ago; " if since is not None else ""
+                _say(f"gradscope: the fast saved-tensor hooks are being built in the background ({began}"
+                     f"{_time_text()}); until then blocks record with the Python hooks, more slowly. "
+                     "To wait for them: python -m gradscope setup")
+            return None
+        if _builder is not None and _builder.returncode != _BUSY:  # ours ended without the file or a failure
+            _reason, _tried = ("could not build the compiled hooks: the background build ended without them "
+                               f"(its output: {target.parent / '.build.log'})"), True
+            return None
+        try:
+            _start_builder(target, settings)
+        except OSError as e:
+            _reason, _tried = f"could not build the compiled hooks: {e}", True
+            return None
         _reason = "the compiled hooks are being built in the background"
-        print(f"gradscope: compiling the fast saved-tensor hooks in the background (~{_estimate()} s); "
-              "this recording uses the Python hooks", file=sys.stderr, flush=True)
+        _say(f"gradscope: building the fast saved-tensor hooks for torch {torch.__version__} in the background "
+             f"(once per torch version; {_time_text()}); until then blocks record with the Python hooks, more "
+             "slowly. To build them now and wait: python -m gradscope setup")
         return None
+
+
+def _say(line: str) -> None:
+    global _said
+    _said = True
+    print(line, file=sys.stderr, flush=True)
+
+
+def _settings_now() -> tuple[dict[str, object], Path]:
+    """This process's settings and target, worked out once (looking for the compiler and hashing
+    the sources at each block would cost)."""
+    global _settings_made, _target_path
+    if _settings_made is None or _target_path is None:
+        _settings_made = _settings()
+        _target_path = _target(_settings_made)
+    return _settings_made, _target_path
 
 
 def _settle(path: Callable[[], Path | None], mode: str) -> ModuleType | None:
@@ -291,17 +369,27 @@ def _settle(path: Callable[[], Path | None], mode: str) -> ModuleType | None:
 
 
 def wait(timeout: float | None = None) -> ModuleType | None:
-    """Wait for a background build (if one runs) to end, then answer as :func:`hooks`."""
-    thread = _thread
-    if thread is not None:
-        thread.join(timeout)
-    return hooks()
+    """Wait (at most ``timeout`` seconds) for a builder at work to end, then answer as
+    :func:`hooks`."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        module = hooks()
+        if _tried:
+            return module
+        if not building():
+            return hooks()  # (the file may have come since)
+        if deadline is not None and time.monotonic() >= deadline:
+            return module
+        time.sleep(0.1)
 
 
 def building() -> bool:
-    """True while this process's background build runs."""
-    thread = _thread
-    return thread is not None and thread.is_alive()
+    """True while a builder (this process's or another's) is at work on the hooks this process
+    would load, before they are loaded."""
+    if _tried:
+        return False
+    target = _target_path
+    return target is not None and not target.exists() and _builder_at_work(target.parent)
 
 
 def status() -> dict[str, object]:

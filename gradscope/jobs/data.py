@@ -141,11 +141,12 @@ class Job:
         notebook widget (per-rank table, imbalance, overlaid timelines, communication, each rank's
         graph), and where scripts do not run, the table and timelines of
         :func:`~gradscope.jobs.page.job_html`.
-        Returns the HTML; writes it to ``path`` when given."""
+        With ``path``, writes it there and returns the path; without, returns the page's text."""
         page = str(_views.render("html", self))  # see NOTE [ results ask the registry ]
-        if path is not None:
-            atomic_write_text(os.fspath(path), page)
-        return page
+        if path is None:
+            return page
+        atomic_write_text(os.fspath(path), page)
+        return os.fspath(path)
 
     def save(self, directory: str | os.PathLike[str]) -> None:
         """Write ``rank{r}.gscope.json`` for each rank with a recording, and a manifest

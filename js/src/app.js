@@ -17,6 +17,8 @@ import { CSS } from "./style.js";
 import { renderMemory, renderOverlay } from "./timeline.js";
 import { zoomAt } from "./viewport.js";
 
+const GRAPH_MIN_PX = 520; // the graph's height: see NOTE [ the graph takes the window's height ]
+const GRAPH_MAX_PX = 900;
 const ORDER_TEXT = ["forward (order 0)", "created by create_graph (order 1)", "created by a second create_graph (order 2)"];
 
 /** A name as text pieces with line-break chances between them (see NOTE [ names wrap at their joints ] in format.js). */
@@ -125,8 +127,8 @@ export class RecordingView {
       onLevel: () => this._levelChanged(),
     });
     const btn = (text, fn, cls, title) => h("button", { class: cls, text, title, on: { click: fn } });
-    tb.appendChild(btn("Fit", () => this.graph.fit(), "gs-fit", "the whole graph if names fit, else its top"));
-    tb.appendChild(btn("Whole graph", () => this.graph.fitAll(), "gs-fit-all", "the whole graph, however small"));
+    tb.appendChild(btn("Fit", () => this.graph.fit(), "gs-fit", "the whole graph where its names can be read, else its top with names"));
+    tb.appendChild(btn("Whole graph", () => this.graph.fitAll(), "gs-fit-all", "the whole graph, however small (it says when names cannot be read)"));
     tb.appendChild(btn("+", () => this._zoom(1.4), "gs-zoom-in", "zoom in (towards the selected node or the drawing)"));
     tb.appendChild(btn("−", () => this._zoom(1 / 1.4), "gs-zoom-out", "zoom out"));
     if (rec.levels.length > 1) {
@@ -211,6 +213,33 @@ export class RecordingView {
     } else {
       this.timelineDiv.appendChild(h("div", { class: "gs-muted", text: "No memory timeline (recorded with memory='off')." }));
     }
+    // the graph takes the height the window has for it (see _sizeGraph), now and as it changes
+    this._sized = () => this._sizeGraph();
+    if (typeof window !== "undefined") window.addEventListener("resize", this._sized);
+    this._rootObserver = typeof ResizeObserver !== "undefined" ? new ResizeObserver(this._sized) : null;
+    this._rootObserver?.observe(this.root);
+    this._sizeGraph();
+  }
+
+  /**
+   * NOTE [ the graph takes the window's height ]: a fixed 520 px canvas left a model's lm_head and
+   * loss below the first screen of a 1000 x 800 page. The graph is as tall as the window allows
+   * with the view's title, toolbar and legend above it and the step controls below it in sight
+   * (between GRAPH_MIN_PX and GRAPH_MAX_PX), so that a page's first screen, or the view scrolled to
+   * its title, shows the graph whole where its names can be read (lod.js). The side panel follows.
+   */
+  _sizeGraph() {
+    if (!this.root.isConnected || typeof window === "undefined") return;
+    const root = this.root.getBoundingClientRect();
+    const wrap = this.graph.wrap.getBoundingClientRect();
+    if (!root.height) return; // not shown yet: the observer calls again
+    const lead = Math.max(0, Math.min(root.top + window.scrollY, 24)); // the page's margin above a view at its top
+    const above = wrap.top - root.top;
+    const below = (this.stepBar ? this.stepBar.getBoundingClientRect().height : 0) + 16;
+    const want = Math.round(Math.min(GRAPH_MAX_PX, Math.max(GRAPH_MIN_PX, window.innerHeight - lead - above - below)));
+    if (Math.abs(want - wrap.height) < 2) return;
+    this.graph.wrap.style.height = `${want}px`;
+    this.side.style.height = `${want}px`;
   }
 
   _stepX(k) {
@@ -239,6 +268,7 @@ export class RecordingView {
   _buildStepper(parent) {
     const n = this.rec.steps.length;
     const bar = h("div", { class: "gs-stepbar" });
+    this.stepBar = bar;
     const wrap = h("div", { class: "gs-stepper" });
     bar.appendChild(wrap);
     parent.appendChild(bar);
@@ -488,6 +518,8 @@ export class RecordingView {
 
   destroy() {
     if (this._timelineTimer) clearTimeout(this._timelineTimer);
+    this._rootObserver?.disconnect();
+    if (typeof window !== "undefined" && this._sized) window.removeEventListener("resize", this._sized);
     this.timeline?.destroy();
     this.graph.destroy();
     this.root.remove();

@@ -415,10 +415,42 @@ export class GraphView {
     this.draw();
   }
 
-  /** Show the whole graph however small. */
+  /**
+   * Show the whole graph, at the largest scale that shows all of it. Where that is too small for
+   * names, say so and why over the picture (NOTE [ names at first paint ] in lod.js), with what
+   * would show names; the note goes with the next change of view.
+   */
   fitAll() {
     this.view = fitView(this.vis.bounds, this.width, this.height, 20, 1.2);
+    const b = this.vis.bounds;
+    const legible = this.view.scale >= NAMES;
+    this.wrap.dataset.whole = legible ? "names" : "too-small";
+    this._wholeView = this.view;
+    if (this.note) this.note.style.display = "none";
+    if (!legible) {
+      const boxes = boxCount(this.vis.items);
+      const smaller =
+        this.layout.groups.key.length > 0 && this.expanded.size > 0
+          ? "; Fold all makes it smaller"
+          : this.levelIndex < this.rec.levels.length - 1
+            ? "; show: modules folded makes it smaller"
+            : "";
+      this._showNote(
+        `Whole graph: ${boxes} boxes, ${Math.round(b.maxX - b.minX)} × ${Math.round(b.maxY - b.minY)} px, shown at ` +
+          `${Math.max(1, Math.round(this.view.scale * 100))}% of their size: too small for names (they need ` +
+          `${Math.round(NAMES * 100)}%). Fit shows it from the top with names${smaller}.`,
+      );
+    }
     this.draw();
+  }
+
+  _showNote(text) {
+    if (!this.note) {
+      this.note = h("div", { class: "gs-graph-note", role: "status" });
+      this.wrap.appendChild(this.note);
+    }
+    this.note.textContent = text;
+    this.note.style.display = "";
   }
 
   /** The top of the drawing at a scale where names show. */
@@ -537,6 +569,12 @@ export class GraphView {
   }
 
   draw() {
+    if (this._wholeView && this._wholeView !== this.view) {
+      // what Whole graph said was about its view: gone with any other
+      if (this.note) this.note.style.display = "none";
+      this._wholeView = null;
+      delete this.wrap.dataset.whole;
+    }
     const ctx = this.ctx;
     const dpr = window.devicePixelRatio || 1;
     const { scale, tx, ty } = this.view;

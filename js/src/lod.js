@@ -7,8 +7,9 @@
 // uses the finest level of detail (every node, then folded by module) at which the whole graph,
 // or failing that its full width, shows at FULL (preferring a level at most TALL screens high,
 // so a long graph opens as its modules rather than as its first six nodes); then at NAMES; else
-// the coarsest level from its top. So a graph opens with names, folded only when they would not
-// fit.
+// the coarsest level from its top. A level chosen by its width opens whole where that still
+// shows names (so a model's loss, at the bottom, is in sight), else from its top. So a graph
+// opens with names, folded only when they would not fit.
 
 import { fitView, MAX_SCALE, MIN_SCALE, toScreen, toWorld } from "./viewport.js";
 
@@ -68,6 +69,9 @@ export function chooseLevel(levels, width, height, pad = 20) {
     if (!fits.length) continue;
     // the finest level that is at most TALL screens high; else the finest that fits at all
     const i = fits.find((k) => screens(levels[k], widthScale(levels[k])) <= TALL) ?? fits[0];
+    // all of it where names can still be read (the loss at the bottom in sight), else its top
+    const whole = fitView(levels[i], width, height, pad, MAX_FIRST);
+    if (whole.scale >= NAMES) return { level: i, view: whole, labels: whole.scale >= FULL ? "full" : "names" };
     return { level: i, view: topView(levels[i], width, height, widthScale(levels[i]), pad), labels };
   }
   const last = levels.length - 1;

@@ -28,6 +28,7 @@ export const CSS = `
 /* the step controls stick to the window's bottom edge while the graph above them is on screen */
 .gs-stepbar { position: sticky; bottom: 0; z-index: 3; background: #fff; padding: 1px 0; }
 .gs-graph { position: relative; min-width: 0; height: 520px; border: 1px solid #d9e2ec; border-radius: 4px; background: #fbfcfd; overflow: hidden; }
+.gs-graph-note { position: absolute; left: 8px; right: 8px; bottom: 8px; background: rgba(255, 251, 235, 0.96); border: 1px solid #f0b429; border-radius: 4px; padding: 4px 8px; font-size: 12px; color: #513c06; }
 .gs-tip { position: absolute; pointer-events: none; background: #1f2933; color: #fff; font-size: 12px; padding: 4px 7px;
   border-radius: 4px; max-width: 330px; white-space: pre-wrap; overflow-wrap: anywhere; z-index: 2; }
 .gs-canvas { display: block; cursor: grab; touch-action: none; outline: none; }

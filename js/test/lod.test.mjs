@@ -29,6 +29,20 @@ test("chooseLevel: wide enough for every node, which opens from its top", () => 
   assert.ok(pick.view.scale >= FULL && pick.view.scale <= 1);
 });
 
+test("chooseLevel: a level chosen by its width opens whole where names can still be read", () => {
+  // a folded model 600 x 962 in a 624 x 581 canvas: its top at full size would hide the loss at the
+  // bottom; whole, it is at 0.56, above NAMES: whole it opens (NOTE [ names at first paint ])
+  const pick = chooseLevel([box(600, 962)], 624, 581);
+  assert.equal(pick.level, 0);
+  assert.equal(pick.labels, "names");
+  assert.ok(pick.view.scale >= NAMES && pick.view.scale < FULL);
+  assert.ok(toScreen(pick.view, 0, 962).y <= 581 - 20 + 1e-9); // the bottom in the canvas
+  // twice as tall, whole would be below NAMES: its top, at a scale with names
+  const tall = chooseLevel([box(600, 2000)], 624, 581);
+  assert.equal(toScreen(tall.view, 0, 0).y, 20);
+  assert.ok(tall.view.scale >= NAMES);
+});
+
 test("chooseLevel: a very tall every-node level gives way to a folded one of a few screens", () => {
   const pick = chooseLevel([box(1000, 7600), box(1000, 980)], 1100, 520);
   assert.equal(pick.level, 1);
