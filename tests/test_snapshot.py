@@ -813,3 +813,51 @@ def test_expandable_segments_map_and_unmap() -> None:
     f = fragmentation(d, 3)
     assert (f.segments, f.free_pieces, f.largest_free) == (1, 1, 512 * 1024)  # one mapped range of 4 MiB
     assert fragmentation(d, 8).largest_free == 2 * MiB
+
+
+# ----- reserved ranges ---------------------------------------------------------------------------
+def _ranges_reference(ops: list[tuple[str, int, int, int, bool]]) -> list[list[int]]:
+    """Reserved ranges after ``ops``, the plain way: cut every range the new one overlaps, then
+    merge a mapped range with the mapped ranges of its stream that touch it; sorted."""
+    items: list[list[int]] = []
+    for op, start, size, stream, mapped in ops:
+        end = start + size
+        cut: list[list[int]] = []
+        for s, e, st, m in items:
+            if e <= start or s >= end:
+                cut.append([s, e, st, m])
+                continue
+            if s < start:
+                cut.append([s, start, st, m])
+            if e > end:
+                cut.append([end, e, st, m])
+        items = cut
+        if op == "add":
+            item = [start, end, stream, int(mapped)]
+            for other in [x for x in items if mapped and x[3] and x[2] == stream and (x[1] == start or x[0] == end)]:
+                items.remove(other)
+                item[0], item[1] = min(item[0], other[0]), max(item[1], other[1])
+            items.append(item)
+        items.sort()
+    return items
+
+
+def test_reserved_ranges_match_a_plain_replay() -> None:
+    """The allocator's reserved ranges (segments, pages mapped into expandable segments), kept
+    sorted and cut by bisection, agree with a plain replay over random adds and removes."""
+    from gradscope._snapshot.replay import Ranges
+
+    rng = random.Random(7)
+    for _ in range(200):
+        r = Ranges()
+        ops: list[tuple[str, int, int, int, bool]] = []
+        for _ in range(40):
+            op = rng.choice(["add", "add", "remove"])
+            start, size = rng.randrange(0, 60), rng.randrange(1, 12)
+            stream, mapped = rng.randrange(2), rng.random() < 0.5
+            ops.append((op, start, size, stream, mapped))
+            if op == "add":
+                r.add(start, size, stream, mapped)
+            else:
+                r.remove(start, size)
+            assert r.items == _ranges_reference(ops)

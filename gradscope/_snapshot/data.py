@@ -172,7 +172,9 @@ class SnapshotData:
     mapped); ``end_segments`` the allocator's segments and blocks when the snapshot was taken
     (:class:`EndSegment` / :class:`EndBlock`, a block's ``stack`` indexes ``stacks``).
     ``annotations`` are the snapshot's ``external_annotations`` of this device placed in the trace
-    (:class:`Annotation`; none when the trace has no times).
+    (:class:`Annotation`; none when the trace has no times). ``ooms_elsewhere`` are the other
+    devices of the same snapshot whose traces end in an OOM (the run stopped there, whatever this
+    device was doing).
     """
 
     device: int
@@ -202,6 +204,7 @@ class SnapshotData:
     allocator_settings: Mapping[str, Any]
     notes: tuple[str, ...] = ()
     annotations: tuple[Annotation, ...] = ()
+    ooms_elsewhere: tuple[int, ...] = ()
     _cache: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __copy__(self) -> SnapshotData:
@@ -326,6 +329,7 @@ class SnapshotData:
             "allocator_settings": dict(self.allocator_settings),
             "notes": list(self.notes),
             "annotations": [[a.name, a.stage, a.at, a.time_us] for a in self.annotations],
+            "ooms_elsewhere": list(self.ooms_elsewhere),
         }
 
     def _stack_of(self, frames: tuple[Frame, ...]) -> int:
@@ -498,6 +502,9 @@ def read_snapshot(source: str | os.PathLike[str] | Mapping[str, Any]) -> dict[in
             rec = _replay.reconcile(scan, segs, stacks, have_state=True)
             out[d] = _build(scan, rec, segs, frames, stack_tuple, settings,
                             _replay.place_annotations(annotations, d, scan.times), skipped)
+        failed = {d for d, data in out.items() if data.ooms}
+        for d, data in out.items():
+            object.__setattr__(data, "ooms_elsewhere", tuple(sorted(failed - {d})))
     return out
 
 
@@ -582,7 +589,8 @@ def _build(scan: _replay.DeviceScan, rec: _replay.Reconciled, segs: list[_replay
             f"no allocation history: the snapshot holds the allocator's segments and blocks when it was taken and "
             f"no allocation in its trace ({pre} allocations, {format_bytes(initial_allocated)}, alive then). When "
             "each was made and "
-            "freed, and so its role and whether memory grows from step to step, cannot be known; record with "
+            "freed, and so whether memory grows from step to step, cannot be known (a block's role only from its "
+            "own frames); record with "
             "torch.cuda.memory._record_memory_history() before the code runs for a trace."
         )
     elif pre:
@@ -709,6 +717,7 @@ def _from_json(d: Any) -> SnapshotData:
         initial_segments=tuple((_nonneg(s[0]), _nonneg(s[1]), _int(s[2]), bool(s[3])) for s in d["initial_segments"]),
         end_segments=tuple(end), allocator_settings=dict(settings),
         notes=tuple(str(n) for n in d.get("notes", ())), annotations=tuple(annotations),
+        ooms_elsewhere=tuple(_nonneg(x) for x in d.get("ooms_elsewhere", ())),  # absent in older files
     )
 
 

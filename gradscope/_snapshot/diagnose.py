@@ -78,9 +78,11 @@ from gradscope._snapshot.roles import (
     RoleBytes,
     TracePass,
     TraceSteps,
+    UnusedGraph,
     accumulating_lines,
     bytes_by_role,
     entry_frame,
+    is_model_call,
     role_notes,
     trace_passes,
     trace_steps,
@@ -149,8 +151,10 @@ class SnapshotDiagnosis:
     position. ``by_role`` is what was live then by role, ``by_line`` by the user's line, largest
     first (all of them; the text lists ``top``); ``passes`` and ``steps`` the trace's structure;
     ``accumulating`` the memory that grows from step to step; ``pageable_bytes`` what
-    ``expandable_segments`` could have unmapped and used again (None without a request).
-    ``text()`` is deterministic.
+    ``expandable_segments`` could have unmapped and used again (None without a request);
+    ``ooms_elsewhere`` the other devices of the snapshot that ran out of memory; ``history``
+    False when the snapshot has no allocation history (segments and blocks only). ``text()`` is
+    deterministic.
     """
 
     label: str
@@ -174,6 +178,8 @@ class SnapshotDiagnosis:
     by_role: tuple[RoleBytes, ...] = ()
     passes: tuple[TracePass, ...] = ()
     steps: TraceSteps | None = None
+    ooms_elsewhere: tuple[int, ...] = ()
+    history: bool = True
 
     def text(self) -> str:
         """The report as plain text."""
@@ -207,8 +213,7 @@ class SnapshotDiagnosis:
             + f" across {f.segments} segment{'s' if f.segments != 1 else ''}"
             + (f", {format_bytes(slack)} rounding inside blocks" if slack > 0 else "")
         )
-        if self.steps is not None and self.steps.source == "" and not self.passes and self.by_role \
-                and all(r.role is Role.BEFORE_TRACE for r in self.by_role):
+        if not self.history:
             lines.append("trace: no allocation history (the segments and blocks when the snapshot was taken): "
                          "no passes, no steps, no lifetimes")
         elif self.steps is not None:
@@ -240,11 +245,14 @@ class SnapshotDiagnosis:
     def why_no_finding(self) -> str:
         """Why there is no finding, in one sentence (what the trace could and could not tell)."""
         steps = self.steps.count if self.steps is not None else 0
-        if self.by_role and all(r.role is Role.BEFORE_TRACE for r in self.by_role):
+        if not self.history:
             return ("without an allocation history no cause can be told (when each block was made and freed is "
                     "unknown); the lines above are where the memory is.")
         if not self.passes:
             return "without frames no cause can be told; the lines above are where the memory is."
+        if self.ooms_elsewhere:
+            return (f"this device did not run out of memory: {_devices(self.ooms_elsewhere)} did, and the run stopped "
+                    "there (diagnose that device); the roles and lines above are where the memory is.")
         grow = ("no memory grows from step to step" if steps >= 3 else
                 f"the trace holds {steps} step end{'s' if steps != 1 else ''}, too few to tell whether memory grows "
                 "from step to step (it takes three)")
@@ -266,6 +274,13 @@ def diagnose_snapshot(recording: Recording, *, top: int = 8) -> SnapshotDiagnosi
     notes = [n for n in recording.notes
              if n.startswith(("the trace starts mid-run", "no stack frames", "no allocation history"))]
     notes.extend(role_notes(data))
+    if data.ooms_elsewhere and data.oom is None:
+        acts = sum(r.bytes for r in bytes_by_role(data, at) if r.role is Role.ACTIVATIONS) if at >= 0 else 0
+        waiting = (f"; the {format_bytes(acts)} of activations alive at the peak were waiting for it, not kept by a "
+                   "graph nobody uses" if acts else "")
+        notes.append(f"the snapshot also records an OOM on {_devices(data.ooms_elsewhere)} (gs.load_snapshot(path, "
+                     f"device={data.ooms_elsewhere[0]}) diagnoses it): the run stopped there, so no backward came "
+                     f"after this device's forward{waiting}.")
     if at < 0 and data.peak_bytes == 0:
         return SnapshotDiagnosis(
             label=recording.label, device=data.device, moment="empty", at=at, t_s=None, allocated=0,
@@ -284,7 +299,8 @@ def diagnose_snapshot(recording: Recording, *, top: int = 8) -> SnapshotDiagnosi
     causes = _leak_findings(data, acc, oom is not None)
     unused = unused_graph(data, at)
     if unused is not None:
-        causes.append(_unused_graph_finding(unused, at, data))
+        trains: dict[Role, int] = {r.role: r.bytes for r in by_role if r.role in (Role.OPTIMIZER_STATE, Role.GRADIENTS)}
+        causes.append(_unused_graph_finding(unused, trains))
     verdict: list[SnapshotFinding] = []
     if oom is not None:
         verdict = _oom_findings(data, frag, segs, by_line, by_role, causes, pageable or 0)
@@ -299,8 +315,13 @@ def diagnose_snapshot(recording: Recording, *, top: int = 8) -> SnapshotDiagnosi
         request_line=None if oom is None or not oom.frames else group_of(oom.frames, "line"),
         device_free=None if oom is None else oom.device_free, by_line=by_line, fragmentation=frag,
         accumulating=acc, findings=tuple(findings), pageable_bytes=pageable, notes=tuple(notes), top=top,
-        by_role=by_role, passes=trace_passes(data), steps=trace_steps(data),
+        by_role=by_role, passes=trace_passes(data), steps=trace_steps(data), ooms_elsewhere=data.ooms_elsewhere,
+        history=any(a >= 0 for a in data.alloc_at),
     )
+
+
+def _devices(devices: tuple[int, ...]) -> str:
+    return " and ".join(f"cuda:{d}" for d in devices)
 
 
 def _passes_text(passes: tuple[TracePass, ...]) -> str:
@@ -337,8 +358,7 @@ def _leak_findings(data: SnapshotData, acc: tuple[Accumulation, ...], at_oom: bo
         called = f" (called from {' ← '.join(callers)})" if callers else ""
         others = f" and {len(group) - 1} other stack{'s' if len(group) > 2 else ''}" if len(group) > 1 else ""
         # made inside a module call: outputs that hold their autograd graphs while they are kept
-        graphs = any(f.name in ("_call_impl", "_wrapped_call_impl") and f.filename.replace("\\", "/").endswith(
-            "/nn/modules/module.py") for f in top.frames)
+        graphs = any(is_model_call(f) for f in top.frames)
         keeper = where if where != line else (callers[0] if callers else line)
         what = ("a module's outputs, and with them their autograd graphs (every activation saved for backward)"
                 if graphs else "what it makes each step (a list or cache that only grows)")
@@ -384,25 +404,35 @@ def _entry_of(data: SnapshotData, frames: tuple[Frame, ...]) -> Frame | None:
 
 
 # ----- a forward whose graph no backward used -----------------------------------------------------
-def _unused_graph_finding(u: object, at: int, data: SnapshotData) -> SnapshotFinding:
-    from_ = getattr(u, "entry", None)
+def _unused_graph_finding(u: UnusedGraph, trains: dict[Role, int]) -> SnapshotFinding:
+    """``trains``: the optimizer state and gradients alive then (a run that trains: the backward
+    after the snapshot needs the activations)."""
+    from_ = u.entry
     where = from_.label if from_ is not None else "the forward"
-    nbytes, blocks, cast, passes = (getattr(u, k) for k in ("bytes", "blocks", "autocast", "passes"))
+    nbytes, blocks, cast, passes = u.bytes, u.blocks, u.autocast, u.passes
     forwards = "the forward" if passes <= 1 else f"the {passes} forwards"
+    it = "it" if passes <= 1 else "them"
     called = f" called at {where}" if from_ is not None else ""
     autocast = (f"; {format_bytes(cast)} of it are autocast's lower-precision copies of weights and inputs "
                 "(at::autocast::cached_cast), kept for the same backward" if cast else "")
-    message = (
-        f"{forwards}{called} left {format_bytes(nbytes)} of activations in {blocks} block{'s' if blocks != 1 else ''} "
-        f"alive at the peak, and no backward in the trace came after {'it' if passes <= 1 else 'them'}: the "
-        f"autograd graph of the output holds them for a backward that did not run{autocast}."
-    )
-    suggestion = (
-        f"if no gradient is needed there, run {'it' if passes <= 1 else 'them'} under torch.no_grad() or "
-        f"torch.inference_mode(): activations are then not kept, up to {format_bytes(nbytes)} less at the peak "
-        "(the output itself stays); if a backward comes after the snapshot was taken, they are what it needs "
-        "(activation checkpointing keeps fewer)."
-    )
+    left = (f"{forwards}{called} left {format_bytes(nbytes)} of activations in {blocks} "
+            f"block{'s' if blocks != 1 else ''} alive at the peak, and no backward in the trace came after {it}")
+    if trains:
+        held = " and ".join(f"{format_bytes(b)} of {r.label}" for r, b in trains.items())
+        message = (f"{left}: the trace ends between a forward and its backward, in a run that trains (it holds "
+                   f"{held}), so these are what that backward needs, held by the output's autograd graph{autocast}.")
+        suggestion = (f"activation checkpointing (torch.utils.checkpoint around the model's blocks) keeps only each "
+                      f"block's inputs of the {format_bytes(nbytes)} and recomputes the rest in backward; half the "
+                      f"batch (or sequence) keeps about half; if this forward needs no gradient, torch.no_grad() or "
+                      "torch.inference_mode() keeps none of it.")
+    else:
+        message = (f"{left}: the autograd graph of the output holds them for a backward that did not run{autocast}.")
+        suggestion = (
+            f"if no gradient is needed there, run {it} under torch.no_grad() or torch.inference_mode(): activations "
+            f"are then not kept, up to {format_bytes(nbytes)} less at the peak (the output itself stays); if a "
+            "backward comes after the snapshot was taken, they are what it needs (activation checkpointing keeps "
+            "fewer)."
+        )
     return SnapshotFinding("unused_graph", nbytes, message, suggestion, where if from_ is not None else None,
                            Role.ACTIVATIONS)
 
@@ -521,7 +551,14 @@ def _oom_findings(data: SnapshotData, frag: Fragmentation, segs: tuple[SegmentSt
             f"make the tensor requested at {_request_line(oom)} smaller (a smaller batch or sequence, chunks "
             "processed one at a time, a lower precision), or run on a device with more memory.",
         )]
-    need = segment_size_for(request)
+    expandable = any(g.expandable and g.stream == frag.stream for g in segs)
+    if expandable:  # the segment grows by mapping whole pages (see NOTE [ what the allocator settings would change ])
+        page = SMALL_PAGE if request <= SMALL_REQUEST else LARGE_PAGE
+        need = -(-request // page) * page
+        grow = f"needed to map {format_bytes(need)} more into its expandable segment ({format_bytes(page)} pages)"
+    else:
+        need = segment_size_for(request)
+        grow = f"needed a new segment of {format_bytes(need)}"
     if device_free >= need:
         # the device said it had room for the segment: a cap on this process held it back
         short = request - frag.free_bytes
@@ -546,8 +583,7 @@ def _oom_findings(data: SnapshotData, frag: Fragmentation, segs: tuple[SegmentSt
     return [SnapshotFinding(
         "capacity", short,
         f"not fragmentation: the free pieces of reserved memory hold {format_bytes(frag.free_bytes)}, less than "
-        f"the {format_bytes(request)} request, so the allocator needed a new segment of {format_bytes(need)}, and "
-        f"{device}; no allocator setting makes room: at least {format_bytes(short)} had to be released. "
+        f"the {format_bytes(request)} request, so the allocator {grow}, and {device}; no allocator setting makes room: at least {format_bytes(short)} had to be released. "
         f"{format_bytes(frag.allocated)} was allocated: {roles}; most by {holders}.",
         suggestion,
     )]

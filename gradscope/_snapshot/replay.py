@@ -9,6 +9,7 @@ names where it is (``device_traces[0][1234]``). The tables are ``array('q')`` co
 
 from __future__ import annotations
 
+import bisect
 from array import array
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -599,27 +600,37 @@ class Ranges:
         if size <= 0:
             return
         end = start + size
-        self.remove(start, size)
+        i = self._cut(start, end)
+        items = self.items
         item = [start, end, stream, int(mapped)]
-        if mapped:
-            for other in [x for x in self.items if x[3] and x[2] == stream and (x[1] == start or x[0] == end)]:
-                self.items.remove(other)
-                item[0], item[1] = min(item[0], other[0]), max(item[1], other[1])
-        self.items.append(item)
-        self.items.sort()
+        if mapped:  # merge with mapped neighbours of the same stream that touch it
+            if i < len(items) and items[i][3] and items[i][2] == stream and items[i][0] == end:
+                item[1] = items.pop(i)[1]
+            if i > 0 and items[i - 1][3] and items[i - 1][2] == stream and items[i - 1][1] == start:
+                i -= 1
+                item[0] = items.pop(i)[0]
+        items.insert(i, item)
 
     def remove(self, start: int, size: int) -> None:
-        end = start + size
-        kept: list[list[int]] = []
-        for s, e, st, m in self.items:
-            if e <= start or s >= end:
-                kept.append([s, e, st, m])
-                continue
-            if s < start:
-                kept.append([s, start, st, m])
-            if e > end:
-                kept.append([end, e, st, m])
-        self.items = kept
+        self._cut(start, start + size)
+
+    def _cut(self, start: int, end: int) -> int:
+        """Take [start, end) out of the ranges; the index where a range starting there goes.
+        The ranges are disjoint and sorted, so only those overlapping it are touched."""
+        items = self.items
+        i = bisect.bisect_right(items, start, key=lambda x: x[1])  # first range ending after start
+        j = bisect.bisect_left(items, end, key=lambda x: x[0])  # first range starting at or after end
+        if i >= j:
+            return i
+        pieces: list[list[int]] = []
+        s, _, st, m = items[i]
+        if s < start:
+            pieces.append([s, start, st, m])
+        s, e, st, m = items[j - 1]
+        if e > end:
+            pieces.append([end, e, st, m])
+        items[i:j] = pieces
+        return i + (1 if pieces and pieces[0][0] < start else 0)
 
     def apply(self, kind: int, addr: int, size: int, stream: int, undo: bool = False) -> None:
         adds = kind in (SEG_ALLOC, SEG_MAP)
