@@ -21,6 +21,7 @@ import contextlib
 import functools
 import operator
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -766,6 +767,34 @@ def non_overlapping_and_dense(t: torch.Tensor) -> bool:
         except Exception:
             pass
     return t.is_contiguous()  # a private helper that moved: contiguity is the common case
+
+
+# NOTE [ a copied optimizer and its LR scheduler ]: an LR scheduler wraps its optimizer's ``step``
+# in an instance attribute (marked ``_wrapped_by_lr_sched``) that sets ``_opt_called``; a copy of the
+# optimizer (``copy.deepcopy``: ``Optimizer.__getstate__`` keeps only defaults, state and groups)
+# loses both, and the copied scheduler's first ``step()`` then warns that ``optimizer.step()`` "has
+# been overridden". The copy's ``step`` is wrapped again the way the scheduler does it, pointing at
+# the copy, with the original's ``_opt_called``. Private attributes of torch.optim.lr_scheduler
+# (torch 2.6 to 2.15).
+def track_lr_scheduler_step(copy: Any, original: Any) -> None:
+    """The copied optimizer ``copy`` of ``original``, whose scheduler was copied with it, wrapped as
+    the scheduler wraps its optimizer (see NOTE [ a copied optimizer and its LR scheduler ])."""
+    step = getattr(copy, "step", None)
+    if step is None or hasattr(step, "_wrapped_by_lr_sched") or not hasattr(original.step, "_wrapped_by_lr_sched"):
+        return
+    func = type(copy).step
+    me = weakref.ref(copy)
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        opt = me()
+        opt._opt_called = True  # type: ignore[union-attr]
+        return func.__get__(opt, type(opt))(*args, **kwargs)
+
+    wrapper._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
+    copy.step = wrapper
+    if getattr(original, "_opt_called", False):
+        copy._opt_called = True
 
 
 # ----------------------------------------------------------------------------- node objects
