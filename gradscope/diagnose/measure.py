@@ -763,6 +763,10 @@ def _replica(objs: Mapping[str, Any], *, dropout: bool = True) -> dict[str, Any]
             memo[i] = t.detach().clone().requires_grad_(t.requires_grad)
     out = copy.deepcopy(dict(objs), memo)
     copied_schedulers(dict(objs), memo)
+    for i, t in tensors.items():  # a parameter's deep copy leaves its gradient behind: the copy has it too
+        twin = memo.get(i)
+        if isinstance(twin, torch.Tensor) and t.is_leaf and t.grad is not None and twin.grad is None:
+            twin.grad = t.grad.detach().clone()
     if not dropout:
         for v in out.values():
             if isinstance(v, nn.Module):
