@@ -158,8 +158,10 @@ RUNS = 2
 # operator still passes the tracker and PyTorch's meta implementations (many in Python): for a step
 # whose objects are small, a real run of a CPU copy under the tracker costs less (GPT-2 with 2 layers
 # of 64: 3x less), and its first run is also the run its results are compared from. So a step whose
-# objects hold at most SMALL_STEP_BYTES on the CPU is measured on CPU copies, a larger one on meta.
+# objects hold at most SMALL_STEP_BYTES on the CPU, and whose recorded block ran for at most
+# SMALL_STEP_SECONDS (it computes little), is measured on CPU copies; any other on meta.
 SMALL_STEP_BYTES = 64 * 1024 * 1024
+SMALL_STEP_SECONDS = 0.25
 # NOTE [ parameters after an optimizer's step ]: Adam's first step moves each element by about the
 # learning rate whatever its gradient's size (m / sqrt(v)), so an element whose gradient is near
 # epsilon turns a rounding difference of 1e-7 into a move of a few percent of the learning rate; and
@@ -259,7 +261,7 @@ class Bench:
 
     def __init__(self, source: str, namespace: Mapping[str, Any], device: str = "cpu", *,
                  fresh_optimizers: bool = False, fresh_gradients: bool = False,
-                 progress: Any = None) -> None:
+                 progress: Any = None, step_seconds: float | None = None) -> None:
         self.source = source
         self.ns = namespace
         self.device = device
@@ -270,6 +272,7 @@ class Bench:
         self.fresh_optimizers = fresh_optimizers
         self.fresh_gradients = fresh_gradients
         self.random_state = _RandomState.now()  # the user's: every run starts from it
+        self.step_seconds = step_seconds  # how long the recorded block ran (see NOTE [ meta or a CPU copy ])
         self.progress = progress if progress is not None else (lambda what: None)
         self._user: Trial | None = None
         self._real: dict[bool, _Real | None] = {}  # the user's step run for real, by dropout on/off
@@ -347,7 +350,8 @@ class Bench:
         costs less than one on meta (see NOTE [ meta or a CPU copy ]). Decided once."""
         if self._is_small is None:
             copied, _ = self._split(self.source)
-            self._is_small = self.device == "cpu" and resident_bytes(copied.values()) <= SMALL_STEP_BYTES
+            self._is_small = (self.device == "cpu" and resident_bytes(copied.values()) <= SMALL_STEP_BYTES
+                              and (self.step_seconds or 0.0) <= SMALL_STEP_SECONDS)
         return self._is_small
 
     def _meta(self, code: str, setup: str) -> Trial:
