@@ -3,7 +3,7 @@
 Run: ``python benchmarks/bench_diagnose.py [docs] [notebook] [6x384]`` (default: every example). For the GPT-2 example of docs/diagnosis.md (2 layers, as
 ``transformers`` builds it: train mode, dropout on) and the notebook's GPT-2 (4 layers, d128, batch
 8 x 64), under a budget each does not fit: the step's own time (a plain run of the block's code on a copy
-of the objects, median of 5 after one warm-up), the recorded block that ran out of memory, and
+of the objects, median of 15 after one warm-up), the recorded block that ran out of memory, and
 ``gs.diagnose`` of it (median of 3, each a fresh diagnosis: nothing is cached between them), with how
 many runs of a step the diagnosis measured on meta and ran for real. Prints the ratio diagnosis / step.
 The issue's target: at most 5x on the docs' example. Collections run outside the timed regions. The third
@@ -91,7 +91,7 @@ def main() -> None:
             exec(compile(text, path, "exec"), ns)
             start = copy.deepcopy({k: ns[k] for k in ("model", "opt")})
             ns["plain"]()  # warm-up
-            step = _median(ns["plain"], 5)
+            step = _median(ns["plain"], 15)
             ns.update(copy.deepcopy(start))  # the objects as they were: the recorded step is a first step
             t0 = time.perf_counter()
             try:
