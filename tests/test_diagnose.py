@@ -498,3 +498,34 @@ def test_at_a_failure_the_live_bytes_are_those_at_the_refused_allocation() -> No
     assert info.value.live == 224288  # the model's 17 KiB and two iterations' outputs and saves
     d = gs.diagnose(rec.recording, namespace={})
     assert d.live_bytes == info.value.live  # not 85,024: the two iterations freed while unwinding
+
+
+def _closure_step(model: nn.Module, opt: torch.optim.Optimizer) -> Any:
+    def step(x: torch.Tensor, *, scale: float = 0.5) -> None:  # a keyword-only default, read at every call
+        (model(x).square().mean() * scale).backward()
+        opt.step()
+        opt.zero_grad()
+
+    return step
+
+
+def test_the_users_functions_run_as_they_are_on_copies_and_the_users_objects_and_random_state_stay() -> None:
+    # a closure over the model and optimizer, with a keyword-only default: run on copies, rebuilt to read
+    # the copies (never the user's objects), its __kwdefaults__ kept; the user's random state put back
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 512), nn.Tanh(), nn.Dropout(0.1), nn.Linear(512, 1))
+    opt = torch.optim.Adam(model.parameters())
+    step = _closure_step(model, opt)
+    x = torch.randn(256, 64)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(gs.MemoryBudgetExceeded):
+        with gs.record(budget="700KiB") as rec:
+            step(x)
+    rng = torch.get_rng_state()
+    d = gs.diagnose(rec.recording, progress=False)
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(p.grad is None or not p.grad.any() for p in model.parameters()) and not opt.state
+    # the step ran on the copies (a fix was measured against it), with dropout on as the user has it
+    assert d.step_peak is not None and model.training
+    assert not any("failed on copies" in n or "could not be run" in n for n in d.notes), d.notes

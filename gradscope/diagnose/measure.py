@@ -8,6 +8,8 @@ import copy
 import dataclasses
 import logging
 import math
+import random
+import sys
 import time
 import types
 import warnings
@@ -279,7 +281,6 @@ class Bench:
         self._measured: dict[tuple[str, str], Trial] = {}
         self._reals: dict[tuple[str, str], _Real] = {}  # first runs of the CPU copies under the tracker
         self._is_small: bool | None = None
-        self.real_runs = 0  # how many real runs of a step the diagnosis made (the benchmark reads it)
 
     # ----- what the code needs ------------------------------------------------------------------
     def _names(self, code: str) -> set[str]:
@@ -424,7 +425,6 @@ class Bench:
                                                            tracked=True)
             finally:
                 src.stop()
-        self.real_runs += RUNS
         self.progress("run")
         return Trial(peak=peaks[0], later=max(peaks[1:], default=None), how="cpu copy", resident=resident,
                      later_resident=later_resident)
@@ -457,7 +457,6 @@ class Bench:
             seconds = time.perf_counter() - t0
             drew = not torch.equal(start, torch.get_rng_state())
             state = _results(env, set(copies) | {k for k in set(env) - before if not k.startswith("_")})
-        self.real_runs += 1
         self.progress("run")
         return _Real(state, seconds, drew)
 
@@ -560,9 +559,6 @@ class _RandomState:
 
     @staticmethod
     def now() -> _RandomState:
-        import random
-        import sys
-
         cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
         np = sys.modules.get("numpy")
         return _RandomState(torch.get_rng_state(), cuda, random.getstate(),
@@ -570,7 +566,6 @@ class _RandomState:
 
     @contextlib.contextmanager
     def used(self) -> Any:
-
         outside = _RandomState.now()
         self._set()
         try:
@@ -579,9 +574,6 @@ class _RandomState:
             outside._set()
 
     def _set(self) -> None:
-        import random
-        import sys
-
         torch.set_rng_state(self.cpu)
         if self.cuda is not None:
             torch.cuda.set_rng_state_all(self.cuda)
