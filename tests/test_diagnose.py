@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -500,7 +501,7 @@ def test_at_a_failure_the_live_bytes_are_those_at_the_refused_allocation() -> No
     assert d.live_bytes == info.value.live  # not 85,024: the two iterations freed while unwinding
 
 
-def _closure_step(model: nn.Module, opt: torch.optim.Optimizer) -> Any:
+def _closure_step(model: nn.Module, opt: torch.optim.Optimizer) -> Callable[..., None]:
     def step(x: torch.Tensor, *, scale: float = 0.5) -> None:  # a keyword-only default, read at every call
         (model(x).square().mean() * scale).backward()
         opt.step()
