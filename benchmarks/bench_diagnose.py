@@ -7,7 +7,7 @@ of the objects, median of 15 after one warm-up), the recorded block that ran out
 ``gs.diagnose`` of it (median of 3, each a fresh diagnosis: nothing is cached between them), with how
 many runs of a step the diagnosis measured on meta and ran for real. Prints the ratio diagnosis / step.
 The issue's target: at most 5x on the docs' example. Collections run outside the timed regions. The third
-example's objects are over SMALL_STEP_BYTES, so its fixes are measured on meta (see NOTE [ meta or a CPU
+example's block allocates over SMALL_STEP_ALLOCATED, so its fixes are measured on meta (see NOTE [ meta or a CPU
 copy ] in gradscope.diagnose.measure).
 """
 
@@ -37,7 +37,7 @@ _SETUPS = {
         "GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=500, n_positions=64)", 500, (8, 32), "4MiB"),
     "notebook GPT-2 (4 layers, 24 MiB)": (
         "GPT2Config(n_layer=4, n_embd=128, n_head=4, vocab_size=1000, n_positions=64)", 1000, (8, 64), "24MiB"),
-    "GPT-2 6x384 (104 MiB on meta)": (
+    "GPT-2 6x384 (400 MiB)": (
         "GPT2Config(n_layer=6, n_embd=384, n_head=6, vocab_size=8000, n_positions=256)", 8000, (16, 256), "400MiB"),
 }
 

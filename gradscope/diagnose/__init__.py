@@ -276,7 +276,8 @@ def _bench(ctx: Context) -> Bench | None:
         ctx.bench = Bench(source, ns, device="cuda" if "cuda" in devices else "cpu",
                           fresh_optimizers=any(k in made for k in ctx.resident["optimizer state"]),
                           fresh_gradients=any(k in made for k in ctx.resident["gradients"]),
-                          progress=getattr(ctx, "progress", None), step_seconds=ctx.rec.wall_time_s)
+                          progress=getattr(ctx, "progress", None),
+                          step_allocated=sum(a.bytes for a in ctx.rec.allocations))
     return ctx.bench
 
 
