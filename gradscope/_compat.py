@@ -778,23 +778,29 @@ def non_overlapping_and_dense(t: torch.Tensor) -> bool:
 # (torch 2.6 to 2.15).
 def track_lr_scheduler_step(copy: Any, original: Any) -> None:
     """The copied optimizer ``copy`` of ``original``, whose scheduler was copied with it, wrapped as
-    the scheduler wraps its optimizer (see NOTE [ a copied optimizer and its LR scheduler ])."""
+    the scheduler wraps its optimizer (see NOTE [ a copied optimizer and its LR scheduler ]). Older
+    releases mark the wrapper ``_with_counter`` and count ``_step_count`` instead."""
+    marker = next((m for m in ("_wrapped_by_lr_sched", "_with_counter") if hasattr(original.step, m)), None)
     step = getattr(copy, "step", None)
-    if step is None or hasattr(step, "_wrapped_by_lr_sched") or not hasattr(original.step, "_wrapped_by_lr_sched"):
+    if marker is None or step is None or hasattr(step, marker):
         return
     func = type(copy).step
     me = weakref.ref(copy)
+    counts = "_step_count" in vars(original)
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         opt = me()
         opt._opt_called = True  # type: ignore[union-attr]
+        if counts:
+            opt._step_count += 1  # type: ignore[union-attr]
         return func.__get__(opt, type(opt))(*args, **kwargs)
 
-    wrapper._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
+    setattr(wrapper, marker, True)
     copy.step = wrapper
-    if getattr(original, "_opt_called", False):
-        copy._opt_called = True
+    for name in ("_opt_called", "_step_count"):
+        if name in vars(original):
+            setattr(copy, name, vars(original)[name])
 
 
 # ----------------------------------------------------------------------------- node objects
