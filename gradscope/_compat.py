@@ -21,6 +21,7 @@ import contextlib
 import functools
 import operator
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -766,6 +767,40 @@ def non_overlapping_and_dense(t: torch.Tensor) -> bool:
         except Exception:
             pass
     return t.is_contiguous()  # a private helper that moved: contiguity is the common case
+
+
+# NOTE [ a copied optimizer and its LR scheduler ]: an LR scheduler wraps its optimizer's ``step``
+# in an instance attribute (marked ``_wrapped_by_lr_sched``) that sets ``_opt_called``; a copy of the
+# optimizer (``copy.deepcopy``: ``Optimizer.__getstate__`` keeps only defaults, state and groups)
+# loses both, and the copied scheduler's first ``step()`` then warns that ``optimizer.step()`` "has
+# been overridden". The copy's ``step`` is wrapped again the way the scheduler does it, pointing at
+# the copy, with the original's ``_opt_called``. Private attributes of torch.optim.lr_scheduler
+# (torch 2.6 to 2.15).
+def track_lr_scheduler_step(copy: Any, original: Any) -> None:
+    """The copied optimizer ``copy`` of ``original``, whose scheduler was copied with it, wrapped as
+    the scheduler wraps its optimizer (see NOTE [ a copied optimizer and its LR scheduler ]). Older
+    releases mark the wrapper ``_with_counter`` and count ``_step_count`` instead."""
+    marker = next((m for m in ("_wrapped_by_lr_sched", "_with_counter") if hasattr(original.step, m)), None)
+    step = getattr(copy, "step", None)
+    if marker is None or step is None or hasattr(step, marker):
+        return
+    func = type(copy).step
+    me = weakref.ref(copy)
+    counts = "_step_count" in vars(original)
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        opt = me()
+        opt._opt_called = True  # type: ignore[union-attr]
+        if counts:
+            opt._step_count += 1  # type: ignore[union-attr]
+        return func.__get__(opt, type(opt))(*args, **kwargs)
+
+    setattr(wrapper, marker, True)
+    copy.step = wrapper
+    for name in ("_opt_called", "_step_count"):
+        if name in vars(original):
+            setattr(copy, name, vars(original)[name])
 
 
 # ----------------------------------------------------------------------------- node objects

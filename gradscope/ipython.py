@@ -89,7 +89,8 @@ class _State:
     callbacks: list[tuple[str, Any]] = field(default_factory=list)
     active: Any = None  # the gs.record of the cell running now, if any
     watching: bool = False  # whether ``active`` is the OOM watch's own recording
-    cell_budget: tuple[int, int] | None = None  # (the budget asked for, bytes resident before the cell)
+    cell_budget: tuple[int, int, dict[str, int]] | None = None  # (the budget asked for, bytes resident before
+    # the cell, the same by variable)
     finished: Any = None  # Recording finished by the exception handler, for the cell magic
     last: Any = None  # the last Diagnosis shown
     recording_name: str = RECORDING_NAME  # where the running cell's recording will be kept
@@ -170,7 +171,7 @@ class GradscopeMagics(Magics):
             raise UsageError(f"gradscope: -o takes a variable name, got {args.output!r}.")
         from gradscope.record import record
 
-        cell_budget, resident = _cell_budget(budget, args.memory, shell.user_ns, args.cell_only)
+        cell_budget, resident, held = _cell_budget(budget, args.memory, shell.user_ns, args.cell_only)
         try:
             rec = record(
                 memory=args.memory,
@@ -182,7 +183,7 @@ class GradscopeMagics(Magics):
         except GradscopeError as e:
             raise UsageError(str(e)) from None
         rec.given_step = _cell_step(shell, cell)  # the diagnosis runs its fixes on the cell's own code
-        st.cell_budget = None if budget is None or args.cell_only else (budget, resident)
+        st.cell_budget = None if budget is None or args.cell_only else (budget, resident, held)
         st.recording_name = args.output or RECORDING_NAME
         shown = st.last
         with _oom_handler_installed(shell):
@@ -365,6 +366,7 @@ def _finish(st: _State, rec: Any, err: BaseException | None, ns: dict[str, Any] 
             )
         except GradscopeError:
             pass
+        _restated(err, st.cell_budget)
         st.finished = _with_resident(rec.recording, st.cell_budget)
         st.cell_budget = None
     return st.finished
@@ -372,7 +374,7 @@ def _finish(st: _State, rec: Any, err: BaseException | None, ns: dict[str, Any] 
 
 def _cell_budget(
     budget: int | None, memory: str, ns: dict[str, Any], cell_only: bool = False
-) -> tuple[int | None, int]:
+) -> tuple[int | None, int, dict[str, int]]:
     """The part of a simulated device left for one cell: what the user's variables already hold
     on the CPU (tensors, models with their gradients, optimizer state) is resident on that device
     before the cell starts, as it would be on a GPU. Returns (budget for the cell, resident bytes).
@@ -386,19 +388,19 @@ def _cell_budget(
     from gradscope.memory import resolve_memory
 
     if budget is None:
-        return None, 0
+        return None, 0, {}
     try:
         if resolve_memory(memory, budget) != "tracker":
-            return budget, 0
+            return budget, 0, {}
     except GradscopeError as e:
         raise UsageError(str(e)) from None
     if cell_only:
-        return budget, 0
+        return budget, 0, {}
     held = _resident_by_variable(ns)
     resident = sum(held.values())
     if resident >= budget:
         raise UsageError(_too_small(budget, held))
-    return budget - resident, resident
+    return budget - resident, resident, held
 
 
 def _too_small(budget: int, held: dict[str, int]) -> str:
@@ -424,61 +426,41 @@ def _resident_cpu_bytes(ns: dict[str, Any]) -> int:
 
 
 def _resident_by_variable(ns: dict[str, Any]) -> dict[str, int]:
-    """:func:`_resident_cpu_bytes` by variable: each storage counted once, for the first variable
-    (in the order the namespace holds them) that reaches it."""
-    from gradscope._compat import storage_key
+    """:func:`_resident_cpu_bytes` by variable (see NOTE [ one budget ] in gradscope.diagnose.measure)."""
+    from gradscope.diagnose.facts import resident_by_variable
 
-    seen: dict[int, tuple[str, int]] = {}
-    name = ""
-
-    def add_with_grad(t: Any) -> None:
-        add(t)
-        # only a leaf has a .grad to count; reading it on another tensor makes PyTorch warn
-        if isinstance(t, torch.Tensor) and t.is_leaf:
-            add(t.grad)
-
-    def add(t: Any) -> None:
-        if isinstance(t, torch.Tensor) and t.device.type == "cpu":
-            key = storage_key(t)
-            if key is not None and key not in seen:
-                seen[key] = (name, int(t.untyped_storage().nbytes()))
-
-    for name, v in list(ns.items()):
-        if name.startswith("_"):
-            continue
-        if isinstance(v, torch.nn.Module):
-            for t in (*v.parameters(), *v.buffers()):
-                add_with_grad(t)
-        elif isinstance(v, torch.optim.Optimizer):
-            for state in v.state.values():
-                for t in state.values() if isinstance(state, dict) else ():
-                    add(t)
-        elif isinstance(v, torch.Tensor):
-            add_with_grad(v)
-        elif isinstance(v, list | tuple | dict):
-            try:
-                for t in list(v.values() if isinstance(v, dict) else v)[:10_000]:
-                    add(t)
-            except Exception:
-                continue
-    out: dict[str, int] = {}
-    for holder, n in seen.values():
-        out[holder] = out.get(holder, 0) + n
-    return out
+    return resident_by_variable(ns)
 
 
-def _with_resident(recording: Any, cell_budget: tuple[int, int] | None) -> Any:
-    """The recording, its budget failure restated for the whole simulated device."""
+def _with_resident(recording: Any, cell_budget: tuple[int, int, dict[str, int]] | None) -> Any:
+    """The recording, its budget failure restated for the whole simulated device, with what each
+    variable held when the cell started (see NOTE [ one budget ] in gradscope.diagnose.measure)."""
     if recording is None or cell_budget is None:
         return recording
     oom = recording.oom
     if oom is None:
         return recording
-    budget, resident = cell_budget
+    budget, resident, by_variable = cell_budget
     import dataclasses
 
     oom = dataclasses.replace(oom, budget=budget, cell_budget=oom.budget, resident=resident)
-    return dataclasses.replace(recording, oom=oom)
+    extra = {**recording.extra, "resident_by_variable": dict(by_variable)}
+    return dataclasses.replace(recording, oom=oom, extra=extra)
+
+
+def _restated(err: BaseException | None, cell_budget: tuple[int, int, dict[str, int]] | None) -> None:
+    """A budget error of a cell, said for the device the user gave (see NOTE [ one budget ] in
+    gradscope.diagnose.measure): its budget, what the cell allocated and what the variables held."""
+    if not isinstance(err, MemoryBudgetExceeded) or cell_budget is None or not err.args:
+        return
+    budget, resident, by_variable = cell_budget
+    named = ", ".join(f"{k} {format_bytes(b)}" for k, b in sorted(by_variable.items(), key=lambda kv: (-kv[1], kv[0])))
+    err.args = (
+        f"gradscope: simulated device out of memory: tried to allocate {_size(err.requested)} with "
+        f"{_size(err.live)} allocated by the cell and {_size(resident)} held by your variables ({named}) of a "
+        f"{_size(budget)} budget" + (f" (in {err.where})" if err.where else "")
+        + ". Call gs.diagnose(rec.recording) to see what held the memory.",
+    )
 
 
 def _add_namespace_roots(rec: Any, ns: dict[str, Any]) -> None:
@@ -595,7 +577,7 @@ def _make_pre(shell: Any) -> Any:
         from gradscope.record import record
 
         try:
-            cell_budget, resident = _cell_budget(
+            cell_budget, resident, held = _cell_budget(
                 st.oom_budget, st.oom_memory, shell.user_ns, st.oom_cell_only
             )
             rec = record(
@@ -611,7 +593,7 @@ def _make_pre(shell: Any) -> Any:
             print(f"gradscope: could not watch this cell for OOM ({e})", file=sys.stderr)
             return
         st.active, st.finished, st.watching = rec, None, True
-        st.cell_budget = None if st.oom_budget is None or st.oom_cell_only else (st.oom_budget, resident)
+        st.cell_budget = None if st.oom_budget is None or st.oom_cell_only else (st.oom_budget, resident, held)
         st.recording_name = RECORDING_NAME
 
     return pre_run_cell

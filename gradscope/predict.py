@@ -53,6 +53,7 @@ import dataclasses
 import functools
 import sys
 import threading
+import types
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -102,6 +103,10 @@ _INTERNAL_TEMPORARY_OPS = (
     "aten::_fused_rms_norm_backward",
     "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
 )
+
+# operators whose CUDA kernels run through cuBLAS (see the cuBLAS workspace note in ``_run``)
+_CUBLAS_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "addbmm", "addmv", "mv", "dot",
+                         "_scaled_dot_product_efficient_attention", "_addmm_activation"})
 
 _CUDA_CANNOT_KNOW = (
     "CUDA estimate: a model of the caching allocator (512-byte rounding, 2 MiB small-pool segments, "
@@ -510,14 +515,21 @@ def _run(
             _AsOnTheDevice(rec, device) as device_mode,
             _optimizer_steps_on(outside, functools.partial(_count_cpu, rec) if device == "cpu" else None),
         ):
+            _TARGET.autocast = None
             fn(*meta_args)
+            if getattr(_TARGET, "autocast", None):  # the step caught the refusal: see NOTE [ autocast is refused by name ]
+                raise GradscopeError(_autocast_message(_TARGET.autocast))
             device_mode.settle()
     except GradscopeError:
         raise
     except Exception as e:
+        first = _first_cause(e)
+        if isinstance(first, GradscopeError):
+            raise first from None
+        after = "" if first is e else f"; while handling it, the step raised {type(e).__name__}: {e}"
         raise GradscopeError(
-            f"gradscope: the step could not run on meta tensors ({type(e).__name__}: {e}). Prediction "
-            "runs without data: code that reads values (.item(), .tolist(), printing tensors, "
+            f"gradscope: the step could not run on meta tensors ({type(first).__name__}: {first}{after}). "
+            "Prediction runs without data: code that reads values (.item(), .tolist(), printing tensors, "
             "data-dependent shapes or if/while on tensor values) cannot be predicted; move it out of "
             "the step, or measure a real run with gs.record()."
         ) from e
@@ -559,6 +571,15 @@ def _run(
             + "; ".join(f"{what}: {n} ({b} bytes in all)"
                         for what, (n, b) in sorted(device_mode.unseen.items()))
             + "."
+        )
+    if device == "cuda" and any(o.split("::")[-1] in _CUBLAS_OPS for o in ops):
+        backward = any(a.step is not None for a in r.allocations)
+        notes.append(
+            "cuBLAS workspace not counted: each thread that runs matmuls on a CUDA stream takes one from the "
+            "caching allocator at its first matmul and keeps it (the step's thread"
+            + (", and the autograd engine's device thread that runs backward: two here" if backward else ": one here")
+            + "); its size is set by CUBLAS_WORKSPACE_CONFIG (PyTorch's default is a few MiB, larger on Hopper "
+            "GPUs): add it to allocated_bytes and reserved_bytes."
         )
     if any("scaled_dot_product" in o for o in ops):
         notes.append(
@@ -609,6 +630,45 @@ def _run(
     return r, est
 
 
+# NOTE [ counted as a budget counts ]: the diagnosis measures a fix's memory on meta copies to
+# say whether it fits a simulated budget, which the tracker enforces on the real run. Under the
+# tracker (a Python dispatch mode) the engine sums gradients out of place and PyTorch's wrapped
+# Python numbers are not seen (see NOTE [ observers change gradient accumulation ] and NOTE [ bytes
+# no operator output holds ]): a run on meta counted the same way leaves out both corrections
+# ``predict`` makes for a plain run, so that its peak is the tracker's peak of the real run.
+@contextlib.contextmanager
+def counted_on_meta(device: str, source: Any) -> Iterator[None]:
+    """Code run inside runs on meta tensors (factory calls included) as on ``device``'s kernels,
+    its allocations counted by ``source`` (a started :class:`gradscope.memory.TrackerSource` for
+    ``"meta"``) as the tracker counts a real run of it (see NOTE [ counted as a budget counts ]):
+    the optimizers' step counters, real CPU tensors, count for ``device="cpu"``."""
+
+    def count(inside: bool) -> None:
+        source.also_device_type = "cpu" if inside else None
+
+    outside = torch.get_default_device()
+    with (
+        torch.device("meta"),
+        _kernel_choices(device),
+        _AsOnTheDevice(None, device),
+        _optimizer_steps_on(outside, count if device == "cpu" else None),
+    ):
+        yield
+
+
+def _first_cause(e: BaseException) -> BaseException:
+    """The first exception of the chain ``e`` ends (``__cause__``, else ``__context__``): a framework
+    that fails while tearing down after the step's own error (Lightning's ``fit``) raises its own,
+    and the step's is the one that says why it could not run."""
+    seen = {id(e)}
+    while True:
+        nxt = e.__cause__ or e.__context__
+        if nxt is None or id(nxt) in seen:
+            return e
+        seen.add(id(nxt))
+        e = nxt
+
+
 @contextlib.contextmanager
 def _kernel_choices(device: str) -> Iterator[None]:
     """On meta tensors, attention and dropout take the kernels the target device would take.
@@ -639,10 +699,12 @@ def _kernel_choices(device: str) -> Iterator[None]:
     global _PATCH_DEPTH
     with _PATCH_LOCK:
         if _PATCH_DEPTH == 0:
-            originals: dict[str, Any] = {"sdpa": F.scaled_dot_product_attention, "dropout": F.dropout}
+            originals: dict[str, Any] = {"sdpa": F.scaled_dot_product_attention, "dropout": F.dropout,
+                                         "autocast": torch.amp.autocast_mode.autocast.__init__}
             _ORIGINALS.append(originals)
             F.scaled_dot_product_attention = _patched_sdpa(originals["sdpa"])
             F.dropout = _patched_dropout(originals["dropout"])
+            torch.amp.autocast_mode.autocast.__init__ = _refused_autocast(originals["autocast"])  # type: ignore[method-assign]
         _PATCH_DEPTH += 1
     previous = getattr(_TARGET, "device", None)
     _TARGET.device = device
@@ -656,6 +718,7 @@ def _kernel_choices(device: str) -> Iterator[None]:
                 originals = _ORIGINALS.pop()
                 F.scaled_dot_product_attention = originals["sdpa"]
                 F.dropout = originals["dropout"]
+                torch.amp.autocast_mode.autocast.__init__ = originals["autocast"]  # type: ignore[method-assign]
 
 
 def _patched_sdpa(original: Any) -> Any:
@@ -666,6 +729,33 @@ def _patched_sdpa(original: Any) -> Any:
 
     scaled_dot_product_attention.__doc__ = original.__doc__
     return scaled_dot_product_attention
+
+
+# NOTE [ autocast is refused by name ]: autocast casts only tensors of its own device, so on meta
+# tensors it casts nothing, and on a CPU-only build ``torch.autocast("cuda")`` turns itself off with a
+# warning: a prediction of an autocast step would silently be float32's (measured on three real GPU
+# files: 0.81-1.10 of the real peak). So a prediction refuses a step that enters an enabled
+# ``torch.autocast`` (``torch.amp.autocast``, ``torch.cuda.amp.autocast``, as a decorator too),
+# naming it, in the thread that predicts: a :class:`GradscopeError` raised where it is entered, and
+# again after the step if the step caught it.
+def _refused_autocast(original: Any) -> Any:
+    def __init__(self: Any, device_type: str, dtype: Any = None, enabled: bool = True, cache_enabled: Any = None) -> None:
+        if getattr(_TARGET, "device", None) is not None and enabled:
+            name = f"torch.autocast({device_type!r}" + (f", dtype={dtype}" if dtype is not None else "") + ")"
+            _TARGET.autocast = name
+            raise GradscopeError(_autocast_message(name))
+        original(self, device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+
+    __init__.__doc__ = original.__doc__
+    return __init__
+
+
+def _autocast_message(name: str) -> str:
+    return (f"gradscope: the step runs under {name}, which a prediction cannot apply: autocast casts only "
+            "tensors of its own device, none of the meta tensors a prediction runs on (and on a build "
+            "without CUDA, torch.autocast('cuda') turns itself off), so its numbers would be float32's. "
+            "Predict the step without autocast for its float32 memory, or measure a real run with gs.record() "
+            "on the device.")
 
 
 def _patched_dropout(original: Any) -> Any:
@@ -727,6 +817,8 @@ class _AsOnTheDevice(_compat.torch_dispatch_mode()):  # type: ignore[misc]
     """
 
     def __init__(self, recorder: Any, device: str) -> None:
+        # recorder None: counted as the tracker counts a real run (see NOTE [ counted as a budget
+        # counts ]): neither correction that needs the recorder applies
         super().__init__()
         self._rec = recorder
         self._device = device
@@ -736,7 +828,7 @@ class _AsOnTheDevice(_compat.torch_dispatch_mode()):  # type: ignore[misc]
         self._saved: list[tuple[Any, int, int]] = []  # (weak ref to the op's output, key, bytes)
 
     def _source(self) -> Any:
-        src = self._rec.memory_source if self._device == "cpu" else None
+        src = self._rec.memory_source if self._device == "cpu" and self._rec is not None else None
         return src if hasattr(src, "count_unseen") else None
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -790,6 +882,7 @@ class _AsOnTheDevice(_compat.torch_dispatch_mode()):  # type: ignore[misc]
             func is torch.ops.aten.add.Tensor
             and not kwargs
             and len(args) == 2
+            and self._rec is not None
             and self._rec.between_nodes()  # between a node's post hook and the next node's pre hook
             and not torch.is_grad_enabled()
             and all(isinstance(a, torch.Tensor) for a in args)
@@ -1209,6 +1302,30 @@ def _collect_tensors(obj: Any, out: dict[int, torch.Tensor], seen: set[int]) -> 
             stack.extend(o.values())
         elif isinstance(o, list | tuple | set | frozenset):
             stack.extend(o)
+        else:
+            stack.extend(_attributes(o))
+
+
+# NOTE [ tensors inside argument objects ]: a step's batch is often an object: a dataclass, a
+# torch_geometric ``Data`` (its tensors in a storage object under ``_store``), a ``transformers``
+# ``BatchEncoding``. Its tensors are found through its attributes (``__dict__`` and ``__slots__``),
+# so that the copy for meta (``copy.deepcopy`` with every tensor mapped, see NOTE [ no data is
+# copied ]) holds meta tensors where the object held real ones. Classes, functions and Python
+# modules are not entered.
+def _attributes(o: Any) -> list[Any]:
+    """The values of an object's attributes, where it is an instance with any."""
+    if isinstance(o, type | types.ModuleType | types.FunctionType | types.MethodType | types.BuiltinFunctionType
+                  | str | bytes | int | float | complex | bool) or o is None:
+        return []
+    out: list[Any] = []
+    d = getattr(o, "__dict__", None)
+    if isinstance(d, dict):
+        out.extend(d.values())
+    for cls in type(o).__mro__:
+        for slot in getattr(cls, "__slots__", ()) if isinstance(getattr(cls, "__slots__", ()), tuple) else ():
+            if slot not in ("__dict__", "__weakref__") and hasattr(o, slot):
+                out.append(getattr(o, slot))
+    return out
 
 
 def _to_meta(args: Any) -> tuple[Any, dict[int, Any]]:
@@ -1232,12 +1349,39 @@ def _to_meta(args: Any) -> tuple[Any, dict[int, Any]]:
             if not t.is_leaf and t.requires_grad:
                 memo[i].requires_grad_(True)
     try:
-        return copy.deepcopy(tuple(args), memo), memo
+        out = copy.deepcopy(tuple(args), memo)
+        copied_schedulers(args, memo)
+        return out, memo
     except Exception as e:
         raise GradscopeError(
             f"gradscope: could not copy the step's arguments to the meta device ({type(e).__name__}: {e}). "
             "Pass modules, tensors and optimizers, or build them in make_args(batch_size)."
         ) from e
+
+
+def copied_schedulers(originals: Any, memo: Mapping[int, Any]) -> None:
+    """After ``copy.deepcopy(originals, memo)``: each copied optimizer whose LR scheduler was copied
+    with it wrapped as that scheduler wraps it (see NOTE [ a copied optimizer and its LR scheduler ]
+    in gradscope._compat)."""
+    found: dict[int, Any] = {}
+    stack, seen = [originals], set()
+    while stack:
+        o = stack.pop()
+        if id(o) in seen or isinstance(o, torch.Tensor | nn.Module):
+            continue
+        seen.add(id(o))
+        if isinstance(o, torch.optim.lr_scheduler.LRScheduler):
+            opt = getattr(o, "optimizer", None)
+            if opt is not None:
+                found[id(opt)] = opt
+        elif isinstance(o, Mapping):
+            stack.extend(o.values())
+        elif isinstance(o, list | tuple | set | frozenset):
+            stack.extend(o)
+    for i, opt in found.items():
+        twin = memo.get(i)
+        if twin is not None and twin is not opt:
+            _compat.track_lr_scheduler_step(twin, opt)
 
 
 def _optimizer_scalars(args: Any) -> set[int]:

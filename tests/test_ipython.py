@@ -129,7 +129,14 @@ def test_cell_magic_budget_failure_is_recorded_and_diagnosed(ip: Any, capsys: An
     assert gsi.last_diagnosis(ip).budget == 2048
     # the model from an earlier cell is resident on the simulated device
     assert r.oom.resident == resident and r.oom.cell_budget == 2048 - resident
-    assert f"with 0 B live and {resident} B resident from earlier cells" in out
+    assert f"with 0 B allocated by the cell and {resident} B held by your variables" in out
+    # one budget story: every line uses the 2.0 KiB asked for; what the cell could allocate is said once,
+    # and every resident byte is named by variable
+    d = gsi.last_diagnosis(ip)
+    assert sum(b for _, b in d.resident_by_variable) == resident
+    assert dict(d.resident_by_variable)["model"] == _param_bytes(ip.user_ns["model"])
+    assert out.count(f"could allocate the other {format_bytes(2048 - resident)} of the 2.0 KiB") == 1
+    assert "2.0 KiB (2048 bytes) budget" in str(res.error_in_exec)
 
 
 def _param_bytes(m: torch.nn.Module) -> int:
@@ -443,7 +450,10 @@ def test_models_are_matched_by_identity_never_by_class_name(ip: Any, capsys: Any
     d = gsi.last_diagnosis(ip)
     assert d is not None and d.moment == "failure"
     assert not any(f.variable == "cnn" or f.module == "cnn" for f in d.findings)
-    assert "cnn" not in out.split("Traceback")[0]
+    # named only among the variables that held memory before the cell, never in a finding or a note
+    report = out.split("Traceback")[0]
+    assert [ln for ln in report.splitlines() if "cnn" in ln] == [ln for ln in report.splitlines()
+                                                               if ln.startswith("held:")]
     assert d.holders[0].variable == "outs"
     for name in ("cnn", "big", "outs"):
         ip.user_ns.pop(name, None)
@@ -459,7 +469,7 @@ def test_graphs_of_earlier_cells_are_not_holders_of_a_later_recording(ip: Any, c
     out = capsys.readouterr().out
     d = gsi.last_diagnosis(ip)
     assert [h.variable for h in d.holders] == ["xs"]
-    assert "dfdz" not in out.split("Traceback")[0]
+    assert [ln for ln in out.split("Traceback")[0].splitlines() if "dfdz" in ln and not ln.startswith("held:")] == []
     for name in ("zs", "dfdz", "xs"):
         ip.user_ns.pop(name, None)
 

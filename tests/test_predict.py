@@ -520,3 +520,134 @@ def test_forward_mode_ad_under_the_mode_is_said_where_it_changes_the_peak() -> N
     assert rec.recording.peak_bytes > 2 * p.peak_bytes
     plain = gs.predict(lambda net, x: net(x).sum().backward(), net, x, device="cpu")
     assert not any("Forward-mode AD" in n for n in plain.notes)
+
+
+# ----- argument objects, refusals, warnings (issue 39) ----------------------------------------------
+class _Store(dict):  # what torch_geometric's Data keeps its tensors in: a mapping under `_store`
+    pass
+
+
+class _Graph:
+    """A torch_geometric ``Data``-like batch: tensors behind attribute access, held in `_store`."""
+
+    def __init__(self, **tensors: torch.Tensor) -> None:
+        self.__dict__["_store"] = _Store(tensors)
+
+    def __getattr__(self, name: str) -> torch.Tensor:
+        try:
+            return self.__dict__["_store"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+def test_tensors_inside_argument_objects_are_moved_and_counted_exactly() -> None:
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Batch:
+        x: torch.Tensor
+        y: torch.Tensor
+
+    class Slotted:
+        __slots__ = ("x", "y")
+
+        def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
+            self.x, self.y = x, y
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 4))
+    x, y = torch.randn(32, 16), torch.randn(32, 4)
+
+    def step(model: nn.Module, batch: object) -> None:
+        (model(batch.x) - batch.y).square().mean().backward()  # type: ignore[attr-defined]
+
+    for batch in (Batch(x, y), _Graph(x=x, y=y), Slotted(x, y), {"b": [Batch(x, y)]}):
+        arg = batch["b"][0] if isinstance(batch, dict) else batch
+        p = gs.predict(lambda m, b: step(m, b["b"][0] if isinstance(b, dict) else b), model, batch, device="cpu")
+        twin = copy.deepcopy(model)
+        with gs.record(memory="cpu") as rec:
+            step(twin, arg)
+        assert p.peak_bytes == rec.recording.peak_bytes
+        assert p.resident_bytes == sum(t.numel() * 4 for t in (*model.parameters(), x, y))
+    assert x.device.type == "cpu" and model[0].weight.grad is None  # the user's objects untouched
+
+
+def test_a_refusal_names_the_first_error_not_the_one_raised_while_handling_it() -> None:
+    model = nn.Linear(8, 1)
+
+    def step(model: nn.Module, x: torch.Tensor) -> None:
+        try:
+            if model(x).sum().item() > 0:  # reads a value: cannot run on meta
+                pass
+        finally:
+            raise RuntimeError("the framework's teardown failed")
+
+    with pytest.raises(gs.GradscopeError) as info:
+        gs.predict(step, model, torch.randn(4, 8), device="cpu")
+    text = str(info.value)
+    assert text.index("Tensor.item() cannot be called on meta tensors") < text.index("teardown failed")
+    assert "while handling it, the step raised RuntimeError: the framework's teardown failed" in text
+
+
+def test_an_lr_scheduler_and_its_copied_optimizer_leave_no_warning() -> None:
+    import warnings
+
+    model = nn.Linear(8, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1)
+
+    def step(model: nn.Module, opt: torch.optim.Optimizer, sched: object, x: torch.Tensor) -> None:
+        model(x).square().sum().backward()
+        opt.step()
+        sched.step()  # type: ignore[attr-defined]
+        opt.zero_grad()
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        gs.predict(step, model, opt, sched, torch.randn(4, 8), device="cpu")
+    assert [str(w.message) for w in seen] == []
+    assert sched.last_epoch == 0 and opt.param_groups[0]["lr"] == 0.1  # the user's scheduler did not step
+    # the user's own scheduler still steps without a warning afterwards
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        step(model, opt, sched, torch.randn(4, 8))
+    assert [str(w.message) for w in seen] == [] and sched.last_epoch == 1
+
+
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_an_autocast_step_is_refused_by_name_never_predicted_as_float32(device: str) -> None:
+    import warnings
+
+    model = nn.Linear(64, 64)
+
+    def step(model: nn.Module, x: torch.Tensor) -> None:
+        with torch.autocast(device, dtype=torch.bfloat16):
+            y = model(x)
+        y.float().sum().backward()
+
+    def caught(model: nn.Module, x: torch.Tensor) -> None:  # a step that swallows the refusal
+        try:
+            step(model, x)
+        except Exception:
+            model(x).sum().backward()
+
+    for fn in (step, caught):
+        with warnings.catch_warnings(record=True) as seen, pytest.raises(gs.GradscopeError) as info:
+            warnings.simplefilter("always")
+            gs.predict(fn, model, torch.randn(8, 64), device=device)
+        assert f"torch.autocast('{device}', dtype=torch.bfloat16)" in str(info.value)
+        assert "float32" in str(info.value) and seen == []
+    # autocast turned off is no autocast; and the patch is gone after the prediction
+    gs.predict(lambda m, x: m(x).sum().backward(), model, torch.randn(8, 64), device=device)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert model(torch.randn(2, 64)).dtype == torch.bfloat16
+
+
+def test_the_cublas_workspace_is_named_in_a_cuda_prediction() -> None:
+    model = nn.Linear(64, 64)
+    p = gs.predict(lambda m, x: m(x).sum().backward(), model, torch.randn(8, 64), device="cuda")
+    cublas = [n for n in p.notes if n.startswith("cuBLAS workspace not counted")]
+    assert len(cublas) == 1 and "two here" in cublas[0] and "CUBLAS_WORKSPACE_CONFIG" in cublas[0]
+    p = gs.predict(lambda m, x: m(x).sum().backward(), nn.ReLU(), torch.randn(8, 64, requires_grad=True),
+                   device="cuda")
+    assert not any(n.startswith("cuBLAS workspace") for n in p.notes)  # no matmul, no workspace

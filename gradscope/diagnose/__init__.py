@@ -51,8 +51,10 @@ Example:
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -60,7 +62,7 @@ import torch
 
 from gradscope.diagnose.facts import MIN_SAVING, Context, IndexedRecording, held_order
 from gradscope.diagnose.fixes import REGISTRY, inplace_cut
-from gradscope.diagnose.measure import Bench
+from gradscope.diagnose.measure import COMPARED_PLAIN, Bench, Room
 from gradscope.diagnose.report import Diagnosis, Finding, GraphHolder, LiveTensor
 from gradscope.diagnose.step import compose, shape_of
 from gradscope.diagnose.toolbox import TOOLBOX
@@ -76,7 +78,7 @@ if TYPE_CHECKING:
 # ----------------------------------------------------------------------------------------------
 def diagnose(
     recording: Recording | Any, namespace: Mapping[str, Any] | None = None, *, top: int = 8,
-    toolbox: bool | None = None,
+    toolbox: bool | None = None, progress: bool | None = None,
 ) -> Diagnosis | SnapshotDiagnosis:
     """Say what held memory when a recorded block failed (or at its peak) and what to change.
 
@@ -89,6 +91,7 @@ def diagnose(
             optimizer step in backward, ``set_to_none``, autocast), each run on copies of your
             objects with the block's own code before it is shown. Default: when the block failed
             (a budget or an out-of-memory error); ``True`` also at the peak of a step that fits.
+        progress: a line on stderr while fixes run on copies. Default: in a terminal or a notebook.
 
     Returns:
         A :class:`Diagnosis`; ``print(d)`` shows the report. For a CUDA memory snapshot
@@ -126,7 +129,48 @@ def diagnose(
         raise GradscopeError(f"gradscope: diagnose(toolbox=...) takes True, False or None, not {toolbox!r}.")
     ctx = Context(rec, namespace, top)
     ctx.toolbox = toolbox
-    return _run(ctx)
+    ctx.progress = _Progress(_interactive() if progress is None else bool(progress))
+    try:
+        return _run(ctx)
+    finally:
+        ctx.progress.done()
+
+
+def _interactive() -> bool:
+    """Whether a progress line is wanted by default: a terminal, or a notebook's kernel."""
+    err = sys.stderr
+    try:
+        if err.isatty():
+            return True
+    except (AttributeError, ValueError):
+        return False
+    return type(err).__module__.startswith("ipykernel")
+
+
+class _Progress:
+    """One line on stderr while the fixes run on copies, rewritten in place, cleared at the end:
+    how many were measured on meta and how many ran for real, and the time so far."""
+
+    def __init__(self, on: bool) -> None:
+        self.on = on
+        self.counts = {"meta": 0, "run": 0}
+        self.t0 = time.perf_counter()
+        self.width = 0
+
+    def __call__(self, what: str) -> None:
+        self.counts[what] = self.counts.get(what, 0) + 1
+        if not self.on:
+            return
+        line = (f"gradscope: trying fixes on copies of your objects: {self.counts['meta']} measured on meta, "
+                f"{self.counts['run']} run for real ({time.perf_counter() - self.t0:.1f} s)")
+        self.width = max(self.width, len(line))
+        sys.stderr.write("\r" + line.ljust(self.width))
+        sys.stderr.flush()
+
+    def done(self) -> None:
+        if self.on and self.width:
+            sys.stderr.write("\r" + " " * self.width + "\r")
+            sys.stderr.flush()
 
 
 
@@ -175,6 +219,7 @@ def _run(self: Context) -> Diagnosis:
     resident = tuple((k, b) for k, b in resident if b > 0) if self.at_end() else ()
     by_module = tuple(sorted(modules.items(), key=lambda kv: (-kv[1], kv[0]))[: self.top])
     findings = _findings(self, holders)
+    room = self.measured[2] if self.measured else None
     return Diagnosis(
         label=rec.label,
         moment=self.moment,
@@ -194,7 +239,10 @@ def _run(self: Context) -> Diagnosis:
         budget_resident=self.held.budget_resident,
         step_peak=self.measured[0] if self.measured else None,
         step_resident=self.measured[1] if self.measured else 0,
-        room=self.measured[2] if self.measured else None,
+        room=room.allowed if room is not None else None,
+        device_budget=self.held.device,
+        resident_by_variable=self.resident_by_variable() if self.at_end() else (),
+        step_allocates=_most(room, self.measured_user) if room is not None else None,
         step=self.bench.source if getattr(self, "bench", None) is not None else "",
     )
 
@@ -227,7 +275,9 @@ def _bench(ctx: Context) -> Bench | None:
         made = {a.key for a in ctx.rec.allocations if a.free_at is None}
         ctx.bench = Bench(source, ns, device="cuda" if "cuda" in devices else "cpu",
                           fresh_optimizers=any(k in made for k in ctx.resident["optimizer state"]),
-                          fresh_gradients=any(k in made for k in ctx.resident["gradients"]))
+                          fresh_gradients=any(k in made for k in ctx.resident["gradients"]),
+                          progress=getattr(ctx, "progress", None),
+                          step_allocated=sum(a.bytes for a in ctx.rec.allocations))
     return ctx.bench
 
 
@@ -261,6 +311,8 @@ def _checked(ctx: Context, fix: Any, f: Finding) -> Finding | None:
     for code in codes:  # the first rewriting that runs and keeps the results
         setup, step = code if isinstance(code, tuple) else ("", code)  # (once before the steps, the step)
         trial = bench.run(step, setup=setup)
+        if trial.error is None and int(trial.peak or 0) < user.peak:  # worth running for real
+            trial = bench.verify(trial)
         if trial.error is None and trial.same is not False:
             break
     if trial.error is not None or trial.same is False:
@@ -279,11 +331,35 @@ def _checked(ctx: Context, fix: Any, f: Finding) -> Finding | None:
     if _raises_later(ctx, f, user, trial):
         return dataclasses.replace(f, code="", saves_bytes=None)
     ctx.measured = (user.peak, user.resident, room)
-    fits = None if room is None else int(trial.peak or 0) <= room
+    ctx.measured_user = user
+    fits = None if room is None else _fits(trial, room)
     return dataclasses.replace(f, code=compose(setup, step), setup=setup, step=step, saves_bytes=saving,
                                peak_before=user.peak,
                                peak_after=trial.peak, fits=fits,
-                               time_ratio=ratio, message=f.message + differs)
+                               time_ratio=ratio, message=f.message + differs, compared=trial.compared,
+                               allocates_before=_most(room, user), allocates_after=_most(room, trial))
+
+
+def _change(room: Room | None, user: Any, trial: Any) -> str:
+    """What a fix changed, in the budget's terms where there is one (see NOTE [ one budget ] in
+    gradscope.diagnose.measure)."""
+    if room is None:
+        return f"the step's peak {format_bytes(user.peak)} -> {format_bytes(trial.peak)}"
+    return f"the step allocates up to {format_bytes(_most(room, user))} -> {format_bytes(_most(room, trial))}"
+
+
+def _most(room: Room | None, trial: Any) -> int | None:
+    """The most a trial's step allocates at once over its runs, as the budget counts it."""
+    if room is None or trial is None:
+        return None
+    first, later = room.allocates(trial)
+    return max(first, later if later is not None else first)
+
+
+def _fits(trial: Any, room: Room) -> bool:
+    """Whether a fix's step fits ``room`` in its first run and the next (see NOTE [ two runs of a
+    step ] in gradscope.diagnose.measure)."""
+    return room.fits(trial)
 
 
 def _unrun(f: Finding) -> Finding:
@@ -293,18 +369,19 @@ def _unrun(f: Finding) -> Finding:
     return dataclasses.replace(f, ran=False, sketch=f.code, code="", saves_bytes=None)
 
 
-def _room(ctx: Context, user: Any) -> int | None:
-    """At a failure under a budget, the memory a fixed step may hold at once: what the budget left
-    for the block (a notebook's earlier cells take their share), plus what the step's own objects
-    held at its start. None otherwise."""
+def _room(ctx: Context, user: Any) -> Room | None:
+    """At a failure under a budget, what a fixed step may allocate (see NOTE [ one budget ] in
+    gradscope.diagnose.measure). None otherwise."""
     budget = ctx.held.budget if ctx.moment == "failure" else None
-    return None if budget is None else budget - ctx.held.budget_resident + user.resident
+    if budget is None:
+        return None
+    return Room(int(budget), ctx.held.budget_resident if ctx.held.device else 0, ctx.held.device, user.resident)
 
 
 def _time_and_differences(user: Any, trial: Any) -> tuple[float | None, str]:
     """A fix's wall time over the user's step's on the copies, and the words naming the variables
     it leaves with other values."""
-    ratio = None if not user.seconds or trial.seconds is None else trial.seconds / user.seconds
+    ratio = None if not user.seconds or not trial.seconds else trial.seconds / user.seconds
     differs = (f"; afterwards {', '.join(trial.differs)} hold{'s' if len(trial.differs) == 1 else ''} other values "
                "than after your step") if trial.differs else ""
     return ratio, differs
@@ -319,6 +396,38 @@ def _raises_later(ctx: Context, f: Finding, user: Any, trial: Any) -> bool:
                      f"{format_bytes(trial.peak)}, and run again with what it left {format_bytes(user.later)} -> "
                      f"{format_bytes(trial.later)}.")
     return True
+
+
+def _inside_a_loop(ctx: Context, source: str) -> str | None:
+    """The note for a step whose backward runs inside a library's loop (Lightning's
+    ``trainer.fit``, a ``transformers`` Trainer's ``train``): the block's code has no backward call
+    to rewrite; what the recording says about where its forward ran is named. None when the block
+    takes derivatives itself (``autograd.grad``) or calls no library object's method."""
+    tree = ast.parse(source)
+    if any(isinstance(n, ast.Call) and (isinstance(n.func, ast.Attribute) and n.func.attr in ("backward", "grad")
+                                        or isinstance(n.func, ast.Name) and n.func.id in ("backward", "grad"))
+           for n in ast.walk(tree)):
+        return None
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+             and isinstance(n.func.value, ast.Name)]
+    owners = [(c, ctx.ns.get(c.func.value.id)) for c in calls]  # type: ignore[attr-defined]
+    found = [(c, type(o).__module__.split(".")[0]) for c, o in owners
+             if o is not None and not isinstance(o, torch.Tensor | torch.nn.Module | torch.optim.Optimizer)
+             and type(o).__module__.split(".")[0] not in ("__main__", "builtins", "torch", "gradscope")]
+    if not found:
+        return None
+    call, library = found[0]
+    what = ast.unparse(call.func)
+    counts: dict[int, int] = {}
+    for n in ctx.rec.nodes:
+        if n.line is not None and n.order == 0:
+            counts[n.line] = counts.get(n.line, 0) + 1
+    line = ctx.rec.line_label(max(counts, key=lambda k: (counts[k], -k))) if counts else None
+    return (f"your block's code calls no backward itself: its forward and backward ran inside `{what}`"
+            + (f" ({library}'s loop)" if library else "") + (f", the forward mostly at {line}" if line else "")
+            + "; the fixes that rewrite a step were tried on the block's code as it is, and the patterns above "
+            "come from the recording. To try them on your step itself, record the step's own code (the body of "
+            "your training step with its backward) in the block.")
 
 
 def _toolbox(ctx: Context) -> list[Finding]:
@@ -337,38 +446,51 @@ def _toolbox(ctx: Context) -> list[Finding]:
         return []
     room = _room(ctx, user)
     ctx.measured = (user.peak, user.resident, room)
-    fails = room is not None and user.peak > room
+    ctx.measured_user = user
+    loop = _inside_a_loop(ctx, bench.source) if shape.backward is None and ctx.rec.backward_calls else None
+    if loop:
+        ctx.notes.append(loop)
+    fails = room is not None and not room.fits(user)
     if room is not None and not fails:
-        ctx.notes.append(f"your step, run twice on copies of your objects, peaks at {format_bytes(user.peak)} with "
-                         f"what it holds at its start, within the budget and those {format_bytes(user.resident)}: "
-                         "the failure depended on state the copies do not have.")
+        first, later = room.allocates(user)
+        ctx.notes.append(f"your step, run twice on copies of your objects, allocates at most "
+                         f"{format_bytes(max(first, later or 0))} at once, within the {format_bytes(room.allowed)} "
+                         "it may allocate: the failure depended on state the copies do not have.")
     out: list[Finding] = []
     for fix in TOOLBOX:
         for f, trial in fix.propose(ctx, bench, shape, room):
             if trial.error is not None:
                 ctx.notes.append(f"[{f.pattern}] not shown: its code failed on copies of your objects ({trial.error}).")
                 continue
-            if trial.same is False:
-                ctx.notes.append(f"[{f.pattern}] not shown: it changes a result ({trial.worst_at} differs by "
-                                 f"{trial.worst:.1e}, relative).")
-                continue
             saving = user.peak - int(trial.peak or 0)
-            fits = None if room is None else int(trial.peak or 0) <= room
+            fits = None if room is None else _fits(trial, room)
             if _raises_later(ctx, f, user, trial):
                 continue
             if saving <= 0 or (saving < MIN_SAVING * user.peak and not (fails and fits)):
-                ctx.notes.append(f"[{f.pattern}] tried on copies of your objects: the step's peak "
-                                 f"{format_bytes(user.peak)} -> {format_bytes(trial.peak)}"
+                ctx.notes.append(f"[{f.pattern}] tried on copies of your objects: {_change(room, user, trial)}"
                                  + (", still over the budget" if fails and not fits else "") + "; not worth it.")
                 continue
             if f.pattern == "autocast" and not fails:
                 continue  # a change of precision is advice for a step that does not fit
+            trial = bench.verify(trial)  # worth showing by its memory: run for real, once
+            user = bench.user()
+            if trial.error is not None:
+                ctx.notes.append(f"[{f.pattern}] not shown: its code failed on copies of your objects ({trial.error}).")
+                continue
+            if trial.same is False:
+                ctx.notes.append(f"[{f.pattern}] not shown: it changes a result ({trial.worst_at} differs by "
+                                 f"{trial.worst:.1e}, relative; {trial.compared or COMPARED_PLAIN}).")
+                continue
+            finish = getattr(fix, "finish", None)
+            if finish is not None:
+                f = finish(f, trial)
             ratio, note = _time_and_differences(user, trial)
             if trial.freed:
                 note += f"; after the step {trial.freed} gradients are None (applied and freed) where yours kept them"
             out.append(dataclasses.replace(
                 f, bytes=saving, saves_bytes=saving, peak_before=user.peak, peak_after=trial.peak, fits=fits,
-                time_ratio=ratio, message=f.message + note,
+                time_ratio=ratio, message=f.message + note, compared=trial.compared,
+                allocates_before=_most(room, user), allocates_after=_most(room, trial),
                 tolerance=f.tolerance if f.tolerance is not None and f.tolerance > 1e-4 else None))
     return out
 
@@ -381,7 +503,9 @@ def _findings(self: Context, holders: list[GraphHolder]) -> list[Finding]:
     if cut:
         return [_unrun(f) for f in cut]  # the block raised for a reason no memory advice addresses
     found = [(fix, f) for fix in REGISTRY for f in fix.propose(self, holders)]
-    found = [(fix, f) for fix, f in found if f.saves_bytes is None or f.saves_bytes >= self.worth()]
+    # a pattern whose fix rewrites the step is measured on copies (its estimate is not its claim)
+    found = [(fix, f) for fix, f in found if f.saves_bytes is None or f.saves_bytes >= self.worth()
+             or (getattr(fix, "rewrite", None) is not None and self.moment == "failure")]
     out = [c for c in (_checked(self, fix, f) for fix, f in found) if c is not None]
     wanted = self.toolbox if self.toolbox is not None else self.moment == "failure"
     tools = _toolbox(self) if wanted else []

@@ -69,6 +69,7 @@ class DiagnosedMoment:
     requested: int | None = None
     where: str | None = None
     budget_resident: int = 0
+    device: bool = False  # the budget counts what the user's variables held (see NOTE [ one budget ] in measure)
     error: str | None = None  # why the recorder could not list live tensors
     caught: bool = False  # the failure was caught inside the block (see `caught_oom`)
 
@@ -94,6 +95,59 @@ def caught_oom(rec: Recording) -> dict[str, Any] | None:
         if m is not None:
             return {"requested": int(m[1]), "live": int(m[2]), "budget": int(m[3]), "where": m[4] or ""}
     return None
+
+
+def resident_by_variable(ns: Mapping[str, Any], skip: set[int] | None = None) -> dict[str, int]:
+    """Bytes of the distinct CPU and CUDA storages the user's variables reach (tensors, also inside
+    lists, tuples and dicts; models' parameters, buffers and gradients; optimizers' state), each
+    counted once, for the first variable (in the namespace's order) that reaches it; storages whose
+    key is in ``skip`` are left out. What a notebook's ``--budget`` counts as held before a cell
+    (see NOTE [ one budget ] in gradscope.diagnose.measure)."""
+    seen: dict[int, tuple[str, int]] = {}
+    name = ""
+
+    def add(t: Any, with_grad: bool = False) -> None:
+        if not isinstance(t, torch.Tensor) or t.device.type != "cpu":  # the simulated device's tensors
+            return
+        key = _compat.storage_key(t)
+        if key is not None and key not in seen and (skip is None or key not in skip):
+            try:
+                seen[key] = (name, int(t.untyped_storage().nbytes()))
+            except (RuntimeError, NotImplementedError):
+                return
+        # only a leaf has a .grad to count; reading it on another tensor makes PyTorch warn
+        if with_grad and t.is_leaf:
+            add(t.grad)
+
+    for name, v in list(ns.items()):
+        if not isinstance(name, str) or name.startswith("_") or name in ("In", "Out"):  # (IPython's history)
+            continue
+        if isinstance(v, nn.Module):
+            for t in (*v.parameters(), *v.buffers()):
+                add(t, with_grad=True)
+        elif isinstance(v, torch.optim.Optimizer):
+            for state in v.state.values():
+                for t in state.values() if isinstance(state, Mapping) else ():
+                    add(t)
+        elif isinstance(v, torch.Tensor):
+            add(v, with_grad=True)
+        elif isinstance(v, list | tuple | dict):
+            try:
+                stack, looked = [v], 0
+                while stack and looked < _MAX_ITEMS:  # containers of containers (a list of (x, y) batches)
+                    c = stack.pop()
+                    for t in list(c.values() if isinstance(c, dict) else c)[:_MAX_ITEMS]:
+                        looked += 1
+                        if isinstance(t, list | tuple | dict):
+                            stack.append(t)
+                        else:
+                            add(t)
+            except Exception:
+                continue
+    out: dict[str, int] = {}
+    for holder, n in seen.values():
+        out[holder] = out.get(holder, 0) + n
+    return out
 
 
 def read(rec: Recording) -> DiagnosedMoment:
@@ -136,6 +190,7 @@ def read(rec: Recording) -> DiagnosedMoment:
         requested=oom.get("requested"),
         where=oom.get("where"),
         budget_resident=int(oom.get("resident", 0)),
+        device=oom.get("cell_budget") is not None,
         error=held.get("error"),
         caught=caught is not None,
     )
@@ -581,7 +636,9 @@ class Context:
     modules: list[tuple[str, nn.Module]]
     optimizers: list[tuple[str, torch.optim.Optimizer]]
     toolbox: bool | None = None  # try the toolbox's fixes (None: at a failure)
-    measured: tuple[int, int, int | None] | None = None  # the user's step on copies: peak, resident, room
+    measured: tuple[int, int, Any] | None = None  # the user's step on copies: peak, resident, room (measure.Room)
+    measured_user: Any = None  # the user's step's measure.Trial
+    progress: Any = None  # called once per run on copies (the diagnosis's progress line)
     bench: Any = None  # the user's step to run fixes on (gradscope.diagnose.measure.Bench), made on first use
     _step: Any = False  # step_code()'s answer, once read (False: not read yet)
 
@@ -658,6 +715,17 @@ class Context:
                             self.kind_of_key[k] = "optimizer"
                             self.names.setdefault(k, f"{name}.state[{i}][{sk!r}]")
                             self.resident["optimizer state"][k] = int(t.untyped_storage().nbytes())
+
+    def resident_by_variable(self) -> tuple[tuple[str, int], ...]:
+        """What the user's variables held before the block, by variable, largest first: as the
+        notebook's budget counted it when the cell started (the recording keeps it), else read from
+        the namespace now (at a failure nothing ran after the block's last allocation)."""
+        kept = self.rec.extra.get("resident_by_variable") if isinstance(self.rec.extra, Mapping) else None
+        if isinstance(kept, Mapping):
+            held = dict(kept)
+        else:  # what the block allocated and a variable holds is not "before"
+            held = resident_by_variable(self.ns, skip={r.key for r in self.rows})
+        return tuple(sorted(((str(k), int(b)) for k, b in held.items() if int(b) > 0), key=lambda kv: (-kv[1], kv[0])))
 
     def find_holders(self) -> list[GraphHolder]:
         """Variables whose graphs save tensors this recording allocated and that were alive at the

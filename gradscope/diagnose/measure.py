@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import ast
 import builtins
 import contextlib
 import copy
 import dataclasses
 import logging
 import math
+import random
+import sys
 import time
 import types
 import warnings
@@ -20,6 +21,7 @@ import torch
 from torch import nn
 
 from gradscope import _compat
+from gradscope.diagnose.step import free_names
 
 # NOTE [ measuring a strategy's own peak ]: a fix that runs the model another way (forward AD,
 # two passes, micro-batches, an unrolled inner loop) has a peak of its own, which the replay of the
@@ -132,25 +134,41 @@ def hypergradient_proxy(a_shape: tuple[int, ...], x_shape: tuple[int, ...], step
 
 # ----------------------------------------------------------------------------------------------
 # NOTE [ nothing shown that was not run ]: a fix's code is shown only after it ran here, verbatim,
-# on copies of the user's objects: on the meta device for its peak (``gs.predict``'s machinery: no
-# data, exact tensor bytes; on a CPU copy under the tracker when the code reads values, such as
-# ``.item()``), and on a CPU copy at full size for its results, next to the user's own step (the
-# block's source, see ``gradscope._source``) on another copy from the same state, with the same
-# seed and dropout off in both (a fix that changes how many draws dropout makes could not be
-# compared otherwise). Parameters, gradients, buffers (batch-norm statistics) and optimizer state
-# must agree; variables that differ are named in the finding. The saving shown is the user's
-# step's peak minus the fix's, both measured the same way from the objects as they are when the
-# diagnosis runs.
+# on copies of the user's objects as the user runs them: the modules' train/eval state as it is,
+# dropout on where the user has it on. Its memory is measured on meta copies (see NOTE [ counted as
+# a budget counts ] in gradscope.predict: no data, the tracker's exact bytes, cheap next to a real
+# run), or by a run of a CPU copy under the tracker where meta cannot run it (code that reads values,
+# ``.item()``; autocast, which casts only real tensors). Only a fix that is worth showing by its
+# memory then runs for real, once, on a copy of the user's objects at full size, next to the user's
+# own step (the block's source, see ``gradscope._source``) on another copy from the same state and
+# the same random state (see NOTE [ results where randomness allows ]). Parameters, gradients,
+# buffers (batch-norm statistics) and optimizer state must agree; variables that differ are named in
+# the finding. The saving shown is the user's step's peak minus the fix's, both measured the same
+# way from the objects as they are when the diagnosis runs.
 _TOLERANCE = 1e-4  # largest relative difference of a result counted as equal (float32 reordering)
-# NOTE [ two runs of a step ]: a step is measured twice in a row on the same copies: the first run
-# from the state the block started with, the next with what the first left (optimizer state,
-# gradients, the variables that still hold the last step's output). A peak counts the tensors held
-# when the run starts plus the most the run allocates at once. The first run's peak is the step's
-# (the saving claimed is the user's minus the fix's); the next run's keeps a fix that helps a first
-# step but raises later ones from being shown, and a fix fits a budget only if both runs do. The
-# results compared are those of the first run: an optimizer like Adam turns rounding differences
-# of a second step into larger ones.
+# NOTE [ two runs of a step ]: a step's memory is measured twice in a row on the same copies: the
+# first run from the state the block started with, the next with what the first left (optimizer
+# state, gradients, the variables that still hold the last step's output). A peak counts the tensors
+# held when the run starts plus the most the run allocates at once. The first run's peak is the
+# step's (the saving claimed is the user's minus the fix's); the next run's keeps a fix that helps a
+# first step but raises later ones from being shown, and a fix fits a budget only if both runs do.
+# The results compared are those of the first run: an optimizer like Adam turns rounding
+# differences of a second step into larger ones.
 RUNS = 2
+# NOTE [ meta or a CPU copy ]: both count a run's bytes exactly as the tracker counts them (see NOTE
+# [ counted as a budget counts ] in gradscope.predict). On meta no kernel computes, but every
+# operator still passes the tracker and PyTorch's meta implementations (many in Python): for a step
+# whose objects are small, a real run of a CPU copy under the tracker costs less (GPT-2 with 2 layers
+# of 64: 3x less), and its first run is also the run its results are compared from. So a step whose
+# objects hold at most SMALL_STEP_BYTES on the CPU, and whose recorded block allocated at most
+# SMALL_STEP_ALLOCATED in all (it computes little), is measured on CPU copies; any other on meta (GPT-2
+# 6 x 384, batch 16 x 256: 14.2x its plain step on CPU copies, 6.1x on meta). Both are read from the
+# recording and the objects, never from a clock: the same diagnosis whatever the machine's load.
+SMALL_STEP_BYTES = 64 * 1024 * 1024
+SMALL_STEP_ALLOCATED = 256 * 1024 * 1024
+# code meta cannot count as a real run does: autocast casts only real tensors, and forward AD's zero
+# tangents stay empty under a dispatch mode (see the limits of gs.predict); it runs on CPU copies
+_NOT_ON_META = ("autocast", "forward_ad", "jvp", "jacfwd", "input_grad", "mixed_grad")
 # NOTE [ parameters after an optimizer's step ]: Adam's first step moves each element by about the
 # learning rate whatever its gradient's size (m / sqrt(v)), so an element whose gradient is near
 # epsilon turns a rounding difference of 1e-7 into a move of a few percent of the learning rate; and
@@ -159,16 +177,32 @@ RUNS = 2
 # 1e-3. A finding's ``tolerance`` says when a fix needs more (autocast).
 PARAMETER_TOLERANCE = 1e-3
 _PARAM = "#parameter"
+_GRAPH = " (with its graph)"
+# NOTE [ results where randomness allows ]: the user's step and a fix run from the same random state
+# (the user's own, as it is when the diagnosis runs; theirs is put back afterwards). A fix that draws
+# the same random numbers in the same order (checkpointing replays dropout's masks; autocast; the
+# optimizer in backward) gives the same results with dropout on, and is compared so. One that draws
+# them in another order (micro-batches draw each slice's masks in turn) cannot: both then run again
+# with every dropout module's p and every float attribute named dropout set to 0, and are compared
+# so. Where even those runs draw random numbers (``torch.randn_like`` noise, a dropout call with its
+# own p), the results are not compared, and the finding says so (``Trial.compared``).
+COMPARED_PLAIN = "compared from the same state"  # the step draws no random numbers
+COMPARED_ON = "compared with dropout as you have it, from the same random state"
+COMPARED_OFF = ("compared with dropout off: with it on, the fix draws dropout's random masks in another order than "
+                "your step")
+NOT_COMPARED = ("not compared: your step draws random numbers that the fix draws in another order, so no two runs "
+                "of them can be compared")
 
 
 @dataclass(frozen=True)
 class Trial:
-    """One piece of code run on copies: its peak, its results against the user's step."""
+    """One piece of code measured on copies: its peak, and (once run for real) its results
+    against the user's step's."""
 
     error: str | None = None
-    peak: int | None = None  # bytes allocated inside the code at its peak (meta, else the CPU copy's)
+    peak: int | None = None  # the most held at once over its first run, what the copies held at its start included
     how: str = ""  # "meta" | "cpu copy"
-    same: bool | None = None  # results equal the user's step's (None: not compared)
+    same: bool | None = None  # results equal the user's step's (None: not compared, or not run yet)
     worst: float = 0.0  # largest relative difference of a result
     worst_at: str = ""
     differs: tuple[str, ...] = ()  # other variables the code leaves with other values
@@ -176,6 +210,56 @@ class Trial:
     seconds: float | None = None  # wall time of one run of the step on the CPU copy
     resident: int = 0  # bytes of the copies' tensors when the first run starts
     later: int | None = None  # the same peak for the next run, with what the first left
+    later_resident: int = 0  # bytes of the copies' tensors when the next run starts
+    compared: str = ""  # how the results were compared (see NOTE [ results where randomness allows ])
+    verified: bool = False  # ran for real and compared (Bench.verify)
+    code: str = ""  # the step it runs
+    setup: str = ""  # run once before the steps
+    tolerance: float = _TOLERANCE
+
+
+# NOTE [ one budget ]: the number the user gave is the budget every line uses. A notebook's
+# ``--budget`` is a device: what the user's variables hold when the cell starts is on it (named by
+# variable), and the cell may allocate the rest. ``gs.record(budget=...)`` and ``--cell-only``
+# count only what the block allocates. A fix fits when a run of its step on copies allocates no
+# more than that, in its first run and in the next (whose variables then hold what the first left:
+# on a device, the next cell has that much less), its one-time set-up counted with the step.
+@dataclass(frozen=True)
+class Room:
+    """What a fixed step may allocate under the budget the block ran out of (see NOTE [ one budget ])."""
+
+    budget: int  # the number the user gave
+    resident: int  # held by the user's variables when the block started and counted by the budget (a device)
+    device: bool  # the budget counts what the variables held (a notebook's --budget), else only the block's own
+    base: int  # what the copies of the step's objects held at the step's start
+
+    @property
+    def allowed(self) -> int:
+        """What the step itself may allocate."""
+        return self.budget - self.resident
+
+    def allocates(self, trial: Trial) -> tuple[int, int | None]:
+        """What a trial's step allocates at once at most, in its first run and the next (counted
+        as this budget counts them)."""
+        first = int(trial.peak or 0) - self.base
+        if trial.later is None:
+            return first, None
+        return first, trial.later - (self.base if self.device else trial.later_resident)
+
+    def fits(self, trial: Trial) -> bool:
+        first, later = self.allocates(trial)
+        return first <= self.allowed and (later is None or later <= self.allowed)
+
+
+@dataclass
+class _Real:
+    """One real run of a step on copies: what its variables hold after it, its time, and whether
+    it drew random numbers."""
+
+    state: dict[str, Any]
+    seconds: float
+    drew: bool
+    tracked: bool = False  # timed under the tracker (a first run that measured memory too)
 
 
 class Bench:
@@ -183,7 +267,8 @@ class Bench:
     was not run ])."""
 
     def __init__(self, source: str, namespace: Mapping[str, Any], device: str = "cpu", *,
-                 fresh_optimizers: bool = False, fresh_gradients: bool = False) -> None:
+                 fresh_optimizers: bool = False, fresh_gradients: bool = False,
+                 progress: Any = None, step_allocated: int = 0) -> None:
         self.source = source
         self.ns = namespace
         self.device = device
@@ -193,8 +278,14 @@ class Bench:
         # is measured as the first step it was, not as a later one with that state resident.
         self.fresh_optimizers = fresh_optimizers
         self.fresh_gradients = fresh_gradients
+        self.random_state = _RandomState.now()  # the user's: every run starts from it
+        self.step_allocated = step_allocated  # bytes the recorded block allocated (see NOTE [ meta or a CPU copy ])
+        self.progress = progress if progress is not None else (lambda what: None)
         self._user: Trial | None = None
-        self._user_state: dict[str, Any] | None = None
+        self._real: dict[bool, _Real | None] = {}  # the user's step run for real, by dropout on/off
+        self._measured: dict[tuple[str, str], Trial] = {}
+        self._reals: dict[tuple[str, str], _Real] = {}  # first runs of the CPU copies under the tracker
+        self._is_small: bool | None = None
 
     # ----- what the code needs ------------------------------------------------------------------
     def _names(self, code: str) -> set[str]:
@@ -203,95 +294,145 @@ class Bench:
         for n in names:  # functions of the user's that read other variables of the namespace
             f = self.ns.get(n)
             if isinstance(f, types.FunctionType):
-                more |= set(f.__code__.co_names) & set(self.ns)
+                more |= _global_reads(f) & set(self.ns)
         return (names | more) & set(self.ns)
 
     def _split(self, code: str) -> tuple[dict[str, Any], dict[str, Any]]:
-        """(objects to copy, objects passed as they are: Python modules, functions, classes, numbers)."""
+        """(objects to copy, objects passed as they are: Python modules, functions, classes,
+        numbers). Objects a function of the user's holds in its closure are copied too, under
+        names no code can spell (see NOTE [ the user's functions as they are ])."""
         copied: dict[str, Any] = {}
         kept: dict[str, Any] = {}
         for n in sorted(self._names(code) | self._names(self.source)):
             v = self.ns[n]
-            if isinstance(v, types.ModuleType | types.FunctionType | types.BuiltinFunctionType | type | int
-                          | float | str | bool | bytes | torch.dtype | torch.device) or v is None:
+            if _passed_as_is(v):
                 kept[n] = v
             else:
                 copied[n] = v
+        for f in list(kept.values()):
+            if isinstance(f, types.FunctionType):
+                for i, v in enumerate(_closure_objects(f)):
+                    if not _passed_as_is(v) and not any(v is c for c in copied.values()):
+                        copied[f"<closure {i} of {f.__qualname__}>"] = v
         return copied, kept
 
     @staticmethod
-    def _env(kept: Mapping[str, Any], copies: Mapping[str, Any]) -> dict[str, Any]:
+    def _env(kept: Mapping[str, Any], copied: Mapping[str, Any], copies: Mapping[str, Any]) -> dict[str, Any]:
         env: dict[str, Any] = {"__builtins__": builtins, "torch": torch, **kept, **copies}
-        for n, v in kept.items():  # the user's functions read the copies, not the originals
+        twins = {id(copied[n]): copies[n] for n in copied}
+        rebuilt = _Rebuilt(twins)
+        for n, v in kept.items():
             if isinstance(v, types.FunctionType):
-                g = dict(v.__globals__)
-                g.update(copies)
-                env[n] = types.FunctionType(v.__code__, g, v.__name__, v.__defaults__, v.__closure__)
+                env[n] = rebuilt.function(v)
         return env
 
-    # ----- runs ---------------------------------------------------------------------------------
-    def _meta_peak(self, code: str, setup: str) -> int:
-        from gradscope.predict import predict
+    # ----- memory -------------------------------------------------------------------------------
+    def measure(self, code: str, setup: str = "") -> Trial:
+        """The code's memory on copies (see NOTE [ nothing shown that was not run ]): on meta where it
+        runs there, else by a run of a CPU copy under the tracker. Measured once per code."""
+        key = (setup, code)
+        if key not in self._measured:
+            trial = None
+            if not any(w in setup + code for w in _NOT_ON_META) and not self._small():
+                try:
+                    trial = self._meta(code, setup)
+                except Exception:  # it reads values (.item()): a real run
+                    trial = None
+            if trial is None:
+                try:
+                    trial = self._tracked(code, setup)
+                except Exception as e:  # the code fails on the copies: it is not shown
+                    trial = Trial(error=f"{type(e).__name__}: {e}")
+            self._measured[key] = dataclasses.replace(trial, code=code, setup=setup)
+        return self._measured[key]
+
+    def measured(self) -> list[Trial]:
+        """The fixes measured so far (the user's step left out)."""
+        return [t for (setup, code), t in self._measured.items() if (setup, code) != ("", self.source)
+                and t.error is None]
+
+    def _small(self) -> bool:
+        """Whether the step's objects are small enough on the CPU that a real run under the tracker
+        costs less than one on meta (see NOTE [ meta or a CPU copy ]). Decided once."""
+        if self._is_small is None:
+            copied, _ = self._split(self.source)
+            self._is_small = (self.device == "cpu" and resident_bytes(copied.values()) <= SMALL_STEP_BYTES
+                              and self.step_allocated <= SMALL_STEP_ALLOCATED)
+        return self._is_small
+
+    def _meta(self, code: str, setup: str) -> Trial:
+        from gradscope.memory import TrackerSource
+        from gradscope.predict import _to_meta, counted_on_meta
 
         compiled = compile(code, "<gradscope fix>", "exec")
         once = compile(setup, "<gradscope fix>", "exec")
         copied, kept = self._split(setup + code)
+        names = list(copied)
+        with self._quiet():
+            metas = dict(zip(names, _to_meta(tuple(copied[n] for n in names))[0], strict=True))
+        self._as_at_start(metas)
+        env = self._env(kept, copied, metas)
+        src = TrackerSource("meta")
+        peaks: list[int] = []
+        resident = later_resident = 0
+        with self._quiet(), torch.random.fork_rng(devices=[]):
+            src.start()
+            try:
+                with counted_on_meta(self.device, src):
+                    exec(once, env)
+                    for i in range(RUNS):  # see NOTE [ two runs of a step ]
+                        held = resident_bytes(env.values())
+                        resident = held if i == 0 else resident
+                        later_resident = held
+                        src.sweep()
+                        first = len(src.events)
+                        exec(compiled, env)
+                        src.sweep()
+                        peaks.append(held + _most_above(src.events[first:]))
+            finally:
+                src.stop()
+        self.progress("meta")
+        return Trial(peak=peaks[0], later=max(peaks[1:], default=None), how="meta", resident=resident,
+                     later_resident=later_resident)
 
-        def run(objs: dict[str, Any]) -> None:
-            self._as_at_start(objs)
-            env = self._env(kept, objs)
-            exec(once, env)
-            for _ in range(RUNS):
-                exec(compiled, env)
-
-        with warnings.catch_warnings(), _quiet_logging():
-            warnings.simplefilter("ignore")
-            p = predict(run, copied, device=self.device)
-            return int(p.resident_bytes) + int(p.peak_bytes)
-
-    def _cpu_run(self, code: str, setup: str = "") -> tuple[Trial, dict[str, Any]]:
-        from gradscope.record import record
+    def _tracked(self, code: str, setup: str) -> Trial:
+        """The code's memory by runs of a CPU copy under the tracker (code meta cannot run)."""
+        from gradscope.memory import TrackerSource
 
         compiled = compile(code, "<gradscope fix>", "exec")
         copied, kept = self._split(setup + code)
-        copies = _replica(copied)
+        with self._quiet():
+            copies = _replica(copied)
         self._as_at_start(copies)
-        env = self._env(kept, copies)
+        env = self._env(kept, copied, copies)
+        src = TrackerSource(self.device if self.device == "cpu" else "cuda")
+        peaks: list[int] = []
+        resident = later_resident = 0
         before = set(env)
-        with warnings.catch_warnings(), torch.random.fork_rng(devices=[]), _quiet_logging():
-            warnings.simplefilter("ignore")
-            torch.manual_seed(0)
-            exec(compile(setup, "<gradscope fix>", "exec"), env)
-            resident = resident_bytes(env.values())
-            totals: list[int] = []
-            seconds = 0.0
-            state: dict[str, Any] = {}
-            for i in range(RUNS):  # see NOTE [ two runs of a step ]
-                held = resident if i == 0 else resident_bytes(env.values())
-                r = record(memory="tracker")
-                t0 = time.perf_counter()
-                with r:
+        with self._quiet(), self.random_state.used():
+            src.start()
+            try:
+                exec(compile(setup, "<gradscope fix>", "exec"), env)
+                for i in range(RUNS):  # see NOTE [ two runs of a step ]
+                    held = resident_bytes(env.values())
+                    resident = held if i == 0 else resident
+                    later_resident = held
+                    src.sweep()
+                    first = len(src.events)
+                    rng, t0 = torch.get_rng_state(), time.perf_counter()
                     exec(compiled, env)
-                seconds += time.perf_counter() - t0
-                rec = r.recording
-                totals.append(held + (0 if rec is None else int(rec.peak_bytes)))
-                if i == 0:
-                    state = _results(env, set(copies) | {k for k in set(env) - before if not k.startswith("_")})
-            seconds /= RUNS
-        return Trial(peak=totals[0], later=max(totals[1:], default=None), how="cpu copy",
-                     seconds=seconds, resident=resident), state
-
-    def _trial(self, code: str, setup: str = "") -> tuple[Trial, dict[str, Any] | None]:
-        try:
-            ran, state = self._cpu_run(code, setup)
-        except Exception as e:  # the code fails on the copies: it is not shown
-            return Trial(error=f"{type(e).__name__}: {e}"), None
-        if self.device == "cpu":  # the CPU copy's tracker peak is the CPU's own, exactly
-            return ran, state
-        try:
-            return dataclasses.replace(ran, peak=self._meta_peak(code, setup), how="meta"), state
-        except Exception:  # reads values (.item()): the copy's peak
-            return ran, state
+                    seconds = time.perf_counter() - t0
+                    src.sweep()
+                    peaks.append(held + _most_above(src.events[first:]))
+                    if i == 0:  # the first run is also the real run its results are compared from
+                        state = _results(env, set(copies) | {k for k in set(env) - before if not k.startswith("_")})
+                        self._reals[(setup, code)] = _Real(state, seconds, not torch.equal(rng, torch.get_rng_state()),
+                                                           tracked=True)
+            finally:
+                src.stop()
+        self.progress("run")
+        return Trial(peak=peaks[0], later=max(peaks[1:], default=None), how="cpu copy", resident=resident,
+                     later_resident=later_resident)
 
     def _as_at_start(self, copies: Mapping[str, Any]) -> None:
         """See NOTE [ copies start as the block started ]."""
@@ -302,33 +443,275 @@ class Bench:
                 for p in v.parameters():
                     p.grad = None
 
-    def execute(self, code: str) -> Trial:
-        """Run ``code`` once on copies (a pattern's code, which replaces part of the step)."""
-        try:
-            return self._cpu_run(code)[0]
-        except Exception as e:
-            return Trial(error=f"{type(e).__name__}: {e}")
+    # ----- results ------------------------------------------------------------------------------
+    def _run_for_real(self, code: str, setup: str = "", *, dropout: bool = True) -> _Real:
+        """One run of ``setup`` and the step on copies, as the user runs it (``dropout=False``: with
+        dropout off, see NOTE [ results where randomness allows ])."""
+        compiled = compile(code, "<gradscope fix>", "exec")
+        copied, kept = self._split(setup + code)
+        with self._quiet():
+            copies = _replica(copied, dropout=dropout)
+        self._as_at_start(copies)
+        env = self._env(kept, copied, copies)
+        before = set(env)
+        with self._quiet(), self.random_state.used():
+            exec(compile(setup, "<gradscope fix>", "exec"), env)
+            start = torch.get_rng_state()
+            t0 = time.perf_counter()
+            exec(compiled, env)
+            seconds = time.perf_counter() - t0
+            drew = not torch.equal(start, torch.get_rng_state())
+            state = _results(env, set(copies) | {k for k in set(env) - before if not k.startswith("_")})
+        self.progress("run")
+        return _Real(state, seconds, drew)
+
+    def reference(self, dropout: bool = True) -> _Real | None:
+        """The user's own step run for real on copies (None: it fails there)."""
+        if dropout not in self._real:
+            cached = self._reals.get(("", self.source)) if dropout else None
+            try:
+                self._real[dropout] = cached or self._run_for_real(self.source, dropout=dropout)
+            except Exception:
+                self._real[dropout] = None
+        return self._real[dropout]
+
+    def _real_run(self, trial: Trial) -> _Real:
+        """The fix's first run for real: the tracked one where the user's step's was tracked too
+        (times compare like with like), else a plain one."""
+        cached = self._reals.get((trial.setup, trial.code))
+        ref = self._real.get(True)
+        if cached is not None and ref is not None and cached.tracked == ref.tracked:
+            return cached
+        return self._run_for_real(trial.code, trial.setup)
 
     def user(self) -> Trial:
-        """The user's own step, run on copies the same way."""
+        """The user's own step, measured the same way as the fixes (its memory; its time once it
+        ran for real)."""
         if self._user is None:
-            self._user, self._user_state = self._trial(self.source)
-            if self._user.error is None:  # the first run pays for warming up: time a second one
-                again, _ = self._trial(self.source)
-                if again.seconds is not None and self._user.seconds is not None:
-                    self._user = dataclasses.replace(self._user, seconds=min(again.seconds, self._user.seconds))
+            self._user = self.measure(self.source)
+        ref = self._real.get(True)
+        if ref is not None and self._user.seconds is None:
+            self._user = dataclasses.replace(self._user, seconds=ref.seconds)
         return self._user
 
     def run(self, code: str, *, setup: str = "", tolerance: float = _TOLERANCE) -> Trial:
-        """Run ``setup`` once and ``code`` (the step) twice on copies, and compare the results with
-        the user's step's, run the same way."""
-        user = self.user()
-        trial, state = self._trial(code, setup)
-        if trial.error is not None or state is None or self._user_state is None or user.error is not None:
+        """``setup`` once and the step (``code``) measured on copies; :meth:`verify` runs it for
+        real and compares its results with the user's step's."""
+        return dataclasses.replace(self.measure(code, setup), tolerance=tolerance)
+
+    def verify(self, trial: Trial) -> Trial:
+        """The fix of a measured ``trial`` run once for real on copies, next to the user's step,
+        its results compared (see NOTE [ results where randomness allows ])."""
+        if trial.error is not None or trial.verified:
             return trial
-        worst, where, differs, freed = _compare(self._user_state, state, set(self._split(self.source)[0]))
-        return dataclasses.replace(trial, same=worst <= tolerance, worst=worst, worst_at=where, differs=differs,
-                                   freed=freed)
+        ref = self.reference()
+        if ref is None:
+            return dataclasses.replace(trial, verified=True)
+        try:
+            mine = self._real_run(trial)
+        except Exception as e:  # the code fails on the copies: it is not shown
+            return dataclasses.replace(trial, error=f"{type(e).__name__}: {e}", verified=True)
+        objects = set(self._split(self.source)[0])
+        worst, where, differs, freed = _compare(ref.state, mine.state, objects)
+        compared = COMPARED_ON if ref.drew else ""
+        if worst > trial.tolerance and (ref.drew or mine.drew):
+            off, mine_off = self.reference(dropout=False), None
+            if off is not None and not off.drew:
+                try:
+                    mine_off = self._run_for_real(trial.code, trial.setup, dropout=False)
+                except Exception:
+                    mine_off = None
+            if off is not None and mine_off is not None and not mine_off.drew:
+                worst, where, differs, freed = _compare(off.state, mine_off.state, objects)
+                compared = COMPARED_OFF
+            else:
+                return dataclasses.replace(trial, same=None, compared=NOT_COMPARED, seconds=mine.seconds,
+                                           verified=True)
+        return dataclasses.replace(trial, same=worst <= trial.tolerance, worst=worst, worst_at=where,
+                                   differs=differs, freed=freed, seconds=mine.seconds, compared=compared,
+                                   verified=True)
+
+    @contextlib.contextmanager
+    def _quiet(self) -> Any:
+        with warnings.catch_warnings(), _quiet_logging():
+            warnings.simplefilter("ignore")
+            yield
+
+
+def _most_above(events: Any) -> int:
+    """The most bytes a run of tracker events had allocated at once: its own allocations alive.
+    Frees of what was allocated before it are not counted, as a budget run of the step does not
+    see them (its tracker starts with the step)."""
+    live = most = 0
+    mine: set[int] = set()
+    for e in events:
+        if e.size > 0:
+            mine.add(e.key)
+        elif e.key not in mine:
+            continue
+        live += e.size
+        most = max(most, live)
+    return most
+
+
+class _RandomState:
+    """The random generators' states (PyTorch's CPU and CUDA ones, Python's ``random``, numpy's
+    where it is loaded): every run on copies starts from the same ones, and the user's are put
+    back after it (a diagnosis draws nothing from the user's program's streams)."""
+
+    def __init__(self, cpu: torch.Tensor, cuda: list[torch.Tensor] | None, py: Any, np_state: Any) -> None:
+        self.cpu, self.cuda, self.py, self.np = cpu, cuda, py, np_state
+
+    @staticmethod
+    def now() -> _RandomState:
+        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+        np = sys.modules.get("numpy")
+        return _RandomState(torch.get_rng_state(), cuda, random.getstate(),
+                            np.random.get_state() if np is not None else None)
+
+    @contextlib.contextmanager
+    def used(self) -> Any:
+        outside = _RandomState.now()
+        self._set()
+        try:
+            yield
+        finally:
+            outside._set()
+
+    def _set(self) -> None:
+        torch.set_rng_state(self.cpu)
+        if self.cuda is not None:
+            torch.cuda.set_rng_state_all(self.cuda)
+        random.setstate(self.py)
+        np = sys.modules.get("numpy")
+        if np is not None and self.np is not None:
+            np.random.set_state(self.np)
+
+
+# NOTE [ the user's functions as they are ]: a step calls the user's functions (``train_step``,
+# ``inner_loss``) that read the user's objects through their module's globals or their closure; on
+# the copies they must read the copies. Only such a function is rebuilt: its code, defaults,
+# keyword-only defaults (``__kwdefaults__``), attributes and name kept, its globals a copy of its
+# module's with the copies in, each closure cell that holds one of the user's objects (or such a
+# function) a new cell holding its copy. Every other function, a library's above all
+# (``torch.func.functional_call``), is passed as it is.
+def _passed_as_is(v: Any) -> bool:
+    return isinstance(v, types.ModuleType | types.FunctionType | types.BuiltinFunctionType | type | int
+                      | float | str | bool | bytes | torch.dtype | torch.device) or v is None
+
+
+def _code_names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            names |= _code_names(c)
+    return names
+
+
+def _global_reads(f: types.FunctionType, seen: set[int] | None = None) -> set[str]:
+    """Names ``f`` reads from its globals, and those the functions it reads there read from theirs."""
+    seen = seen if seen is not None else set()
+    if id(f) in seen:
+        return set()
+    seen.add(id(f))
+    names = _code_names(f.__code__) & set(f.__globals__)
+    out = set(names)
+    for n in names:
+        g = f.__globals__.get(n)
+        if isinstance(g, types.FunctionType) and g.__globals__ is f.__globals__:
+            out |= _global_reads(g, seen)
+    return out
+
+
+def _closure_objects(f: types.FunctionType, seen: set[int] | None = None) -> list[Any]:
+    """The objects ``f``'s closure cells hold (and those of the functions there), in order."""
+    seen = seen if seen is not None else set()
+    if id(f) in seen:
+        return []
+    seen.add(id(f))
+    out: list[Any] = []
+    for cell in f.__closure__ or ():
+        try:
+            v = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if isinstance(v, types.FunctionType):
+            out += _closure_objects(v, seen)
+        else:
+            out.append(v)
+    for n in _code_names(f.__code__) & set(f.__globals__):
+        g = f.__globals__.get(n)
+        if isinstance(g, types.FunctionType) and g.__globals__ is f.__globals__:
+            out += _closure_objects(g, seen)
+    return out
+
+
+class _Rebuilt:
+    """The user's functions rebuilt to read the copies (see NOTE [ the user's functions as they are ])."""
+
+    def __init__(self, twins: Mapping[int, Any]) -> None:
+        self.twins = twins  # id(the user's object) -> its copy
+        self.done: dict[int, types.FunctionType] = {}
+        self.globals: dict[int, dict[str, Any]] = {}
+
+    def needs(self, f: types.FunctionType, seen: set[int] | None = None) -> bool:
+        seen = seen if seen is not None else set()
+        if id(f) in seen:
+            return False
+        seen.add(id(f))
+        g = f.__globals__
+        for n in _code_names(f.__code__) & set(g):
+            v = g[n]
+            if id(v) in self.twins or (isinstance(v, types.FunctionType) and self.needs(v, seen)):
+                return True
+        for cell in f.__closure__ or ():
+            try:
+                v = cell.cell_contents
+            except ValueError:
+                continue
+            if id(v) in self.twins or (isinstance(v, types.FunctionType) and self.needs(v, seen)):
+                return True
+        return False
+
+    def function(self, f: types.FunctionType) -> types.FunctionType:
+        if id(f) in self.done:
+            return self.done[id(f)]
+        if not self.needs(f):
+            return f
+        g = self.globals.get(id(f.__globals__))
+        if g is None:
+            g = dict(f.__globals__)
+            self.globals[id(f.__globals__)] = g
+            for n, v in list(g.items()):
+                if id(v) in self.twins:
+                    g[n] = self.twins[id(v)]
+        closure = None
+        if f.__closure__ is not None:
+            closure = tuple(self._cell(c) for c in f.__closure__)
+        new = types.FunctionType(f.__code__, g, f.__name__, f.__defaults__, closure)
+        self.done[id(f)] = new
+        new.__kwdefaults__ = dict(f.__kwdefaults__) if f.__kwdefaults__ is not None else None
+        new.__qualname__ = f.__qualname__
+        new.__module__ = f.__module__
+        new.__doc__ = f.__doc__
+        new.__annotations__ = dict(getattr(f, "__annotations__", {}) or {})
+        new.__dict__.update(f.__dict__)
+        for n, v in list(g.items()):  # the functions of that module that read the copies
+            if isinstance(v, types.FunctionType) and v.__globals__ is f.__globals__ and v is not f:
+                if self.needs(v):
+                    g[n] = self.function(v)
+        return new
+
+    def _cell(self, cell: Any) -> Any:
+        try:
+            v = cell.cell_contents
+        except ValueError:
+            return cell
+        if id(v) in self.twins:
+            return types.CellType(self.twins[id(v)])
+        if isinstance(v, types.FunctionType) and self.needs(v):
+            return types.CellType(self.function(v))
+        return cell
 
 
 @contextlib.contextmanager
@@ -366,84 +749,12 @@ def resident_bytes(values: Any) -> int:
     return sum(seen.values())
 
 
-def free_names(code: str) -> set[str]:
-    """Names the code reads before it assigns them, statement by statement in order (a loop's
-    target, a comprehension's and a lambda's variables count as assigned where they apply)."""
-    assigned: set[str] = set()
-    free: set[str] = set()
-
-    def expr(node: ast.AST | None) -> None:
-        if node is None:
-            return
-        local: set[str] = set()
-        loads: set[str] = set()
-        for n in ast.walk(node):
-            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
-                loads.add(n.id)
-            elif isinstance(n, ast.comprehension):
-                local |= {t.id for t in ast.walk(n.target) if isinstance(t, ast.Name)}
-            elif isinstance(n, ast.Lambda):
-                local |= {x.arg for x in ast.walk(n.args) if isinstance(x, ast.arg)}
-        free.update(loads - assigned - local)
-
-    def store(target: ast.AST) -> None:
-        for n in ast.walk(target):
-            if isinstance(n, ast.Name):
-                assigned.add(n.id)
-            elif isinstance(n, ast.Subscript | ast.Attribute):
-                expr(n)
-
-    def block(stmts: list[ast.stmt]) -> None:
-        for st in stmts:
-            if isinstance(st, ast.For | ast.AsyncFor):
-                expr(st.iter)
-                store(st.target)
-                block(st.body)
-                block(st.orelse)
-            elif isinstance(st, ast.While | ast.If):
-                expr(st.test)
-                block(st.body)
-                block(st.orelse)
-            elif isinstance(st, ast.With | ast.AsyncWith):
-                for item in st.items:
-                    expr(item.context_expr)
-                    if item.optional_vars is not None:
-                        store(item.optional_vars)
-                block(st.body)
-            elif isinstance(st, ast.Try):
-                block(st.body)
-                for h in st.handlers:
-                    expr(h.type)
-                    if h.name:
-                        assigned.add(h.name)
-                    block(h.body)
-                block(st.orelse)
-                block(st.finalbody)
-            elif isinstance(st, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-                assigned.add(st.name)
-            elif isinstance(st, ast.Assign):
-                expr(st.value)
-                for t in st.targets:
-                    store(t)
-            elif isinstance(st, ast.AugAssign | ast.AnnAssign):
-                if isinstance(st, ast.AugAssign):
-                    expr(st.target)
-                expr(st.value)
-                store(st.target)
-            elif isinstance(st, ast.Delete):
-                pass
-            else:
-                expr(st)
-        return None
-
-    block(ast.parse(code).body)
-    return free
-
-
-def _replica(objs: Mapping[str, Any]) -> dict[str, Any]:
-    """A deep copy of the user's objects on their device, with dropout off: tensors that are
-    results of autograd (not leaves) are copied detached, as they cannot be deep-copied."""
-    from gradscope.predict import _collect_tensors
+def _replica(objs: Mapping[str, Any], *, dropout: bool = True) -> dict[str, Any]:
+    """A deep copy of the user's objects on their device, as the user has them (train/eval state,
+    dropout); ``dropout=False``: with dropout off (see NOTE [ results where randomness allows ]).
+    Tensors that are results of autograd (not leaves) are copied detached, as they cannot be
+    deep-copied."""
+    from gradscope.predict import _collect_tensors, copied_schedulers
 
     tensors: dict[int, torch.Tensor] = {}
     _collect_tensors(dict(objs), tensors, set())
@@ -452,14 +763,20 @@ def _replica(objs: Mapping[str, Any]) -> dict[str, Any]:
         if not t.is_leaf:
             memo[i] = t.detach().clone().requires_grad_(t.requires_grad)
     out = copy.deepcopy(dict(objs), memo)
-    for v in out.values():
-        if isinstance(v, nn.Module):
-            for m in v.modules():
-                if isinstance(m, nn.modules.dropout._DropoutNd):
-                    m.p = 0.0
-                for k, a in list(vars(m).items()):
-                    if "dropout" in k and isinstance(a, float):
-                        setattr(m, k, 0.0)
+    copied_schedulers(dict(objs), memo)
+    for i, t in tensors.items():  # a parameter's deep copy leaves its gradient behind: the copy has it too
+        twin = memo.get(i)
+        if isinstance(twin, torch.Tensor) and t.is_leaf and t.grad is not None and twin.grad is None:
+            twin.grad = t.grad.detach().clone()
+    if not dropout:
+        for v in out.values():
+            if isinstance(v, nn.Module):
+                for m in v.modules():
+                    if isinstance(m, nn.modules.dropout._DropoutNd):
+                        m.p = 0.0
+                    for k, a in list(vars(m).items()):
+                        if "dropout" in k and isinstance(a, float):
+                            setattr(m, k, 0.0)
     return out
 
 
@@ -501,7 +818,10 @@ def _results(env: Mapping[str, Any], names: set[str]) -> dict[str, dict[str, tor
         flat: dict[str, torch.Tensor] = {}
         params: set[str] = set()
         _tensors_of(name, env[name], flat, params)
-        out[name] = {k + (_PARAM if k in params else ""): t.detach().clone() for k, t in flat.items()}
+        # a result that carries a graph (a loss kept for a later backward) differs from one that does
+        # not, whatever its value: the later backward would fail
+        out[name] = {k + (_PARAM if k in params else _GRAPH if t.requires_grad else ""): t.detach().clone()
+                     for k, t in flat.items()}
     return out
 
 

@@ -86,6 +86,10 @@ class Finding:
     step: str = ""  # the part of ``code`` that replaces the user's step (empty: all of ``code``)
     uses: tuple[str, ...] = ()  # the user's names the pattern's rewriting of the step applies to
     sketch: str = ""  # not run: the strategy's call in the user's names, kept aside, never printed as code
+    compared: str = ""  # how its results were compared with the user's step's, where randomness made it matter
+    allocates_before: int | None = None  # under a budget: the most the user's step allocates at once, counted
+    # as the budget counts it (see NOTE [ one budget ] in gradscope.diagnose.measure)
+    allocates_after: int | None = None  # the same with the fix's code
 
 
 @dataclass(frozen=True)
@@ -115,8 +119,11 @@ class Diagnosis:
     budget_resident: int = 0
     step_peak: int | None = None  # the user's step run twice on copies: the most held at once (see Finding)
     step_resident: int = 0  # of it, what the copies held when the step started
-    room: int | None = None  # under a budget: the budget plus what was held at the step's start
+    room: int | None = None  # under a budget: what the step may allocate (see NOTE [ one budget ] in measure)
     step: str = ""  # the user's step as the diagnosis ran it on copies (a function it calls inlined)
+    device_budget: bool = False  # the budget counts what the user's variables held (a notebook's --budget)
+    resident_by_variable: tuple[tuple[str, int], ...] = ()  # what the user's variables held before the block
+    step_allocates: int | None = None  # under a budget: the most the user's step allocates at once on copies
 
     def text(self) -> str:
         """The report as plain text."""
@@ -126,12 +133,9 @@ class Diagnosis:
             lines.append(
                 f"{title}: out of memory on a simulated {format_bytes(self.budget)} device"
                 + (f" in {self.where}" if self.where else "")
-                + f": tried to allocate {format_bytes(self.requested)} with {format_bytes(self.live_bytes)} live"
-                + (
-                    f" and {format_bytes(self.budget_resident)} resident from earlier cells"
-                    if self.budget_resident
-                    else ""
-                )
+                + f": tried to allocate {format_bytes(self.requested)} with {format_bytes(self.live_bytes)} "
+                + (f"allocated by the cell and {format_bytes(self.budget_resident)} held by your variables"
+                   if self.device_budget else "live")
             )
         elif self.moment == "failure":
             lines.append(f"{title}: the block failed ({self.error}); state at its last allocation")
@@ -139,15 +143,19 @@ class Diagnosis:
             lines.append(f"{title}: state at the peak")
         else:
             lines.append(f"{title}: no memory events were recorded (memory='off'?); graph analysis only")
-        lines.append(
-            f"held: {format_bytes(self.live_bytes)} ({self.live_bytes} bytes) allocated inside the block and "
-            f"alive then; {format_bytes(self.resident_bytes)} existed before it (parameters, inputs)"
-        )
-        if self.resident:
-            lines.append(
-                "resident before the block, from your variables: "
-                + ", ".join(f"{k} {format_bytes(b)}" for k, b in self.resident)
-            )
+        held = (f"held: {format_bytes(self.live_bytes)} ({self.live_bytes} bytes) allocated inside the block and "
+                "alive then")
+        if self.resident_by_variable:
+            total = sum(b for _, b in self.resident_by_variable)
+            held += (f"; before it, your variables held {format_bytes(total)}: "
+                     + ", ".join(f"{k} {format_bytes(b)}" for k, b in self.resident_by_variable))
+            if self.budget is not None and self.moment == "failure":
+                held += (f" (the cell could allocate the other {format_bytes(self.budget - self.budget_resident)} of "
+                         f"the {format_bytes(self.budget)})" if self.device_budget else
+                         " (the budget counts only what the block allocates)")
+        else:
+            held += f"; {format_bytes(self.resident_bytes)} existed before it (parameters, inputs)"
+        lines.append(held)
         if self.by_kind:
             lines.append("by kind (allocated inside the block):")
             for k, b in self.by_kind:
@@ -180,11 +188,17 @@ class Diagnosis:
                     f"  {h.variable}: {h.graphs} graph{'s' if h.graphs != 1 else ''}, "
                     f"{format_bytes(h.saved_bytes)} of saved tensors ({format_bytes(h.live_bytes)} of it live then)"
                 )
-        if self.step_peak is not None:
+        if self.step_peak is not None and self.room is not None and self.step_allocates is not None:
             lines.append(
-                f"your step, run on copies of your objects as the block started: at most {format_bytes(self.step_peak)} held at once "
-                f"({format_bytes(self.step_resident)} of it held before it started)"
-                + ("" if self.room is None else f"; the budget allows {format_bytes(self.room)} with those")
+                f"your step, run on copies of your objects as the block started (as you run it): it allocates up to "
+                f"{format_bytes(self.step_allocates)} at once; the {'cell' if self.device_budget else 'block'} may "
+                f"allocate {format_bytes(self.room)}"
+            )
+        elif self.step_peak is not None:
+            lines.append(
+                f"your step, run on copies of your objects as the block started (as you run it): at most "
+                f"{format_bytes(self.step_peak)} held at once ({format_bytes(self.step_resident)} of it held before "
+                "it started)"
             )
         if self.findings:
             lines.append("findings:")
@@ -196,7 +210,17 @@ class Diagnosis:
                 if not f.ran:
                     lines.append("     not run: gradscope could not rewrite your step with it, so it shows no code "
                                  "and claims no saving (gs.compare measures strategies on your own functions)")
-                if f.peak_before is not None and f.peak_after is not None:
+                if f.allocates_before is not None and f.allocates_after is not None:
+                    bits = [f"allocates up to {format_bytes(f.allocates_before)} -> {format_bytes(f.allocates_after)}"]
+                    if f.fits is not None:
+                        bits.append(f"fits the {format_bytes(self.room)}" if f.fits and self.room is not None
+                                    else "fits the budget" if f.fits else "still does not fit the budget")
+                    if f.time_ratio is not None:
+                        bits.append(f"time x{f.time_ratio:.2f}")
+                    if f.tolerance is not None:
+                        bits.append(f"results within {f.tolerance:.1e} (relative)")
+                    lines.append("     measured on the copies: " + ", ".join(bits))
+                elif f.peak_before is not None and f.peak_after is not None:
                     bits = [f"peak {format_bytes(f.peak_before)} -> {format_bytes(f.peak_after)}"]
                     if f.fits is not None:
                         bits.append("fits the budget" if f.fits else "still does not fit the budget")
@@ -205,6 +229,8 @@ class Diagnosis:
                     if f.tolerance is not None:
                         bits.append(f"results within {f.tolerance:.1e} (relative)")
                     lines.append("     measured on the copies: " + ", ".join(bits))
+                if f.compared:
+                    lines.append(f"     results {f.compared}")
                 if f.code:
                     lines.append("     code:")
                     lines.extend("       " + ln for ln in f.code.rstrip("\n").splitlines())

@@ -16,7 +16,81 @@ from typing import Any, TypeGuard
 
 import torch
 
-__all__ = ["Shape", "shape_of"]
+__all__ = ["Shape", "free_names", "shape_of"]
+
+
+def free_names(code: str) -> set[str]:
+    """Names the code reads before it assigns them, statement by statement in order (a loop's
+    target, a comprehension's and a lambda's variables count as assigned where they apply)."""
+    assigned: set[str] = set()
+    free: set[str] = set()
+
+    def expr(node: ast.AST | None) -> None:
+        if node is None:
+            return
+        local: set[str] = set()
+        loads: set[str] = set()
+        for n in ast.walk(node):
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
+                loads.add(n.id)
+            elif isinstance(n, ast.comprehension):
+                local |= {t.id for t in ast.walk(n.target) if isinstance(t, ast.Name)}
+            elif isinstance(n, ast.Lambda):
+                local |= {x.arg for x in ast.walk(n.args) if isinstance(x, ast.arg)}
+        free.update(loads - assigned - local)
+
+    def store(target: ast.AST) -> None:
+        for n in ast.walk(target):
+            if isinstance(n, ast.Name):
+                assigned.add(n.id)
+            elif isinstance(n, ast.Subscript | ast.Attribute):
+                expr(n)
+
+    def block(stmts: list[ast.stmt]) -> None:
+        for st in stmts:
+            if isinstance(st, ast.For | ast.AsyncFor):
+                expr(st.iter)
+                store(st.target)
+                block(st.body)
+                block(st.orelse)
+            elif isinstance(st, ast.While | ast.If):
+                expr(st.test)
+                block(st.body)
+                block(st.orelse)
+            elif isinstance(st, ast.With | ast.AsyncWith):
+                for item in st.items:
+                    expr(item.context_expr)
+                    if item.optional_vars is not None:
+                        store(item.optional_vars)
+                block(st.body)
+            elif isinstance(st, ast.Try):
+                block(st.body)
+                for h in st.handlers:
+                    expr(h.type)
+                    if h.name:
+                        assigned.add(h.name)
+                    block(h.body)
+                block(st.orelse)
+                block(st.finalbody)
+            elif isinstance(st, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                assigned.add(st.name)
+            elif isinstance(st, ast.Assign):
+                expr(st.value)
+                for t in st.targets:
+                    store(t)
+            elif isinstance(st, ast.AugAssign | ast.AnnAssign):
+                if isinstance(st, ast.AugAssign):
+                    expr(st.target)
+                expr(st.value)
+                store(st.target)
+            elif isinstance(st, ast.Delete):
+                pass
+            else:
+                expr(st)
+        return None
+
+    block(ast.parse(code).body)
+    return free
 
 
 def _calls(node: ast.AST, attr: str) -> list[ast.Call]:
@@ -133,6 +207,9 @@ def batch_inputs(shape: Shape, ns: Mapping[str, Any]) -> tuple[set[str], set[str
     read: set[str] = set()
     for st in shape.body[: shape.backward + 1]:  # the backward statement may run the model itself
         read |= _names(st)
+    # only the step's inputs: a variable the step makes itself before reading it (a diffusion step's
+    # noise, drawn from the batch's shape) is already a micro-batch's inside the loop
+    read &= free_names(shape.source)
     sizes: dict[int, int] = {}
     cand: dict[str, int] = {}
     for n in sorted(read):

@@ -16,8 +16,13 @@ def propose(ctx: Context, holders: list[GraphHolder]) -> list[Finding]:
     out: list[Finding] = []
     if any(c.create_graph for c in g.calls):
         return []
+    trained = [n for n, m in ctx.modules if n in ctx.roots and ctx.trained_by_optimizer(m)]
     for name, m in ctx.modules:
-        if name not in ctx.roots or m.training or ctx.trained_by_optimizer(m) is not False:
+        if name not in ctx.roots or ctx.trained_by_optimizer(m) is not False:
+            continue
+        # in train mode only where the optimizers train another model of the same graphs (a head on
+        # a backbone no optimizer steps): the backbone's gradients are computed for nothing
+        if m.training and not trained:
             continue
         if not any(p.requires_grad for p in m.parameters()) or name in g.asked_roots():
             continue
@@ -34,9 +39,11 @@ def propose(ctx: Context, holders: list[GraphHolder]) -> list[Finding]:
                 variable=name,
                 module=name,
                 message=(
-                    f"`{name}` ({type(m).__name__}) is in eval() mode and no optimizer trains it, but its "
-                    "parameters require grad and it ran with autograd on: its activations were saved and "
-                    f"its gradients computed for nothing ({format_bytes(saved)} of it at the peak)"
+                    f"`{name}` ({type(m).__name__}) is "
+                    + ("in eval() mode and no optimizer trains it" if not m.training else
+                       f"trained by no optimizer of yours (they train {', '.join(trained)})")
+                    + ", but its parameters require grad and it ran with autograd on: its activations were saved "
+                    f"and its gradients computed for nothing ({format_bytes(saved)} of it at the peak)"
                 ),
                 suggestion=f"run `{name}` under torch.no_grad() (or turn its requires_grad off)",
                 code=f"with torch.no_grad():\n    feats = {name}(x)",
@@ -46,6 +53,10 @@ def propose(ctx: Context, holders: list[GraphHolder]) -> list[Finding]:
     return out
 
 
-def rewrite(ctx: Context, f: Finding, source: str) -> str | None:
-    """The step with every call of the model that nothing trains under no_grad."""
-    return under_no_grad(source, f.variable, only_dead=False) if f.variable else None
+def rewrite(ctx: Context, f: Finding, source: str) -> list[tuple[str, str] | str | None]:
+    """Every call of the model that nothing trains under no_grad; else (a statement that also
+    builds what a later backward needs: ``losses.append(loss_fn(head(backbone(x)), y))``) its
+    requires_grad off once before the step, so that what reads its output still builds its graph."""
+    if not f.variable:
+        return []
+    return [under_no_grad(source, f.variable, only_dead=False), (f"{f.variable}.requires_grad_(False)\n", source)]

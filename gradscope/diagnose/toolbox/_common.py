@@ -7,7 +7,7 @@ from typing import Any
 from torch import nn
 
 from gradscope.diagnose.facts import Context
-from gradscope.diagnose.measure import free_names
+from gradscope.diagnose.step import free_names
 
 
 def models(ctx: Context, source: str) -> list[tuple[str, nn.Module]]:

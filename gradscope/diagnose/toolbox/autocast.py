@@ -3,28 +3,37 @@ changes the results by rounding: the finding states the largest relative differe
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from gradscope.diagnose.facts import Context
-from gradscope.diagnose.measure import Bench
+from gradscope.diagnose.measure import Bench, Room
 from gradscope.diagnose.report import Finding
 from gradscope.diagnose.step import Shape, autocast
 
 ACCEPTED = 0.05  # largest relative difference of a result shown as acceptable for bfloat16
 
 
-def propose(ctx: Context, bench: Bench, shape: Shape, room: int | None) -> list[tuple[Finding, Any]]:
+def propose(ctx: Context, bench: Bench, shape: Shape, room: Room | None) -> list[tuple[Finding, Any]]:
     if shape.backward is None or "autocast" in bench.source:
         return []
+    if room is not None and any(room.fits(t) for t in bench.measured()):
+        return []  # a change of precision is advice for a step nothing else makes fit
     code = autocast(shape, bench.device, "bfloat16")
     trial = bench.run(code, tolerance=ACCEPTED)
     return [(Finding(
         pattern="autocast",
         bytes=0,
         message="the forward runs in float32: every saved activation takes 4 bytes per element",
-        suggestion=(f"run the forward under torch.autocast with bfloat16: results differ by rounding, at most "
-                    f"{trial.worst:.1e} relative here (measured)"),
+        suggestion="run the forward under torch.autocast with bfloat16",
         code=code,
         step=code,
-        tolerance=trial.worst if trial.error is None else None,
     ), trial)]
+
+
+def finish(f: Finding, trial: Any) -> Finding:
+    """The finding once its code ran for real: the difference of its results, measured."""
+    if trial.same is None:
+        return dataclasses.replace(f, suggestion=f.suggestion + ": results differ by rounding")
+    return dataclasses.replace(f, tolerance=trial.worst, suggestion=(
+        f"{f.suggestion}: results differ by rounding, at most {trial.worst:.1e} relative here (measured)"))

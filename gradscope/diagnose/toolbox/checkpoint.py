@@ -12,7 +12,7 @@ from torch import nn
 
 from gradscope._names import code_path
 from gradscope.diagnose.facts import Context
-from gradscope.diagnose.measure import Bench
+from gradscope.diagnose.measure import Bench, Room
 from gradscope.diagnose.report import Finding
 from gradscope.diagnose.step import Shape, compose
 from gradscope.diagnose.toolbox._common import has_batch_norm, models
@@ -56,6 +56,20 @@ def wrapped_forwards(blocks_code: list[str], bn: bool) -> str:
 _MOST = 12  # segments tried at most
 
 
+def transformers_switch(model: nn.Module) -> str | None:
+    """The call that turns on a ``transformers`` model's own activation checkpointing, non-reentrant,
+    in the name the installed ``transformers`` documents: ``activation_checkpointing_enable`` where
+    it has it (it deprecates ``gradient_checkpointing_enable`` with a FutureWarning), else
+    ``gradient_checkpointing_enable``. None for a model without the switch."""
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        return None
+    if callable(getattr(model, "activation_checkpointing_enable", None)):
+        return 'activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})'
+    if callable(getattr(model, "gradient_checkpointing_enable", None)):
+        return 'gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})'
+    return None
+
+
 def segments(ctx: Context, name: str, model: nn.Module) -> list[str]:
     """Submodules of ``model`` to checkpoint, most saved activations first (from the recording),
     none inside another, none holding more than half of them (a segment's recompute has its own
@@ -88,21 +102,21 @@ def segments(ctx: Context, name: str, model: nn.Module) -> list[str]:
     return picked
 
 
-def propose(ctx: Context, bench: Bench, shape: Shape, room: int | None) -> list[tuple[Finding, Any]]:
+def propose(ctx: Context, bench: Bench, shape: Shape, room: Room | None) -> list[tuple[Finding, Any]]:
     if shape.backward is None:
         return []
     out: list[tuple[Finding, Any]] = []
     for name, model in models(ctx, bench.source)[:1]:
         if not model.training:
             continue
-        hf = bool(getattr(model, "supports_gradient_checkpointing", False)) and hasattr(model, "gradient_checkpointing_enable")
+        switch = transformers_switch(model)
         with warnings.catch_warnings():  # transformers renames the property (a FutureWarning)
             warnings.simplefilter("ignore")
-            if getattr(model, "is_gradient_checkpointing", False):
+            if getattr(model, "is_activation_checkpointing", getattr(model, "is_gradient_checkpointing", False)):
                 continue
         message = f"the activations of {name}'s blocks are alive together until backward reaches them"
-        if hf:
-            setup = f'{name}.gradient_checkpointing_enable(gradient_checkpointing_kwargs={{"use_reentrant": False}})\n'
+        if switch:
+            setup = f'{name}.{switch}\n'
             trial = bench.run(bench.source, setup=setup)
             what = "every block of the model (transformers' own switch)"
         else:
@@ -114,7 +128,7 @@ def propose(ctx: Context, bench: Bench, shape: Shape, room: int | None) -> list[
             if room is not None:  # the fewest segments, most saved activations first, that make the step fit
                 for k in range(1, len(plan) + 1):
                     trial = bench.run(bench.source, setup=_generic(name, plan[:k], bn))
-                    if trial.error is not None or (trial.peak is not None and trial.peak <= room):
+                    if trial.error is not None or (trial.peak is not None and room.fits(trial)):
                         break
             if trial is None:
                 trial = bench.run(bench.source, setup=_generic(name, plan, bn))

@@ -10,12 +10,12 @@ from typing import Any
 from torch import nn
 
 from gradscope.diagnose.facts import Context
-from gradscope.diagnose.measure import Bench
+from gradscope.diagnose.measure import Bench, Room
 from gradscope.diagnose.report import Finding
 from gradscope.diagnose.step import Shape, under_no_grad
 
 
-def propose(ctx: Context, bench: Bench, shape: Shape, room: int | None) -> list[tuple[Finding, Any]]:
+def propose(ctx: Context, bench: Bench, shape: Shape, room: Room | None) -> list[tuple[Finding, Any]]:
     if shape.backward is None:
         return []  # a step that trains nothing: what it computes may be differentiated after the block
     out = []

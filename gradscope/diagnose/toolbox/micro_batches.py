@@ -8,12 +8,12 @@ from __future__ import annotations
 from typing import Any
 
 from gradscope.diagnose.facts import Context
-from gradscope.diagnose.measure import Bench
+from gradscope.diagnose.measure import Bench, Room
 from gradscope.diagnose.report import Finding
 from gradscope.diagnose.step import Shape, batch_inputs, micro_batched
 
 
-def propose(ctx: Context, bench: Bench, shape: Shape, room: int | None) -> list[tuple[Finding, Any]]:
+def propose(ctx: Context, bench: Bench, shape: Shape, room: Room | None) -> list[tuple[Finding, Any]]:
     found = batch_inputs(shape, ctx.ns)
     if found is None or shape.loss is None:
         return []
@@ -24,12 +24,12 @@ def propose(ctx: Context, bench: Bench, shape: Shape, room: int | None) -> list[
     best = None
     for m in sizes:
         code = micro_batched(shape, tensors, dicts, n, m)
-        trial = bench.run(code)
-        if trial.error is not None or trial.same is False:
+        trial = bench.run(code)  # its memory: the diagnosis runs the one it shows for real
+        if trial.error is not None:
             best = best or (m, code, trial)
             break  # another size gives the same answer
         best = (m, code, trial)
-        if room is None or (trial.peak is not None and trial.peak <= room):
+        if room is None or (trial.peak is not None and room.fits(trial)):
             break
     if best is None:
         return []

@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from gradscope.diagnose.facts import Context
-from gradscope.diagnose.measure import Bench
+from gradscope.diagnose.measure import Bench, Room
 from gradscope.diagnose.report import Finding
 from gradscope.diagnose.step import Shape, replaced_zero_grad
 
 
-def propose(ctx: Context, bench: Bench, shape: Shape, room: int | None) -> list[tuple[Finding, Any]]:
+def propose(ctx: Context, bench: Bench, shape: Shape, room: Room | None) -> list[tuple[Finding, Any]]:
     code = replaced_zero_grad(shape, ctx.ns)
     if code is None:
         return []

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from gradscope.diagnose.facts import Context
-from gradscope.diagnose.measure import Bench
+from gradscope.diagnose.measure import Bench, Room
 from gradscope.diagnose.report import Finding
 from gradscope.diagnose.step import Shape, compose, without
 
@@ -37,7 +37,7 @@ def _same(a: object, b: object) -> bool:
         return False
 
 
-def propose(ctx: Context, bench: Bench, shape: Shape, room: int | None) -> list[tuple[Finding, Any]]:
+def propose(ctx: Context, bench: Bench, shape: Shape, room: Room | None) -> list[tuple[Finding, Any]]:
     if shape.backward is None:
         return []
     steps = shape.optimizer_calls(ctx.ns, "step")

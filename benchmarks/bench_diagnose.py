@@ -1,0 +1,122 @@
+"""The diagnosis's time against the step's own, side by side in one process.
+
+Run: ``python benchmarks/bench_diagnose.py [docs] [notebook] [6x384]`` (default: every example). For the GPT-2 example of docs/diagnosis.md (2 layers, as
+``transformers`` builds it: train mode, dropout on) and the notebook's GPT-2 (4 layers, d128, batch
+8 x 64), under a budget each does not fit: the step's own time (a plain run of the block's code on a copy
+of the objects, median of 15 after one warm-up), the recorded block that ran out of memory, and
+``gs.diagnose`` of it (median of 3, each a fresh diagnosis: nothing is cached between them), with how
+many runs of a step the diagnosis measured on meta and ran for real. Prints the ratio diagnosis / step.
+The issue's target: at most 5x on the docs' example. Collections run outside the timed regions. The third
+example's block allocates over SMALL_STEP_ALLOCATED, so its fixes are measured on meta (see NOTE [ meta or a CPU
+copy ] in gradscope.diagnose.measure).
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import os
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+import torch
+
+import gradscope as gs
+
+_STEP = (
+    "    out = model(input_ids=input_ids, labels=input_ids)\n"
+    "    out.loss.backward()\n"
+    "    opt.step()\n"
+    "    opt.zero_grad()\n"
+)
+_SETUPS = {
+    "docs GPT-2 (2 layers, 4 MiB)": (
+        "GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=500, n_positions=64)", 500, (8, 32), "4MiB"),
+    "notebook GPT-2 (4 layers, 24 MiB)": (
+        "GPT2Config(n_layer=4, n_embd=128, n_head=4, vocab_size=1000, n_positions=64)", 1000, (8, 64), "24MiB"),
+    "GPT-2 6x384 (400 MiB)": (
+        "GPT2Config(n_layer=6, n_embd=384, n_head=6, vocab_size=8000, n_positions=256)", 8000, (16, 256), "400MiB"),
+}
+
+
+def _script(config: str, vocab: int, shape: tuple[int, int], budget: str) -> str:
+    return (
+        "import torch\n"
+        "from transformers import GPT2Config, GPT2LMHeadModel\n"
+        "import gradscope as gs\n"
+        "torch.manual_seed(0)\n"
+        f"config = {config}\n"
+        "model = GPT2LMHeadModel(config)\n"
+        "opt = torch.optim.AdamW(model.parameters(), lr=1e-3)\n"
+        f"input_ids = torch.randint(0, {vocab}, {shape})\n"
+        "def plain():\n"
+        "    global out\n" + _STEP +
+        "def recorded():\n"
+        "    global out, rec\n"
+        f"    with gs.record(memory='tracker', budget='{budget}') as rec:\n"
+        + "".join("    " + line + "\n" for line in _STEP.splitlines())
+    )
+
+
+def _median(fn: Any, n: int) -> float:
+    times = []
+    for _ in range(n):
+        gc.collect()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main() -> None:
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    torch.set_num_threads(1)
+    print(f"torch {torch.__version__}, 1 thread")
+    print(f"{'example':<36} {'step':>8} {'recorded':>9} {'diagnose':>9} {'meta':>5} {'real':>5} {'diag/step':>10}")
+    with tempfile.TemporaryDirectory() as tmp:
+        wanted = sys.argv[1:]  # words of the examples' names to run (default: all)
+        for name, args in _SETUPS.items():
+            if wanted and not any(w in name for w in wanted):
+                continue
+            path = os.path.join(tmp, "example.py")
+            text = _script(*args)
+            with open(path, "w") as f:
+                f.write(text)
+            ns: dict[str, Any] = {"__name__": "example"}
+            exec(compile(text, path, "exec"), ns)
+            start = copy.deepcopy({k: ns[k] for k in ("model", "opt")})
+            ns["plain"]()  # warm-up
+            step = _median(ns["plain"], 15)
+            ns.update(copy.deepcopy(start))  # the objects as they were: the recorded step is a first step
+            t0 = time.perf_counter()
+            try:
+                ns["recorded"]()
+            except torch.OutOfMemoryError:
+                pass
+            recorded = time.perf_counter() - t0
+            rec = ns["rec"].recording
+            module = sys.modules["gradscope.diagnose"]
+            seen: dict[str, int] = {}
+            original = module._Progress.__call__
+
+            def counting(self: Any, what: str, original: Any = original, seen: Any = seen) -> None:
+                seen[what] = seen.get(what, 0) + 1
+                original(self, what)
+
+            module._Progress.__call__ = counting
+            try:
+                took = _median(lambda: gs.diagnose(rec, namespace=ns, progress=False), 3)  # noqa: B023
+            finally:
+                module._Progress.__call__ = original
+            print(f"{name:<36} {step:>7.3f}s {recorded:>8.3f}s {took:>8.2f}s {seen.get('meta', 0) // 3:>5} "
+                  f"{seen.get('run', 0) // 3:>5} {took / step:>9.1f}x", flush=True)
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
