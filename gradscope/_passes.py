@@ -77,6 +77,7 @@ __all__ = [
     "orders_pass",
     "saves_pass",
     "steps_pass",
+    "unseen_nodes_pass",
 ]
 
 _DEEP_GRAPH = 40_000  # nodes above which freeing may crash PyTorch: see NOTE [ freeing deep graphs ]
@@ -168,6 +169,44 @@ def inplace_views_pass(trace: Trace, graph: Graph) -> None:
             if inner in by_seq or inner in moves or inner not in packed:
                 break
             moves[inner] = (seq, _INNER_NODE)
+
+
+UNSEEN_NODE = "(unseen node)"  # the name of a node whose graph no walk reached: see unseen_nodes_pass
+
+
+def unseen_nodes_pass(trace: Trace, graph: Graph) -> int:
+    """NOTE [ saves of nodes never walked ]: a graph that dies before any backward pass or the
+    block's end (``fake = generator(z).detach()`` in a GAN's critic step: the generator's graph is
+    dropped at once) is never walked, yet its nodes saved tensors, which were alive until it died:
+    every save counts in ``saved_bytes`` (see gradscope.figures), so each number that saved one and
+    has no node gets a node of its own, named :data:`UNSEEN_NODE`, with no edges and no steps; its
+    module and line are found from its number as any forward node's. The graph's other nodes (those
+    that saved nothing) are not known. Such nodes come after the walked ones (their ids are the
+    last), so the ids of the nodes walked are as without them. Returns how many were made."""
+    by_seq = graph.by_seq
+    moves_get = trace.seq_moves.get
+    missing: dict[int, None] = {}
+    for row in trace.saves:
+        seq = row[S_SEQ]
+        if seq in by_seq:
+            continue
+        moved = moves_get(seq)
+        if moved is not None:
+            seq = moved[0]  # see NOTE [ saves packed under another number ] in gradscope.capture.discover
+            if seq in by_seq:
+                continue
+        missing[seq] = None
+    if not missing:
+        return 0
+    rows = graph.rows = list(graph.rows)
+    index = dict(by_seq)
+    for seq in sorted(missing):
+        index[seq] = len(rows)
+        graph.made.append((seq, len(rows)))
+        rows.append((seq, seq, UNSEEN_NODE, None, None, False))
+    graph.by_seq = index
+    graph.made.sort()
+    return len(missing)
 
 
 # ----------------------------------------------------------------------------------- naming
@@ -633,6 +672,9 @@ def saves_pass(trace: Trace, graph: Graph, prefixes: Sequence[str]) -> Saves:
     kind_of = {"parameter": Kind.PARAMETER, "buffer": Kind.BUFFER}
     input_kind, activation = Kind.INPUT, Kind.ACTIVATION
     moves_get = trace.seq_moves.get
+    # a storage's identity: its first save where the recorder gave one (see NOTE [ a storage's
+    # identity in a block ] in gradscope.capture.saves), else its key
+    identity = trace.save_storage if len(trace.save_storage) == len(trace.saves) else None
     for sid, s in enumerate(trace.saves):
         seq = s[S_SEQ]
         node = by_seq_get(seq)
@@ -664,7 +706,7 @@ def saves_pass(trace: Trace, graph: Graph, prefixes: Sequence[str]) -> Saves:
         else:
             kinds.append(input_kind if s[S_LEAFISH] else activation)
             names.append(None)
-        storages.append(storage_ids(skey))
+        storages.append(storage_ids(skey if identity is None else identity[sid]))
     return Saves(sids, nodes, attrs, kinds, names, storages, len(trace.saves) - len(sids))
 
 
@@ -740,8 +782,9 @@ def memory_pass(trace: Trace, graph: Graph, prefixes: Sequence[str], steps: Step
         a_key = [key_l[k] for k in a_at]
     a_t = [t_l[k] for k in a_at]
     allocs = _AllocColumns(a_bytes, a_at, a_free, a_t, a_free_t, a_key, [], [], [])  # steps and phases below
+    unseen = {sid for sid, node in zip(saves.sid, saves.node, strict=True) if graph.rows[node][N_NAME] == UNSEEN_NODE}
     save_alloc, saver = (_saves_to_allocations(trace, saves, allocs, mt.key_kind, [call_l[k] for k in a_at],
-                                               [bw_l[k] for k in a_at]) if pairable else ({}, {}))
+                                               [bw_l[k] for k in a_at], unseen) if pairable else ({}, {}))
     if not mt.online and save_alloc:
         _releases_stamped_late(steps, scope_l, ev_step, set(save_alloc.values()), allocs)
     allocs.free_step = [None if k is None else ev_step[k] for k in a_free]
@@ -961,7 +1004,7 @@ class _AllocColumns:
 
 
 def _saves_to_allocations(trace: Trace, saves: Saves, allocs: _AllocColumns, key_kind: str,
-                          a_call: Sequence[int | None], a_bw: Sequence[int | None],
+                          a_call: Sequence[int | None], a_bw: Sequence[int | None], strict: set[int] | None = None,
                           ) -> tuple[dict[int, int], dict[int, int]]:
     """Each save's allocation: the one that held the save's key (storage key for the tracker,
     address for the allocators) when it was packed. Keys are reused once freed, so the candidate
@@ -973,6 +1016,10 @@ def _saves_to_allocations(trace: Trace, saves: Saves, allocs: _AllocColumns, key
     inside a backward pass or module call (``a_bw``, ``a_call``: known from the source's marks, not
     from a clock) that began after the pack, by :data:`_REGION_MARGIN_NS` or more, is a later
     one, and the candidate before it is taken.
+    A save of an unseen node (``strict``: see NOTE [ saves of nodes never walked ]) has no backward to
+    tell its allocation apart: its storage often died at once and its address was given again within
+    the slack, so it takes only an allocation made before the pack with no other of its key made
+    within the slack around it, and stays unmatched otherwise.
     Returns (save index -> allocation, allocation -> the first node that saved it)."""
     a_t, a_free_t = allocs.t, allocs.free_t
     # per key, its allocations and their times (allocation order is time order); an address
@@ -1006,7 +1053,12 @@ def _saves_to_allocations(trace: Trace, saves: Saves, allocs: _AllocColumns, key
         if cands is None:
             continue
         t = s[S_T]
-        j = right(cands[1], t + slack) - 1
+        if strict and sid in strict:
+            j = right(cands[1], t) - 1
+            if j < 0 or (j + 1 < len(cands[1]) and cands[1][j + 1] <= t + slack):
+                continue
+        else:
+            j = right(cands[1], t + slack) - 1
         while j >= 0 and (r0 := region_t0[cands[0][j]]) is not None and r0 > t + _REGION_MARGIN_NS:
             j -= 1  # made in a region that began after the pack: the address given again
         if j < 0:
@@ -1105,8 +1157,14 @@ def backward_calls_pass(trace: Trace, graph: Graph, steps: Steps) -> list[Backwa
     return out
 
 
-def notes_pass(trace: Trace, graph: Graph, saves: Saves, steps: Steps) -> list[str]:
+def notes_pass(trace: Trace, graph: Graph, saves: Saves, steps: Steps, unseen: int = 0) -> list[str]:
     notes = list(trace.notes)
+    if unseen:
+        n_saves = sum(1 for node in saves.node if graph.rows[node][N_NAME] == UNSEEN_NODE)
+        notes.append(f"{n_saves} saved tensors belonged to {unseen} nodes whose graph was freed before gradscope "
+                     f"walked it (a result detached or dropped before any backward): they are counted, each under "
+                     f"a node named {UNSEEN_NODE!r} with the module and line that made it; the graph's other "
+                     "nodes are not known.")
     if saves.dropped:
         notes.append(f"{saves.dropped} saved tensors belonged to nodes that were freed before gradscope saw "
                      "them; they are not listed.")
@@ -1206,6 +1264,7 @@ def build(trace: Trace, *, complete: bool = True, error: str | None = None) -> R
     trace.memory_trace.resolve()
     graph = graph_pass(trace)
     inplace_views_pass(trace, graph)
+    unseen = unseen_nodes_pass(trace, graph)
     prefixes = naming_pass(trace)
     steps = steps_pass(trace, graph)
     orders = orders_pass(trace, graph, steps)
@@ -1290,7 +1349,7 @@ def build(trace: Trace, *, complete: bool = True, error: str | None = None) -> R
         )
     calls = backward_calls_pass(trace, graph, steps)
     created = max(trace.seq1 - trace.seq0, 0)
-    seen_created = sum(1 for row in graph.rows if isinstance(row[N_KEY], int) and row[N_SEQ] >= trace.seq0)
+    seen_created = sum(1 for row in graph.rows if isinstance(row[N_KEY], int) and row[N_SEQ] >= trace.seq0) - unseen
     off = trace.memory == "off"
     return Recording(
         nodes=nodes,
@@ -1304,7 +1363,7 @@ def build(trace: Trace, *, complete: bool = True, error: str | None = None) -> R
         where=_where(trace, mt.device),
         complete=complete,
         error=error,
-        notes=tuple(notes_pass(trace, graph, saves, steps)),
+        notes=tuple(notes_pass(trace, graph, saves, steps, unseen)),
         label=trace.label,
         wall_time_s=(trace.t1_ns - trace.t0_ns) / 1e9,
         backward_passes=sum(1 for b in trace.backwards if b.observed),
@@ -1360,12 +1419,12 @@ def _device(d: Any) -> str:
 def _baseline(trace: Trace, saves: Saves, kinds: Sequence[Kind]) -> int:
     """What existed before the block: parameters and buffers of the modules called, and inputs
     that were saved (storages counted once)."""
-    storages = dict(trace.baseline_storages)
+    total = sum(trace.baseline_storages.values())
+    inputs: dict[int, int] = {}  # storage id -> bytes (an address freed and reused names two)
     for k, sid in enumerate(saves.sid):
-        if kinds[k] is Kind.INPUT:
-            s = trace.saves[sid]
-            storages[s[S_SKEY]] = int(s[S_BYTES])
-    return sum(storages.values())
+        if kinds[k] is Kind.INPUT and trace.saves[sid][S_SKEY] not in trace.baseline_storages:
+            inputs[saves.storage[k]] = int(trace.saves[sid][S_BYTES])
+    return total + sum(inputs.values())
 
 
 def _where(trace: Trace, device: str) -> Where:

@@ -137,6 +137,9 @@ class Trace:
     # by save index: the user's line it was packed at (an index into line_table.rows, -1: none);
     # empty when lines are not recorded (see NOTE [ where lines come from ] in gradscope._lines)
     save_lines: list[int] = field(default_factory=list)
+    # by save index: its storage's identity in the block, the index of the storage's first save (see
+    # NOTE [ a storage's identity in a block ] in gradscope.capture.saves); empty: by ``skey``
+    save_storage: list[int] = field(default_factory=list)
     line_table: Any = None  # gradscope._lines.LineTable, or None
     save_attr: dict[int, str] = field(default_factory=dict)  # save index -> attribute
     seq_attr: dict[int, str] = field(default_factory=dict)  # node seq -> its one attribute

@@ -19,6 +19,7 @@
 
 #include "native.h"
 
+#include <algorithm>
 #include <ctime>
 #include <functional>
 #include <initializer_list>
@@ -115,15 +116,22 @@ struct Hooks {
   PyObject* watch;          // callable(packed alias), or None: a memory source that follows each alias
   PyObject* lines;          // list: each save's line index (gradscope._trace), or None: no lines
   PyObject* line_table;     // gradscope._lines.LineTable, or None
+  PyObject* storages;       // dict: storage key -> (its first save, weak handle): NOTE [ a storage's identity in a block ]
+  PyObject* storage_ids;    // list: each save's storage identity (the storage's first save)
+  PyObject* sweep;          // callable: lets go of the entries of storages that died
+  PyObject* again;          // the class of a tensor packed again (NOTE [ one object saved twice ])
   int need_ptr;
   int need_time;
   long long line_seq;       // the node of the last save given a line, and that line
   long long line_id;
   LineCache* line_cache;
+  Py_ssize_t sweep_at;      // the size of storages at which its dead entries are let go of
 };
 
-using HooksRefs = gradscope_native::OwnedRefs<Hooks, 13, &Hooks::saves>;  // saves .. line_table
-static_assert(offsetof(Hooks, line_table) == offsetof(Hooks, saves) + 12 * sizeof(PyObject*));
+constexpr Py_ssize_t kStorageSweep = 4096;  // capture/saves.py's _STORAGE_SWEEP
+
+using HooksRefs = gradscope_native::OwnedRefs<Hooks, 17, &Hooks::saves>;  // saves .. again
+static_assert(offsetof(Hooks, again) == offsetof(Hooks, saves) + 16 * sizeof(PyObject*));
 
 void hooks_dealloc(Hooks* self) {
   delete std::exchange(self->line_cache, nullptr);
@@ -196,11 +204,12 @@ long long save_line(Hooks* self, long long seq) {
 
 int hooks_init(Hooks* self, PyObject* args, PyObject* kwds) {
   PyObject *saves, *versions, *info, *weak, *events, *pending, *state, *fallback, *check_frees, *inplace_error,
-      *watch, *lines, *line_table;
+      *watch, *lines, *line_table, *storages, *storage_ids, *sweep, *again;
   int need_ptr, need_time;
-  if (!PyArg_ParseTuple(args, "O!O!O!OO!O!O!OOOppOOO", &PyList_Type, &saves, &PyList_Type, &versions, &PyDict_Type,
-                        &info, &weak, &PyList_Type, &events, &PyList_Type, &pending, &StateType, &state, &fallback,
-                        &check_frees, &inplace_error, &need_ptr, &need_time, &watch, &lines, &line_table))
+  if (!PyArg_ParseTuple(args, "O!O!O!OO!O!O!OOOppOOOO!O!OO!", &PyList_Type, &saves, &PyList_Type, &versions,
+                        &PyDict_Type, &info, &weak, &PyList_Type, &events, &PyList_Type, &pending, &StateType, &state,
+                        &fallback, &check_frees, &inplace_error, &need_ptr, &need_time, &watch, &lines, &line_table,
+                        &PyDict_Type, &storages, &PyList_Type, &storage_ids, &sweep, &PyType_Type, &again))
     return -1;
   if (weak != Py_None && !PyList_Check(weak)) {
     PyErr_SetString(PyExc_TypeError, "weak: a list or None");
@@ -212,11 +221,15 @@ int hooks_init(Hooks* self, PyObject* args, PyObject* kwds) {
   }
   PyObject* olds[] = {self->saves, self->versions, self->info, self->weak, self->events,
                       self->pending, reinterpret_cast<PyObject*>(self->state), self->fallback,
-                      self->check_frees, self->inplace_error, self->watch, self->lines, self->line_table};
+                      self->check_frees, self->inplace_error, self->watch, self->lines, self->line_table,
+                      self->storages, self->storage_ids, self->sweep, self->again};
   Py_INCREF(saves), Py_INCREF(versions), Py_INCREF(info), Py_INCREF(weak), Py_INCREF(events);
   Py_INCREF(pending), Py_INCREF(state), Py_INCREF(fallback), Py_INCREF(check_frees), Py_INCREF(inplace_error);
   Py_INCREF(watch), Py_INCREF(lines), Py_INCREF(line_table);
+  Py_INCREF(storages), Py_INCREF(storage_ids), Py_INCREF(sweep), Py_INCREF(again);
   self->watch = watch, self->lines = lines, self->line_table = line_table;
+  self->storages = storages, self->storage_ids = storage_ids, self->sweep = sweep, self->again = again;
+  self->sweep_at = kStorageSweep;
   self->line_seq = -2;  // no node: -1 is a counter at 0 minus one
   self->line_id = -1;
   delete self->line_cache;
@@ -260,6 +273,42 @@ PyObject* untracked_tuple(std::initializer_list<PyObject*> items) {
   return gradscope_native::untracked(tuple);
 }
 
+// The identity of storage ``s`` (key ``key``) in the block, as a new reference: its first save's index,
+// ``sid`` for a storage met first now (see NOTE [ a storage's identity in a block ] in capture/saves.py,
+// which this makes exactly). nullptr: an error raised.
+PyObject* storage_serial(Hooks* self, PyObject* key, c10::StorageImpl* s, Py_ssize_t sid) {
+  PyObject* known = PyDict_GetItemWithError(self->storages, key);  // borrowed
+  if (known != nullptr) {
+    PyObject* first = PyTuple_GET_ITEM(known, 0);
+    Py_INCREF(first);
+    return first;
+  }
+  if (PyErr_Occurred()) return nullptr;
+  if (PyDict_GET_SIZE(self->storages) >= self->sweep_at) {
+    Ref r(PyObject_CallNoArgs(self->sweep));
+    if (!r) return nullptr;
+    self->sweep_at = std::max(kStorageSweep, 2 * PyDict_GET_SIZE(self->storages));
+  }
+  PyObject* first = PyLong_FromSsize_t(sid);
+  if (first == nullptr) return nullptr;
+  // the same handle as UntypedStorage._weak_ref(): the StorageImpl, one weak count more
+  c10::StorageImpl* weak = c10::raw::intrusive_ptr::make_weak(s);
+  PyObject* handle = PyLong_FromVoidPtr(weak);
+  if (handle == nullptr) {
+    c10::raw::weak_intrusive_ptr::decref(weak);
+    Py_DECREF(first);
+    return nullptr;
+  }
+  Ref entry(gradscope_native::untracked(PyTuple_Pack(2, first, handle)));
+  Py_DECREF(handle);
+  if (!entry || PyDict_SetItem(self->storages, key, entry.get()) < 0) {
+    c10::raw::weak_intrusive_ptr::decref(weak);
+    Py_DECREF(first);
+    return nullptr;
+  }
+  return first;
+}
+
 PyObject* pack_plain(Hooks* self, PyObject* obj) {
   const at::Tensor& t = THPVariable_Unpack(obj);
   c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
@@ -298,7 +347,15 @@ PyObject* pack_plain(Hooks* self, PyObject* obj) {
       return nullptr;
     }
   }
-  // NOTE [ a save that needs no detaching ] in capture/saves.py: the object itself, unless packed already
+  Ref serial(storage_serial(self, PyTuple_GET_ITEM(row, 1), s, sid));
+  if (!serial) {
+    Py_DECREF(row);
+    Py_XDECREF(version);
+    Py_XDECREF(line);
+    return nullptr;
+  }
+  // NOTE [ a save that needs no detaching ] in capture/saves.py: the object itself, or where its id
+  // names another save, the object in a _SavedAgain (NOTE [ one object saved twice ] there)
   PyObject* packed = nullptr;
   if (!t.requires_grad()) {
     PyObject* own = PyLong_FromVoidPtr(obj);
@@ -314,13 +371,15 @@ PyObject* pack_plain(Hooks* self, PyObject* obj) {
     if (prev != nullptr && prev != Py_None) {
       Py_ssize_t p = PyLong_AsSsize_t(prev);
       if (p < 0 && PyErr_Occurred()) PyErr_Clear();
-      free_id = p < 0 || p >= sid ||
-                PyObject_RichCompareBool(PyTuple_GET_ITEM(PyList_GET_ITEM(self->saves, p), 1),
-                                         PyTuple_GET_ITEM(row, 1), Py_NE) == 1;
+      free_id = p < 0 || p >= sid || p >= PyList_GET_SIZE(self->storage_ids) ||
+                PyObject_RichCompareBool(PyList_GET_ITEM(self->storage_ids, p), serial.get(), Py_NE) == 1;
     }
-    if (free_id) {
-      Py_INCREF(obj);
-      packed = obj;
+    packed = free_id ? (Py_INCREF(obj), obj) : PyObject_CallOneArg(self->again, obj);
+    if (packed == nullptr) {
+      Py_DECREF(row);
+      Py_XDECREF(version);
+      Py_XDECREF(line);
+      return nullptr;
     }
   }
   // The detached alias (same storage, sizes, strides and version counter; no autograd meta) made
@@ -360,7 +419,8 @@ PyObject* pack_plain(Hooks* self, PyObject* obj) {
   }
   // nothing may fail once a list has grown: the lists are indexed by save
   ok = ok && PyDict_SetItem(self->info, id, index) == 0 && PyList_Append(self->saves, row) == 0 &&
-       PyList_Append(self->versions, version) == 0 && (handle == nullptr || PyList_Append(self->weak, handle) == 0) &&
+       PyList_Append(self->versions, version) == 0 && PyList_Append(self->storage_ids, serial.get()) == 0 &&
+       (handle == nullptr || PyList_Append(self->weak, handle) == 0) &&
        (line == nullptr || PyList_Append(self->lines, line) == 0);
   Py_DECREF(row);
   Py_XDECREF(version);
@@ -393,12 +453,18 @@ PyObject* hooks_pack(Hooks* self, PyObject* obj) {
   return PyObject_CallOneArg(self->fallback, obj);
 }
 
-PyObject* hooks_unpack(Hooks* self, PyObject* t) {
-  PyObject* id = PyLong_FromVoidPtr(t);
+PyObject* hooks_unpack(Hooks* self, PyObject* packed) {
+  PyObject* id = PyLong_FromVoidPtr(packed);
   if (id == nullptr) return nullptr;
   PyObject* index = PyDict_GetItemWithError(self->info, id);  // borrowed
   Py_DECREF(id);
   if (index == nullptr && PyErr_Occurred()) return nullptr;
+  Ref opened;  // see NOTE [ one object saved twice ] in capture/saves.py
+  if (Py_TYPE(packed) == reinterpret_cast<PyTypeObject*>(self->again)) {
+    opened = Ref(PyObject_GetAttrString(packed, "tensor"));
+    if (!opened) return nullptr;
+  }
+  PyObject* t = opened ? opened.get() : packed;
   if (index == nullptr || index == Py_None) {  // packed while observing failed
     Py_INCREF(t);
     return t;
