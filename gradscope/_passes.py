@@ -269,11 +269,16 @@ def steps_pass(trace: Trace, graph: Graph) -> Steps:
     out = Steps()
     mt = trace.memory_trace
     from_scopes = mt.source == "cpu" and bool(mt.scopes)
+    by_pass: dict[int | None, list[int]] = {}  # each pass's own node scopes, read once (not once a pass)
+    if from_scopes:
+        for k, sc in enumerate(mt.scopes):
+            if not sc.nested:
+                by_pass.setdefault(sc.backward, []).append(k)
     for b_index, b in enumerate(trace.backwards):
         if not b.observed:
             continue
         if from_scopes:
-            _steps_from_scopes(trace, graph, b_index, b, out)
+            _steps_from_scopes(trace, graph, b_index, b, out, by_pass.get(b_index, ()))
         else:
             _steps_from_events(trace, graph, b_index, b, out)
         _creators(trace, graph, b, out)
@@ -329,7 +334,7 @@ def _steps_from_events(trace: Trace, graph: Graph, b_index: int, b: BackwardRow,
         before_l.append(live)
         after_l.append(None)
         cur_node, closed = node, False
-    if trace.memory == "off" and len(node_l) > first:
+    if trace.memory in ("off", "counter") and len(node_l) > first:
         _add_unseen_steps(graph, b, out, first, freed_here)
     n = len(node_l)
     if b.error is not None and n > first and n - 1 not in closed_at and _hooks_every_node(trace):
@@ -499,10 +504,12 @@ def _add_unseen_steps(graph: Graph, b: BackwardRow, out: Steps, first: int, free
         freed[sid] = remap[freed[sid]]
 
 
-def _steps_from_scopes(trace: Trace, graph: Graph, b_index: int, b: BackwardRow, out: Steps) -> None:
-    """The profiler's node scopes of this pass (nested ones belong to a reentrant backward inside
-    a node), matched with nodes by sequence number; all ``AccumulateGrad`` nodes share one
-    number, so those are taken in order from their pre hooks."""
+def _steps_from_scopes(trace: Trace, graph: Graph, b_index: int, b: BackwardRow, out: Steps,
+                       own: Sequence[int]) -> None:
+    """The profiler's node scopes of this pass (``own``: their indices; nested ones belong to a
+    reentrant backward inside a node and are not among them), matched with nodes by sequence
+    number; all ``AccumulateGrad`` nodes share one number, so those are taken in order from their
+    pre hooks."""
     rows = graph.rows
     accs = [ident for kind, ident, _, _ in trace.events[b.ev0:b.ev1]
             if kind == EV_PRE and rows[ident][N_NAME] == "AccumulateGrad"]
@@ -513,9 +520,9 @@ def _steps_from_scopes(trace: Trace, graph: Graph, b_index: int, b: BackwardRow,
     t0: list[int] = []
     t1: list[int] = []
     unresolved = 0
-    for k, (name, seq, start, end, bw, nested) in enumerate(trace.memory_trace.scopes):
-        if bw != b_index or nested:
-            continue
+    scopes = trace.memory_trace.scopes
+    for k in own:
+        name, seq, start, end, _, _ = scopes[k]
         node: int | None
         if name == "AccumulateGrad":
             node = accs[acc_i] if acc_i < len(accs) else None
@@ -740,10 +747,12 @@ def memory_pass(trace: Trace, graph: Graph, prefixes: Sequence[str], steps: Step
     t0 = trace.t0_ns
     calls = trace.calls
     if n:
-        t_l, size_l, key_l, label_l, scope_l, stamp_l, res_l, call_l, hint_l, bw_l, line_l = (
+        t_l, size_l, key_l, label_l, scope_l, stamp_l, res_l, call_l, hint_l, bw_l, line_l, seq_l = (
             list(c) for c in zip(*events, strict=True))
     else:
-        t_l = size_l = key_l = label_l = scope_l = stamp_l = res_l = call_l = hint_l = bw_l = line_l = []
+        t_l = size_l = key_l = label_l = scope_l = stamp_l = res_l = call_l = hint_l = bw_l = line_l = seq_l = []
+    if mt.source == "counter" and n:  # see NOTE [ a long loop's memory ] in gradscope.memory
+        bw_l, hint_l, line_l = _counter_context(trace, graph, node_line, t_l, seq_l)
     ev_step = _event_steps(trace, steps, scope_l, bw_l, stamp_l, t_l)
     # each event's line: in backward the running node's, else what the source saw (see NOTE [ where
     # lines come from ] in gradscope._lines)
@@ -901,6 +910,31 @@ def memory_pass(trace: Trace, graph: Graph, prefixes: Sequence[str], steps: Step
                   peak_i if peak_i >= 0 else None, n, allocs)
 
 
+def _counter_context(trace: Trace, graph: Graph, node_line: Sequence[int | None], t_l: Sequence[int],
+                     seq_l: Sequence[int | None]) -> tuple[list[int | None], list[str | None], list[int | None]]:
+    """For the allocator counter's events (see NOTE [ a long loop's memory ] in gradscope.memory),
+    which carry our clock's time and the sequence counter: the backward pass each happened in (by
+    time), ``"optimizer"`` inside an optimizer step, and a forward allocation's line, its node's
+    (the node numbered one below the counter, as for a save: see NOTE [ which node saved a tensor ]
+    in gradscope.record)."""
+    passes = sorted((b.t0_ns, b.t1_ns, i) for i, b in enumerate(trace.backwards) if b.observed)
+    starts = [p[0] for p in passes]
+    opt = sorted((o[1], o[2] or trace.t1_ns) for o in trace.optimizer_steps)
+    opt_starts = [w[0] for w in opt]
+    by_seq = graph.by_seq
+    bw_l: list[int | None] = []
+    hint_l: list[str | None] = []
+    line_l: list[int | None] = []
+    for t, seq in zip(t_l, seq_l, strict=True):
+        j = bisect.bisect_right(starts, t) - 1
+        bw = passes[j][2] if j >= 0 and t <= passes[j][1] else None
+        bw_l.append(bw)
+        hint_l.append("optimizer" if bw is None and opt and _inside(opt_starts, opt, t) else None)
+        node = by_seq.get(seq - 1) if seq is not None and bw is None and node_line else None
+        line_l.append(node_line[node] if node is not None else None)
+    return bw_l, hint_l, line_l
+
+
 def _position_test(windows: list[tuple[int, int]]) -> Callable[[int], bool]:
     """Whether a step-event position falls inside one of the (sorted) backward windows."""
     starts = [a for a, _ in windows]
@@ -944,6 +978,7 @@ def _event_steps(trace: Trace, steps: Steps, scope_l: Sequence[int | None], bw_l
     s_backward = steps.backward
     right = bisect.bisect_right
     step_of_scope = scope_step.get
+    timed: dict[int, tuple[list[int], list[int]]] = {}  # passes without node scopes: their steps by time
     for i, sc in enumerate(scope_l):
         if sc is not None:
             out[i] = step_of_scope(sc)
@@ -953,6 +988,14 @@ def _event_steps(trace: Trace, steps: Steps, scope_l: Sequence[int | None], bw_l
             got = by_b.get(bw)
             if got is not None:
                 j = bisect.bisect_left(got[0], t_l[i]) - 1  # a step that starts at t ran after
+                if j >= 0:
+                    out[i] = got[1][j]
+            else:  # the allocator counter's events (see NOTE [ a long loop's memory ] in gradscope.memory)
+                got = timed.get(bw)
+                if got is None:
+                    ks = [k for k in start_steps if s_backward[k] == bw]
+                    got = timed[bw] = ([steps.t0[k] for k in ks], ks)
+                j = bisect.bisect_right(got[0], t_l[i]) - 1
                 if j >= 0:
                     out[i] = got[1][j]
             continue
@@ -1032,7 +1075,8 @@ def _saves_to_allocations(trace: Trace, saves: Saves, allocs: _AllocColumns, key
         got[0].append(i)
         got[1].append(a_t[i])
     key_field = S_SKEY if key_kind == "storage" else S_PTR
-    slack = 0 if key_kind == "storage" else _CLOCK_SLACK_NS
+    # one clock for the tracker's and the allocator counter's events and the saves: no slack
+    slack = 0 if key_kind == "storage" or trace.memory_trace.source == "counter" else _CLOCK_SLACK_NS
     out: dict[int, int] = {}
     saver: dict[int, int] = {}
     right = bisect.bisect_right
@@ -1087,20 +1131,29 @@ def _categories(trace: Trace, orders: Sequence[int], saves: Saves, allocs: _Allo
     (BACKWARD_TEMP); anything else (OTHER)."""
     n = len(allocs.bytes)
     cats = [Category.OTHER] * n
-    by_key: dict[int, list[int]] = {}
+    by_key: dict[int, tuple[list[int], list[int]]] = {}  # key -> its allocations and their times, in order
+    a_t, a_free_t = allocs.t, allocs.free_t
     for i, k in enumerate(allocs.key):
-        by_key.setdefault(k, []).append(i)
+        got = by_key.get(k)
+        if got is None:
+            got = by_key[k] = ([], [])
+        got[0].append(i)
+        got[1].append(a_t[i])
     gradient: set[int] = set()
+    right = bisect.bisect_right
     for _b, skey, ptr, t in trace.gradient_keys:
-        cands = by_key.get(skey if key_kind == "storage" else ptr, ())
-        alive = [i for i in cands if allocs.t[i] <= t and _freed_after(allocs.free_t[i], t)]
+        cands, times = by_key.get(skey if key_kind == "storage" else ptr, ((), ()))
+        # one allocation of a key lives at a time: the latest made by t, if not freed before it (found by
+        # bisection: a loop reuses an address thousands of times)
+        j = right(times, t) - 1
+        alive = [cands[j]] if j >= 0 and _freed_after(a_free_t[cands[j]], t) else []
         if not alive:
             # NOTE [ two clocks ]: the pass's end is read from Python's clock, the profiler's
             # events from its own; the last gradient of a pass (the first layer's) can be stamped
             # microseconds after the pass ended. Take the latest allocation of the key made
             # within the skew that was not freed before it.
-            alive = [i for i in cands if allocs.t[i] <= t + _CLOCK_SKEW_NS
-                     and _freed_after(allocs.free_t[i], t - _CLOCK_SKEW_NS)][-1:]
+            j = right(times, t + _CLOCK_SKEW_NS) - 1  # the earlier ones were freed before it was made
+            alive = [cands[j]] if j >= 0 and _freed_after(a_free_t[cands[j]], t - _CLOCK_SKEW_NS) else []
         gradient.update(alive)
     saved_order: dict[int, int] = {}
     node_of = dict(zip(saves.sid, saves.node, strict=True))
@@ -1429,6 +1482,7 @@ def _baseline(trace: Trace, saves: Saves, kinds: Sequence[Kind]) -> int:
 
 def _where(trace: Trace, device: str) -> Where:
     source = {"cpu": "cpu-allocator (profiler events)", "tracker": "storage tracker",
-              "cuda": "cuda caching allocator", "off": "off"}.get(trace.memory, trace.memory)
+              "cuda": "cuda caching allocator", "off": "off",
+              "counter": "cpu-allocator (allocator counter)"}.get(trace.memory, trace.memory)
     return Where(device=device, memory_source=source, torch_version=str(trace.torch_version), rank=trace.rank,
                  world_size=trace.world_size, hostname=socket.gethostname())

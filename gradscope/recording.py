@@ -38,7 +38,10 @@ __all__ = [
     "Edge",
     "HeldMemory",
     "HeldAllocation",
+    "Growth",
+    "Iteration",
     "Kind",
+    "Loop",
     "OomInfo",
     "MemoryPoint",
     "Node",
@@ -426,6 +429,85 @@ class OomInfo:
         return dataclasses.asdict(self)
 
 
+@dataclass(frozen=True, slots=True)
+class Iteration:
+    """One iteration of a loop recorded in one block (a row of :attr:`Recording.iterations`; see
+    NOTE [ iterations ] in :mod:`gradscope._iterations`).
+
+    Attributes:
+        index: 0, 1, ... in the block.
+        start_s, duration_s: when it began (seconds from the block's start) and how long it ran.
+        peak_bytes: the most memory allocated inside the block alive at one moment during it (None
+            without a memory source, or where its memory was not read).
+        start_bytes, end_bytes: that memory when it began and when it ended.
+        saved_bytes: bytes of the storages its saves kept alive, each storage once.
+        backward_passes, optimizer_steps: the calls into the engine and optimizer steps it made.
+        holders: what held the most memory at its peak, ``(what, bytes)``, largest first: the user's
+            line that made it, else the module, else the phase.
+        kept: its full detail (nodes, saves, timeline) is in the recording (:attr:`Recording.loop`
+            says where).
+        failed: the block ended in it with an exception.
+    """
+
+    index: int
+    start_s: float
+    duration_s: float
+    peak_bytes: int | None
+    start_bytes: int | None
+    end_bytes: int | None
+    saved_bytes: int
+    backward_passes: int = 0
+    optimizer_steps: int = 0
+    holders: tuple[tuple[str, int], ...] = ()
+    kept: bool = True
+    failed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Growth:
+    """Memory that grows from iteration to iteration (see NOTE [ growth across iterations ] in
+    :mod:`gradscope._growth`): the allocations ``site`` made that were still alive at each
+    iteration's end added ``grown_bytes`` from iteration ``first`` to ``last``; ``live_bytes`` is
+    what they held at the end of the last iteration. ``site`` is the user's line
+    (``train.py:57 in train``), else the module, else what made them; ``""`` is the block's memory
+    as a whole."""
+
+    site: str
+    grown_bytes: int
+    first: int
+    last: int
+    live_bytes: int
+
+    @property
+    def bytes_per_iteration(self) -> float:
+        """What it adds an iteration."""
+        return self.grown_bytes / max(self.last - self.first + 1, 1)
+
+
+@dataclass(frozen=True)
+class Loop:
+    """A long loop's recording keeps the full detail of some iterations only (see NOTE [ iterations ]
+    in :mod:`gradscope._iterations`): the recording's own nodes, saves, steps, timeline and every
+    figure made from them are those of iterations ``detail`` (first, last), as a block of those
+    iterations would record them, and ``parts`` hold the other iterations kept (each a recording of
+    its iterations, with a ``loop`` of its own). Memory in each one's timeline and allocation table
+    is what its iterations allocated; ``carried_bytes`` was alive when its first iteration began
+    (made earlier in the block). The whole loop's figures are the recording's ``iterations`` (every
+    one's peak, memory and saves), ``growth``, and ``saved_bytes`` here: every save of the block,
+    kept or not, each storage once."""
+
+    detail: tuple[int, int]
+    parts: tuple[Recording, ...] = ()
+    saved_bytes: int = 0
+    carried_bytes: int = 0
+
+    def part(self, iteration: int) -> Recording | None:
+        """The kept part holding ``iteration``'s detail (None: it was not kept, or it is the
+        recording's own detail)."""
+        return next((p for p in self.parts if p.loop is not None
+                     and p.loop.detail[0] <= iteration <= p.loop.detail[1]), None)
+
+
 T = TypeVar("T")
 
 
@@ -549,11 +631,15 @@ class Recording:
     nodes_created: int = 0
     nodes_created_seen: int = 0
     lines: tuple[SourceLine, ...] = ()
+    iterations: Sequence[Iteration] = ()
+    growth: tuple[Growth, ...] = ()
+    loop: Loop | None = None
 
     # ----- derived figures -------------------------------------------------------------
     @property
     def saved_bytes(self) -> int:
-        """Bytes kept alive by saved tensors, each storage counted once.
+        """Bytes kept alive by saved tensors, each storage counted once (a long loop's recording:
+        those of the iterations whose detail it holds; the whole loop's are ``loop.saved_bytes``).
 
         NOTE [ why saved bytes are deduped ]: one storage is often saved by several nodes
         (a ReLU's output by the ReLU and by the next Linear) and several views of one storage
@@ -735,6 +821,14 @@ class Recording:
             per.setdefault(s.kind.value, {})[s.storage] = s.bytes
         return {k: sum(v.values()) for k, v in sorted(per.items())}
 
+    def steady(self) -> bool | None:
+        """Whether the block's memory at the end of its iterations stays the same (see NOTE [ growth
+        across iterations ] in :mod:`gradscope._growth`): False where it grows, None with fewer than
+        three iterations or no memory source."""
+        if len(self.iterations) < 3 or any(it.end_bytes is None for it in self.iterations):
+            return None
+        return not any(g.site == "" for g in self.growth)
+
     def order_counts(self) -> dict[int, int]:
         """Number of nodes per order (0 = forward, 1 = created by create_graph, ...)."""
         out: dict[int, int] = {}
@@ -803,6 +897,11 @@ class Recording:
             "nodes_created_seen": self.nodes_created_seen,
             "lines": [[s.file, s.line, s.function, s.cell, [list(f) for f in s.stack]] for s in self.lines],
             "extra": dict(self.extra),
+            "iterations": _columns(self.iterations, Iteration),
+            "growth": _columns(self.growth, Growth),
+            "loop": None if self.loop is None else {
+                "detail": list(self.loop.detail), "parts": [p.to_dict() for p in self.loop.parts],
+                "saved_bytes": self.loop.saved_bytes, "carried_bytes": self.loop.carried_bytes},
         }
 
     def to_json(self) -> str:
@@ -857,6 +956,9 @@ class Recording:
                 nodes_created=_int(d.get("nodes_created", 0)),
                 nodes_created_seen=_int(d.get("nodes_created_seen", 0)),
                 lines=_lines(d.get("lines")),  # a file written before lines existed: none
+                iterations=tuple(_rows(d.get("iterations") or {}, Iteration)),
+                growth=tuple(_rows(d.get("growth") or {}, Growth)),
+                loop=_loop(d.get("loop"), cls),
             )
             _check_links(rec)
             return _views.typed(rec)  # a saved snapshot loads as its own type (NOTE [ saved types ] in _views)
@@ -984,6 +1086,7 @@ _CONVERT: dict[str, Any] = {
     "roots": lambda v: tuple(v) if isinstance(v, list) else v,
     "inputs": lambda v: tuple(v) if isinstance(v, list) else v,
     "accumulated": lambda v: tuple(v) if isinstance(v, list) else v,
+    "holders": lambda v: _holders(v),
 }
 
 
@@ -1103,6 +1206,28 @@ def _events(allocations: Iterable[Allocation]) -> list[tuple[int, int]]:
             out.append((a.free_at, -a.bytes))
     out.sort()
     return out
+
+
+def _loop(v: Any, cls: Any) -> Loop | None:
+    if v is None:
+        return None
+    if not isinstance(v, Mapping):
+        raise TypeError("loop is not an object")
+    detail = tuple(v["detail"])
+    if len(detail) != 2 or not all(type(x) is int for x in detail) or not isinstance(v.get("parts", []), list):
+        raise TypeError("loop detail is not two iteration indices")
+    saved, carried = v.get("saved_bytes", 0), v.get("carried_bytes", 0)
+    if type(saved) is not int or type(carried) is not int:
+        raise TypeError("loop bytes are not ints")
+    return Loop(detail=(detail[0], detail[1]), parts=tuple(cls.from_dict(p) for p in v.get("parts", [])),
+                saved_bytes=saved, carried_bytes=carried)
+
+
+def _holders(v: Any) -> tuple[tuple[str, int], ...]:
+    if not isinstance(v, list | tuple) or not all(
+            isinstance(h, list | tuple) and len(h) == 2 and type(h[0]) is str and type(h[1]) is int for h in v):
+        raise TypeError("holders are not (what, bytes) pairs")
+    return tuple((h[0], h[1]) for h in v)
 
 
 def _extra(v: Any) -> dict[str, Any]:

@@ -9,6 +9,7 @@ the program against the program run without gradscope.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -19,7 +20,7 @@ from torch.autograd.graph import saved_tensors_hooks
 from torch.utils.checkpoint import checkpoint
 
 import gradscope as gs
-from gradscope import _native
+from gradscope import _iterations, _native
 from gradscope._passes import UNSEEN_NODE
 
 MODES = ["off", "cpu", "tracker"]
@@ -154,3 +155,181 @@ def test_one_object_saved_twice_is_checked_for_in_place_changes_per_save(pair: s
     assert plain == [True]  # the first save's backward fails, the second's does not
     with gs.record(memory="off"):
         assert run() == plain
+
+
+# ----------------------------------------------------------------------------------------------
+# iterations (see NOTE [ iterations ] in gradscope._iterations)
+# ----------------------------------------------------------------------------------------------
+N_LONG = _iterations.HEAD + 2 * _iterations.KEEP_LAST + 4  # past the head: the loop is cut
+
+
+def _profiled_peaks(train: Callable[[int], Any], n: int) -> list[tuple[int, int]]:
+    """Each iteration's (peak, end) live bytes of a plain run, read independently: PyTorch's own
+    profiler over the loop, the CPU allocator's reports (of memory allocated in the loop: a free of
+    an address not allocated in it is older memory) summed from the loop's start and cut where each
+    optimizer step ends (its ``Optimizer.step`` scope, which is where the recorder ends an iteration)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        train(n)
+    steps: list[int] = []
+    mem: list[tuple[int, int, int]] = []
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        ev = stack.pop()
+        stack.extend(ev.children)
+        if ev.name == "[memory]":
+            mem.append((ev.start_time_ns, ev.extra_fields.alloc_size, ev.extra_fields.ptr))
+        elif ev.name.startswith("Optimizer.step#"):
+            steps.append(ev.end_time_ns)
+    steps.sort()
+    mem.sort()
+    out: list[tuple[int, int]] = []
+    live = peak = 0
+    k = 0
+    alive: dict[int, int] = {}
+    for t, delta, ptr in mem:
+        while k < len(steps) and t > steps[k]:
+            out.append((peak, live))
+            peak, k = live, k + 1
+        if delta > 0:
+            alive[ptr] = delta
+        elif alive.pop(ptr, None) is None:
+            continue
+        live += delta
+        peak = max(peak, live)
+    while k < len(steps):
+        out.append((peak, live))
+        peak, k = live, k + 1
+    return out
+
+
+@pytest.mark.parametrize("keep", ["item", "loss"])
+def test_each_iterations_peak_equals_the_allocators_reports_of_a_plain_run(keep: str) -> None:
+    """memory="cpu" over a loop cut into pieces: the head read from the profiler, the rest from the
+    allocator's counter (see NOTE [ a long loop's memory ] in gradscope.memory); every iteration's
+    peak and end equal those PyTorch's profiler gives a plain run of the same loop."""
+    expected = _profiled_peaks(_loops.make_classifier(keep), N_LONG)
+    train = _loops.make_classifier(keep)
+    with gs.record(memory="cpu") as rec:
+        train(N_LONG)
+    r = rec.recording
+    assert r is not None and r.loop is not None  # cut
+    assert [(it.peak_bytes, it.end_bytes) for it in r.iterations] == expected
+    assert [it.optimizer_steps for it in r.iterations] == [1] * N_LONG
+
+
+@pytest.mark.parametrize("mode", ["cpu", "tracker"])
+@pytest.mark.parametrize("keep", ["loss", "output", "item"])
+def test_growth_names_the_line_that_leaks_and_steady_loops_are_steady(mode: str, keep: str) -> None:
+    """A list of losses kept as tensors, or of outputs, grows by the bytes of what it keeps each
+    iteration (measured on the list itself), named by the line that made them; the same loop keeping
+    ``loss.item()`` is steady."""
+    train = _loops.make_classifier(keep)
+    with gs.record(memory=mode) as rec:
+        kept = train(N_LONG)
+    r = rec.recording
+    assert r is not None and len(r.iterations) == N_LONG
+    if keep == "item":
+        assert r.growth == () and r.steady() is True
+        return
+    per = kept[-1].untyped_storage().nbytes()
+    assert r.steady() is False
+    sites = [g for g in r.growth if g.site]
+    assert len(sites) == 1, r.growth
+    g = sites[0]
+    assert g.bytes_per_iteration == per and g.site.startswith("_loops.py:")
+    line = int(g.site.split(":")[1].split()[0])
+    made = "loss = F.cross_entropy" if keep == "loss" else "out = model(x)"
+    assert made in _loops_source(line)
+    whole = next(g for g in r.growth if not g.site)
+    assert whole.bytes_per_iteration == per
+
+
+def _loops_source(line: int) -> str:
+    import inspect
+
+    return inspect.getsource(_loops).splitlines()[line - 1]
+
+
+@pytest.mark.parametrize("mode", ["cpu", "tracker", "off"])
+def test_a_long_loop_keeps_the_detail_of_the_iterations_that_matter(mode: str) -> None:
+    """The head, the last iterations, the one with the highest peak and one named with keep= keep
+    their detail; the others only their rows. Each kept part is a recording of its iterations (its
+    saves those a bare pack hook sees in one iteration); the file round-trips."""
+    named = _iterations.HEAD + 3
+    train = _loops.make_classifier("output")  # the peak grows: the last iteration has it
+    with gs.record(memory=mode, keep=[named]) as rec:
+        train(N_LONG)
+    r = rec.recording
+    assert r is not None and r.loop is not None
+    kept = {it.index for it in r.iterations if it.kept}
+    last = set(range(N_LONG - _iterations.KEEP_LAST, N_LONG))
+    # the highest peak pushed out of the last ones: the one before them (the loop's peak grows)
+    peak = {N_LONG - _iterations.KEEP_LAST - 1} if mode != "off" else set()
+    assert kept == set(range(_iterations.HEAD)) | {named} | last | peak
+    details = sorted([r.loop.detail, *(p.loop.detail for p in r.loop.parts if p.loop is not None)])
+    assert details[0] == (0, _iterations.HEAD - 1) and all(a == b for a, b in details[1:])
+    assert r.loop.detail == ((N_LONG - 1, N_LONG - 1) if mode != "off" else r.loop.detail)
+    one = _bare_saved_bytes(lambda: _loops.make_classifier("item")(1))
+    for p in r.loop.parts[1:]:  # one iteration each: its saves are one step's
+        assert p.saved_bytes == one
+    assert r.saved_bytes == one and r.iterations[-1].saved_bytes == one
+    assert gs.Recording.from_dict(json.loads(r.to_json())) == r
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_long_loop_recorded_trains_as_without_gradscope(mode: str) -> None:
+    """Every piece's hooks swapped in mid-loop: the parameters after the loop are bit-equal to a plain
+    run's, and nothing stays installed (hooks, the profiler slot: a profiler starts after it)."""
+    from conftest import saved_tensors_hooks_active
+
+    plain = _loops.make_hf_accumulation()
+    plain(N_LONG)
+    train = _loops.make_hf_accumulation()
+    with gs.record(memory=mode) as rec:
+        train(N_LONG)
+    for (name, a), b in zip(plain.model.named_parameters(), train.model.parameters(), strict=True):  # type: ignore[attr-defined]
+        assert torch.equal(a, b), name
+    r = rec.recording
+    assert r is not None and r.loop is not None
+    # an iteration is an optimizer step: two backward passes each (gradient accumulation)
+    assert len(r.iterations) == N_LONG and all(it.backward_passes == 2 for it in r.iterations)
+    assert not saved_tensors_hooks_active()
+    assert not torch.autograd.profiler._is_profiler_enabled
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        torch.ones(3).sum()
+
+
+def test_iterations_of_loops_nobody_here_wrote() -> None:
+    """word_language_model's TBPTT loop (no optimizer: a backward per chunk), DCGAN's loop (a D and
+    a G iteration per batch), a WGAN-GP loop (5 critic iterations per generator iteration)."""
+    lm = _loops.make_word_language_model("LSTM")
+    with gs.record(memory="tracker") as rec:
+        lm(N_LONG)
+    r = rec.recording
+    assert r is not None and [it.backward_passes for it in r.iterations] == [1] * N_LONG
+    assert [it.optimizer_steps for it in r.iterations] == [0] * N_LONG and r.steady() is True
+    gan = _loops.make_dcgan()
+    with gs.record(memory="tracker") as rec:
+        gan(8)
+    r = rec.recording
+    assert r is not None and [it.backward_passes for it in r.iterations] == [2, 1] * 8
+    wgan = _loops.make_wgan_gp()
+    with gs.record(memory="off") as rec:
+        wgan(10)
+    r = rec.recording
+    assert r is not None
+    assert [it.backward_passes for it in r.iterations] == [2, 2, 2, 2, 2, 1] * 2  # a grad + a backward per critic step
+
+
+def test_a_profiler_started_inside_a_long_loop_runs() -> None:
+    """After the head, memory="cpu" counts with the allocator's counter in the thread's profiler
+    slot; a profiler the program starts there gets the slot (the counter steps aside, said in the notes)."""
+    train = _loops.make_classifier("item")
+    with gs.record(memory="cpu") as rec:
+        train(N_LONG)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            train(1)
+    assert any(e.name.startswith("aten::") for e in prof.events())
+    r = rec.recording
+    assert r is not None and r.loop is not None
+    assert any("took the allocator's reports" in n for p in (r, *r.loop.parts) for n in p.notes)

@@ -263,7 +263,7 @@ def test_compiled_rows_equal_the_python_hooks(name: str, monkeypatch: pytest.Mon
     assert compiled == python
 
 
-@pytest.mark.parametrize("name", ["shared", "lstm_loop", "views", "chunks"])
+@pytest.mark.parametrize("name", ["shared", "lstm_loop", "views"])
 def test_compiled_rows_equal_the_python_hooks_with_addresses_and_times(name: str,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """memory="tracker" and "cpu" rows carry a time (and "cpu" the data address): the same fields."""

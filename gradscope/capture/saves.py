@@ -28,9 +28,10 @@ class SavedTensors:
     what unpacking reads, the frees checked, and the regions where other hooks saved."""
 
     __slots__ = ("b", "pack", "unpack", "weak", "packed_info", "check_frees", "frees_once_a_pass",
-                 "free_handles", "alias_watchers", "func_seq", "other_seq", "other_depth", "storages", "trim")
+                 "free_handles", "alias_watchers", "func_seq", "other_seq", "other_depth", "storages", "trim",
+                 "sweep")
 
-    def __init__(self, b: Block) -> None:
+    def __init__(self, b: Block, storages: dict[int, tuple[int, int]] | None = None) -> None:
         self.b = b
         self.weak: list[int | None] = []  # by save index: the storage's weak handle (frees checked)
         self.packed_info: dict[int, int | None] = {}  # see NOTE [ the packed value is the tensor ]
@@ -41,8 +42,10 @@ class SavedTensors:
         self.func_seq: list[list[int]] = []  # [seq0, seq1] of regions where we stepped aside
         self.other_seq: list[list[int]] = []  # see NOTE [ other pairs on an older torch ]
         self.other_depth = 0
-        self.storages: dict[int, tuple[int, int]] = {}  # see NOTE [ a storage's identity in a block ]
+        # see NOTE [ a storage's identity in a block ]: the block's, shared by the pieces of a loop's capture
+        self.storages: dict[int, tuple[int, int]] = {} if storages is None else storages
         self.trim: Callable[[int], None] = _nothing_to_trim  # drops the rows from a save index on (see _make_pack)
+        self.sweep: Callable[[], None] = _nothing  # lets go of the storages that died (see _make_pack)
         self.pack, self.unpack = self._make_pack()
 
     # ------------------------------------------------------------------ saved tensors
@@ -58,7 +61,7 @@ class SavedTensors:
         key_of, weak_of, version_of = _compat.storage_cdata, _compat.storage_weak, _compat.tensor_version
         time_ns = time.time_ns
         memory = b.memory
-        need_ptr = memory == "cpu" or (memory == "cuda" and b.history)  # matched with allocations by address
+        need_ptr = memory in ("cpu", "counter") or (memory == "cuda" and b.history)  # matched with allocations by address
         need_time = memory != "off"  # matched with allocations in time
         need_weak = self._free_checks_needed()  # frees seen by weak reference at step boundaries
         weak = self.weak
@@ -102,7 +105,8 @@ class SavedTensors:
         storages_get = storages.get
         storage_ids = trace.save_storage
         storage_append = storage_ids.append
-        sweep_at = [_STORAGE_SWEEP]
+        sweep_at = [max(_STORAGE_SWEEP, 2 * len(storages))]
+        base = trace.save_base  # the block's saves before this piece of it (see NOTE [ iterations ] in gradscope._iterations)
 
         def sweep() -> None:
             dead = [k for k, (_, h) in storages.items() if expired(h)]
@@ -181,8 +185,8 @@ class SavedTensors:
                 if known is None:  # see NOTE [ a storage's identity in a block ]
                     if len(storages) >= sweep_at[0]:
                         sweep()
-                    storages[skey] = (sid, weak_of(s))  # type: ignore[assignment]  # an int handle at run time
-                    serial = sid
+                    serial = base + sid
+                    storages[skey] = (serial, weak_of(s))  # type: ignore[assignment]  # an int handle at run time
                 else:
                     serial = known[0]
                 version = version_of(t)
@@ -268,10 +272,11 @@ class SavedTensors:
                     if ref is not None:
                         free(ref)
                 del rows[n:]
-            for k in [k for k, (first, _) in storages.items() if first >= n]:
+            for k in [k for k, (first, _) in storages.items() if first >= base + n]:
                 free(storages.pop(k)[1])
 
         self.trim = trim
+        self.sweep = sweep
         self.free_handles = None
         if b.native is None:
             return pack, unpack
@@ -289,7 +294,7 @@ class SavedTensors:
                                       pack, None if batched else check_frees, _inplace_error, need_ptr, need_time,
                                       watch if memory == "tracker" else None,
                                       None if table is None else save_lines, table, storages, storage_ids, sweep,
-                                      again)
+                                      again, base)
         if batched:
             self.check_frees = compiled.frees_at_end
         self.free_handles = compiled.free_handles  # the Python pair's handles are the same kind
@@ -300,11 +305,14 @@ class SavedTensors:
         memory source cannot say which allocation died (off; CUDA without history)."""
         return self.b.memory == "off" or (self.b.memory == "cuda" and not self.b.history)
 
-    def _free_weak_refs(self) -> None:
+    def _free_weak_refs(self, storages: bool = True) -> None:
+        """Let go of every weak handle the pair made: each save's (frees checked by handle) and, but
+        for a piece of a loop's capture whose successor goes on with them, the storages' identities."""
         free = _compat.free_weak_ref
-        for _, handle in self.storages.values():  # see NOTE [ a storage's identity in a block ]
-            free(handle)
-        self.storages.clear()
+        if storages:
+            for _, handle in self.storages.values():  # see NOTE [ a storage's identity in a block ]
+                free(handle)
+            self.storages.clear()
         if self.free_handles is not None:  # compiled: one call for every save of the block
             self.free_handles()
             return
