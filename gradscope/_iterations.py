@@ -68,15 +68,31 @@ class Rows:
     start: array[int] = field(default_factory=lambda: array("q"))
     end: array[int] = field(default_factory=lambda: array("q"))
     saved: array[int] = field(default_factory=lambda: array("q"))
-    backwards: array[int] = field(default_factory=lambda: array("q"))
-    optimizer: array[int] = field(default_factory=lambda: array("q"))
-    holder_site: array[int] = field(default_factory=lambda: array("q"))  # HOLDERS per row
+    backwards: array[int] = field(default_factory=lambda: array("i"))
+    optimizer: array[int] = field(default_factory=lambda: array("i"))
+    holder_site: array[int] = field(default_factory=lambda: array("i"))  # HOLDERS per row
     holder_bytes: array[int] = field(default_factory=lambda: array("q"))
     kept: array[int] = field(default_factory=lambda: array("b"))
     failed: array[int] = field(default_factory=lambda: array("b"))
 
     def __len__(self) -> int:
         return len(self.start_ns)
+
+    @property
+    def done(self) -> int:
+        """Rows complete (``failed`` is appended last: another thread reads rows while they are made)."""
+        return len(self.failed)
+
+    def columns(self, t0_ns: int, start: int, stop: int) -> dict[str, list[Any]]:
+        """Rows ``start`` to ``stop`` as plain columns (the live view's; -1 stands for none)."""
+        return {
+            "index": list(range(start, stop)),
+            "start_s": [(t - t0_ns) / 1e9 for t in self.start_ns[start:stop]],
+            "duration_s": [max(b - a, 0) / 1e9 for a, b in zip(self.start_ns[start:stop], self.end_ns[start:stop],
+                                                                 strict=True)],
+            "peak": list(self.peak[start:stop]), "start": list(self.start[start:stop]),
+            "end": list(self.end[start:stop]), "saved": list(self.saved[start:stop]),
+        }
 
     def table(self, t0_ns: int, labels: Sequence[str]) -> Table[Iteration]:
         """The rows as the recording's table; ``labels`` names each interned site."""
@@ -87,13 +103,40 @@ class Rows:
 
         return Table(Iteration, {
             "index": range(n),
-            "start_s": [(t - t0_ns) / 1e9 for t in self.start_ns],
-            "duration_s": [max(b - a, 0) / 1e9 for a, b in zip(self.start_ns, self.end_ns, strict=True)],
+            "start_s": _Seconds(self.start_ns, None, t0_ns),
+            "duration_s": _Seconds(self.end_ns, self.start_ns, 0),
             "peak_bytes": opt(self.peak), "start_bytes": opt(self.start), "end_bytes": opt(self.end),
             "saved_bytes": self.saved, "backward_passes": self.backwards, "optimizer_steps": self.optimizer,
             "holders": _Holders(self.holder_site, self.holder_bytes, labels),
             "kept": _Bools(self.kept), "failed": _Bools(self.failed),
-        })
+        }, cache=False)  # a 100,000-iteration loop's rows as objects would take ~60 MB
+
+
+class _Seconds(Sequence[float]):
+    """Seconds from nanoseconds, made when read (``minus``: a column subtracted, a duration's start;
+    else ``t0_ns``)."""
+
+    def __init__(self, col: array[int], minus: array[int] | None, t0_ns: int) -> None:
+        self.col, self.minus, self.t0_ns = col, minus, t0_ns
+
+    def __len__(self) -> int:
+        return len(self.col)
+
+    def _one(self, i: int) -> float:
+        base = self.minus[i] if self.minus is not None else self.t0_ns
+        return max(self.col[i] - base, 0) / 1e9 if self.minus is not None else (self.col[i] - base) / 1e9
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self._one(k) for k in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError("seconds index out of range")
+        return self._one(i)
+
+    def __iter__(self) -> Iterator[float]:
+        return (self._one(k) for k in range(len(self)))
 
 
 class _NoneFor(Sequence[Any]):

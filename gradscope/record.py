@@ -75,6 +75,7 @@ from gradscope._trace import (
     EV_POST,
     Trace,
 )
+from gradscope._units import format_bytes
 from gradscope.capture.discover import GraphDiscovery
 from gradscope.capture.engine import EngineInterception, EngineRoute
 from gradscope.capture.held import HeldGraphs, _frame_namespaces, _held_graphs, _made_since  # noqa: F401
@@ -129,6 +130,8 @@ class record:  # noqa: N801 - as torch.no_grad
             with the highest peak and the one that failed (an int or an iterable of ints:
             ``keep=[537]``), or ``"all"`` (every iteration's: memory grows with the loop). See NOTE
             [ iterations ] in :mod:`gradscope._iterations`.
+        progress: print a line to stderr every ``progress`` iterations of a loop (its time, memory
+            and saves), as the loop runs.
 
     Example:
         >>> import torch, gradscope as gs
@@ -143,9 +146,12 @@ class record:  # noqa: N801 - as torch.no_grad
                  modules: nn.Module | Mapping[str, nn.Module] | None = None,
                  max_events: int | None = 200_000, history: bool = False,
                  tracker_device: str = "cpu", lines: bool | None = None, compiled: str = "attribute",
-                 keep: Any = None) -> None:
+                 keep: Any = None, progress: int | None = None) -> None:
         self._budget = parse_size(budget)
         self._keep_all, self._keep = parse_keep(keep)
+        if progress is not None and (not isinstance(progress, int) or isinstance(progress, bool) or progress < 1):
+            raise GradscopeError(f"gradscope: progress= takes a number of iterations >= 1, got {progress!r}.")
+        self._progress = progress
         self._compiled = _compiled.Observer(compiled)
         self._memory = resolve_memory(memory, self._budget)
         if max_events is not None and (not isinstance(max_events, int) or max_events < 2):
@@ -347,6 +353,17 @@ class record:  # noqa: N801 - as torch.no_grad
             if isinstance(t, torch.Tensor) and t.grad_fn is not None:
                 self._block.roots.append(weakref.ref(t))
 
+    def iterations_so_far(self, start: int = 0) -> tuple[int, dict[str, list[Any]]]:
+        """A loop's iterations while it runs (see NOTE [ iterations ] in gradscope._iterations): how
+        many have ended, and the rows made from ``start`` on, as columns (memory figures -1 where
+        not read yet: ``memory="cpu"`` reads its first ten iterations' when the tenth ends). Any
+        thread may ask; before the block, ``(0, {})``."""
+        loop = getattr(self, "_loop", None)
+        if loop is None:
+            return 0, {}
+        rows = loop.carry.rows
+        return loop.iterations, rows.columns(self._t0_ns, min(start, rows.done), rows.done)
+
     @property
     def memory_source(self) -> MemorySource | None:
         """The block's memory source while it runs (None before the block starts): ``gs.predict``
@@ -372,6 +389,8 @@ class record:  # noqa: N801 - as torch.no_grad
         self._t0_ns = time.time_ns()
         self._failed = False
         self._loop = LoopTracking(keep_all=self._keep_all, named=self._keep)
+        if self._progress is not None:
+            self._loop.listeners.append(_ProgressLines(self._progress, self._t0_ns))
         self._storages: dict[int, tuple[int, int]] = {}  # see NOTE [ a storage's identity in a block ]
         self._root_index: dict[int, int] = {}
         tr = Trace(tid=tid, memory=self._memory, label=self._label, t0_ns=self._t0_ns, seq0=_compat.sequence_nr(),
@@ -587,6 +606,30 @@ class record:  # noqa: N801 - as torch.no_grad
 
     def _calls_index(self, call: list[Any]) -> int:
         return int(call[6])
+
+
+class _ProgressLines:
+    """``gs.record(progress=N)``: a line on stderr each ``N`` iterations (see NOTE [ iterations ] in
+    gradscope._iterations), from the rows made since the last one."""
+
+    def __init__(self, every: int, t0_ns: int) -> None:
+        self.every = every
+        self.t0_ns = t0_ns
+        self.said = 0
+
+    def __call__(self, loop: LoopTracking) -> None:
+        rows = loop.carry.rows
+        while rows.done >= self.said + self.every:
+            a, b = self.said, self.said + self.every
+            self.said = b
+            ms = 1e3 * (rows.end_ns[b - 1] - rows.start_ns[a]) / 1e9 / (b - a)
+            line = f"gradscope: iteration {b - 1}: {ms:.2f} ms each"
+            peak = max(rows.peak[a:b])
+            if peak >= 0:
+                line += (f", peak {format_bytes(peak)}, {format_bytes(rows.end[b - 1])} alive at its end "
+                         f"(allocated inside the block)")
+            line += f", saved {format_bytes(rows.saved[b - 1])}"
+            print(line, file=sys.stderr, flush=True)
 
 
 def _internal_failure(e: BaseException) -> GradscopeError:

@@ -529,9 +529,9 @@ class Table(Sequence[T], Generic[T]):
         (2, Edge(src=2, dst=1), True, [1, 2])
     """
 
-    __slots__ = ("_cls", "_cols", "_names", "_n", "_rows")
+    __slots__ = ("_cache", "_cls", "_cols", "_names", "_n", "_rows")
 
-    def __init__(self, cls: type[T], columns: Mapping[str, Sequence[Any]]) -> None:
+    def __init__(self, cls: type[T], columns: Mapping[str, Sequence[Any]], *, cache: bool = True) -> None:
         fields = dataclasses.fields(cls)  # type: ignore[arg-type]
         names = [f.name for f in fields]
         lengths = {len(columns[n]) for n in names if n in columns}
@@ -548,12 +548,15 @@ class Table(Sequence[T], Generic[T]):
         self._cols = cols
         self._n = lengths.pop() if lengths else 0
         self._rows: list[T] | None = None
+        self._cache = cache  # False: rows are made each time they are read (a long loop's iterations)
 
     def _all(self) -> list[T]:
         rows = self._rows
         if rows is None:
             make = self._cls
-            rows = self._rows = [make(*vals) for vals in zip(*self._cols, strict=True)] if self._cols else []
+            rows = [make(*vals) for vals in zip(*self._cols, strict=True)] if self._cols else []
+            if self._cache:
+                self._rows = rows
         return rows
 
     def __len__(self) -> int:
@@ -573,6 +576,9 @@ class Table(Sequence[T], Generic[T]):
         return self._cls(*(c[i] for c in self._cols))  # one row: the others are not made
 
     def __iter__(self) -> Iterator[T]:
+        if not self._cache and self._rows is None and self._cols:
+            make = self._cls
+            return (make(*vals) for vals in zip(*self._cols, strict=True))
         return iter(self._all())
 
     def __eq__(self, other: object) -> bool:

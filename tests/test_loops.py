@@ -22,6 +22,7 @@ from torch.utils.checkpoint import checkpoint
 import gradscope as gs
 from gradscope import _iterations, _native
 from gradscope._passes import UNSEEN_NODE
+from gradscope.recording import format_bytes
 
 MODES = ["off", "cpu", "tracker"]
 PAIRS = ["compiled", "python"]
@@ -333,3 +334,48 @@ def test_a_profiler_started_inside_a_long_loop_runs() -> None:
     r = rec.recording
     assert r is not None and r.loop is not None
     assert any("took the allocator's reports" in n for p in (r, *r.loop.parts) for n in p.notes)
+
+
+# ----------------------------------------------------------------------------------------------
+# as the loop runs (see NOTE [ a live loop ] in gradscope.widget)
+# ----------------------------------------------------------------------------------------------
+def test_progress_lines_say_each_stretch_of_iterations(capsys: pytest.CaptureFixture[str]) -> None:
+    """gs.record(progress=N): a line on stderr every N iterations, as the loop runs, with the last
+    iteration's memory at its end as its row says."""
+    train = _loops.make_classifier("output")
+    seen: list[int] = []
+    with gs.record(memory="tracker", progress=5) as rec:
+        for _ in range(N_LONG):
+            train(1)
+            seen.append(len([ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("gradscope: iteration")]))
+    r = rec.recording
+    assert r is not None
+    assert sum(seen) == N_LONG // 5 and seen[4] == 1  # the fifth iteration's line came as it ended
+    with gs.record(memory="tracker", progress=5) as rec:
+        train(10)
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("gradscope: iteration")]
+    r = rec.recording
+    assert r is not None and len(lines) == 2
+    assert lines[1].startswith("gradscope: iteration 9:")
+    assert f"{format_bytes(r.iterations[9].end_bytes)} alive at its end" in lines[1]
+    with pytest.raises(gs.GradscopeError, match="progress="):
+        gs.record(progress=0)
+
+
+def test_iterations_so_far_are_the_rows_while_the_loop_runs() -> None:
+    """What the live widget reads from another thread: how many iterations ended, and the rows made
+    since a given one, equal to the finished recording's."""
+    train = _loops.make_classifier("item")
+    got: list[tuple[int, int]] = []
+    rec = gs.record(memory="tracker")
+    assert rec.iterations_so_far() == (0, {})
+    with rec:
+        for _ in range(6):
+            train(1)
+            count, cols = rec.iterations_so_far(2)
+            got.append((count, len(cols["index"])))
+    assert got == [(k, max(k - 2, 0)) for k in range(1, 7)]
+    r = rec.recording
+    assert r is not None
+    _, cols = rec.iterations_so_far(0)
+    assert cols["peak"] == [it.peak_bytes for it in r.iterations]
