@@ -12,6 +12,7 @@ import { zoomAnchor } from "./lod.js";
 import { breakdownAt, argmax } from "./series.js";
 import { clampStep, nodeReleaseSteps, stepState, stepTime, whyNothingFreed } from "./stepper.js";
 import { JobView } from "./jobview.js";
+import { LiveView, loopSection } from "./loopchart.js";
 import { SnapshotView } from "./snapview.js";
 import { CSS } from "./style.js";
 import { renderMemory, renderOverlay } from "./timeline.js";
@@ -103,6 +104,7 @@ export class RecordingView {
         .join(" · ");
       this.root.appendChild(h("div", { class: "gs-summary gs-peak", text: `peak ${formatBytes(p.bytes)}: ${where}` }));
     }
+    if (payload.loop) this.loop = loopSection(this.root, payload.loop); // a loop's iterations (loopchart.js)
     const tb = h("div", { class: "gs-toolbar" });
     this.legendBox = h("div", { class: "gs-legend-wrap" });
     const body = h("div", { class: "gs-body" });
@@ -738,7 +740,20 @@ export function mount(el, model, opts = {}) {
     model.on(name, fn);
     handlers.push([name, fn]);
   };
-  if (payload.kind === "snapshot") {
+  let inner = null; // a running cell's view, once the recording replaced it
+  if (payload.kind === "live") {
+    // a cell that records: its iterations as they end (messages), then the recording (data)
+    view = new LiveView(root, payload);
+    on("msg:custom", (msg) => view?.message(msg));
+    on("change:data", () => {
+      for (const [name, fn] of handlers) model.off(name, fn);
+      handlers.length = 0;
+      view?.destroy();
+      view = null;
+      root.remove();
+      inner = mount(el, model, opts);
+    });
+  } else if (payload.kind === "snapshot") {
     const build = () => {
       view?.destroy();
       view = new SnapshotView(root, JSON.parse(model.get("data")), {
@@ -816,5 +831,6 @@ export function mount(el, model, opts = {}) {
     for (const [name, fn] of handlers) model.off(name, fn);
     view?.destroy();
     root.remove();
+    inner?.();
   };
 }
