@@ -544,6 +544,16 @@ if _anywidget is not None:
                 except Exception:  # a view that failed never stops the program
                     pass
 
+        def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+            """The widget, and as text (what a front end without widgets shows) the recording's summary,
+            or while a cell runs, that it is being recorded."""
+            got = super()._repr_mimebundle_(**kwargs)
+            data, meta = got if isinstance(got, tuple) else (got, None)
+            data = dict(data or {})
+            data["text/plain"] = (_summary_text(self.recording) if self.recording is not None
+                                  else "gradscope: recording this cell (its iterations show here while it runs)")
+            return data if meta is None else (data, meta)
+
         def stop(self) -> None:
             """No more updates (the cell ended)."""
             self._stop.set()
