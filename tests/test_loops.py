@@ -379,3 +379,27 @@ def test_iterations_so_far_are_the_rows_while_the_loop_runs() -> None:
     assert r is not None
     _, cols = rec.iterations_so_far(0)
     assert cols["peak"] == [it.peak_bytes for it in r.iterations]
+
+
+def test_the_failing_iteration_is_the_detail_and_without_the_counter_every_iteration_is_kept(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A loop that fails in an iteration past the head: that iteration is the recording's detail (its
+    row says so). memory="cpu" without the compiled hooks (no allocator counter) keeps every iteration,
+    as keep="all", and says so in the notes."""
+    train = _loops.make_classifier("item")
+    bad = _iterations.HEAD + 5
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
+        with gs.record(memory="tracker") as rec:
+            for k in range(N_LONG):
+                if k == bad:
+                    train.model(torch.randn(3, 31))  # type: ignore[attr-defined]  # a wrong shape
+                train(1)
+    r = rec.recording
+    assert r is not None and r.loop is not None and not r.complete
+    assert r.loop.detail == (bad, bad) and r.iterations[bad].failed and len(r.iterations) == bad + 1
+    monkeypatch.setattr(_native, "hooks", lambda: None)
+    with gs.record(memory="cpu") as rec:
+        train(N_LONG)
+    r = rec.recording
+    assert r is not None and r.loop is None and all(it.kept for it in r.iterations)
+    assert len(r.iterations) == N_LONG and any("the compiled hooks are not in use" in n for n in r.notes)
