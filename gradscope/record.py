@@ -439,8 +439,13 @@ class record:  # noqa: N801 - as torch.no_grad
         if not loop.ended(kind, b.trace, row):
             return
         b.roots[:] = [r for r in b.roots if r() is not None]  # module outputs of graphs gone
-        if loop.should_cut() and self._cut():
-            return
+        if loop.should_cut():
+            try:
+                if self._cut():
+                    return
+            except Exception as e:  # the loop goes on in one piece from here
+                loop.can_cut = False
+                self._block.internal(e)
         src = b.source
         if isinstance(src, CounterSource):
             src.drain()
@@ -484,15 +489,14 @@ class record:  # noqa: N801 - as torch.no_grad
             h.remove()
         old.node_handles.clear()
         old.ended = None  # see NOTE [ no cycles through the recorder ] in gradscope.capture.saves
-        self._saves._free_weak_refs(storages=False)
-        self._saves.sweep()  # the block's storage identities: those that died go (the next pair counts from here)
-        self._saves._let_go()
-        new_src = src
+        old_saves = self._saves
+        old_saves._free_weak_refs(storages=False)
+        old_saves.sweep()  # the block's storage identities: those that died go (the next pair counts from here)
+        old_saves._let_go()
+        new_src: MemorySource | None = src
         if isinstance(src, ProfilerSource):
             trace.memory_trace = src.stop()
-            new_src = CounterSource(old.native)
-            memory = "counter"
-            self._swap_source(new_src)
+            new_src, memory = None, "counter"  # started once the next piece is in place (below)
         elif src is not None:
             trace.memory_trace = src.cut()  # type: ignore[attr-defined]
         trace.memory_trace.resolve()
@@ -507,7 +511,15 @@ class record:  # noqa: N801 - as torch.no_grad
                   undo=old.undo, root_mods=old.root_mods, param_by_id=old.param_by_id)
         self._parts(b)
         _compat.pop_saved_tensors_hooks()
-        _compat.push_saved_tensors_hooks(self._saves.pack, self._saves.unpack)
+        try:
+            _compat.push_saved_tensors_hooks(self._saves.pack, self._saves.unpack)
+        except BaseException:  # the block's own place on the hooks' stack is kept whatever happens
+            _compat.push_saved_tensors_hooks(old_saves.pack, old_saves.unpack)
+            raise
+        if memory == "counter" and new_src is None:  # see NOTE [ a long loop's memory ] in gradscope.memory
+            counter = CounterSource(old.native)
+            counter.start()
+            b.source = new_src = counter
         self._mod_entry.replace(*self._module_hooks())
         self._route.engine = self._engine
         watch_alias = getattr(new_src, "watch_alias", None)
@@ -519,9 +531,6 @@ class record:  # noqa: N801 - as torch.no_grad
             _iterations.restart_site_growth(self._loop.carry)
         return True
 
-    def _swap_source(self, new: MemorySource) -> None:
-        """The allocator counter in the profiler's place (see NOTE [ a long loop's memory ])."""
-        new.start()
 
     def _install(self) -> None:
         b, saves = self._block, self._saves
