@@ -403,3 +403,19 @@ def test_the_failing_iteration_is_the_detail_and_without_the_counter_every_itera
     r = rec.recording
     assert r is not None and r.loop is None and all(it.kept for it in r.iterations)
     assert len(r.iterations) == N_LONG and any("the compiled hooks are not in use" in n for n in r.notes)
+
+
+def test_a_loop_without_optimizer_steps_is_cut_at_each_backward_once_it_is_known_to_be_one() -> None:
+    """word_language_model updates its parameters by hand: after CONFIRM backward passes with no
+    optimizer step, each backward's end ends an iteration (before, they are taken back by a first
+    optimizer step: see LoopTracking.ended), and past the head each iteration is a piece of its own."""
+    from gradscope.capture.loop import CONFIRM
+
+    lm = _loops.make_word_language_model("GRU")
+    with gs.record(memory="tracker") as rec:
+        lm(N_LONG)
+    r = rec.recording
+    assert r is not None and r.loop is not None and CONFIRM <= _iterations.HEAD
+    details = sorted([r.loop.detail, *(p.loop.detail for p in r.loop.parts if p.loop is not None)])
+    assert details[0] == (0, _iterations.HEAD - 1) and all(a == b for a, b in details[1:])
+    assert len(r.iterations) == N_LONG and all(it.backward_passes == 1 for it in r.iterations)

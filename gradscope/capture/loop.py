@@ -68,6 +68,7 @@ class LoopTracking:
     carry: _iterations.Carry = field(default_factory=_iterations.Carry)
     optimizer_seen: bool = False
     tentative: int = 0  # backward ends marked before any optimizer step, not yet confirmed (see ended)
+    confirmed: bool = False  # CONFIRM backward ends came without an optimizer step: each ends an iteration
     iterations: int = 0  # iterations ended (marks made)
     first_in_piece: int = 0  # the first iteration of the current piece
     cut: bool = False  # the block's head was cut
@@ -98,12 +99,12 @@ class LoopTracking:
             self.optimizer_seen = True
         elif self.optimizer_seen or row is None or row.api != "backward" or row.create_graph or row.retain_graph:
             return False
-        else:
+        elif not self.confirmed:
             self.tentative += 1
         trace.marks.append((time.time_ns(), len(trace.saves), len(trace.backwards), len(trace.optimizer_steps)))
         self.iterations += 1
-        if self.tentative >= CONFIRM:
-            self.tentative = 0
+        if self.tentative >= CONFIRM:  # a loop without optimizer steps: a backward's end ends an iteration
+            self.tentative, self.confirmed = 0, True
         return self.tentative == 0
 
     def should_cut(self) -> bool:
