@@ -82,7 +82,10 @@ export class RecordingView {
     const rec = this.rec;
     const s = rec.summary;
     const F = (name) => figureOf(rec, name);
-    this.root.appendChild(h("h3", { class: "gs-title", text: `gradscope · ${rec.label || "recording"}` }));
+    // a long loop's recording holds some iterations' detail (gradscope.recording.Loop): the title says whose
+    const loop = payload.loop;
+    const detailOf = loop && loop.kept ? ` · detail of iteration ${loop.detail[0]}${loop.detail[1] > loop.detail[0] ? `-${loop.detail[1]}` : ""}` : "";
+    this.root.appendChild(h("h3", { class: "gs-title", text: `gradscope · ${rec.label || "recording"}${detailOf}` }));
     const parts = [`${s.nodes} nodes`];
     if (s.memory !== false) parts.push(`peak ${formatBytes(s.peak_bytes)} at once, above ${formatBytes(s.baseline_bytes)} of parameters and inputs`);
     parts.push(`${F("saved_activations").label} ${formatBytes(s.saved_activations ?? s.saved_bytes)} in total`);
