@@ -713,6 +713,23 @@ def cuda_stop_history(device: Any) -> dict[str, Any]:
         torch.cuda.memory._record_memory_history(enabled=None)
 
 
+def cuda_allocated_reserved(index: int) -> tuple[int, int]:
+    """The caching allocator's (allocated, reserved) bytes now on device ``index``, in one call.
+
+    NOTE [ reading the allocator's figures ]: ``torch.cuda.memory_allocated`` and
+    ``memory_reserved`` each build the allocator's whole statistics (every stat of every pool) and
+    flatten them into a sorted dict of dotted keys in Python, for one number; called around every
+    module call and backward step that cost a GPT-2 small step (batch 8 x 512, 86 ms on an H200)
+    over 300 ms. The nested statistics that they flatten are read here once, both numbers from
+    them; where this torch lays them out otherwise, the public functions answer.
+    """
+    try:
+        s = torch._C._cuda_memoryStats(index)
+        return int(s["allocated_bytes"]["all"]["current"]), int(s["reserved_bytes"]["all"]["current"])
+    except (AttributeError, KeyError, TypeError):
+        return int(torch.cuda.memory_allocated(index)), int(torch.cuda.memory_reserved(index))
+
+
 # Keys of a CUDA allocator snapshot that gradscope reads (see torch/cuda/memory.py, _snapshot).
 SNAPSHOT_TRACES = "device_traces"
 

@@ -873,6 +873,7 @@ class CudaStats(Protocol):
     def max_memory_allocated(self, device: Any) -> int: ...
     def memory_reserved(self, device: Any) -> int: ...
     def max_memory_reserved(self, device: Any) -> int: ...
+    def current(self, device: Any) -> tuple[int, int]: ...
     def total_memory(self, device: Any) -> int: ...
     def start_history(self, max_entries: int) -> None: ...
     def stop_history(self, device: Any) -> dict[str, Any]: ...
@@ -899,6 +900,11 @@ class _TorchCudaStats:
 
     def max_memory_reserved(self, device: Any) -> int:
         return int(torch.cuda.max_memory_reserved(device))
+
+    def current(self, device: Any) -> tuple[int, int]:
+        """(allocated, reserved) now, read once (see NOTE [ reading the allocator's figures ] in
+        gradscope._compat)."""
+        return _compat.cuda_allocated_reserved(torch.device(device).index or 0)
 
     def total_memory(self, device: Any) -> int:
         return int(torch.cuda.get_device_properties(device).total_memory)
@@ -965,11 +971,11 @@ class CudaSource:
         """Add a timeline point with the allocator's current figures (called from the hooks)."""
         if self.history:
             return
-        live = self.stats.memory_allocated(self.device) - self.baseline
+        allocated, reserved = self.stats.current(self.device)
+        live = allocated - self.baseline
         delta, self._last = live - self._last, live
         step, _ = self.context()
-        self.events.append(AllocEvent(time.time_ns(), delta, 0, label, None, step,
-                                      self.stats.memory_reserved(self.device), self._call))
+        self.events.append(AllocEvent(time.time_ns(), delta, 0, label, None, step, reserved, self._call))
 
     def call_enter(self, kind: str, index: int, label: str) -> Any:
         prev = self._call

@@ -50,6 +50,9 @@ class _FakeAllocator:
     def max_memory_reserved(self, device: Any) -> int:
         return 4 << 20
 
+    def current(self, device: Any) -> tuple[int, int]:
+        return self.memory_allocated(device), self.memory_reserved(device)
+
     def total_memory(self, device: Any) -> int:
         return 80 << 30
 
@@ -114,3 +117,32 @@ def test_cuda_history_timeline(fake_cuda: _FakeAllocator) -> None:
     assert any(p.label.startswith("aten::") for p in allocs)
     times = [p.t_s for p in allocs]
     assert times == sorted(times) and times[0] >= 0  # spread over the block, in allocator order
+
+
+def test_graphs_kept_in_a_list_are_found_for_a_model_that_is_not_copied(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model on a GPU (or too large to copy) has its fixes' stand-ins measured by ``gs.predict`` on
+    meta, where the stand-in's inputs must follow the model and no values can be compared. On a real
+    H200 a cell appending 13 losses to a list until CUDA ran out of memory got no finding (the
+    stand-in's CPU inputs met a meta model, then its recompute check read values); here the same
+    path runs on the CPU with copying turned off, and the finding is there, its stand-in's peak below
+    the peak of every graph at once."""
+    import importlib
+
+    measure = importlib.import_module("gradscope.diagnose.measure")
+    monkeypatch.setattr(measure, "MAX_COPY_BYTES", 0)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 10))
+    xs = [torch.zeros(64, 256) for _ in range(4)]
+    two_pass = measure.proxy_peak(measure.two_pass_proxy(xs, 4), model)
+    micro = measure.proxy_peak(measure.micro_batch_proxy(xs, 4), model)
+    everything = gs.predict(lambda m, xs: sum(m(x).square().mean() for x in xs).backward(), model, xs).peak_bytes
+    assert two_pass is not None and micro is not None
+    assert two_pass < everything and micro < everything
+    losses: list[torch.Tensor] = []
+    with pytest.raises(gs.MemoryBudgetExceeded):
+        with gs.record(memory="tracker", budget="4MiB", modules={"model": model}) as rec:
+            for _ in range(1000):
+                losses.append(model(torch.randn(64, 256)).square().mean())
+    assert rec.recording is not None
+    d = gs.diagnose(rec.recording)
+    assert [(f.pattern, f.variable) for f in d.findings][:1] == [("many_outputs", "losses")]

@@ -322,6 +322,9 @@ class _FakeCudaStats:
     def max_memory_reserved(self, device: Any) -> int:
         return 0
 
+    def current(self, device: Any) -> tuple[int, int]:
+        return self.memory_allocated(device), self.memory_reserved(device)
+
     def total_memory(self, device: Any) -> int:
         return 1 << 30
 

@@ -56,6 +56,9 @@ class FakeCuda:
     def max_memory_reserved(self, device: Any) -> int:
         return max([self.a.reserved] + [t[1] for t in self.a.truth[self._from:]])
 
+    def current(self, device: Any) -> tuple[int, int]:
+        return self.memory_allocated(device), self.memory_reserved(device)
+
     def total_memory(self, device: Any) -> int:
         return self.a.capacity
 
