@@ -272,28 +272,8 @@ def iterations_pass(trace: Trace, carry: Carry, events: Sequence[Any] | None, *,
             changes: list[tuple[int, int]] = []
             peak_at = -1
             while e < len(evs) and (evs[e].t_ns <= t_end or (last and k == len(marks) - 1)):
-                ev = evs[e]
+                _apply(carry, evs[e], site_of, deltas, changes)
                 e += 1
-                if deltas:
-                    carry.total += ev.size
-                elif ev.size > 0:
-                    s = site_of(ev)
-                    old = carry.live.get(ev.key)
-                    if old is not None:  # a key allocated again without its free seen: the old one is gone
-                        carry.total -= old[0]
-                        carry.site_live[old[1]] = carry.site_live.get(old[1], 0) - old[0]
-                        changes.append((old[1], -old[0]))
-                    carry.live[ev.key] = (ev.size, s)
-                    carry.total += ev.size
-                    carry.site_live[s] = carry.site_live.get(s, 0) + ev.size
-                    changes.append((s, ev.size))
-                else:
-                    got = carry.live.pop(ev.key, None)
-                    if got is None:
-                        continue  # memory from before the block (or before the source started)
-                    carry.total -= got[0]
-                    carry.site_live[got[1]] = carry.site_live.get(got[1], 0) - got[0]
-                    changes.append((got[1], -got[0]))
                 if carry.total > peak_bytes:
                     peak_bytes, peak_at = carry.total, len(changes)
             top = at_start
@@ -316,6 +296,48 @@ def iterations_pass(trace: Trace, carry: Carry, events: Sequence[Any] | None, *,
         rows.failed.append(1 if failed and last and k == len(marks) - 1 else 0)
         prev = (t_end, m[M_SAVES], m[M_BACKWARDS], m[M_OPT])
     return len(marks) - mark_from, e
+
+
+def _apply(carry: Carry, ev: Any, site_of: _Sites | None, deltas: bool, changes: list[tuple[int, int]]) -> None:
+    """One memory event into ``carry`` (its live bytes by key and site); each change of a site's
+    bytes is appended to ``changes``."""
+    if deltas:
+        carry.total += ev.size
+    elif ev.size > 0:
+        assert site_of is not None
+        s = site_of(ev)
+        old = carry.live.get(ev.key)
+        if old is not None:  # a key allocated again without its free seen: the old one is gone
+            carry.total -= old[0]
+            carry.site_live[old[1]] = carry.site_live.get(old[1], 0) - old[0]
+            changes.append((old[1], -old[0]))
+        carry.live[ev.key] = (ev.size, s)
+        carry.total += ev.size
+        carry.site_live[s] = carry.site_live.get(s, 0) + ev.size
+        changes.append((s, ev.size))
+    else:
+        got = carry.live.pop(ev.key, None)
+        if got is None:
+            return  # memory from before the block (or before the source started)
+        carry.total -= got[0]
+        carry.site_live[got[1]] = carry.site_live.get(got[1], 0) - got[0]
+        changes.append((got[1], -got[0]))
+
+
+def absorb(trace: Trace, carry: Carry, events: Sequence[Any] | None, event_from: int, *, deltas: bool = False) -> None:
+    """NOTE [ what a piece leaves after its last iteration ]: a piece is cut at an iteration's end,
+    but its memory events go on until the cut itself (the frees that end the iteration, the CUDA
+    source's sample at the cut). They belong to the next iteration and are not in the next piece's
+    events: they are applied to ``carry`` here, with their own piece's trace for their sites, so that
+    the next iteration starts from them. Dropped, each piece lost a free (CUDA's sample of the loss
+    freed, the tracker's frees after the mark) and a steady loop on a GPU read as growing by 1 KiB
+    an iteration."""
+    if events is None or event_from >= len(events) or not carry.memory:
+        return
+    site_of = None if deltas else _Sites(trace, carry.sites)
+    changes: list[tuple[int, int]] = []
+    for e in range(event_from, len(events)):
+        _apply(carry, events[e], site_of, deltas, changes)
 
 
 def _feed_growth(carry: Carry, index: int) -> None:

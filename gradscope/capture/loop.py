@@ -129,6 +129,8 @@ class LoopTracking:
         """A piece ended at a cut: its last rows, then whether its trace is kept."""
         first = self.first_in_piece
         self.rows(trace, events, deltas=deltas)
+        # see NOTE [ what a piece leaves after its last iteration ] in gradscope._iterations
+        _iterations.absorb(trace, self.carry, events, self.events_done, deltas=deltas)
         last = len(self.carry.rows) - 1
         self.first_in_piece = last + 1
         self.rows_done = self.events_done = 0
