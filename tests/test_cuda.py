@@ -87,13 +87,14 @@ def test_prediction_against_the_real_cuda_run() -> None:
     for p in model.parameters():
         p.grad = None
     pred = gs.predict(_step, model, x, device="cuda")
+    resident = _rounded_resident(model, x)  # before the step: its gradients are the step's memory
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
     _step(model, x)
     torch.cuda.synchronize()
     real_peak = torch.cuda.max_memory_allocated() - before
-    predicted = pred.allocated_bytes - _rounded_resident(model, x)
+    predicted = pred.allocated_bytes - resident
     # exact tensor bytes never exceed what the allocator hands out
     assert pred.peak_bytes <= real_peak
     # the allocator model is close: kernels' own workspaces are what it cannot see

@@ -89,10 +89,15 @@ def jacobian_proxy(n_in: int, method: str) -> Any:
     return run
 
 
+def _device_of(model: nn.Module) -> torch.device:
+    return next((p.device for p in model.parameters()), torch.device("cpu"))
+
+
 def micro_batch_proxy(xs: Any, n: int) -> Any:
     def run(model: nn.Module) -> None:
+        dev = _device_of(model)  # the stand-in inputs go where the model is (meta under predict; a GPU)
         for x in xs:
-            (model(x).float().square().mean() / n).backward()
+            (model(x.to(dev)).float().square().mean() / n).backward()
 
     return run if isinstance(xs, list | tuple) and xs and all(isinstance(x, torch.Tensor) for x in xs) else None
 
@@ -101,7 +106,8 @@ def two_pass_proxy(xs: Any, n: int) -> Any:
     from gradscope.strategies import many_inputs_backward
 
     def run(model: nn.Module) -> None:
-        many_inputs_backward(model, list(xs), lambda zs: zs.float().square().mean(), method="two_pass")
+        dev = _device_of(model)
+        many_inputs_backward(model, [x.to(dev) for x in xs], lambda zs: zs.float().square().mean(), method="two_pass")
 
     return run if isinstance(xs, list | tuple) and xs and all(isinstance(x, torch.Tensor) for x in xs) else None
 

@@ -81,6 +81,7 @@ def propose(ctx: Context, holders: list[GraphHolder]) -> list[Finding]:
         Finding(
             pattern="many_outputs",
             bytes=acts,
+            variable=next((h.variable for h in holders if h.live_bytes > 0), None),
             module=root,
             message=(
                 f"{n} calls of {name} keep their graphs alive together ({format_bytes(acts)} at the peak) "
