@@ -187,3 +187,42 @@ def test_private_torch_apis_only_in_compat() -> None:
     offenders = [u for p in sorted(PKG.rglob("*.py")) if p.name != "_compat.py" for u in _private_uses(p)]
     assert offenders == []
     assert len(_private_uses(PKG / "_compat.py")) > 20  # the checker does see them where they are
+
+
+def _faces() -> dict[str, str]:
+    """Each public name of ``gradscope`` -> the module the package takes it from (its imports, its
+    lazy table, or the package itself for what it defines)."""
+    tree = ast.parse((PKG / "__init__.py").read_text(encoding="utf-8"))
+    out: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("gradscope"):
+            out |= {a.asname or a.name: node.module for a in node.names}
+        elif isinstance(node, ast.FunctionDef) and node in tree.body:
+            out[node.name] = "gradscope"
+        elif (isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["_LAZY"]
+              and isinstance(node.value, ast.Dict)):
+            out |= {ast.literal_eval(k): ast.literal_eval(v) for k, v in zip(node.value.keys, node.value.values, strict=True)
+                    if k is not None}
+    return out
+
+
+def test_public_names_come_from_public_faces() -> None:
+    """Every name of ``gradscope.__all__`` is taken from a public module (no ``_`` in its path) that
+    names it in its own ``__all__``: a face says where each public name is, whichever private
+    module defines it."""
+    import importlib
+
+    import gradscope
+
+    faces = _faces()
+    wrong = []
+    for name in gradscope.__all__:
+        face = faces.get(name)
+        if face is None or any(part.startswith("_") for part in face.split(".")):
+            wrong.append(f"{name} (from {face})")
+        elif face != "gradscope" and name not in getattr(importlib.import_module(face), "__all__", ()):
+            wrong.append(f"{name} (not in {face}.__all__)")
+        elif getattr(importlib.import_module(face), name) is not getattr(gradscope, name):
+            wrong.append(f"{name} (not the object {face} holds)")
+    assert wrong == []
+    assert faces["release"] == "gradscope.record" and faces["load_snapshot"] == "gradscope.snapshot"
