@@ -740,7 +740,7 @@ def memory_pass(trace: Trace, graph: Graph, prefixes: Sequence[str], steps: Step
     The memory source's events are read as columns: each event gets its step, phase, module and
     label, allocations are paired with their frees (by key), saves are matched with allocations
     and categories assigned; only then is the timeline built (see NOTE [ tables are columns ] in
-    :mod:`gradscope.recording`)."""
+    :mod:`gradscope._recording.table`)."""
     mt = trace.memory_trace
     events = mt.events
     n = len(events)
@@ -1313,7 +1313,7 @@ def tracker_note(trace: Trace) -> str:
 # ----------------------------------------------------------------------------------- build
 def build(trace: Trace, *, complete: bool = True, error: str | None = None) -> Recording:
     """Run every pass over ``trace`` and assemble the :class:`Recording` (its big tables handed
-    over as columns: see NOTE [ tables are columns ] in :mod:`gradscope.recording`)."""
+    over as columns: see NOTE [ tables are columns ] in :mod:`gradscope._recording.table`)."""
     trace.memory_trace.resolve()
     graph = graph_pass(trace)
     inplace_views_pass(trace, graph)
