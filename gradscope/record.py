@@ -36,11 +36,11 @@ op. So steps come from what happens anyway: with ``memory="cpu"`` from the profi
 scopes; with ``memory="off"`` from our unpack hook (a node unpacks its saves when it runs), plus
 pre hooks on ``AccumulateGrad`` and custom Function nodes; the steps of nodes that unpack nothing
 of ours are given back by simulating the engine's queue (see NOTE [ steps nobody saw ] in
-:mod:`gradscope._passes`). Sources that read the allocator at every step (tracker, CUDA) hook
+:mod:`gradscope._passes.steps`). Sources that read the allocator at every step (tracker, CUDA) hook
 every node. A backward with ``create_graph=True`` needs the sequence counter as each node
 starts: the nodes it creates (including the engine's ``AddBackward0`` that sums gradients
 reaching one input) are then given to the node that was running (see NOTE [ orders ] in
-:mod:`gradscope._passes`). A node's generated code unpacks all its saved variables before it
+:mod:`gradscope._passes.steps`). A node's generated code unpacks all its saved variables before it
 computes anything, so the first unpack of one of our saves reads the counter there; only the
 nodes that unpack nothing of ours get a pre hook for the pass's duration (measured: registering
 a hook costs about 4 us, as much as the node itself on small ops).

@@ -200,7 +200,7 @@ def _backward_calls_text(rec: Recording) -> str:
 def _failed_calls_lines(rec: Recording) -> list[str]:
     """One line per backward call that raised, e.g. ``backward 2 (backward) raised in step 3
     (BoomBackward), after steps 1-2: ValueError: boom`` (see NOTE [ a backward that raised ] in
-    gradscope._passes)."""
+    gradscope._passes.steps)."""
     lines = []
 
     def node_of(step: int) -> str:
