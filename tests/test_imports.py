@@ -82,7 +82,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
      ("gradscope._native", "gradscope._walk", "gradscope._passes", "gradscope.memory", "gradscope._compiled",
       "gradscope.capture", "gradscope.record", "gradscope._iterations")),
     ("analyses: strategies, snapshots, prediction, comparison, diagnosis, jobs",
-     ("gradscope.strategies", "gradscope._snapshot", "gradscope.snapshot", "gradscope.predict",
+     ("gradscope.strategies", "gradscope._snapshot", "gradscope.snapshot", "gradscope.predict", "gradscope._predict",
       "gradscope.compare", "gradscope.graph", "gradscope.diagnose", "gradscope.jobs", "gradscope.distributed")),
     ("views: text, layout, widget payloads, pages",
      ("gradscope.report", "gradscope.layout", "gradscope._layered", "gradscope._simplex", "gradscope.widget", "gradscope._snapshot.payload", "gradscope.html",
