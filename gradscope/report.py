@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from gradscope._compiled import compiled_bytes_by_module
-from gradscope._snapshot.data import SnapshotRecording, bytes_by_line, group_of
+from gradscope._snapshot.data import SnapshotRecording
+from gradscope._snapshot.frames import group_of
+from gradscope._snapshot.queries import bytes_by_line
 from gradscope.figures import (
     ALIVE_AT_PEAK,
     GROWTH,
