@@ -69,9 +69,8 @@ _views.declare_saved("cuda_snapshot", "gradscope._snapshot.data:from_saved")  # 
 # attribute is always the function (``gs.record(...)``) and never the module, whatever imports
 # ``gradscope.record`` later. Their modules import only torch. The rest load on first use, so that
 # `import gradscope` needs no IPython or widget stack.
-from gradscope._walk import release  # noqa: E402
 from gradscope.graph import graph  # noqa: E402
-from gradscope.record import record  # noqa: E402
+from gradscope.record import compiled_saves, record, release  # noqa: E402
 
 for _name, _module in (("compare", "gradscope.compare"), ("diagnose", "gradscope.diagnose"),
                        ("predict", "gradscope.predict")):
@@ -84,7 +83,6 @@ for _name, _module in (("compare", "gradscope.compare"), ("diagnose", "gradscope
 _LAZY = {
     "Comparison": "gradscope.compare",
     "Job": "gradscope.jobs.data",
-    "compiled_saves": "gradscope._compiled",
     "gather": "gradscope.distributed",
     "job": "gradscope.job",  # the module: every public name of a job, its views included
     "load_ranks": "gradscope.jobs.data",
@@ -95,7 +93,6 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
-    from gradscope._compiled import compiled_saves
     from gradscope.compare import Comparison, compare
     from gradscope.diagnose import diagnose
     from gradscope.distributed import gather, predict_job

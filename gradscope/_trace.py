@@ -82,7 +82,7 @@ class BackwardRow:
     nodes_known: int | None = None  # nodes walked when it started: every node it can reach is among them
     # the exception the call raised ("TypeName: message"; None: it returned), and whether it was an
     # out-of-memory (torch.OutOfMemoryError, gs.MemoryBudgetExceeded among them); see NOTE [ a
-    # backward that raised ] in gradscope._passes
+    # backward that raised ] in gradscope._passes.steps
     error: str | None = None
     oom: bool = False
 

@@ -24,7 +24,8 @@ order from the roots, so that each deallocation frees one node whose next nodes 
 
 :func:`release` is public as ``gradscope.release`` (``gs.release``), a function: no module of that
 name exists, since importing one would replace the package attribute. It lives here, beside the
-walk whose node objects it holds and lets go of; point to it as :func:`gradscope.release`.
+walk whose node objects it holds and lets go of, and its face is :mod:`gradscope.record`, which
+the package takes it from; point to it as :func:`gradscope.release`.
 """
 
 from __future__ import annotations

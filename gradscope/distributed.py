@@ -548,11 +548,11 @@ def _predict_rank(step: Callable[..., Any], model: torch.nn.Module, batch: Any, 
         opt = _optimizer(optimizer, model, meta_model, opt_params)
         args = (meta_model, meta_batch) if opt is None else (meta_model, meta_batch, opt)
         if steady:
-            from gradscope.predict import _optimizer_steps_on
+            from gradscope._predict.on_meta import _optimizer_steps_on
 
             outside = torch.get_default_device()
             try:
-                # see NOTE [ optimizer steps keep the default device ] in gradscope.predict
+                # see NOTE [ optimizer steps keep the default device ] in gradscope._predict.on_meta
                 with torch.device("meta"), _optimizer_steps_on(outside):
                     step(*args)
             except Exception as e:

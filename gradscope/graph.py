@@ -134,7 +134,7 @@ def _saved_tensors(fn: Any, counts: dict[str, int]) -> list[tuple[str, torch.Ten
             hook = _compat.unpack_hook_of(raw)
             if hook is _compat.NOT_VISIBLE:
                 if ours is None:
-                    from gradscope.record import packed_here
+                    from gradscope.capture.patches import packed_here
 
                     ours = packed_here(fn)
                 if ours:

@@ -16,6 +16,10 @@ saved-tensor hooks), modules (module and optimizer tracking), engine (the engine
 intercepted), discover (graph discovery), held (what the block left behind); patches are what
 the blocks of all threads share.
 
+This module is also the face of the two public functions that act on what a block walked and
+compiled: :func:`gradscope.release` (defined in :mod:`gradscope._walk`, beside the walk whose node
+objects it lets go of) and :func:`gradscope.compiled_saves` (defined in :mod:`gradscope._compiled`).
+
 The hooks only append rows to a :class:`~gradscope._trace.Trace`; the passes of
 :mod:`gradscope._passes` turn it into the recording the first time it is asked for (see NOTE
 [ capture apart from analysis ] in :mod:`gradscope._trace` and NOTE [ analysis on first look ]).
@@ -32,11 +36,11 @@ op. So steps come from what happens anyway: with ``memory="cpu"`` from the profi
 scopes; with ``memory="off"`` from our unpack hook (a node unpacks its saves when it runs), plus
 pre hooks on ``AccumulateGrad`` and custom Function nodes; the steps of nodes that unpack nothing
 of ours are given back by simulating the engine's queue (see NOTE [ steps nobody saw ] in
-:mod:`gradscope._passes`). Sources that read the allocator at every step (tracker, CUDA) hook
+:mod:`gradscope._passes.steps`). Sources that read the allocator at every step (tracker, CUDA) hook
 every node. A backward with ``create_graph=True`` needs the sequence counter as each node
 starts: the nodes it creates (including the engine's ``AddBackward0`` that sums gradients
 reaching one input) are then given to the node that was running (see NOTE [ orders ] in
-:mod:`gradscope._passes`). A node's generated code unpacks all its saved variables before it
+:mod:`gradscope._passes.steps`). A node's generated code unpacks all its saved variables before it
 computes anything, so the first unpack of one of our saves reads the counter there; only the
 nodes that unpack nothing of ours get a pre hook for the pass's duration (measured: registering
 a hook costs about 4 us, as much as the node itself on small ops).
@@ -66,6 +70,7 @@ from torch import nn
 from torch.autograd.graph import saved_tensors_hooks
 
 from gradscope import _compat, _compiled, _iterations, _names, _native, _passes
+from gradscope._compiled import compiled_saves
 from gradscope._gc import paused
 from gradscope._lines import LineTable, lines_enabled
 from gradscope._source import OWN_FILES as _OWN_FILES
@@ -76,20 +81,20 @@ from gradscope._trace import (
     Trace,
 )
 from gradscope._units import format_bytes
+from gradscope._walk import release
 from gradscope.capture.discover import GraphDiscovery
 from gradscope.capture.engine import EngineInterception, EngineRoute
-from gradscope.capture.held import HeldGraphs, _frame_namespaces, _held_graphs, _made_since  # noqa: F401
+from gradscope.capture.held import HeldGraphs
 from gradscope.capture.loop import LoopTracking, Piece, parse_keep
-from gradscope.capture.modules import (  # noqa: F401
-    _MODULE_HOOKS,
+from gradscope.capture.modules import (
     ModuleTracking,
     _ModuleHooks,
     _outside_compilers,
     _quiet_global_hook_warning,
 )
-from gradscope.capture.patches import _active, _join_patches, _patch_saved, _patch_users, packed_here  # noqa: F401
+from gradscope.capture.patches import _active
 from gradscope.capture.saves import SavedTensors
-from gradscope.capture.state import Block, _new_state, _note_internal, _State  # noqa: F401
+from gradscope.capture.state import Block, _new_state
 from gradscope.errors import GradscopeError, MemoryBudgetExceeded
 from gradscope.memory import (
     CounterSource,
@@ -102,7 +107,7 @@ from gradscope.memory import (
 )
 from gradscope.recording import Loop, Recording
 
-__all__ = ["record"]
+__all__ = ["compiled_saves", "record", "release"]
 
 class record:  # noqa: N801 - as torch.no_grad
     """Record the autograd graph, saved tensors, backward steps and memory of a block.

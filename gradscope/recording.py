@@ -2,7 +2,12 @@
 
 A recording holds numbers and names, never tensors, so keeping it never keeps memory alive.
 It round-trips exactly through JSON (:meth:`Recording.save` / :func:`load`); no pickle. Files of
-schema 1 load through :func:`_migrate_1_to_2`.
+schema 1 load through :func:`gradscope._recording.files._migrate_1_to_2`.
+
+This module is the data model's face: :class:`Recording` (with :class:`Loop`, whose parts are
+recordings) and :func:`load` are defined here; the rows of its tables (:mod:`gradscope._recording.rows`),
+the :class:`Table` that holds them (:mod:`gradscope._recording.table`) and the file's helpers
+(:mod:`gradscope._recording.files`) live in the private package and are named here.
 
 NOTE [ one definition per figure ]: every byte figure a view shows is computed here, by one
 method, with a label and a one-line definition in :data:`gradscope.figures.FIGURES` (the one
@@ -15,17 +20,53 @@ lazily when called.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import json
 import math
 import os
-import stat
-import tempfile
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar, overload
+from typing import Any
 
 from gradscope import _views
+from gradscope._recording.files import (
+    _FORMAT,
+    SCHEMA_VERSION,
+    _build,
+    _columns,
+    _enum_safe,
+    _extra,
+    _held_from_json,
+    _int,
+    _lines,
+    _lines_inside,
+    _migrate_1_to_2,
+    _opt_int,
+    _opt_str,
+    _rows,
+    atomic_write_text,
+    read_json,
+)
+from gradscope._recording.rows import (
+    Allocation,
+    BackwardCall,
+    Category,
+    Edge,
+    Growth,
+    HeldAllocation,
+    HeldMemory,
+    Iteration,
+    Kind,
+    MemoryPoint,
+    Node,
+    OomInfo,
+    Peak,
+    Phase,
+    SavedTensor,
+    SourceLine,
+    Step,
+    Where,
+)
+from gradscope._recording.table import Table
 from gradscope._units import format_bytes
 from gradscope.errors import GradscopeError
 
@@ -56,433 +97,6 @@ __all__ = [
     "load",
 ]
 
-SCHEMA_VERSION = 2
-_FORMAT = "gradscope.recording"
-# Files larger than this are refused by `load` before parsing: a recording of a 200,000-node
-# graph is about 60 MB of JSON.
-_MAX_FILE_BYTES = 1 << 30
-
-
-class Kind(str, enum.Enum):
-    """What a saved tensor is."""
-
-    ACTIVATION = "activation"
-    PARAMETER = "parameter"
-    INPUT = "input"
-    BUFFER = "buffer"
-
-
-class Phase(str, enum.Enum):
-    """Which part of the computation a moment belongs to."""
-
-    FORWARD = "forward"
-    BACKWARD = "backward"
-    OPTIMIZER = "optimizer"
-    OTHER = "other"
-
-
-class Category(str, enum.Enum):
-    """What an allocation made inside the block is, for memory by category over time.
-
-    What existed before the block (parameters, buffers, inputs) is not an allocation of the
-    block: it is :attr:`Recording.baseline_bytes`, drawn as its own band.
-    """
-
-    ACTIVATION = "activation"  # saved for backward by a forward (order 0) node
-    CREATE_GRAPH = "create_graph"  # saved by a node that a create_graph=True backward made
-    GRADIENT = "gradient"  # a gradient: accumulated into .grad, or returned by autograd.grad
-    OPTIMIZER = "optimizer"  # made by an optimizer step (its state and temporaries)
-    BACKWARD_TEMP = "backward_temp"  # made during backward, neither a gradient nor saved
-    OTHER = "other"  # forward results nobody saved, temporaries, anything else
-
-
-@dataclass(frozen=True, slots=True)
-class Node:
-    """One autograd node.
-
-    Attributes:
-        id: assigned while recording, 0..n-1 in discovery order (never ``id()``).
-        name: the node's class, e.g. ``"AddmmBackward0"``; ``"AccumulateGrad"`` for leaves.
-        order: 0 for forward nodes, 1 for nodes created by a backward run with
-            ``create_graph=True``, 2 for the level after that.
-        module: dotted path of the module that created it (``"layers.0.linear1"``), or None.
-        leaf: for ``AccumulateGrad``, the parameter name or ``"input"``; None otherwise.
-        leaf_shape: shape of the leaf tensor for ``AccumulateGrad`` nodes.
-        executed: how many backward passes in the block ran this node.
-        line: the user's line that made it (an index into :attr:`Recording.lines`), or None. Taken
-            when the node's first save was packed (the op running on the user's stack); a node
-            that saved nothing of ours gets the line of the nearest node made before it that has
-            one (after it, when none was made before), and ``AccumulateGrad`` nodes have none
-            (see NOTE [ where lines come from ] in :mod:`gradscope._lines`).
-    """
-
-    id: int
-    name: str
-    order: int = 0
-    module: str | None = None
-    leaf: str | None = None
-    leaf_shape: tuple[int, ...] | None = None
-    executed: int = 0
-    line: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Edge:
-    """Data flows from ``src`` to ``dst`` in forward; gradients flow from ``dst`` to ``src``.
-
-    ``src`` is one of ``dst``'s ``next_functions``.
-    """
-
-    src: int
-    dst: int
-
-
-@dataclass(frozen=True, slots=True)
-class SavedTensor:
-    """A tensor that a node saved for backward.
-
-    ``bytes`` is the size of the whole storage it keeps alive (a view keeps all of its base);
-    ``storage`` is a recording-local id of that storage, so saves of one storage can be
-    deduplicated (see :attr:`Recording.saved_bytes`). ``line`` is the user's line running when it
-    was packed (an index into :attr:`Recording.lines`), or None.
-    """
-
-    node: int
-    attribute: str
-    shape: tuple[int, ...]
-    dtype: str
-    device: str
-    bytes: int
-    storage: int
-    kind: Kind
-    module: str | None = None
-    name: str | None = None
-    freed_at_step: int | None = None
-    line: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Step:
-    """One node executed by a backward pass, in execution order."""
-
-    index: int
-    node: int
-    backward: int
-    start_s: float
-    duration_s: float
-    live_before: int | None
-    live_after: int | None
-    freed_bytes: int
-
-
-@dataclass(frozen=True, slots=True)
-class MemoryPoint:
-    """Live bytes allocated inside the block after one allocation or free.
-
-    ``label`` names the op or node running then; ``step`` is the backward step it happened in
-    (None in forward). ``reserved`` is the CUDA caching allocator's reserved bytes when known.
-    ``category`` is what the allocation (or freed allocation) of this point is; ``line`` the
-    user's line that made it (an index into :attr:`Recording.lines`; see :attr:`Allocation.line`).
-    """
-
-    t_s: float
-    live: int
-    phase: Phase
-    label: str
-    step: int | None = None
-    module: str | None = None
-    reserved: int | None = None
-    category: Category = Category.OTHER
-    line: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Peak:
-    """Where the peak was: phase, node (for backward) and module."""
-
-    bytes: int
-    phase: Phase
-    t_s: float = 0.0
-    label: str = ""
-    node: int | None = None
-    module: str | None = None
-    step: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Where:
-    """Where a recording ran."""
-
-    device: str = "cpu"
-    memory_source: str = "off"
-    torch_version: str = ""
-    rank: int | None = None
-    world_size: int | None = None
-    hostname: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class Allocation:
-    """One allocation made inside the block (a row of :attr:`Recording.allocations`).
-
-    Attributes:
-        index: position in the allocation table (allocation order).
-        bytes: its size.
-        alloc_at: position of its allocation event in the block's event sequence (the full
-            timeline before any downsampling: ``alloc_at``-th event, counting from 0).
-        free_at: position of its free event, None if it was alive when the block ended.
-        t_s: seconds from the block's start to the allocation.
-        category: what it is (see :class:`Category`).
-        phase: when it was made (forward, backward, optimizer, other).
-        module: the module running when it was made (for backward: the node's module).
-        node: the node that saved it for backward (the first one), if any.
-        step: the backward step that made it, if any (an index into :attr:`Recording.steps`).
-        label: the op (or node) that made it, e.g. ``"aten::addmm"``.
-        key: the memory source's key for it (see :attr:`Recording.allocation_key`).
-        line: the user's line that made it (an index into :attr:`Recording.lines`), or None. In
-            backward, the line of the node running (the forward line it differentiates); in
-            forward, the line on the stack when the op ran (``memory="tracker"``); the
-            profiler's source (``"cpu"``) and CUDA's give forward allocations none.
-    """
-
-    index: int
-    bytes: int
-    alloc_at: int
-    free_at: int | None
-    t_s: float
-    category: Category
-    phase: Phase
-    module: str | None
-    node: int | None
-    step: int | None
-    label: str
-    key: int = 0
-    line: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class SourceLine:
-    """A line of the user's code that made nodes, saved tensors or allocations (a row of
-    :attr:`Recording.lines`): the innermost frame that is not PyTorch's, gradscope's, the
-    standard library's or an installed library's (see NOTE [ folded frames ] in
-    :mod:`gradscope._frames`).
-
-    Attributes:
-        file: the code's file name as Python knows it.
-        line: its line number.
-        function: the function's name (``<module>`` at a script's or cell's top level).
-        cell: for a notebook cell, its execution count (``In [n]``) where IPython knew it.
-        stack: the whole Python stack, innermost first, as ``(file, line, function)``, folded
-            frames included, the first time the line was seen (at most 64 frames).
-    """
-
-    file: str
-    line: int
-    function: str
-    cell: int | None = None
-    stack: tuple[tuple[str, int, str], ...] = ()
-
-    @property
-    def label(self) -> str:
-        """``train.py:57 in train_step``; ``cell [3]:5 in <module>`` for a notebook cell."""
-        where = f"cell [{self.cell}]" if self.cell is not None else short_file(self.file)
-        return f"{where}:{self.line} in {self.function}"
-
-    def format_stack(self) -> str:
-        """The whole stack, one frame a line, innermost first (``file:line in function``)."""
-        return "\n".join(f"{f}:{n} in {fn}" for f, n, fn in self.stack)
-
-
-def short_file(fn: str) -> str:
-    """A file's short name: ``train.py``, ``pkg/__init__.py`` (the folder where the name says
-    little)."""
-    parts = fn.replace("\\", "/").rstrip("/").split("/")
-    base = parts[-1] if parts else fn
-    if base in ("__init__.py", "__main__.py") and len(parts) > 1:
-        return f"{parts[-2]}/{base}"
-    return base
-
-
-@dataclass(frozen=True, slots=True)
-class BackwardCall:
-    """One call into the autograd engine inside the block (``backward`` or ``autograd.grad``).
-
-    ``roots`` are the node ids of the outputs differentiated; ``inputs`` the node ids named by
-    ``inputs=`` (a leaf's ``AccumulateGrad`` node, or the node of a non-leaf tensor);
-    ``accumulated`` the ``AccumulateGrad`` nodes that ran (the leaves whose ``.grad`` it wrote);
-    ``steps`` the ``[first, last]`` indices into :attr:`Recording.steps` it ran (None: no step
-    seen). ``observed`` is False for a pass gradscope let run unobserved (another's hooks region).
-
-    A call that raised (and was caught inside the block, or ended it) has ``error``, the
-    exception as ``"TypeName: message"`` (None: it returned), and ``oom``, True for an
-    out-of-memory (``torch.OutOfMemoryError``, :class:`~gradscope.MemoryBudgetExceeded` among
-    them). Its steps are the nodes that started before the failure, the last one seen last;
-    ``failed_step`` is the step that raised (started and never finished), known where every node
-    is hooked (``memory="tracker"`` or ``"cuda"``; None elsewhere, or when it raised between
-    nodes or before the first). ``accumulated`` then lists the leaves whose ``.grad`` it wrote
-    before the failure. Files written before these fields existed load with ``error=None``.
-    """
-
-    index: int
-    api: str
-    create_graph: bool
-    retain_graph: bool
-    roots: tuple[int, ...] = ()
-    inputs: tuple[int, ...] = ()
-    accumulated: tuple[int, ...] = ()
-    first_step: int | None = None
-    last_step: int | None = None
-    observed: bool = True
-    error: str | None = None
-    oom: bool = False
-    failed_step: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class HeldAllocation:
-    """One allocation alive at the held moment (see :class:`HeldMemory`).
-
-    ``what`` is ``"saved"`` (saved for backward: ``node``, ``order``, ``attribute``,
-    ``saved_kind``, ``shape``, ``dtype`` say by whom and what), ``"gradient"``, ``"backward"``
-    (made during backward otherwise), ``"optimizer"`` or ``"forward"`` (a forward result nobody
-    saved: held by a variable, or a temporary). ``reused`` marks a key allocated again after the
-    moment (it then names another storage: do not match it with live tensors).
-    """
-
-    key: int
-    bytes: int
-    label: str
-    what: str
-    allocation: int | None = None
-    node: int | None = None
-    node_name: str | None = None
-    order: int | None = None
-    module: str | None = None
-    shape: tuple[int, ...] | None = None
-    dtype: str | None = None
-    saved_kind: str | None = None
-    attribute: str | None = None
-    reused: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class HeldMemory:
-    """What held the block's memory at its peak (``moment="peak"``) or at the allocation that
-    failed (``"failure"``): the allocations alive then, largest first (at most 500 rows; the
-    rest summed by kind and module). ``key_kind`` says what ``HeldAllocation.key`` is
-    (``"storage"``: a storage's key, ``"address"``: a block's address)."""
-
-    moment: str
-    live_bytes: int
-    key_kind: str
-    rows: tuple[HeldAllocation, ...] = ()
-    omitted: int = 0
-    omitted_bytes: int = 0
-    omitted_by_kind: tuple[tuple[str, int], ...] = ()
-    omitted_by_module: tuple[tuple[str, int], ...] = ()
-    error: str | None = None
-
-    def by_what(self) -> dict[str, int]:
-        """Bytes by what held them (``saved``, ``saved_order1``, ``gradient``, ``backward``,
-        ``optimizer``, ``forward``), largest first."""
-        out: dict[str, int] = {}
-        for r in self.rows:
-            what = "saved_order1" if r.what == "saved" and (r.order or 0) >= 1 else r.what
-            out[what] = out.get(what, 0) + r.bytes
-        for what, b in self.omitted_by_kind:
-            out[what] = out.get(what, 0) + b
-        return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON form (schema 1's ``extra["held"]`` layout, which diagnosis code reads)."""
-        rows = []
-        for r in self.rows:
-            d = {k: v for k, v in dataclasses.asdict(r).items() if v is not None and v is not False}
-            if r.shape is not None:
-                d["shape"] = list(r.shape)
-            rows.append(d)
-        out: dict[str, Any] = {
-            "moment": self.moment, "live_bytes": self.live_bytes, "key_kind": self.key_kind, "rows": rows,
-            "omitted": self.omitted, "omitted_bytes": self.omitted_bytes,
-            "omitted_by_kind": dict(self.omitted_by_kind), "omitted_by_module": dict(self.omitted_by_module),
-        }
-        if self.error is not None:
-            out["error"] = self.error
-        return out
-
-
-@dataclass(frozen=True, slots=True)
-class OomInfo:
-    """A simulated out-of-memory that stopped the block: ``requested`` bytes asked for with
-    ``live`` bytes live of a ``budget``; ``where`` the op. In a notebook budget run, ``budget``
-    is the whole simulated device, ``cell_budget`` what was left for the cell and ``resident``
-    what earlier cells held on it."""
-
-    requested: int
-    live: int
-    budget: int
-    where: str = ""
-    cell_budget: int | None = None
-    resident: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-@dataclass(frozen=True, slots=True)
-class Iteration:
-    """One iteration of a loop recorded in one block (a row of :attr:`Recording.iterations`; see
-    NOTE [ iterations ] in :mod:`gradscope._iterations`).
-
-    Attributes:
-        index: 0, 1, ... in the block.
-        start_s, duration_s: when it began (seconds from the block's start) and how long it ran.
-        peak_bytes: the most memory allocated inside the block alive at one moment during it (None
-            without a memory source, or where its memory was not read).
-        start_bytes, end_bytes: that memory when it began and when it ended.
-        saved_bytes: bytes of the storages its saves kept alive, each storage once.
-        backward_passes, optimizer_steps: the calls into the engine and optimizer steps it made.
-        holders: what held the most memory at its peak, ``(what, bytes)``, largest first: the user's
-            line that made it, else the module, else the phase.
-        kept: its full detail (nodes, saves, timeline) is in the recording (:attr:`Recording.loop`
-            says where).
-        failed: the block ended in it with an exception.
-    """
-
-    index: int
-    start_s: float
-    duration_s: float
-    peak_bytes: int | None
-    start_bytes: int | None
-    end_bytes: int | None
-    saved_bytes: int
-    backward_passes: int = 0
-    optimizer_steps: int = 0
-    holders: tuple[tuple[str, int], ...] = ()
-    kept: bool = True
-    failed: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Growth:
-    """Memory that grows from iteration to iteration (see NOTE [ growth across iterations ] in
-    :mod:`gradscope._growth`): the allocations ``site`` made that were still alive at each
-    iteration's end added ``grown_bytes`` from iteration ``first`` to ``last``; ``live_bytes`` is
-    what they held at the end of the last iteration. ``site`` is the user's line
-    (``train.py:57 in train``), else the module, else what made them; ``""`` is the block's memory
-    as a whole."""
-
-    site: str
-    grown_bytes: int
-    first: int
-    last: int
-    live_bytes: int
-
-    @property
-    def bytes_per_iteration(self) -> float:
-        """What it adds an iteration."""
-        return self.grown_bytes / max(self.last - self.first + 1, 1)
-
 
 @dataclass(frozen=True)
 class Loop:
@@ -508,95 +122,12 @@ class Loop:
                      and p.loop.detail[0] <= iteration <= p.loop.detail[1]), None)
 
 
-T = TypeVar("T")
-
-
-class Table(Sequence[T], Generic[T]):
-    """An immutable table of rows of one dataclass, kept as columns; a row object is made the
-    first time it is read (then kept).
-
-    NOTE [ tables are columns ]: a recording of a graph of small ops holds tens of thousands of
-    nodes, saves, steps, allocations and timeline points; making a frozen dataclass object for
-    each costs about a microsecond, as much as PyTorch spends on a small op, so the recorder
-    hands its tables over as columns. Read a table as the tuple of rows it stands for (it
-    compares equal to one); :meth:`column` gives one field of every row without making rows
-    (what JSON, the widget and the page need).
-
-    Example:
-        >>> from gradscope.recording import Edge, Table
-        >>> t = Table(Edge, {"src": [1, 2], "dst": [0, 1]})
-        >>> len(t), t[1], t == (Edge(1, 0), Edge(2, 1)), t.column("src")
-        (2, Edge(src=2, dst=1), True, [1, 2])
-    """
-
-    __slots__ = ("_cache", "_cls", "_cols", "_names", "_n", "_rows")
-
-    def __init__(self, cls: type[T], columns: Mapping[str, Sequence[Any]], *, cache: bool = True) -> None:
-        fields = dataclasses.fields(cls)  # type: ignore[arg-type]
-        names = [f.name for f in fields]
-        lengths = {len(columns[n]) for n in names if n in columns}
-        if len(lengths) > 1:
-            raise ValueError(f"columns of {cls.__name__} have different lengths {sorted(lengths)}")
-        n_rows = next(iter(lengths)) if lengths else 0
-        # every field, in order (rows are made positionally); a column not given is its default's
-        cols = [columns[f.name] if f.name in columns else [f.default] * n_rows for f in fields]
-        if any(f.name not in columns and f.default is dataclasses.MISSING for f in fields):
-            raise ValueError(f"a column of {cls.__name__} without a default is missing")
-        lengths = {len(c) for c in cols}
-        self._cls = cls
-        self._names = names
-        self._cols = cols
-        self._n = lengths.pop() if lengths else 0
-        self._rows: list[T] | None = None
-        self._cache = cache  # False: rows are made each time they are read (a long loop's iterations)
-
-    def _all(self) -> list[T]:
-        rows = self._rows
-        if rows is None:
-            make = self._cls
-            rows = [make(*vals) for vals in zip(*self._cols, strict=True)] if self._cols else []
-            if self._cache:
-                self._rows = rows
-        return rows
-
-    def __len__(self) -> int:
-        return self._n
-
-    @overload
-    def __getitem__(self, i: int) -> T: ...
-    @overload
-    def __getitem__(self, i: slice) -> tuple[T, ...]: ...
-    def __getitem__(self, i: int | slice) -> T | tuple[T, ...]:
-        if isinstance(i, slice):
-            return tuple(self._all()[i])
-        if self._rows is not None:
-            return self._rows[i]
-        if not -self._n <= i < self._n:
-            raise IndexError("Table index out of range")
-        return self._cls(*(c[i] for c in self._cols))  # one row: the others are not made
-
-    def __iter__(self) -> Iterator[T]:
-        if not self._cache and self._rows is None and self._cols:
-            make = self._cls
-            return (make(*vals) for vals in zip(*self._cols, strict=True))
-        return iter(self._all())
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Table | tuple | list):
-            return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
-        return NotImplemented
-
-    def __hash__(self) -> int:
-        return hash(tuple(self))
-
-    def __repr__(self) -> str:
-        return repr(tuple(self))
-
-    def column(self, name: str) -> Sequence[Any]:
-        """One field of every row, in row order."""
-        return self._cols[self._names.index(name)]
-
-
+# NOTE [ one class for the recording ]: Recording is longer than a class should be, and is one piece:
+# its dotted name ``gradscope.recording.Recording`` is data (each figure's ``computed_by`` in
+# :data:`gradscope.figures.FIGURES` and docs/figures.md, the views declared for it), its methods
+# are the figures (NOTE [ one definition per figure ]), each a few lines over the same tables, and
+# ``to_dict`` / ``from_dict`` list every field beside the fields themselves (the helpers they use
+# are in :mod:`gradscope._recording.files`). Split, a figure would move away from its definition.
 @dataclass(frozen=True)
 class Recording:
     """Everything gradscope saw inside one ``gs.record()`` block. Immutable.
@@ -989,186 +520,7 @@ def load(path: str | os.PathLike[str]) -> Recording:
     Raises GradscopeError for a truncated file, another schema version, a JSON file that is not a
     gradscope recording, or a file that is not JSON at all. Never executes anything from the file.
     """
-    p = os.fspath(path)
-    try:
-        st = os.stat(p)
-    except OSError as e:
-        raise GradscopeError(f"gradscope: cannot read {p!r}: {e.strerror}.") from None
-    if not stat.S_ISREG(st.st_mode):  # a directory, or a pipe that would block the read forever
-        raise GradscopeError(f"gradscope: cannot read {p!r}: it is not a regular file.")
-    size = st.st_size
-    if size > _MAX_FILE_BYTES:
-        raise GradscopeError(
-            f"gradscope: {p!r} is {size} bytes, more than the {_MAX_FILE_BYTES}-byte limit for a "
-            "recording; it is probably not a gradscope file."
-        )
-    try:
-        with open(p, "rb") as f:
-            raw = f.read()
-    except OSError as e:
-        raise GradscopeError(f"gradscope: cannot read {p!r}: {e.strerror}.") from None
-    try:
-        text = raw.decode("utf-8")
-        data = json.loads(text)
-    except UnicodeDecodeError:
-        raise GradscopeError(f"gradscope: {p!r} is not UTF-8 JSON; is it a gradscope recording?") from None
-    except json.JSONDecodeError as e:
-        what = "truncated" if e.pos >= len(text.rstrip()) else "not valid JSON"
-        raise GradscopeError(
-            f"gradscope: {p!r} is {what} ({e.msg} at character {e.pos}). "
-            "Save the recording again with Recording.save()."
-        ) from None
-    except RecursionError:
-        raise GradscopeError(f"gradscope: {p!r} is nested too deeply to be a gradscope recording.") from None
-    return Recording.from_dict(data)
-
-
-# ----- helpers ---------------------------------------------------------------------------
-def atomic_write_text(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` atomically and durably: a crash or a failed write leaves any
-    previous file intact and no temporary behind (every file gradscope writes goes through it).
-    The file gets the mode ``open(path, "w")`` would give it: a file written over keeps its
-    mode, a new one gets ``0o666`` less the process's umask (the temporary is ``0o600``)."""
-    directory = os.path.dirname(os.path.abspath(path))
-    mode = _mode_for(path)
-    fd, tmp = tempfile.mkstemp(prefix=".gradscope-", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.chmod(tmp, mode)
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
-def _mode_for(path: str) -> int:
-    """The permission bits a plain ``open(path, "w")`` leaves: the existing file's, else
-    ``0o666`` less the umask (read from /proc where it can be, so no other thread sees the umask
-    changed for a moment)."""
-    try:
-        return stat.S_IMODE(os.stat(path).st_mode)
-    except OSError:
-        pass
-    umask = None
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    umask = int(line.split()[1], 8)
-                    break
-    except (OSError, ValueError):
-        umask = None
-    if umask is None:
-        umask = os.umask(0o022)
-        os.umask(umask)
-    return 0o666 & ~umask
-
-
-def _enum_safe(d: dict[str, Any]) -> dict[str, Any]:
-    return {k: (v.value if isinstance(v, enum.Enum) else v) for k, v in d.items()}
-
-
-def _columns(rows: Iterable[Any], cls: type) -> dict[str, list[Any]]:
-    names = [f.name for f in dataclasses.fields(cls)]
-    if isinstance(rows, Table) and rows._rows is None:  # see NOTE [ tables are columns ]
-        return {n: [_json_value(v) for v in rows.column(n)] for n in names}
-    cols: dict[str, list[Any]] = {n: [] for n in names}
-    for r in rows:
-        for n in names:
-            v = getattr(r, n)
-            if isinstance(v, enum.Enum):
-                v = v.value
-            elif isinstance(v, tuple):
-                v = list(v)
-            elif isinstance(v, float) and not math.isfinite(v):
-                v = None
-            cols[n].append(v)
-    return cols
-
-
-def _lines_inside(cols: dict[str, list[Any]], n_lines: int) -> dict[str, list[Any]]:
-    """A table's line column as written: an index outside the line table (rows taken from another
-    recording without its lines) is written as none, so that the file loads (see NOTE [ files are
-    data ])."""
-    col = cols.get("line")
-    if col is not None and any(v is not None and not 0 <= v < n_lines for v in col):
-        cols["line"] = [v if v is not None and 0 <= v < n_lines else None for v in col]
-    return cols
-
-
-def _json_value(v: Any) -> Any:
-    if isinstance(v, enum.Enum):
-        return v.value
-    if isinstance(v, tuple):
-        return list(v)
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    return v
-
-
-_CONVERT: dict[str, Any] = {
-    "phase": Phase,
-    "kind": Kind,
-    "category": Category,
-    "shape": lambda v: tuple(int(x) for x in v) if isinstance(v, list | tuple) else v,
-    "leaf_shape": lambda v: None if v is None else tuple(int(x) for x in v),
-    "roots": lambda v: tuple(v) if isinstance(v, list) else v,
-    "inputs": lambda v: tuple(v) if isinstance(v, list) else v,
-    "accumulated": lambda v: tuple(v) if isinstance(v, list) else v,
-    "holders": lambda v: _holders(v),
-}
-
-
-# NOTE [ files are data ]: a recording file may come from anyone. Every field read from one must
-# have its declared type (views index, sort and add with them), and every index into another
-# table must point inside it; otherwise loading fails with a GradscopeError.
-_TYPE_CHECKS: dict[str, Any] = {
-    "int": lambda v: type(v) is int,
-    "float": lambda v: v is None or type(v) in (int, float),  # non-finite floats are written as null
-    "str": lambda v: type(v) is str,
-    "bool": lambda v: type(v) is bool,
-    "None": lambda v: v is None,
-    "Kind": lambda v: isinstance(v, Kind),
-    "Phase": lambda v: isinstance(v, Phase),
-    "Category": lambda v: isinstance(v, Category),
-    "tuple[int, ...]": lambda v: type(v) is tuple and all(type(x) is int for x in v),
-}
-_PLANS: dict[type, list[tuple[str, Any, Any]]] = {}
-
-
-def _plan(cls: type) -> list[tuple[str, Any, Any]]:
-    """(field name, conversion, type check or None) for each field of ``cls``."""
-    plan = _PLANS.get(cls)
-    if plan is None:
-        plan = []
-        for f in dataclasses.fields(cls):
-            parts = [p.strip() for p in str(f.type).split("|")]
-            checks = [_TYPE_CHECKS.get(p) for p in parts]
-            check = None if None in checks else (lambda v, cs=tuple(checks): any(c(v) for c in cs))
-            plan.append((f.name, _CONVERT.get(f.name), check))
-        _PLANS[cls] = plan
-    return plan
-
-
-def _build(cls: type, d: Mapping[str, Any]) -> Any:
-    if not isinstance(d, Mapping):
-        raise TypeError(f"expected an object for {cls.__name__}")
-    kwargs = {}
-    for name, conv, check in _plan(cls):
-        if name in d:
-            v = d[name]
-            if conv is not None:
-                v = conv(v)
-            if check is not None and not check(v):
-                raise TypeError(f"{cls.__name__}.{name} cannot be {type(v).__name__} {str(v)[:40]!r}")
-            kwargs[name] = v
-    return cls(**kwargs)
+    return Recording.from_dict(read_json(os.fspath(path)))
 
 
 def _check_links(r: Recording) -> None:
@@ -1220,18 +572,6 @@ def _check_links(r: Recording) -> None:
         inside(r.peak.step, m, "peak step")
 
 
-def _rows(cols: Mapping[str, list[Any]], cls: type) -> list[Any]:
-    if not isinstance(cols, Mapping):
-        raise TypeError(f"expected columns for {cls.__name__}")
-    names = [f.name for f in dataclasses.fields(cls)]
-    present = [n for n in names if n in cols]
-    lengths = {len(cols[n]) for n in present}
-    if len(lengths) > 1:
-        raise ValueError(f"columns of {cls.__name__} have different lengths {sorted(lengths)}")
-    n_rows = lengths.pop() if lengths else 0
-    return [_build(cls, {n: cols[n][i] for n in present}) for i in range(n_rows)]
-
-
 def _events(allocations: Iterable[Allocation]) -> list[tuple[int, int]]:
     """(event position, signed bytes) of an allocation table, in event order."""
     out = []
@@ -1256,114 +596,3 @@ def _loop(v: Any, cls: Any) -> Loop | None:
         raise TypeError("loop bytes are not ints")
     return Loop(detail=(detail[0], detail[1]), parts=tuple(cls.from_dict(p) for p in v.get("parts", [])),
                 saved_bytes=saved, carried_bytes=carried)
-
-
-def _holders(v: Any) -> tuple[tuple[str, int], ...]:
-    if not isinstance(v, list | tuple) or not all(
-            isinstance(h, list | tuple) and len(h) == 2 and type(h[0]) is str and type(h[1]) is int for h in v):
-        raise TypeError("holders are not (what, bytes) pairs")
-    return tuple((h[0], h[1]) for h in v)
-
-
-def _extra(v: Any) -> dict[str, Any]:
-    if v is None:
-        return {}
-    if not isinstance(v, Mapping):
-        raise TypeError("extra must be an object")
-    return dict(v)
-
-
-def _held_from_json(v: Any) -> HeldMemory | None:
-    """A held-at-peak object from its JSON form (see :meth:`HeldMemory.to_dict`)."""
-    if v is None:
-        return None
-    if not isinstance(v, Mapping):
-        raise TypeError("held must be an object")
-    if "rows" not in v:  # schema 1 kept {"error": ...} when listing failed
-        return HeldMemory(moment="none", live_bytes=0, key_kind="none", error=_opt_str(v.get("error")))
-    rows = []
-    for r in v.get("rows") or ():
-        if not isinstance(r, Mapping):
-            raise TypeError("a held row must be an object")
-        r = dict(r)
-        if r.get("shape") is not None:
-            r["shape"] = tuple(int(x) for x in r["shape"])
-        r.setdefault("what", "forward")
-        r.setdefault("label", "")
-        rows.append(_build(HeldAllocation, r))
-
-    def pairs(m: Any) -> tuple[tuple[str, int], ...]:
-        if not isinstance(m, Mapping):
-            raise TypeError("expected an object of byte counts")
-        return tuple((str(k), _int(b)) for k, b in m.items())
-
-    return HeldMemory(
-        moment=str(v.get("moment", "peak")), live_bytes=_int(v.get("live_bytes", 0)),
-        key_kind=str(v.get("key_kind", "storage")), rows=tuple(rows), omitted=_int(v.get("omitted", 0)),
-        omitted_bytes=_int(v.get("omitted_bytes", 0)), omitted_by_kind=pairs(v.get("omitted_by_kind") or {}),
-        omitted_by_module=pairs(v.get("omitted_by_module") or {}), error=_opt_str(v.get("error")),
-    )
-
-
-def _lines(v: Any) -> tuple[SourceLine, ...]:
-    """The line table from its JSON form: ``[file, line, function, cell, stack]`` rows."""
-    if v is None:
-        return ()
-    if not isinstance(v, list):
-        raise TypeError("lines must be a list")
-    out = []
-    for row in v:
-        if not isinstance(row, list) or len(row) != 5:
-            raise TypeError("a line must be [file, line, function, cell, stack]")
-        file, line, function, cell, stack = row
-        if not isinstance(stack, list) or not all(isinstance(f, list) and len(f) == 3 for f in stack):
-            raise TypeError("a line's stack must be a list of [file, line, function]")
-        out.append(SourceLine(
-            file=str(file), line=_int(line), function=str(function), cell=_opt_int(cell),
-            stack=tuple((str(f[0]), _int(f[1]), str(f[2])) for f in stack),
-        ))
-    return tuple(out)
-
-
-def _migrate_1_to_2(d: Mapping[str, Any]) -> dict[str, Any]:
-    """Schema 1 kept what is now typed (held tensors, backward calls, the simulated OOM, node
-    counts) as untyped dicts in ``extra``; schema 2 has fields for them. Nothing else changed."""
-    out = dict(d)
-    extra = d.get("extra")
-    extra = dict(extra) if isinstance(extra, Mapping) else extra
-    if isinstance(extra, dict):
-        if "held" in extra:
-            out["held"] = extra.pop("held")
-        if "oom" in extra:
-            out["oom"] = extra.pop("oom")
-        calls = extra.pop("backward_calls", None)
-        if isinstance(calls, list):
-            cols: dict[str, list[Any]] = {"index": [], "api": [], "create_graph": [], "retain_graph": []}
-            for i, c in enumerate(calls):
-                if not isinstance(c, Mapping):
-                    raise TypeError("a backward call must be an object")
-                cols["index"].append(i)
-                cols["api"].append(str(c.get("api", "backward")))
-                cols["create_graph"].append(bool(c.get("create_graph", False)))
-                cols["retain_graph"].append(bool(c.get("retain_graph", False)))
-            out["backward_calls"] = cols
-        for k in ("nodes_created", "nodes_created_seen"):
-            if k in extra:
-                out[k] = extra.pop(k)
-    out["extra"] = extra
-    out["schema"] = 2
-    return out
-
-
-def _int(v: Any) -> int:
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise TypeError(f"expected an integer, got {type(v).__name__}")
-    return v
-
-
-def _opt_int(v: Any) -> int | None:
-    return None if v is None else _int(v)
-
-
-def _opt_str(v: Any) -> str | None:
-    return None if v is None else str(v)

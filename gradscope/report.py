@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from gradscope._compiled import compiled_bytes_by_module
-from gradscope._snapshot.data import SnapshotRecording, bytes_by_line, group_of
+from gradscope._snapshot.data import SnapshotRecording
+from gradscope._snapshot.frames import group_of
+from gradscope._snapshot.queries import bytes_by_line
 from gradscope.figures import (
     ALIVE_AT_PEAK,
     GROWTH,
@@ -200,7 +202,7 @@ def _backward_calls_text(rec: Recording) -> str:
 def _failed_calls_lines(rec: Recording) -> list[str]:
     """One line per backward call that raised, e.g. ``backward 2 (backward) raised in step 3
     (BoomBackward), after steps 1-2: ValueError: boom`` (see NOTE [ a backward that raised ] in
-    gradscope._passes)."""
+    gradscope._passes.steps)."""
     lines = []
 
     def node_of(step: int) -> str:

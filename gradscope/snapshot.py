@@ -34,10 +34,16 @@ Example:
 from __future__ import annotations
 
 from gradscope._snapshot import data as _data
+from gradscope._snapshot import frames as _frames
+from gradscope._snapshot import queries as _queries
+from gradscope._snapshot import reading as _reading
 from gradscope._snapshot import roles as _roles
-from gradscope._snapshot.data import *  # noqa: F403  (the snapshot's data and pure functions, as listed there)
+from gradscope._snapshot.data import *  # noqa: F403  (the snapshot's data and its recording, as listed there)
 from gradscope._snapshot.diagnose import SnapshotDiagnosis, SnapshotFinding, diagnose_snapshot, pageable_bytes
+from gradscope._snapshot.frames import *  # noqa: F403  (frames, the rows that hold them, groups)
+from gradscope._snapshot.queries import *  # noqa: F403  (the questions asked of a snapshot's data)
+from gradscope._snapshot.reading import *  # noqa: F403  (reading a snapshot, load_snapshot)
 from gradscope._snapshot.roles import *  # noqa: F403  (roles, passes, steps, accumulating memory)
 
-__all__ = [*_data.__all__, *_roles.__all__, "SnapshotDiagnosis", "SnapshotFinding", "diagnose_snapshot",
-           "pageable_bytes"]
+__all__ = [*_data.__all__, *_frames.__all__, *_reading.__all__, *_queries.__all__, *_roles.__all__,
+           "SnapshotDiagnosis", "SnapshotFinding", "diagnose_snapshot", "pageable_bytes"]

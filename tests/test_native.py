@@ -356,7 +356,7 @@ def test_compiled_module_hooks_write_the_python_hooks_calls(monkeypatch: pytest.
 
     def step() -> None:
         # (the block's own pre hook, behind gradscope's one global pair: NOTE [ one key for module hooks ])
-        used.append(type(importlib.import_module("gradscope.record")._MODULE_HOOKS[-1][0]).__name__)
+        used.append(type(importlib.import_module("gradscope.capture.modules")._MODULE_HOOKS[-1][0]).__name__)
         out = model(x)
         with pytest.raises(ValueError, match="mid-forward"):
             failing(x)
@@ -505,7 +505,7 @@ def test_the_shared_state_has_one_definition() -> None:
     from gradscope._native import fields
 
     assert (Path(fields.__file__).with_name("fields.h")).read_text() == fields.render_header()
-    rec_mod = importlib.import_module("gradscope.record")
+    rec_mod = importlib.import_module("gradscope.capture.state")
     native = _native.hooks()
     assert native is not None, _native.status()
     state = rec_mod._new_state(native)

@@ -32,6 +32,7 @@ import gradscope.memory as gmem
 
 # `gradscope.record` the attribute is the function; the module is reached through importlib.
 grec = importlib.import_module("gradscope.record")
+gpatches = importlib.import_module("gradscope.capture.patches")
 gdisc = importlib.import_module("gradscope.capture.discover")  # the recorder's learnt tables, graph discovery
 gsaves = importlib.import_module("gradscope.capture.saves")  # the recorder's parts (see gradscope.capture)
 gmods = importlib.import_module("gradscope.capture.modules")
@@ -75,7 +76,7 @@ def leftovers() -> list[str]:
             left.append(f"patched {obj.__name__}.{attr}")
     if getattr(grec._active, "rec", None) is not None:
         left.append("active recorder")
-    if grec._patch_users or grec._patch_saved:
+    if gpatches._patch_users or gpatches._patch_saved:
         left.append("shared patch users")
     return left
 

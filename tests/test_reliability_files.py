@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 import gradscope as gs
-import gradscope.recording as grecording
+import gradscope._recording.files as grecording
 from gradscope.recording import Recording
 
 

@@ -514,7 +514,7 @@ PyObject* hooks_unpack(Hooks* self, PyObject* packed) {
           Py_DECREF(r);
         }
         st->last_seq = node;
-        // the counter as the node starts: see NOTE [ orders ] in gradscope._passes
+        // the counter as the node starts: see NOTE [ orders ] in gradscope._passes.steps
         PyObject* ev = gradscope_native::untracked(Py_BuildValue(
             "(inLK)", 0, sid, time_ns(), static_cast<unsigned long long>(at::sequence_number::peek())));
         if (ev == nullptr) return nullptr;

@@ -57,20 +57,17 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass
 
-from gradscope._snapshot.data import (
+from gradscope._snapshot.data import SnapshotData, snapshot_data
+from gradscope._snapshot.frames import Frame, group_of, is_user_frame
+from gradscope._snapshot.queries import (
     Fragmentation,
-    Frame,
     LineBytes,
     OomCause,
     SegmentState,
-    SnapshotData,
     bytes_by_line,
     fragmentation,
-    group_of,
-    is_user_frame,
     segment_size_for,
     segment_states,
-    snapshot_data,
 )
 from gradscope._snapshot.roles import (
     Accumulation,

@@ -230,7 +230,7 @@ class GraphDiscovery:
                         continue
                     if hook_all:
                         self._hook(fn, i, name=name, post=True)
-                    elif custom:  # see NOTE [ steps nobody saw ] in gradscope._passes
+                    elif custom:  # see NOTE [ steps nobody saw ] in gradscope._passes.steps
                         self._hook(fn, i, name=name, post=False)
                 else:
                     self._leaf_row(fn, i, key, name, custom, hooking, hook_all)

@@ -171,7 +171,7 @@ class EngineInterception:
             row.ev0 = len(trace.events)
             try:
                 result = orig(t_outputs, *args, **kwargs)
-            except BaseException as e:  # see NOTE [ a backward that raised ] in gradscope._passes
+            except BaseException as e:  # see NOTE [ a backward that raised ] in gradscope._passes.steps
                 row.oom = isinstance(e, torch.OutOfMemoryError)  # gs.MemoryBudgetExceeded is one
                 try:
                     row.error = f"{type(e).__name__}: {e}"

@@ -257,7 +257,7 @@ class SavedTensors:
                     if pending and not batched:
                         check_frees()
                     st.last_seq = node
-                    # the counter as the node starts: see NOTE [ orders ] in gradscope._passes
+                    # the counter as the node starts: see NOTE [ orders ] in gradscope._passes.steps
                     events_append((EV_UNPACK, sid, time_ns(), seq()))
                 if need_weak:
                     pending_append(sid)

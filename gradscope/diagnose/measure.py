@@ -735,7 +735,7 @@ def _quiet_logging() -> Any:
 def resident_bytes(values: Any) -> int:
     """Bytes of the distinct storages of the tensors reachable from ``values`` (modules' parameters,
     buffers and gradients, optimizers' state, tensors in containers)."""
-    from gradscope.predict import _collect_tensors
+    from gradscope._predict.copies import _collect_tensors
 
     tensors: dict[int, torch.Tensor] = {}
     _collect_tensors([v for v in values if not isinstance(v, types.ModuleType | types.FunctionType | type)],
@@ -760,7 +760,7 @@ def _replica(objs: Mapping[str, Any], *, dropout: bool = True) -> dict[str, Any]
     dropout); ``dropout=False``: with dropout off (see NOTE [ results where randomness allows ]).
     Tensors that are results of autograd (not leaves) are copied detached, as they cannot be
     deep-copied."""
-    from gradscope.predict import _collect_tensors, copied_schedulers
+    from gradscope._predict.copies import _collect_tensors, copied_schedulers
 
     tensors: dict[int, torch.Tensor] = {}
     _collect_tensors(dict(objs), tensors, set())
