@@ -87,7 +87,19 @@ def _gpt2() -> tuple[nn.Module, Callable[..., Any], tuple[Any, ...]]:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     m = GPT2LMHeadModel(GPT2Config())  # GPT-2 small, random weights: nothing is downloaded
-    ids = torch.randint(0, 50257, (4, 512), device="cuda")
+    ids = torch.randint(0, 50257, (8, 512), device="cuda")
+
+    def step(model: nn.Module, ids: torch.Tensor) -> None:
+        model(input_ids=ids, labels=ids).loss.backward()
+
+    return m.cuda(), step, (ids,)
+
+
+def _bert() -> tuple[nn.Module, Callable[..., Any], tuple[Any, ...]]:
+    from transformers import BertConfig, BertForMaskedLM
+
+    m = BertForMaskedLM(BertConfig())  # BERT-base, random weights
+    ids = torch.randint(0, 30522, (8, 512), device="cuda")
 
     def step(model: nn.Module, ids: torch.Tensor) -> None:
         model(input_ids=ids, labels=ids).loss.backward()
@@ -126,7 +138,8 @@ MODELS: dict[str, Callable[[], tuple[nn.Module, Callable[..., Any], tuple[Any, .
     "mlp 8x2048": _mlp,
     "cnn + batchnorm": _cnn,
     "encoder 6xd512 (sdpa)": _encoder,
-    "gpt2 small": _gpt2,
+    "gpt2 small 8x512": _gpt2,
+    "bert base 8x512": _bert,
     "gan penalty (create_graph)": _gan_penalty,
     "adam step": _adam,
 }
@@ -205,23 +218,113 @@ def measure_model(name: str, make: Callable[[], Any], repeat: int) -> dict[str, 
     row["prediction_notes"] = list(p.notes)
     _clear_grads(model)
 
-    # 3. overhead, interleaved
-    plain: list[float] = []
-    recorded: list[float] = []
+    # 3. overhead, interleaved: the plain step, recorded with memory="cuda" and "off", and the two
+    # tools PyTorch has for the same question, each alone
+    def rec_cuda() -> None:
+        with gs.record(memory="cuda"):
+            step(model, *args)
+
+    def rec_off() -> None:
+        with gs.record(memory="off"):
+            step(model, *args)
+
+    def profiler_alone() -> None:
+        with torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA],
+            profile_memory=True,
+        ):
+            step(model, *args)
+
+    def history_alone() -> None:
+        torch.cuda.memory._record_memory_history(max_entries=100_000)
+        try:
+            step(model, *args)
+        finally:
+            torch.cuda.memory._record_memory_history(enabled=None)
+
+    variants: dict[str, Callable[[], None]] = {
+        "plain": lambda: step(model, *args),
+        "record cuda": rec_cuda,
+        "record off": rec_off,
+        "profiler(profile_memory)": profiler_alone,
+        "_record_memory_history": history_alone,
+    }
+    times: dict[str, list[float]] = {k: [] for k in variants}
     for _ in range(repeat):
-        plain.append(_timed(lambda: step(model, *args)))
-        _clear_grads(model)
-
-        def rec_step() -> None:
-            with gs.record(memory="cuda"):
-                step(model, *args)
-
-        recorded.append(_timed(rec_step))
-        _clear_grads(model)
-    row["plain_median_s"] = statistics.median(plain)
-    row["recorded_median_s"] = statistics.median(recorded)
+        for k, fn in variants.items():
+            times[k].append(_timed(fn))
+            _clear_grads(model)
+    row["times_s"] = {
+        k: {"median": statistics.median(v), "min": min(v), "max": max(v)} for k, v in times.items()
+    }
+    row["plain_median_s"] = statistics.median(times["plain"])
+    row["recorded_median_s"] = statistics.median(times["record cuda"])
     row["overhead"] = row["recorded_median_s"] / row["plain_median_s"]
+    row["ratios"] = {k: statistics.median(v) / row["plain_median_s"] for k, v in times.items()}
     return row
+
+
+def measure_loop(steps: int) -> dict[str, Any]:
+    """A training loop of ``steps`` Adam steps recorded in one block with ``memory="cuda"``: per-step
+    time against the plain loop, the iterations found, whether memory is steady, and the recorded
+    peak against the allocator's over the same block."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(1024, 4096), nn.GELU(), nn.Linear(4096, 1024)).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randn(256, 1024, device="cuda")
+
+    def loop(n: int) -> None:
+        for _ in range(n):
+            opt.zero_grad(set_to_none=True)
+            model(x).square().mean().backward()
+            opt.step()
+
+    loop(3)  # warm-up: optimizer state and workspaces exist before measuring
+    plain = _timed(lambda: loop(steps))
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    t0 = time.perf_counter()
+    with gs.record(memory="cuda") as rec:
+        loop(steps)
+    torch.cuda.synchronize()
+    recorded = time.perf_counter() - t0
+    allocator_peak = torch.cuda.max_memory_allocated() - before
+    r = rec.recording
+    assert r is not None
+    t1 = time.perf_counter()
+    text = r.summary()
+    first_look = time.perf_counter() - t1
+    leaky: list[torch.Tensor] = []
+
+    def leaky_loop(n: int) -> None:
+        for _ in range(n):
+            opt.zero_grad(set_to_none=True)
+            loss = model(x).square().mean()
+            loss.backward(retain_graph=True)
+            opt.step()
+            leaky.append(loss)  # keeps every step's graph
+
+    with gs.record(memory="cuda") as rec2:
+        leaky_loop(20)
+    r2 = rec2.recording
+    assert r2 is not None
+    leaky.clear()
+    return {
+        "steps": steps,
+        "plain_per_step_us": 1e6 * plain / steps,
+        "recorded_per_step_us": 1e6 * recorded / steps,
+        "ratio": recorded / plain,
+        "iterations": len(r.iterations),
+        "steady": r.steady(),
+        "recorded_peak_bytes": r.peak_bytes,
+        "allocator_peak_bytes": allocator_peak,
+        "first_look_s": first_look,
+        "summary_head": text[:1500],
+        "leaky_iterations": len(r2.iterations),
+        "leaky_steady": r2.steady(),
+        "leaky_growth": [str(g) for g in r2.growth][:5],
+    }
 
 
 def _rounded_resident(model: nn.Module, args: tuple[Any, ...]) -> int:
@@ -298,7 +401,11 @@ def check_snapshot(path: str, printed: str, message: str) -> dict[str, Any]:
 
     data = snapshot_data(rec)
     m = re.search(r"Tried to allocate ([0-9.]+) (GiB|MiB|KiB)", message)
-    asked = None if m is None else float(m.group(1)) * {"GiB": 1 << 30, "MiB": 1 << 20, "KiB": 1 << 10}[m.group(2)]
+    asked = (
+        None
+        if m is None
+        else float(m.group(1)) * {"GiB": 1 << 30, "MiB": 1 << 20, "KiB": 1 << 10}[m.group(2)]
+    )
     facts = {
         "load_s": seconds,
         "events": data.events,
@@ -311,7 +418,9 @@ def check_snapshot(path: str, printed: str, message: str) -> dict[str, Any]:
         "reserved": d.reserved,
         "message_request_bytes": asked,
         # PyTorch's message rounds to two decimals of its unit: the request must agree with it
-        "request_matches_message": asked is not None and d.request is not None and abs(d.request - asked) <= 0.01 * asked,
+        "request_matches_message": asked is not None
+        and d.request is not None
+        and abs(d.request - asked) <= 0.01 * asked,
         "same_diagnosis_printed": d.text() in printed,
         "patterns": [f.pattern for f in d.findings],
         "by_line": [[r.key, r.bytes, r.blocks] for r in d.by_line[:8]],
@@ -338,6 +447,9 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=15, help="interleaved runs per model for the overhead")
     ap.add_argument("--only", nargs="*", help="model names (default: all)")
     ap.add_argument("--no-oom", action="store_true", help="skip the OOM section")
+    ap.add_argument(
+        "--loop-steps", type=int, default=500, help="steps of the recorded training loop (0: skip)"
+    )
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench_cuda: no CUDA device here; run it on a machine with an NVIDIA GPU.")
@@ -373,7 +485,23 @@ def main() -> None:
                 f"{row['predicted_minus_resident_bytes'] / MiB:9.1f}M "
                 f"{'n/a' if err is None else f'{err:+.1f}':>8s} {row['overhead']:7.2f}x"
             )
+            print(
+                "    "
+                + "  ".join(
+                    f"{k} {v['median'] * 1e3:.2f} ms ({v['min'] * 1e3:.2f}-{v['max'] * 1e3:.2f})"
+                    for k, v in row["times_s"].items()
+                )
+            )
         report["models"].append(row)
+        sys.stdout.flush()
+    if a.loop_steps:
+        try:
+            report["loop"] = measure_loop(a.loop_steps)
+            print("loop:", {k: v for k, v in report["loop"].items() if k != "summary_head"})
+        except Exception as e:
+            report["loop"] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+            print("loop section FAILED:", report["loop"]["error"])
+        _fresh()
         sys.stdout.flush()
     if not a.no_oom:
         try:
