@@ -28,6 +28,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 import gradscope as gs
+from gradscope.job import job_view
 
 
 def _mlp() -> nn.Module:
@@ -131,7 +132,7 @@ def run(world: int) -> None:
             assert rec is not None
             pred = p.ranks[r].peak_bytes
             print(f"{key:<14} {r:>4} {rec.peak_bytes:>11} {pred:>11} {100 * (pred / rec.peak_bytes - 1):>+9.2f}%")
-        imb = job.view().imbalance
+        imb = job_view(job).imbalance
         print(f"{'':<14} gather: {g['bytes'] / 1024:.0f} KiB of JSON per rank, {g['gather_s'] * 1000:.1f} ms on rank 0")
         if imb is not None:
             print(f"{'':<14} {imb.sentence}")

@@ -14,7 +14,6 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from gradscope import _views
 from gradscope.errors import GradscopeError, MemoryBudgetExceeded
 from gradscope.recording import Recording, load
 
@@ -43,28 +42,6 @@ __all__ = [
 
 __version__ = "0.1.0"
 
-# The views of each result, loaded on first use (see NOTE [ results ask the registry ] in _views)
-for _kind, _cls, _fn in (
-    ("text", "gradscope.recording.Recording", "gradscope.report:summary_text"),
-    ("html", "gradscope.recording.Recording", "gradscope.html:recording_html"),
-    ("html", "gradscope.compare.Comparison", "gradscope.html:comparison_html"),
-    ("text", "gradscope.jobs.data.Job", "gradscope.jobs.text:summary_text"),
-    ("html", "gradscope.jobs.data.Job", "gradscope.html:job_page_html"),
-    ("fragment", "gradscope.jobs.data.Job", "gradscope.jobs.page:fragment_html"),
-    ("payload", "gradscope.jobs.data.Job", "gradscope.jobs.payload:job_payload"),
-    # a job asks for its analysis the same way (NOTE [ a job asks for its analysis ] in gradscope.jobs.data)
-    ("view", "gradscope.jobs.data.Job", "gradscope.jobs.analysis:job_view"),
-    ("diagnosis", "gradscope.jobs.data.Job", "gradscope.jobs.analysis:diagnose_job"),
-    ("dot", "gradscope.recording.Recording", "gradscope.graph:to_dot"),
-    ("mimebundle", "gradscope.recording.Recording", "gradscope.widget:mimebundle"),
-    ("mimebundle", "gradscope.compare.Comparison", "gradscope.widget:mimebundle"),
-    ("mimebundle", "gradscope.jobs.data.Job", "gradscope.widget:mimebundle"),
-    ("text", "gradscope._snapshot.data.SnapshotRecording", "gradscope.report:snapshot_summary_text"),
-    ("html", "gradscope._snapshot.data.SnapshotRecording", "gradscope.html:snapshot_html"),
-):
-    _views.declare(_kind, _cls, _fn)
-_views.declare_saved("cuda_snapshot", "gradscope._snapshot.data:from_saved")  # NOTE [ saved types ]
-
 # Functions whose submodule has the same name are imported here, eagerly, so that the package
 # attribute is always the function (``gs.record(...)``) and never the module, whatever imports
 # ``gradscope.record`` later. Their modules import only torch. The rest load on first use, so that
@@ -79,6 +56,10 @@ for _name, _module in (("compare", "gradscope.compare"), ("diagnose", "gradscope
     except ModuleNotFoundError as _e:  # a part not built yet
         if _e.name != _module:
             raise
+
+# Every view registered for its result's type before a result asks for one (NOTE [ one registry
+# of views ] in gradscope._views): the views layer, imported whole.
+from gradscope import _shown  # noqa: E402,F401
 
 _LAZY = {
     "Comparison": "gradscope.compare",

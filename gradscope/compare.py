@@ -58,8 +58,8 @@ from torch.overrides import TorchFunctionMode
 
 from gradscope import _views
 from gradscope.errors import GradscopeError
-from gradscope.figures import PEAK, SAVED_TOTAL, saved_activation_bytes
-from gradscope.recording import Recording, atomic_write_text, format_bytes
+from gradscope.figures import saved_activation_bytes
+from gradscope.recording import Recording, atomic_write_text
 
 __all__ = ["SPREAD_LIMIT", "Comparison", "Row", "compare", "saved_total", "tolerance"]
 
@@ -306,20 +306,21 @@ class Comparison:
         return _best(self)
 
     def summary(self) -> str:
-        """The comparison as a text table (deterministic apart from the times)."""
-        return _summary_text(self)
+        """The comparison as a text table (deterministic apart from the times; its view:
+        ``gradscope.report``)."""
+        return str(_views.render(_views.ViewKind.TEXT, self))
 
     def to_html(self, path: str | os.PathLike[str] | None = None) -> str:
         """One self-contained HTML page of the comparison. With ``path``, writes it there and
         returns the path; without, returns the page's text."""
-        html = str(_views.render("html", self))  # see NOTE [ results ask the registry ]
+        html = str(_views.render(_views.ViewKind.HTML, self))  # NOTE [ one registry of views ] in _views
         if path is None:
             return html
         atomic_write_text(os.fspath(path), html)
         return os.fspath(path)
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        return dict(_views.render("mimebundle", self))
+        return _views.display(self)
 
     def __repr__(self) -> str:
         parts = ", ".join(f"{r.name}={r.status}" for r in self.rows)
@@ -822,89 +823,3 @@ def _best(cmp: Comparison) -> dict[str, list[str]]:
             low = min(v for v, _ in vals)
             out[col] = [n for v, n in vals if v == low]
     return out
-
-
-def _summary_text(cmp: Comparison) -> str:
-    rows = cmp.rows
-    ref = next((r for r in rows if r.name == cmp.reference), None)
-    ref_peak = ref.peak_bytes if ref is not None and ref.status != "raised" else None
-    ref_time = ref.time_s if ref is not None else None
-    best = _best(cmp)
-    stale = cmp.stale()
-
-    def mark(text: str, col: str, name: str) -> str:
-        return text + ("*" if name in best[col] else " ")
-
-    header = ["candidate", "status", PEAK.label, "vs ref", SAVED_TOTAL.label, "time (median)", "min-max",
-              "vs ref", "max abs error"]
-    table = [header]
-    for r in rows:
-        spread = "-" if r.time_min_s is None or r.time_max_s is None else (
-            f"{_fmt_time(r.time_min_s)}-{_fmt_time(r.time_max_s)}"
-        )
-        table.append(
-            [
-                r.name + (" (ref)" if r.reference else "") + (" (stale)" if r.name in stale else ""),
-                r.status,
-                mark(format_bytes(r.peak_bytes), "peak", r.name),
-                _ratio(r.peak_bytes, ref_peak),
-                mark(format_bytes(saved_total(r)), "saved", r.name),
-                mark(_fmt_time(r.time_s), "time", r.name),
-                spread,
-                _ratio(r.time_s, ref_time),
-                "-" if r.max_abs_error is None else f"{r.max_abs_error:.3g}",
-            ]
-        )
-    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    threads = sorted({r.threads for r in rows if r.threads is not None})
-    thread_text = "/".join(str(t) for t in threads) if threads else "?"
-    lines = [
-        f"gs.compare: {len(rows)} candidates, reference {cmp.reference!r}, time = median (min-max) of "
-        f"{cmp.repeat} run(s) after a warm-up, {thread_text} torch thread(s)"
-    ]
-    for i, row in enumerate(table):
-        lines.append(
-            "  ".join(
-                c.ljust(w) if j < 2 else c.rjust(w) for j, (c, w) in enumerate(zip(row, widths, strict=True))
-            ).rstrip()
-        )
-        if i == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    if any(best.values()):
-        lines.append("* best value among the candidates that are ok")
-    lines.append(f"{PEAK.label}: {PEAK.definition}")
-    lines.append(f"{SAVED_TOTAL.label}: {SAVED_TOTAL.definition}")
-    for r in rows:
-        spread_r = r.time_spread
-        if spread_r is not None and spread_r > SPREAD_LIMIT:
-            lines.append(
-                f"{r.name}: times vary {spread_r:.1f}x between runs ({_fmt_time(r.time_min_s)} to "
-                f"{_fmt_time(r.time_max_s)}): too wide to trust. The machine was probably busy; re-run, "
-                "or time with torch.set_num_threads(1)."
-            )
-    if stale:
-        newest = max(r.run for r in rows)
-        lines.append(
-            f"stale: {', '.join(stale)} measured in an earlier round than run {newest}; "
-            "cmp.rerun() re-measures every candidate as one set."
-        )
-    for r in rows:
-        if r.message:
-            lines.append(f"{r.name}: {r.message}")
-    return "\n".join(lines)
-
-
-def _ratio(a: float | None, b: float | None) -> str:
-    if a is None or b is None or b == 0:
-        return "-"
-    return f"{a / b:.2f}x"
-
-
-def _fmt_time(t: float | None) -> str:
-    if t is None:
-        return "-"
-    if t < 1e-3:
-        return f"{t * 1e6:.0f} us"
-    if t < 1:
-        return f"{t * 1e3:.1f} ms"
-    return f"{t:.2f} s"

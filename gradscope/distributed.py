@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from gradscope import _compat
+from gradscope import _compat, _views
 from gradscope.errors import GradscopeError
 from gradscope.jobs.data import Job, RankEntry, RankStatus
 from gradscope.recording import Recording
@@ -359,20 +359,8 @@ class JobPrediction:
         )
 
     def summary(self) -> str:
-        from gradscope.recording import format_bytes
-
-        lines = [f"gradscope prediction: one step of {self.strategy.upper()} on {self.world_size} ranks"]
-        lines.append(f"{'rank':>4} {'peak':>11} {'resident':>11} {'total':>11}" + ("  budget" if self.budget else ""))
-        fits = self.fits
-        for r in self.ranks:
-            verdict = "" if fits is None else ("  fits" if fits[r.rank] else "  does NOT fit")
-            lines.append(f"{r.rank:>4} {format_bytes(r.peak_bytes):>11} {format_bytes(r.resident_bytes):>11} "
-                         f"{format_bytes(r.total_bytes):>11}{verdict}")
-        imb = self.job.view().imbalance
-        if imb is not None:
-            lines.append("imbalance: " + imb.sentence)
-        lines.extend("note: " + n for n in self.notes)
-        return "\n".join(lines)
+        """The per-rank predictions as text (its view: ``gradscope.jobs.text``)."""
+        return str(_views.render(_views.ViewKind.TEXT, self))
 
     def __repr__(self) -> str:
         peaks = ", ".join(str(r.peak_bytes) for r in self.ranks)

@@ -1,5 +1,5 @@
 """``gs.graph(tensor)``: the autograd graph and saved tensors behind an existing result, without
-running backward, and ``to_dot`` for a ``graphviz.Digraph`` of any recording."""
+running backward (a recording's graphviz drawing, ``rec.to_dot()``, is a view: :mod:`gradscope.report`)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from torch import nn
 from gradscope import _compat, _names
 from gradscope._walk import node_name, plain_pack, plain_unpack, walk
 from gradscope.errors import GradscopeError
-from gradscope.recording import Edge, Kind, Node, Recording, SavedTensor, Where, format_bytes
+from gradscope.recording import Edge, Kind, Node, Recording, SavedTensor, Where
 
-__all__ = ["graph", "to_dot"]
+__all__ = ["graph"]
 
 
 def graph(tensor: torch.Tensor | tuple[torch.Tensor, ...] | list[torch.Tensor], *,
@@ -165,39 +165,3 @@ def _saved_tensors(fn: Any, counts: dict[str, int]) -> list[tuple[str, torch.Ten
                 if isinstance(x, torch.Tensor):
                     out.append((attr if len(v) == 1 and attr != "saved_tensors" else f"{attr}[{k}]", x))
     return out
-
-
-def to_dot(rec: Recording, *, max_nodes: int = 5000) -> Any:
-    """A ``graphviz.Digraph`` of the recording: nodes with their saved bytes, saved tensors as
-    boxes (what torchviz's ``make_dot(show_saved=True)`` shows, plus bytes)."""
-    try:
-        import graphviz
-    except ImportError:
-        raise GradscopeError(
-            "gradscope: to_dot needs the 'graphviz' Python package: pip install 'gradscope[notebook]'."
-        ) from None
-    if len(rec.nodes) > max_nodes:
-        raise GradscopeError(
-            f"gradscope: {len(rec.nodes)} nodes is too many for a dot drawing (max_nodes={max_nodes}); "
-            "use gs.show(rec), which collapses by module, or pass a larger max_nodes."
-        )
-    dot = graphviz.Digraph(graph_attr={"rankdir": "BT"},
-                           node_attr={"shape": "box", "style": "filled", "fontsize": "10"})
-    by_node = rec.saved_by_node()
-    for n in rec.nodes:
-        own = sum(s.bytes for s in by_node.get(n.id, ()))
-        text = n.leaf if n.leaf else n.name
-        if n.leaf_shape is not None:
-            text += "\n" + str(list(n.leaf_shape))
-        if own:
-            text += f"\nsaved {format_bytes(own)}"
-        color = "lightblue" if n.leaf else ("orange" if n.order >= 1 else "lightgrey")
-        dot.node(f"n{n.id}", text, fillcolor=color)
-        for k, s in enumerate(by_node.get(n.id, ())):
-            sid = f"s{n.id}_{k}"
-            dot.node(sid, f"{s.attribute}\n{list(s.shape)} {s.dtype}\n{format_bytes(s.bytes)}",
-                     fillcolor="orange" if s.kind is Kind.ACTIVATION else "white", shape="note")
-            dot.edge(sid, f"n{n.id}", style="dotted", dir="none")
-    for e in rec.edges:
-        dot.edge(f"n{e.src}", f"n{e.dst}")
-    return dot

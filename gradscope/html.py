@@ -14,7 +14,11 @@ from typing import Any
 
 from gradscope._page import _inline_json, _inline_script, document
 from gradscope._snapshot.data import SnapshotRecording
+from gradscope._views import ViewKind, register
+from gradscope.compare import Comparison
 from gradscope.errors import GradscopeError
+from gradscope.jobs.data import Job
+from gradscope.jobs.page import fragment_html
 from gradscope.recording import Recording
 from gradscope.widget import (
     bundle_text,
@@ -40,27 +44,32 @@ def page_html(payload: dict[str, Any], title: str, fallback: str | None = None) 
     )
 
 
+@register(ViewKind.HTML, Recording)
 def recording_html(rec: Recording) -> str:
-    """One self-contained page for a recording (what :meth:`Recording.to_html` writes); a CUDA
-    memory snapshot (``gs.load_snapshot``) gets the snapshot view."""
-    if isinstance(rec, SnapshotRecording):
-        return snapshot_html(rec)
+    """One self-contained page for a recording (what :meth:`Recording.to_html` writes; a CUDA
+    memory snapshot, ``gs.load_snapshot``, has its own: :func:`snapshot_html`)."""
     return page_html(recording_payload(rec), f"gradscope · {rec.label or 'recording'}")
 
 
+@register(ViewKind.HTML, SnapshotRecording)
 def snapshot_html(rec: SnapshotRecording) -> str:
     """One self-contained page for a recording made by ``gs.load_snapshot``: the snapshot view."""
     return page_html(snapshot_payload(rec), f"gradscope · {rec.label or 'recording'}")
 
 
-def job_page_html(job: Any) -> str:
+@register(ViewKind.HTML, Job)
+def job_page_html(job: Job, *, script: bool = True) -> str:
     """One self-contained page for a :class:`~gradscope.job.Job` (what ``Job.to_html`` writes):
-    the job view, and the script-free table and timelines where scripts do not run."""
+    the job view, and the script-free table and timelines where scripts do not run. With
+    ``script=False``, those alone (what a job shows as a cell's HTML: ``Job._repr_html_``)."""
+    if not script:
+        return fragment_html(job)
     title = "gradscope job" + (f" · {job.label}" if job.label else "")
-    return page_html(job_payload(job), title, fallback=job._repr_html_())
+    return page_html(job_payload(job), title, fallback=fragment_html(job))
 
 
-def comparison_html(cmp: Any, problem: str | None = None) -> str:
+@register(ViewKind.HTML, Comparison)
+def comparison_html(cmp: Comparison, problem: str | None = None) -> str:
     """One self-contained page for a comparison (what ``Comparison.to_html`` writes).
 
     Args:

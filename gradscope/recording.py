@@ -13,8 +13,8 @@ NOTE [ one definition per figure ]: every byte figure a view shows is computed h
 method, with a label and a one-line definition in :data:`gradscope.figures.FIGURES` (the one
 registry, which names these methods) that views show beside it (tooltips), so
 the summary, the widget, the page and the diagnosis cannot disagree on what a number means.
-This module imports no view: ``summary``, ``to_html`` and ``_repr_mimebundle_`` load theirs
-lazily when called.
+This module imports no view: ``summary``, ``to_html``, ``to_dot`` and ``_repr_mimebundle_`` ask
+the view registry (NOTE [ one registry of views ] in ``gradscope._views``).
 """
 
 from __future__ import annotations
@@ -376,13 +376,13 @@ class Recording:
     # ----- views -------------------------------------------------------------------------
     def summary(self, top: int = 5) -> str:
         """Deterministic text: totals, top saved tensors, top modules, peak location."""
-        return str(_views.render("text", self, top=top))  # see NOTE [ results ask the registry ]
+        return str(_views.render(_views.ViewKind.TEXT, self, top=top))  # NOTE [ one registry of views ]
 
     def to_html(self, path: str | os.PathLike[str] | None = None) -> str:
         """One self-contained HTML page (scripts and data inline, no network). With ``path``,
         writes it there and returns the path (as a cell's last line it shows the file's name, not
         the page); without, returns the page's text."""
-        html = str(_views.render("html", self))
+        html = str(_views.render(_views.ViewKind.HTML, self))
         if path is None:
             return html
         atomic_write_text(os.fspath(path), html)
@@ -390,10 +390,10 @@ class Recording:
 
     def to_dot(self, max_nodes: int = 5000) -> Any:
         """A ``graphviz.Digraph`` of the graph with saved tensors and their bytes."""
-        return _views.render("dot", self, max_nodes=max_nodes)
+        return _views.render(_views.ViewKind.DOT, self, max_nodes=max_nodes)
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        return dict(_views.render("mimebundle", self))
+        return _views.display(self)
 
     def __repr__(self) -> str:
         state = "" if self.complete else ", incomplete"

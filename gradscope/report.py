@@ -1,11 +1,20 @@
-"""Text rendering of a :class:`~gradscope.Recording`: exact and deterministic apart from times."""
+"""The text views of a :class:`~gradscope.Recording` (a CUDA snapshot's too) and of a
+:class:`~gradscope.compare.Comparison`, exact and deterministic apart from times, and a
+recording's graphviz graph; registered for their types (NOTE [ one registry of views ] in
+``gradscope._views``): ``rec.summary()``, ``cmp.summary()``, ``rec.to_dot()`` (a
+``graphviz.Digraph``: what torchviz's ``make_dot(show_saved=True)`` shows, plus bytes)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from gradscope._compiled import compiled_bytes_by_module
 from gradscope._snapshot.data import SnapshotRecording
 from gradscope._snapshot.frames import group_of
 from gradscope._snapshot.queries import bytes_by_line
+from gradscope._views import ViewKind, register
+from gradscope.compare import SPREAD_LIMIT, Comparison, saved_total
+from gradscope.errors import GradscopeError
 from gradscope.figures import (
     ALIVE_AT_PEAK,
     GROWTH,
@@ -13,7 +22,9 @@ from gradscope.figures import (
     LINE_SAVED,
     LOOP_SAVED,
     PARAMETERS_SAVED,
+    PEAK,
     SAVED_ACTIVATIONS,
+    SAVED_TOTAL,
     alive_at_peak_by_module,
     loop_saved_bytes,
     parameters_saved_bytes,
@@ -23,7 +34,7 @@ from gradscope.figures import (
 )
 from gradscope.recording import Kind, Recording, format_bytes
 
-__all__ = ["snapshot_summary_text", "summary_text"]
+__all__ = ["comparison_text", "snapshot_summary_text", "summary_text"]
 
 _HELD_NAMES = {
     "saved": "saved tensors",
@@ -77,6 +88,7 @@ def _one_line(text: str, limit: int = 120) -> str:
     return clean if len(clean) <= limit else clean[: limit - 1] + "…"
 
 
+@register(ViewKind.TEXT, Recording)
 def summary_text(rec: Recording, top: int = 5) -> str:
     """The summary printed by :meth:`Recording.summary` (a snapshot's own for a
     :class:`~gradscope.snapshot.SnapshotRecording`)."""
@@ -229,6 +241,7 @@ def _failed_calls_lines(rec: Recording) -> list[str]:
     return lines
 
 
+@register(ViewKind.TEXT, SnapshotRecording)
 def snapshot_summary_text(rec: SnapshotRecording, top: int = 5) -> str:
     """The summary of a recording made by ``gs.load_snapshot``: allocations over a trace, not a graph."""
     d = rec.data
@@ -271,3 +284,130 @@ def snapshot_summary_text(rec: SnapshotRecording, top: int = 5) -> str:
     for n in rec.notes:
         lines.append("note: " + _one_line(n, 300))
     return "\n".join(lines)
+
+
+@register(ViewKind.TEXT, Comparison)
+def comparison_text(cmp: Comparison) -> str:
+    """The comparison as a text table: each candidate's peak, saved bytes and time against the
+    reference, the best value of each column starred, then what the columns mean and what to
+    distrust (times too spread to trust, rows from an earlier round)."""
+    rows = cmp.rows
+    ref = next((r for r in rows if r.name == cmp.reference), None)
+    ref_peak = ref.peak_bytes if ref is not None and ref.status != "raised" else None
+    ref_time = ref.time_s if ref is not None else None
+    best = cmp.best()
+    stale = cmp.stale()
+
+    def mark(text: str, col: str, name: str) -> str:
+        return text + ("*" if name in best[col] else " ")
+
+    header = ["candidate", "status", PEAK.label, "vs ref", SAVED_TOTAL.label, "time (median)", "min-max",
+              "vs ref", "max abs error"]
+    table = [header]
+    for r in rows:
+        spread = "-" if r.time_min_s is None or r.time_max_s is None else (
+            f"{_fmt_time(r.time_min_s)}-{_fmt_time(r.time_max_s)}"
+        )
+        table.append(
+            [
+                r.name + (" (ref)" if r.reference else "") + (" (stale)" if r.name in stale else ""),
+                r.status,
+                mark(format_bytes(r.peak_bytes), "peak", r.name),
+                _ratio(r.peak_bytes, ref_peak),
+                mark(format_bytes(saved_total(r)), "saved", r.name),
+                mark(_fmt_time(r.time_s), "time", r.name),
+                spread,
+                _ratio(r.time_s, ref_time),
+                "-" if r.max_abs_error is None else f"{r.max_abs_error:.3g}",
+            ]
+        )
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    threads = sorted({r.threads for r in rows if r.threads is not None})
+    thread_text = "/".join(str(t) for t in threads) if threads else "?"
+    lines = [
+        f"gs.compare: {len(rows)} candidates, reference {cmp.reference!r}, time = median (min-max) of "
+        f"{cmp.repeat} run(s) after a warm-up, {thread_text} torch thread(s)"
+    ]
+    for i, row in enumerate(table):
+        lines.append(
+            "  ".join(
+                c.ljust(w) if j < 2 else c.rjust(w) for j, (c, w) in enumerate(zip(row, widths, strict=True))
+            ).rstrip()
+        )
+        if i == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    if any(best.values()):
+        lines.append("* best value among the candidates that are ok")
+    lines.append(f"{PEAK.label}: {PEAK.definition}")
+    lines.append(f"{SAVED_TOTAL.label}: {SAVED_TOTAL.definition}")
+    for r in rows:
+        spread_r = r.time_spread
+        if spread_r is not None and spread_r > SPREAD_LIMIT:
+            lines.append(
+                f"{r.name}: times vary {spread_r:.1f}x between runs ({_fmt_time(r.time_min_s)} to "
+                f"{_fmt_time(r.time_max_s)}): too wide to trust. The machine was probably busy; re-run, "
+                "or time with torch.set_num_threads(1)."
+            )
+    if stale:
+        newest = max(r.run for r in rows)
+        lines.append(
+            f"stale: {', '.join(stale)} measured in an earlier round than run {newest}; "
+            "cmp.rerun() re-measures every candidate as one set."
+        )
+    for r in rows:
+        if r.message:
+            lines.append(f"{r.name}: {r.message}")
+    return "\n".join(lines)
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    if a is None or b is None or b == 0:
+        return "-"
+    return f"{a / b:.2f}x"
+
+
+def _fmt_time(t: float | None) -> str:
+    if t is None:
+        return "-"
+    if t < 1e-3:
+        return f"{t * 1e6:.0f} us"
+    if t < 1:
+        return f"{t * 1e3:.1f} ms"
+    return f"{t:.2f} s"
+
+
+@register(ViewKind.DOT, Recording)
+def to_dot(rec: Recording, *, max_nodes: int = 5000) -> Any:
+    """A ``graphviz.Digraph`` of the recording: nodes with their saved bytes, saved tensors as
+    boxes (what torchviz's ``make_dot(show_saved=True)`` shows, plus bytes)."""
+    try:
+        import graphviz
+    except ImportError:
+        raise GradscopeError(
+            "gradscope: to_dot needs the 'graphviz' Python package: pip install 'gradscope[notebook]'."
+        ) from None
+    if len(rec.nodes) > max_nodes:
+        raise GradscopeError(
+            f"gradscope: {len(rec.nodes)} nodes is too many for a dot drawing (max_nodes={max_nodes}); "
+            "use gs.show(rec), which collapses by module, or pass a larger max_nodes."
+        )
+    dot = graphviz.Digraph(graph_attr={"rankdir": "BT"},
+                           node_attr={"shape": "box", "style": "filled", "fontsize": "10"})
+    by_node = rec.saved_by_node()
+    for n in rec.nodes:
+        own = sum(s.bytes for s in by_node.get(n.id, ()))
+        text = n.leaf if n.leaf else n.name
+        if n.leaf_shape is not None:
+            text += "\n" + str(list(n.leaf_shape))
+        if own:
+            text += f"\nsaved {format_bytes(own)}"
+        color = "lightblue" if n.leaf else ("orange" if n.order >= 1 else "lightgrey")
+        dot.node(f"n{n.id}", text, fillcolor=color)
+        for k, s in enumerate(by_node.get(n.id, ())):
+            sid = f"s{n.id}_{k}"
+            dot.node(sid, f"{s.attribute}\n{list(s.shape)} {s.dtype}\n{format_bytes(s.bytes)}",
+                     fillcolor="orange" if s.kind is Kind.ACTIVATION else "white", shape="note")
+            dot.edge(sid, f"n{n.id}", style="dotted", dir="none")
+    for e in rec.edges:
+        dot.edge(f"n{e.src}", f"n{e.dst}")
+    return dot

@@ -24,7 +24,13 @@ from typing import Any
 from gradscope import _views
 from gradscope import figures as F
 from gradscope._series import Interner, downsample
+from gradscope._snapshot.data import SnapshotRecording
+from gradscope._snapshot.payload import snapshot_payload as _snapshot_payload
+from gradscope._views import ViewKind, WidgetUnavailable, register
+from gradscope.compare import SPREAD_LIMIT, Comparison
 from gradscope.errors import GradscopeError
+from gradscope.jobs.data import Job
+from gradscope.jobs.payload import job_payload as _job_payload
 from gradscope.layout import GraphLayout, layout_levels
 from gradscope.recording import Phase, Recording, format_bytes
 
@@ -170,6 +176,7 @@ def _round_t(v: float | None) -> float | None:
 # 48-layer encoder's graph is about 0.55 MB; state changes (a click, a step) are small traits.
 # Every figure comes from gradscope.figures, with its definition (see NOTE [ one definition per
 # figure ]), so the widget, the page and the text summary show the same numbers.
+@register(ViewKind.PAYLOAD, Recording)
 def recording_payload(
     rec: Recording,
     *,
@@ -427,8 +434,6 @@ def comparison_payload(cmp: Any) -> dict[str, Any]:
     earlier round than the newest)."""
     if not _is_comparison(cmp):
         raise GradscopeError(f"gradscope: expected a Comparison (from gs.compare), got {type(cmp).__name__}.")
-    from gradscope.compare import SPREAD_LIMIT
-
     reference = getattr(cmp, "reference", None)
     rows_in = list(cmp.rows)
     latest = max((int(getattr(r, "run", 1)) for r in rows_in), default=1)
@@ -482,15 +487,7 @@ def comparison_payload(cmp: Any) -> dict[str, Any]:
 
 def is_snapshot(obj: Any) -> bool:
     """Whether ``obj`` is a recording made by ``gs.load_snapshot`` (drawn by the snapshot view)."""
-    from gradscope._snapshot.data import SnapshotRecording
-
     return isinstance(obj, SnapshotRecording)
-
-
-def _is_job(obj: Any) -> bool:
-    from gradscope.jobs.data import Job
-
-    return isinstance(obj, Job)
 
 
 def snapshot_payload(rec: Recording, **kwargs: Any) -> dict[str, Any]:
@@ -499,37 +496,50 @@ def snapshot_payload(rec: Recording, **kwargs: Any) -> dict[str, Any]:
     blocks at each moment with their stacks, the OOM and the diagnosis."""
     if not is_snapshot(rec):
         raise GradscopeError("gradscope: snapshot_payload takes a recording made by gs.load_snapshot(path).")
-    from gradscope._snapshot.payload import snapshot_payload as build
-
-    return build(rec, version=PAYLOAD_VERSION, **kwargs)
+    return _snapshot_payload(rec, version=PAYLOAD_VERSION, **kwargs)
 
 
-def job_payload(job: Any) -> dict[str, Any]:
+def job_payload(job: Job) -> dict[str, Any]:
     """The front end's data for a :class:`~gradscope.job.Job` (``gradscope.jobs.payload.job_payload``,
-    found through the view registry: NOTE [ a job asks for its analysis ] in gradscope.jobs.data)."""
-    return dict(_views.render("payload", job, recording_payload=recording_payload, version=PAYLOAD_VERSION))
+    with this module's ``recording_payload`` for each rank's graph)."""
+    return _job_payload(job, recording_payload=recording_payload, version=PAYLOAD_VERSION)
+
+
+# The PAYLOAD views, one per result type (NOTE [ one registry of views ] in gradscope._views); each
+# takes the result and how to fold a recording's graph (only a recording's own graph is folded: its
+# view is recording_payload, above).
+@register(ViewKind.PAYLOAD, SnapshotRecording)
+def _snapshot_data(rec: SnapshotRecording, *, collapse: bool | int | str = "auto") -> dict[str, Any]:
+    return snapshot_payload(rec)
+
+
+@register(ViewKind.PAYLOAD, Comparison)
+def _comparison_data(cmp: Comparison, *, collapse: bool | int | str = "auto") -> dict[str, Any]:
+    return comparison_payload(cmp)
+
+
+@register(ViewKind.PAYLOAD, Job)
+def _job_data(job: Job, *, collapse: bool | int | str = "auto") -> dict[str, Any]:
+    return job_payload(job)
 
 
 def payload_of(obj: Any, *, collapse: bool | int | str = "auto") -> dict[str, Any]:
     """The payload of a Recording (a snapshot's own kind for ``gs.load_snapshot``), a Comparison
-    or a Job."""
-    if is_snapshot(obj):
-        return snapshot_payload(obj)
-    if isinstance(obj, Recording):
-        return recording_payload(obj, collapse=collapse)
-    if _is_comparison(obj):
-        return comparison_payload(obj)
-    if _is_job(obj):
-        return job_payload(obj)
-    raise GradscopeError(
-        f"gradscope: cannot show a {type(obj).__name__}; pass a Recording (rec.recording), a "
-        "Comparison (from gs.compare) or a Job (from gs.gather or gs.load_ranks)."
-    )
+    or a Job: its PAYLOAD view."""
+    if _views.find(ViewKind.PAYLOAD, type(obj)) is None:
+        raise GradscopeError(
+            f"gradscope: cannot show a {type(obj).__name__}; pass a Recording (rec.recording), a "
+            "Comparison (from gs.compare) or a Job (from gs.gather or gs.load_ranks)."
+        )
+    return dict(_views.render(ViewKind.PAYLOAD, obj, collapse=collapse))
 
 
 def payload_json(obj: Any, *, collapse: bool | int | str = "auto") -> str:
     """The payload of a Recording, Comparison or Job as compact JSON text."""
-    payload = payload_of(obj, collapse=collapse)
+    return _json(payload_of(obj, collapse=collapse))
+
+
+def _json(payload: dict[str, Any]) -> str:
     return json.dumps(payload, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
 
 
@@ -545,7 +555,7 @@ def _summary_text(obj: Any) -> str:
 # ----- widgets --------------------------------------------------------------------------------
 def _need_widgets() -> None:
     if _anywidget is None:
-        raise GradscopeError(
+        raise WidgetUnavailable(
             "gradscope: the widget needs anywidget and ipywidgets: pip install 'gradscope[notebook]'. "
             "Without them, use rec.to_html('run.html') or print(rec.summary())."
         )
@@ -682,7 +692,7 @@ if _anywidget is not None:
         rerun_error = _t.Unicode("").tag(sync=True)
 
         def __init__(self, comparison: Any, **kwargs: Any) -> None:
-            super().__init__(data=payload_json(comparison), **kwargs)
+            super().__init__(data=_json(comparison_payload(comparison)), **kwargs)
             self.comparison = comparison
             self._thread: threading.Thread | None = None
             self._lock = threading.Lock()
@@ -732,7 +742,7 @@ if _anywidget is not None:
             except Exception as e:  # shown in the widget; the kernel keeps running
                 error = f"gradscope: re-running {', '.join(names)} failed: {type(e).__name__}: {e}"
             try:
-                data = payload_json(self.comparison)
+                data = _json(comparison_payload(self.comparison))
             except Exception as e:
                 data = self.data
                 error = error or f"gradscope: could not redraw the comparison: {e}"
@@ -790,7 +800,7 @@ if _anywidget is not None:
         step = _t.Int(-1).tag(sync=True)
 
         def __init__(self, job: Any, **kwargs: Any) -> None:
-            super().__init__(data=payload_json(job), **kwargs)
+            super().__init__(data=_json(job_payload(job)), **kwargs)
             self.job = job
 
 else:  # pragma: no cover
@@ -820,11 +830,45 @@ else:  # pragma: no cover
             _need_widgets()
 
 
+# The WIDGET views, one per result type: the widget drawing it (WidgetUnavailable where none can run).
+def _ready() -> None:
+    _need_widgets()
+    for p in (bundle_path(), _STATIC / "loader.js"):
+        if not p.exists():
+            raise WidgetUnavailable(str(_missing(p)))
+
+
+@register(ViewKind.WIDGET, Recording)
+def _recording_widget(rec: Recording, *, collapse: bool | int | str = "auto") -> Any:
+    _ready()
+    return RecordingWidget(rec, collapse=collapse)
+
+
+@register(ViewKind.WIDGET, SnapshotRecording)
+def _snapshot_widget(rec: SnapshotRecording, *, collapse: bool | int | str = "auto") -> Any:
+    _ready()
+    return SnapshotWidget(rec)
+
+
+@register(ViewKind.WIDGET, Comparison)
+def _comparison_widget(cmp: Comparison, *, collapse: bool | int | str = "auto") -> Any:
+    _ready()
+    return ComparisonWidget(cmp)
+
+
+@register(ViewKind.WIDGET, Job)
+def _job_widget(job: Job, *, collapse: bool | int | str = "auto") -> Any:
+    _ready()
+    return JobWidget(job)
+
+
 def show(obj: Any, *, collapse: bool | int | str = "auto") -> Any:
-    """The widget for a Recording (or a ``gs.record()`` recorder) or a Comparison.
+    """The widget for a Recording (or a ``gs.record()`` recorder), a Comparison or a Job: its
+    WIDGET view.
 
     Args:
-        obj: ``rec.recording``, the ``gs.record()`` object itself, or ``gs.compare(...)``'s result.
+        obj: ``rec.recording``, the ``gs.record()`` object itself, ``gs.compare(...)``'s result,
+            ``gs.load_snapshot(path)`` or a job.
         collapse: for a recording, how to fold modules: ``"auto"`` (big graphs open folded by
             module), ``False`` (every node), ``True`` or a module depth (1 = top-level modules).
 
@@ -833,41 +877,20 @@ def show(obj: Any, *, collapse: bool | int | str = "auto") -> Any:
         >>> gs.show(rec.recording)  # doctest: +SKIP
     """
     _need_widgets()
+    shown = _views.find(ViewKind.WIDGET, type(obj))
     rec = getattr(obj, "recording", None)
-    if not isinstance(obj, Recording) and isinstance(rec, Recording) and not _is_comparison(obj):
-        obj = rec
-    if is_snapshot(obj):
-        return SnapshotWidget(obj)
-    if isinstance(obj, Recording):
-        return RecordingWidget(obj, collapse=collapse)
-    if _is_comparison(obj):
-        return ComparisonWidget(obj)
-    if _is_job(obj):
-        return JobWidget(obj)
-    raise GradscopeError(
-        f"gradscope: gs.show() takes a Recording (rec.recording, or gs.load_snapshot(path)), a Comparison "
-        f"(gs.compare(...)) or a Job (gs.gather / gs.load_ranks), not a {type(obj).__name__}."
-    )
+    if shown is None and isinstance(rec, Recording):  # the gs.record() object: its recording
+        obj, shown = rec, _views.find(ViewKind.WIDGET, type(rec))
+    if shown is None:
+        raise GradscopeError(
+            f"gradscope: gs.show() takes a Recording (rec.recording, or gs.load_snapshot(path)), a Comparison "
+            f"(gs.compare(...)) or a Job (gs.gather / gs.load_ranks), not a {type(obj).__name__}."
+        )
+    return shown(obj, collapse=collapse)
 
 
 def mimebundle(obj: Any) -> dict[str, Any]:
-    """What a Recording or Comparison shows as a cell's value: the widget when the widget stack
-    and the bundle are available, otherwise the text summary and the self-contained HTML page."""
-    text = _summary_text(obj)
-    if _anywidget is not None and bundle_path().exists() and (_STATIC / "loader.js").exists():
-        w = show(obj)
-        data = w._repr_mimebundle_()
-        if isinstance(data, tuple):
-            data = data[0]
-        out = dict(data)
-        out["text/plain"] = text
-        return out
-    out = {"text/plain": text}
-    try:
-        if _is_job(obj):
-            out["text/html"] = obj._repr_html_()  # the table and SVG: no script to run
-        else:  # (the page is a view above this one: see NOTE [ results ask the registry ])
-            out["text/html"] = str(_views.render("html", obj))
-    except GradscopeError:
-        pass
-    return out
+    """What a Recording, Comparison or Job shows as a cell's value (:func:`gradscope._views.display`):
+    the widget when the widget stack and the bundle are available, otherwise the text summary and
+    the self-contained HTML page."""
+    return _views.display(obj)

@@ -270,7 +270,7 @@ def test_a_rank_that_raised_inside_its_block_and_one_that_never_gathers(jobs: di
 
 def test_the_job_diagnosis_blames_the_imbalance(jobs: dict[str, Any]) -> None:
     job = gs.load_ranks(jobs["four"] / "budget" / "job")
-    dg = job.diagnose()
+    dg = gs.diagnose(job)
     assert [(f.rank, f.pattern) for f in dg.findings] == [(2, "imbalance")]
     f = dg.findings[0]
     rec2 = job.recordings[2]
@@ -325,7 +325,7 @@ def test_predict_job_matches_the_recorded_peak_of_every_rank(jobs: dict[str, Any
         assert predicted <= rec.peak_bytes <= 1.02 * predicted + slack, (r, predicted, rec.peak_bytes)
     print(f"{phase}: predicted/recorded - 1 per rank: " + ", ".join(f"{100 * e:+.2f}%" for e in errors))
     # the heaviest predicted rank is the heaviest recorded one
-    assert p.job.view().imbalance.heaviest == job_view(job).imbalance.heaviest
+    assert job_view(p.job).imbalance.heaviest == job_view(job).imbalance.heaviest
 
 
 def _bytes(ts: Any) -> int:
@@ -509,7 +509,7 @@ def test_diagnosis_when_every_rank_is_too_big() -> None:
     recs = [_record(64, budget="40KiB", seed=s) for s in (0, 1)] + [_record(64, seed=2)]
     job = Job(tuple(RankEntry(i, RankStatus.COMPLETE if r.complete else RankStatus.FAILED, r)
                     for i, r in enumerate(recs)))
-    dg = job.diagnose()
+    dg = gs.diagnose(job)
     assert [(f.rank, f.pattern) for f in dg.findings] == [(0, "every_rank"), (1, "every_rank")]
     assert "not an imbalance between ranks" in dg.findings[0].message
     # against a budget, without an OOM: who would not fit
@@ -517,7 +517,7 @@ def test_diagnosis_when_every_rank_is_too_big() -> None:
     job = Job(tuple(RankEntry(i, RankStatus.COMPLETE, r) for i, r in enumerate(ok)))
     cap = ok[1].baseline_bytes + ok[1].peak_bytes - 1
     assert ok[0].baseline_bytes + ok[0].peak_bytes <= cap
-    dg = job.diagnose(budget=cap)
+    dg = gs.diagnose(job, budget=cap)
     assert [(f.rank, f.pattern) for f in dg.findings] == [(1, "imbalance")]
     assert "its batch is 4.0x as large (64 vs 16)" in dg.findings[0].message
 
@@ -632,7 +632,7 @@ def test_job_page_in_a_real_browser(jobs: dict[str, Any], tmp_path: Path) -> Non
         assert "it did not call gs.gather within 5 s (it raised before, or hangs)" in f["messages"]
         assert any("out of memory" in m.lower() or "budget" in m.lower() for m in f["messages"])
         assert f["lines"] == "3"  # the missing rank has no timeline; the failed one's partial one is drawn
-        assert f["findings"] == [[str(x.rank), x.pattern] for x in budget.diagnose().findings] == [["2", "imbalance"]]
+        assert f["findings"] == [[str(x.rank), x.pattern] for x in gs.diagnose(budget).findings] == [["2", "imbalance"]]
         assert s.get("findings") == []  # nothing failed in the FSDP step
     assert seen["clicked"] == len(fsdp.recordings[v.imbalance.lightest].nodes)
     assert seen["phase_ticks"][:2] == ["forward", "backward"]

@@ -86,7 +86,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
       "gradscope.compare", "gradscope.graph", "gradscope.diagnose", "gradscope.jobs", "gradscope.distributed")),
     ("views: text, layout, widget payloads, pages",
      ("gradscope.report", "gradscope.layout", "gradscope._layered", "gradscope._simplex", "gradscope.widget", "gradscope._snapshot.payload", "gradscope.html",
-      "gradscope.jobs.text", "gradscope.jobs.payload", "gradscope.jobs.page", "gradscope.job")),
+      "gradscope.jobs.text", "gradscope.jobs.payload", "gradscope.jobs.page", "gradscope.job",
+      "gradscope.diagnose.text", "gradscope._snapshot.text", "gradscope._shown")),
     ("notebook and the package's top",
      ("gradscope.ipython", "gradscope.__main__", "gradscope")),
 ]

@@ -19,6 +19,7 @@ from torch import nn
 
 import gradscope as gs
 import gradscope._recording.files as grecording
+from gradscope import _views
 from gradscope.recording import Recording
 
 
@@ -239,12 +240,10 @@ def test_failed_save_leaves_previous_file_and_no_temporary(fault: str, what: str
         real_fdopen = os.fdopen
         monkeypatch.setattr(os, "fdopen", lambda *a, **k: _HalfWriter(real_fdopen(*a, **k)))
     elif target == "encode":
-        import gradscope.html as ghtml
-
         if what == "save":
             monkeypatch.setattr(Recording, "to_json", _fail(exc))
-        else:
-            monkeypatch.setattr(ghtml, "recording_html", _fail(exc))
+        else:  # the recording's page: its HTML view
+            monkeypatch.setitem(_views._VIEWS, (_views.ViewKind.HTML, Recording), _fail(exc))
     else:
         monkeypatch.setattr(target, attr, _fail(exc))
     newer = _other(recording)

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from gradscope import _views
 from gradscope._series import downsample
 from gradscope._snapshot import replay as _replay
 from gradscope._snapshot.frames import Frame, Oom, TraceAllocation, _label_of
@@ -381,13 +382,13 @@ def _decode(text: Any) -> array:
 # timeline point) as fields. A subclass, not a separate class, because a snapshot has the
 # Recording's timeline, peak, where, notes and error, and every generic reader of those (compare,
 # jobs, save, the figures that are empty without a graph) keeps working unchanged; what differs
-# is found by type: the views are declared for this class in the view registry (gradscope._views),
-# gs.diagnose and the widget test isinstance. Nothing reads where.memory_source to decide, and
+# is found by type: its views are registered for this class (NOTE [ one registry of views ] in
+# gradscope._views) and gs.diagnose tests isinstance. Nothing reads where.memory_source to decide, and
 # nothing keys data by id(): the data travels with the object through copy.copy,
 # dataclasses.replace and deepcopy (SnapshotData is immutable, so copies share it). In a file the
 # data is the JSON of SnapshotData under extra[EXTRA_KEY] (the same layout as before this type, so
 # older files load): to_dict writes it, and gs.load rebuilds a SnapshotRecording from it through
-# the registry's saved-type hook (_views.declare_saved, declared in gradscope/__init__.py).
+# the registry's saved-type hook (_views.declare_saved, called below from_saved).
 @dataclass(frozen=True, kw_only=True, repr=False, eq=False)
 class SnapshotRecording(Recording):
     """A :class:`~gradscope.recording.Recording` made from a CUDA memory snapshot
@@ -448,6 +449,9 @@ def from_saved(recording: Recording) -> SnapshotRecording:
                              "file again with gs.load_snapshot(path).")
     fields = {f.name: getattr(recording, f.name) for f in dataclasses.fields(Recording)}
     return SnapshotRecording(**{**fields, "extra": extra}, data=data, timeline_at=tuple(at))
+
+
+_views.declare_saved(EXTRA_KEY, from_saved)  # NOTE [ saved types ] in gradscope._views
 
 
 def snapshot_data(recording: Recording) -> SnapshotData:

@@ -54,9 +54,9 @@ Example:
 
 from __future__ import annotations
 
-import html
 from dataclasses import dataclass
 
+from gradscope import _views
 from gradscope._snapshot.data import SnapshotData, snapshot_data
 from gradscope._snapshot.frames import Frame, group_of, is_user_frame
 from gradscope._snapshot.queries import (
@@ -102,8 +102,6 @@ SMALL_REQUEST = 1 << 20  # requests up to 1 MiB are served from the small pool
 SMALL_PAGE = 2 << 20  # expandable segments map the small pool in 2 MiB pages
 LARGE_PAGE = 20 << 20  # and the large pool in 20 MiB pages
 MAX_FINDINGS = 5  # see NOTE [ a snapshot's findings ]
-_MEASURE = ("a snapshot runs nothing: these say what to change and how many bytes it frees; gs.record() and "
-            "gs.diagnose() on the step itself run each fix and print its code with the saving measured.")
 # NOTE [ what the allocator settings would change ]
 # PyTorch's caching allocator serves a request from one contiguous free block of one segment of
 # the request's stream and pool; a segment goes back to CUDA only when it is entirely free (on an
@@ -179,65 +177,8 @@ class SnapshotDiagnosis:
     history: bool = True
 
     def text(self) -> str:
-        """The report as plain text."""
-        title = "gradscope diagnosis" + (f" of {_one_line(self.label)}" if self.label else "")
-        when = "" if self.t_s is None else f", {self.t_s:.3f} s into the trace"
-        lines: list[str] = []
-        if self.moment == "oom":
-            lines.append(f"{title}: CUDA out of memory on cuda:{self.device} at trace event {self.at}{when}")
-            req = f"failed request: {_size(self.request)} on stream {self.request_stream}"
-            if self.request_line:
-                req += f", from {_one_line(self.request_line)}"
-            if self.device_free is not None:
-                req += f"; the device had {_size(self.device_free)} free"
-            lines.append(req)
-            moment = "at the OOM"
-        elif self.moment == "peak":
-            lines.append(f"{title}: no OOM in this CUDA snapshot of cuda:{self.device}; state at its peak, "
-                         f"trace event {self.at}{when}")
-            moment = "at the peak"
-        else:
-            lines.append(f"{title}: no allocation in this CUDA snapshot of cuda:{self.device}; nothing to "
-                         "diagnose")
-            return "\n".join(lines + [f"note: {n}" for n in self.notes])
-        f = self.fragmentation
-        slack = f.unallocated - f.free_bytes
-        lines.append(
-            f"{moment}: {_size(self.allocated)} allocated, {_size(self.reserved)} reserved by the caching "
-            + (f"allocator: {format_bytes(f.free_bytes)} free in {f.free_pieces} "
-               f"piece{'s' if f.free_pieces != 1 else ''} (largest {format_bytes(f.largest_free)})"
-               if f.free_pieces else "allocator: no free piece")
-            + f" across {f.segments} segment{'s' if f.segments != 1 else ''}"
-            + (f", {format_bytes(slack)} rounding inside blocks" if slack > 0 else "")
-        )
-        if not self.history:
-            lines.append("trace: no allocation history (the segments and blocks when the snapshot was taken): "
-                         "no passes, no steps, no lifetimes")
-        elif self.steps is not None:
-            lines.append(f"trace: {_passes_text(self.passes)}; {self.steps.how}")
-        if self.by_role:
-            lines.append(f"live {moment} by role:")
-            for rb in self.by_role:
-                lines.append(f"  {rb} — {rb.role.how}")
-        if self.by_line:
-            lines.append(f"live {moment} by source line:")
-            for r in self.by_line[: self.top]:
-                lines.append(f"  {_one_line(str(r), 200)}")
-            rest = self.by_line[self.top:]
-            if rest:
-                n = sum(r.blocks for r in rest)
-                lines.append(f"  ({len(rest)} other lines: {format_bytes(sum(r.bytes for r in rest))} in {n} "
-                             f"block{'s' if n != 1 else ''})")
-        if self.findings:
-            lines.append("findings:")
-            for i, fd in enumerate(self.findings, 1):
-                lines.append(f"  {i}. [{fd.pattern}] {_clean(fd.message)}")
-                lines.append(f"     suggestion: {_clean(fd.suggestion)}")
-            lines.append(f"  ({_MEASURE})")
-        else:
-            lines.append(f"findings: none: {self.why_no_finding()}")
-        lines.extend(f"note: {_one_line(n, 300)}" for n in self.notes)
-        return "\n".join(lines)
+        """The report as plain text (its view: ``gradscope._snapshot.text``)."""
+        return str(_views.render(_views.ViewKind.TEXT, self))
 
     def why_no_finding(self) -> str:
         """Why there is no finding, in one sentence (what the trace could and could not tell)."""
@@ -260,7 +201,7 @@ class SnapshotDiagnosis:
         return self.text()
 
     def _repr_html_(self) -> str:
-        return "<pre class='gradscope-diagnosis'>" + html.escape(self.text()) + "</pre>"
+        return str(_views.render(_views.ViewKind.HTML, self))
 
 
 def diagnose_snapshot(recording: Recording, *, top: int = 8) -> SnapshotDiagnosis:
@@ -319,18 +260,6 @@ def diagnose_snapshot(recording: Recording, *, top: int = 8) -> SnapshotDiagnosi
 
 def _devices(devices: tuple[int, ...]) -> str:
     return " and ".join(f"cuda:{d}" for d in devices)
-
-
-def _passes_text(passes: tuple[TracePass, ...]) -> str:
-    if not passes:
-        return "no passes (no frames tell forward, backward and optimizer step apart)"
-    if len(passes) <= 4:
-        return ", ".join(f"{p.kind} events {p.start}-{p.end} (left {format_bytes(p.kept)} alive)" for p in passes)
-    kinds: dict[str, int] = {}
-    for p in passes:
-        kinds[p.kind] = kinds.get(p.kind, 0) + 1
-    return f"{len(passes)} passes (" + ", ".join(f"{n} {k}" for k, n in kinds.items()) + ")"
-
 
 # ----- memory that grows from step to step ----------------------------------------------------------
 def _leak_findings(data: SnapshotData, acc: tuple[Accumulation, ...], at_oom: bool) -> list[SnapshotFinding]:
@@ -650,13 +579,3 @@ def _size(n: int | None) -> str:
     if n is None:
         return "n/a"
     return format_bytes(n) if abs(n) < 1024 else f"{format_bytes(n)} ({n} bytes)"
-
-
-def _clean(text: str) -> str:
-    """Text from a file is data: no newlines or control characters reach the terminal."""
-    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
-
-
-def _one_line(text: str, limit: int = 160) -> str:
-    clean = _clean(text)
-    return clean if len(clean) <= limit else clean[: limit - 1] + "…"

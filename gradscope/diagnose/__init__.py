@@ -67,6 +67,8 @@ from gradscope.diagnose.report import Diagnosis, Finding, GraphHolder, LiveTenso
 from gradscope.diagnose.step import compose, shape_of
 from gradscope.diagnose.toolbox import TOOLBOX
 from gradscope.errors import GradscopeError
+from gradscope.jobs.analysis import JobDiagnosis, diagnose_job
+from gradscope.jobs.data import Job
 from gradscope.recording import Recording, format_bytes
 
 __all__ = ["Diagnosis", "Finding", "GraphHolder", "LiveTensor", "diagnose"]
@@ -77,13 +79,16 @@ if TYPE_CHECKING:
 
 # ----------------------------------------------------------------------------------------------
 def diagnose(
-    recording: Recording | Any, namespace: Mapping[str, Any] | None = None, *, top: int = 8,
-    toolbox: bool | None = None, progress: bool | None = None,
-) -> Diagnosis | SnapshotDiagnosis:
+    recording: Recording | Job | Any, namespace: Mapping[str, Any] | None = None, *, top: int = 8,
+    toolbox: bool | None = None, progress: bool | None = None, budget: int | str | None = None,
+) -> Diagnosis | SnapshotDiagnosis | JobDiagnosis:
     """Say what held memory when a recorded block failed (or at its peak) and what to change.
 
     Args:
-        recording: a :class:`~gradscope.Recording` (or the ``gs.record`` object).
+        recording: a :class:`~gradscope.Recording` (or the ``gs.record`` object), or a
+            :class:`~gradscope.Job`: which ranks ran out of memory and whether the imbalance between
+            ranks is the cause (:func:`~gradscope.jobs.analysis.diagnose_job`), with each failing
+            rank's own diagnosis.
         namespace: variables to look through for lists of losses, optimizers and models (names
             are reported as written there). Default: the caller's globals and locals.
         top: how many modules and tensors to list.
@@ -92,10 +97,14 @@ def diagnose(
             objects with the block's own code before it is shown. Default: when the block failed
             (a budget or an out-of-memory error); ``True`` also at the peak of a step that fits.
         progress: a line on stderr while fixes run on copies. Default: in a terminal or a notebook.
+        budget: for a job, the device size every rank is held against (a rank that completed
+            would not fit when its resident bytes plus its peak exceed it). A recording is
+            diagnosed against the budget it was recorded with.
 
     Returns:
         A :class:`Diagnosis`; ``print(d)`` shows the report. For a CUDA memory snapshot
-        (``gs.load_snapshot``) a :class:`~gradscope.snapshot.SnapshotDiagnosis`.
+        (``gs.load_snapshot``) a :class:`~gradscope.snapshot.SnapshotDiagnosis`, for a job a
+        :class:`~gradscope.jobs.analysis.JobDiagnosis`.
 
     Raises:
         GradscopeError: when given something that is not a recording.
@@ -108,12 +117,17 @@ def diagnose(
         >>> gs.diagnose(rec.recording).moment
         'peak'
     """
+    if isinstance(recording, Job):
+        return diagnose_job(recording, budget, rank_report=lambda r: diagnose(r, namespace={}, top=top).text())
+    if budget is not None:
+        raise GradscopeError("gradscope: diagnose(budget=...) is for a job (gs.gather, gs.load_ranks); a recording "
+                             "is diagnosed against the budget it was recorded with: gs.record(budget=...).")
     rec = recording
     if not isinstance(rec, Recording):
         rec = getattr(recording, "recording", None)
     if not isinstance(rec, Recording):
         raise GradscopeError(
-            f"gradscope: diagnose() takes a Recording (rec.recording after a gs.record block), not "
+            f"gradscope: diagnose() takes a Recording (rec.recording after a gs.record block) or a Job, not "
             f"a {type(recording).__name__}."
         )
     from gradscope._snapshot.data import SnapshotRecording

@@ -1,11 +1,11 @@
-"""The diagnosis as data and text: what held memory, and the findings with their measured fixes."""
+"""The diagnosis as data: what held memory, and the findings with their measured fixes (its text and
+HTML are views: :mod:`gradscope.diagnose.text`)."""
 
 from __future__ import annotations
 
-import html
 from dataclasses import dataclass
 
-from gradscope.recording import format_bytes
+from gradscope import _views
 
 __all__ = ["Diagnosis", "Finding", "GraphHolder", "KIND_NAMES", "LiveTensor"]
 
@@ -126,123 +126,12 @@ class Diagnosis:
     step_allocates: int | None = None  # under a budget: the most the user's step allocates at once on copies
 
     def text(self) -> str:
-        """The report as plain text."""
-        lines: list[str] = []
-        title = "gradscope diagnosis" + (f" of {self.label}" if self.label else "")
-        if self.moment == "failure" and self.budget is not None:
-            lines.append(
-                f"{title}: out of memory on a simulated {format_bytes(self.budget)} device"
-                + (f" in {self.where}" if self.where else "")
-                + f": tried to allocate {format_bytes(self.requested)} with {format_bytes(self.live_bytes)} "
-                + (f"allocated by the cell and {format_bytes(self.budget_resident)} held by your variables"
-                   if self.device_budget else "live")
-            )
-        elif self.moment == "failure":
-            lines.append(f"{title}: the block failed ({self.error}); state at its last allocation")
-        elif self.moment == "peak":
-            lines.append(f"{title}: state at the peak")
-        else:
-            lines.append(f"{title}: no memory events were recorded (memory='off'?); graph analysis only")
-        held = (f"held: {format_bytes(self.live_bytes)} ({self.live_bytes} bytes) allocated inside the block and "
-                "alive then")
-        if self.resident_by_variable:
-            total = sum(b for _, b in self.resident_by_variable)
-            held += (f"; before it, your variables held {format_bytes(total)}: "
-                     + ", ".join(f"{k} {format_bytes(b)}" for k, b in self.resident_by_variable))
-            if self.budget is not None and self.moment == "failure":
-                held += (f" (the cell could allocate the other {format_bytes(self.budget - self.budget_resident)} of "
-                         f"the {format_bytes(self.budget)})" if self.device_budget else
-                         " (the budget counts only what the block allocates)")
-        else:
-            held += f"; {format_bytes(self.resident_bytes)} existed before it (parameters, inputs)"
-        lines.append(held)
-        if self.by_kind:
-            lines.append("by kind (allocated inside the block):")
-            for k, b in self.by_kind:
-                lines.append(f"  {format_bytes(b):>10}  {KIND_NAMES.get(k, k)}")
-        if self.by_module:
-            lines.append("by module:")
-            for m, b in self.by_module:
-                lines.append(f"  {format_bytes(b):>10}  {m}")
-        if self.largest:
-            lines.append("largest tensors:")
-            for i, t in enumerate(self.largest, 1):
-                shape = "" if t.shape is None else " [" + ", ".join(str(d) for d in t.shape) + "]"
-                dtype = f" {t.dtype}" if t.dtype else ""
-                bits = [f"{KIND_NAMES.get(t.kind, t.kind)}"]
-                if t.node:
-                    bits.append(f"by {t.node}" + (f" (order {t.order})" if t.order else ""))
-                if t.module:
-                    bits.append(f"in {t.module}")
-                if t.variable:
-                    bits.append(f"= {t.variable}")
-                elif t.via:
-                    bits.append(f"(kept by `{t.via}`)")
-                if t.line:
-                    bits.append(f"at {t.line}")
-                lines.append(f"  {i}. {format_bytes(t.bytes):>10}{dtype}{shape}  " + " ".join(bits))
-        if self.holders:
-            lines.append("graphs kept alive by variables:")
-            for h in self.holders:
-                lines.append(
-                    f"  {h.variable}: {h.graphs} graph{'s' if h.graphs != 1 else ''}, "
-                    f"{format_bytes(h.saved_bytes)} of saved tensors ({format_bytes(h.live_bytes)} of it live then)"
-                )
-        if self.step_peak is not None and self.room is not None and self.step_allocates is not None:
-            lines.append(
-                f"your step, run on copies of your objects as the block started (as you run it): it allocates up to "
-                f"{format_bytes(self.step_allocates)} at once; the {'cell' if self.device_budget else 'block'} may "
-                f"allocate {format_bytes(self.room)}"
-            )
-        elif self.step_peak is not None:
-            lines.append(
-                f"your step, run on copies of your objects as the block started (as you run it): at most "
-                f"{format_bytes(self.step_peak)} held at once ({format_bytes(self.step_resident)} of it held before "
-                "it started)"
-            )
-        if self.findings:
-            lines.append("findings:")
-            for i, f in enumerate(self.findings, 1):
-                lines.append(f"  {i}. [{f.pattern}] {f.message}")
-                lines.append(f"     suggestion: {f.suggestion}")
-                if f.saves_bytes is not None:
-                    lines.append(f"     saves: {format_bytes(f.saves_bytes)} of the peak ({f.saves_bytes} bytes)")
-                if not f.ran:
-                    lines.append("     not run: gradscope could not rewrite your step with it, so it shows no code "
-                                 "and claims no saving (gs.compare measures strategies on your own functions)")
-                if f.allocates_before is not None and f.allocates_after is not None:
-                    bits = [f"allocates up to {format_bytes(f.allocates_before)} -> {format_bytes(f.allocates_after)}"]
-                    if f.fits is not None:
-                        bits.append(f"fits the {format_bytes(self.room)}" if f.fits and self.room is not None
-                                    else "fits the budget" if f.fits else "still does not fit the budget")
-                    if f.time_ratio is not None:
-                        bits.append(f"time x{f.time_ratio:.2f}")
-                    if f.tolerance is not None:
-                        bits.append(f"results within {f.tolerance:.1e} (relative)")
-                    lines.append("     measured on the copies: " + ", ".join(bits))
-                elif f.peak_before is not None and f.peak_after is not None:
-                    bits = [f"peak {format_bytes(f.peak_before)} -> {format_bytes(f.peak_after)}"]
-                    if f.fits is not None:
-                        bits.append("fits the budget" if f.fits else "still does not fit the budget")
-                    if f.time_ratio is not None:
-                        bits.append(f"time x{f.time_ratio:.2f}")
-                    if f.tolerance is not None:
-                        bits.append(f"results within {f.tolerance:.1e} (relative)")
-                    lines.append("     measured on the copies: " + ", ".join(bits))
-                if f.compared:
-                    lines.append(f"     results {f.compared}")
-                if f.code:
-                    lines.append("     code:")
-                    lines.extend("       " + ln for ln in f.code.rstrip("\n").splitlines())
-        else:
-            lines.append("findings: no known pattern; the largest holders above are where to look.")
-        for n in self.notes:
-            lines.append("note: " + n)
-        return "\n".join(lines)
+        """The report as plain text (its view: ``gradscope.diagnose.text``)."""
+        return str(_views.render(_views.ViewKind.TEXT, self))
 
     def __str__(self) -> str:
         return self.text()
 
     def _repr_html_(self) -> str:
-        return "<pre class='gradscope-diagnosis'>" + html.escape(self.text()) + "</pre>"
+        return str(_views.render(_views.ViewKind.HTML, self))
 

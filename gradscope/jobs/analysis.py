@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gradscope import _views
 from gradscope._series import downsample
 from gradscope.jobs.data import Job, RankEntry, RankStatus
 from gradscope.recording import Kind, Recording, format_bytes
@@ -455,20 +456,11 @@ class JobDiagnosis:
 
     findings: tuple[JobFinding, ...]
     imbalance: Imbalance | None
-    rank_reports: tuple[tuple[int, str], ...]  # (rank, gs.diagnose text) for each failing rank
+    rank_reports: tuple[tuple[int, str], ...]  # (rank, gs.diagnose text) for each failing rank (from gs.diagnose(job))
 
     def text(self) -> str:
-        lines = ["gradscope job diagnosis: " + (f"{len(self.findings)} rank(s) out of memory"
-                                                 if self.findings else "no rank ran out of memory")]
-        for f in self.findings:
-            lines.append(f"  rank {f.rank} [{f.pattern}] {f.message}")
-            lines.append(f"     suggestion: {f.suggestion}")
-        if self.imbalance is not None:
-            lines.append("imbalance: " + self.imbalance.sentence)
-        for rank, report in self.rank_reports:
-            lines.append(f"--- rank {rank} ---")
-            lines.append(report)
-        return "\n".join(lines)
+        """The diagnosis as plain text (its view: ``gradscope.jobs.text``)."""
+        return str(_views.render(_views.ViewKind.TEXT, self))
 
     def __str__(self) -> str:
         return self.text()
@@ -482,10 +474,13 @@ def _oom(r: Recording) -> Mapping[str, Any] | None:
     return None
 
 
-def diagnose_job(job: Job, budget: int | str | None = None) -> JobDiagnosis:
+def diagnose_job(job: Job, budget: int | str | None = None, *,
+                 rank_report: Callable[[Recording], str] | None = None) -> JobDiagnosis:
     """Say which ranks ran out of memory (or, given ``budget``, would: resident bytes plus the
     block's peak above it) and whether it is the job's imbalance: the rank needs more than the
     other ranks peaked at, because its batch or sequence is larger, while the others fit.
+    ``rank_report``: each failing rank's own report (``gs.diagnose(job)`` passes its text of the
+    rank's recording); without it, ``rank_reports`` is empty.
 
     Example:
         >>> import torch, gradscope as gs
@@ -552,10 +547,10 @@ def diagnose_job(job: Job, budget: int | str | None = None) -> JobDiagnosis:
                 "see this rank's diagnosis below (gs.diagnose(job.recordings[rank])) for what held "
                 "the memory and how to shrink it.",
             ))
+        if rank_report is None:
+            continue
         try:
-            from gradscope.diagnose import diagnose
-
-            reports.append((rank, diagnose(r, namespace={}).text()))
+            reports.append((rank, rank_report(r)))
         except Exception as ex:  # a partial recording the per-rank analysis cannot read
             reports.append((rank, f"(no per-rank diagnosis: {type(ex).__name__}: {ex})"))
     v = job_view(job)

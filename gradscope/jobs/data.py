@@ -3,17 +3,12 @@ them back.
 
 A :class:`Job` comes from :func:`gradscope.gather` on the destination rank, from :func:`load_ranks`
 (a directory written by :meth:`Job.save`, or per-rank files saved independently), or from
-:func:`gradscope.predict_job`. This module is the jobs' data model: it imports nothing from
-``torch.distributed`` (a saved job opens on a laptop), no analysis and no view.
-
-NOTE [ a job asks for its analysis ]: what a job view shows (:func:`gradscope.jobs.analysis.job_view`)
-and its diagnosis (:func:`gradscope.jobs.analysis.diagnose_job`) are analyses, a layer above this
-one, and its text, page and notebook display are views above those. So :meth:`Job.view`,
-:meth:`Job.diagnose`, :meth:`Job.summary`, :meth:`Job.to_html` and the notebook display ask the
-view registry (``gradscope._views``, see NOTE [ results ask the registry ] there) by kind:
-``"view"``, ``"diagnosis"``, ``"text"``, ``"html"``, ``"fragment"`` (the script-free table and
-timelines), ``"mimebundle"``; ``"payload"`` is the widget's and the page's data. The package's top
-declares each for :class:`Job`.
+:func:`gradscope.predict_job`. This module is the jobs' data: it imports nothing from
+``torch.distributed`` (a saved job opens on a laptop), no analysis and no view. What a job view
+shows and the job's diagnosis are functions of the job (:func:`gradscope.jobs.analysis.job_view`,
+``gs.diagnose(job)``); its text, page and notebook display are views, which :meth:`Job.summary`,
+:meth:`Job.to_html` and the notebook display ask the view registry for (NOTE [ one registry of
+views ] in ``gradscope._views``).
 
 Example:
     >>> from gradscope.recording import Recording
@@ -121,20 +116,9 @@ class Job:
             out[e.status.value] = out.get(e.status.value, 0) + 1
         return out
 
-    def view(self) -> Any:
-        """What the job view shows, as data: a :class:`~gradscope.jobs.analysis.JobView` (see
-        :func:`~gradscope.jobs.analysis.job_view` and NOTE [ a job asks for its analysis ])."""
-        return _views.render("view", self)
-
     def summary(self) -> str:
         """Deterministic text (apart from times): per-rank table, imbalance, collectives."""
-        return str(_views.render("text", self))  # see NOTE [ a job asks for its analysis ]
-
-    def diagnose(self, budget: int | str | None = None) -> Any:
-        """Which ranks ran out of memory (or would, given ``budget``) and whether imbalance
-        between ranks is the cause: a :class:`~gradscope.jobs.analysis.JobDiagnosis` (see
-        :func:`~gradscope.jobs.analysis.diagnose_job`)."""
-        return _views.render("diagnosis", self, budget=budget)
+        return str(_views.render(_views.ViewKind.TEXT, self))  # NOTE [ one registry of views ]
 
     def to_html(self, path: str | os.PathLike[str] | None = None) -> str:
         """One self-contained page (script and data inline, no network): the job view of the
@@ -142,7 +126,7 @@ class Job:
         graph), and where scripts do not run, the table and timelines of
         :func:`~gradscope.jobs.page.job_html`.
         With ``path``, writes it there and returns the path; without, returns the page's text."""
-        page = str(_views.render("html", self))  # see NOTE [ results ask the registry ]
+        page = str(_views.render(_views.ViewKind.HTML, self))
         if path is None:
             return page
         atomic_write_text(os.fspath(path), page)
@@ -172,14 +156,12 @@ class Job:
     def _repr_html_(self) -> str:
         """The script-free table and timelines (NOTE [ the job's script-free view ] in
         :mod:`gradscope.jobs.page`)."""
-        return str(_views.render("fragment", self))
+        return str(_views.render(_views.ViewKind.HTML, self, script=False))
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
         """The widget in a notebook (gs.show(job)), with the text summary and the script-free
         table and timelines for renderers without widgets."""
-        out = dict(_views.render("mimebundle", self))
-        out.setdefault("text/html", self._repr_html_())
-        return out
+        return {**_views.display(self), "text/html": self._repr_html_()}
 
     def __repr__(self) -> str:
         counts = ", ".join(f"{n} {k}" for k, n in self.status_counts().items())

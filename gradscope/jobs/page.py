@@ -1,6 +1,6 @@
 """A job's script-free view: the per-rank table, the imbalance and the overlaid timelines as HTML
 and inline SVG, read from :func:`~gradscope.jobs.analysis.job_view`. It is the text/html of a job's
-notebook display (kind ``"fragment"`` in the view registry), the ``<noscript>`` of the page
+notebook display (the HTML view of a job with ``script=False``), the ``<noscript>`` of the page
 ``Job.to_html`` writes, and :func:`job_html`, a page of its own.
 
 Example:

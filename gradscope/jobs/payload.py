@@ -1,7 +1,6 @@
 """A job's payload: what the notebook widget and the page draw for a :class:`~gradscope.jobs.data.Job`,
-read from :func:`~gradscope.jobs.analysis.job_view`. The widget (``gradscope.widget.job_payload``)
-finds it through the view registry (kind ``"payload"``, NOTE [ a job asks for its analysis ] in
-:mod:`gradscope.jobs.data`) and hands it its own ``recording_payload`` for each rank's graph.
+read from :func:`~gradscope.jobs.analysis.job_view`. The widget (``gradscope.widget.job_payload``,
+a job's PAYLOAD view) calls it with its own ``recording_payload`` for each rank's graph.
 
 Example:
     >>> from gradscope.jobs.data import Job, RankEntry, RankStatus

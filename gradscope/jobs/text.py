@@ -1,5 +1,8 @@
-"""A job's text: the per-rank table, the imbalance and the communication, in words. Found through
-the view registry (kind ``"text"``): :meth:`Job.summary() <gradscope.jobs.data.Job.summary>`.
+"""A job's text: the per-rank table, the imbalance and the communication, in words, and the text of
+its diagnosis and of a job's prediction. Registered for :class:`~gradscope.jobs.data.Job`,
+:class:`~gradscope.jobs.analysis.JobDiagnosis` and :class:`~gradscope.distributed.JobPrediction`
+(kind TEXT, NOTE [ one registry of views ] in ``gradscope._views``): ``Job.summary()``,
+``str(gs.diagnose(job))``, ``gs.predict_job(...).summary()``.
 
 Example:
     >>> from gradscope.jobs.data import Job, RankEntry, RankStatus
@@ -13,14 +16,17 @@ from __future__ import annotations
 
 import re
 
+from gradscope._views import ViewKind, register
+from gradscope.distributed import JobPrediction
 from gradscope.figures import BASELINE, MODULE_SAVED, PEAK, SAVED_ALL
-from gradscope.jobs.analysis import JobView, job_view
+from gradscope.jobs.analysis import JobDiagnosis, JobView, job_view
 from gradscope.jobs.data import Job, RankStatus
 from gradscope.recording import format_bytes
 
-__all__ = ["summary_text"]
+__all__ = ["job_diagnosis_text", "job_prediction_text", "summary_text"]
 
 
+@register(ViewKind.TEXT, Job)
 def summary_text(job: Job) -> str:
     """Deterministic text (apart from times): per-rank table, imbalance, collectives."""
     return _summary_text(job, job_view(job))
@@ -98,3 +104,36 @@ def _summary_text(job: Job, v: JobView) -> str:
 def _op_family(op: str) -> str:
     """``'FSDP::all_gather (2)'`` -> ``'FSDP::all_gather'``: the op without its unit number."""
     return re.sub(r"\s*\(\d+\)$", "", op)
+
+
+@register(ViewKind.TEXT, JobDiagnosis)
+def job_diagnosis_text(diagnosis: JobDiagnosis) -> str:
+    """The job's out-of-memory ranks, each with its finding, then each failing rank's report."""
+    lines = ["gradscope job diagnosis: " + (f"{len(diagnosis.findings)} rank(s) out of memory"
+                                             if diagnosis.findings else "no rank ran out of memory")]
+    for f in diagnosis.findings:
+        lines.append(f"  rank {f.rank} [{f.pattern}] {f.message}")
+        lines.append(f"     suggestion: {f.suggestion}")
+    if diagnosis.imbalance is not None:
+        lines.append("imbalance: " + diagnosis.imbalance.sentence)
+    for rank, report in diagnosis.rank_reports:
+        lines.append(f"--- rank {rank} ---")
+        lines.append(report)
+    return "\n".join(lines)
+
+
+@register(ViewKind.TEXT, JobPrediction)
+def job_prediction_text(prediction: JobPrediction) -> str:
+    """Per rank: the predicted peak, the resident bytes, their total and whether it fits."""
+    lines = [f"gradscope prediction: one step of {prediction.strategy.upper()} on {prediction.world_size} ranks"]
+    lines.append(f"{'rank':>4} {'peak':>11} {'resident':>11} {'total':>11}" + ("  budget" if prediction.budget else ""))
+    fits = prediction.fits
+    for r in prediction.ranks:
+        verdict = "" if fits is None else ("  fits" if fits[r.rank] else "  does NOT fit")
+        lines.append(f"{r.rank:>4} {format_bytes(r.peak_bytes):>11} {format_bytes(r.resident_bytes):>11} "
+                     f"{format_bytes(r.total_bytes):>11}{verdict}")
+    imb = job_view(prediction.job).imbalance
+    if imb is not None:
+        lines.append("imbalance: " + imb.sentence)
+    lines.extend("note: " + n for n in prediction.notes)
+    return "\n".join(lines)

@@ -1,0 +1,26 @@
+"""The views layer, imported whole: importing this module registers every view of every result
+type (NOTE [ one registry of views ] in ``gradscope._views``). The package's top imports it, so a
+result finds its views whichever of its methods is called first.
+
+Each module below registers the views it defines, beside their code: text (:mod:`gradscope.report`,
+:mod:`gradscope.diagnose.text`, :mod:`gradscope._snapshot.text`, :mod:`gradscope.jobs.text`), pages
+(:mod:`gradscope.html`), payloads and widgets (:mod:`gradscope.widget`), the graphviz graph
+(:mod:`gradscope.report`).
+
+Example:
+    >>> from gradscope._views import ViewKind, find
+    >>> from gradscope.diagnose.report import Diagnosis
+    >>> find(ViewKind.TEXT, Diagnosis).__name__
+    'diagnosis_text'
+"""
+
+from __future__ import annotations
+
+from gradscope import html, report, widget
+from gradscope._snapshot import text as _snapshot_text
+from gradscope.diagnose import text as _diagnosis_text
+from gradscope.jobs import text as _job_text
+
+__all__: list[str] = []
+
+REGISTERING = (report, html, widget, _snapshot_text, _diagnosis_text, _job_text)
