@@ -224,6 +224,10 @@ def measure_model(name: str, make: Callable[[], Any], repeat: int) -> dict[str, 
         with gs.record(memory="cuda"):
             step(model, *args)
 
+    def rec_cuda_history() -> None:
+        with gs.record(memory="cuda", history=True):
+            step(model, *args)
+
     def rec_off() -> None:
         with gs.record(memory="off"):
             step(model, *args)
@@ -245,6 +249,7 @@ def measure_model(name: str, make: Callable[[], Any], repeat: int) -> dict[str, 
     variants: dict[str, Callable[[], None]] = {
         "plain": lambda: step(model, *args),
         "record cuda": rec_cuda,
+        "record cuda history": rec_cuda_history,
         "record off": rec_off,
         "profiler(profile_memory)": profiler_alone,
         "_record_memory_history": history_alone,

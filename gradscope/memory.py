@@ -890,13 +890,13 @@ class _TorchCudaStats:
         torch.cuda.reset_peak_memory_stats(device)
 
     def memory_allocated(self, device: Any) -> int:
-        return int(torch.cuda.memory_allocated(device))
+        return self.current(device)[0]  # see NOTE [ reading the allocator's figures ] in gradscope._compat
 
     def max_memory_allocated(self, device: Any) -> int:
         return int(torch.cuda.max_memory_allocated(device))
 
     def memory_reserved(self, device: Any) -> int:
-        return int(torch.cuda.memory_reserved(device))
+        return self.current(device)[1]
 
     def max_memory_reserved(self, device: Any) -> int:
         return int(torch.cuda.max_memory_reserved(device))
@@ -904,7 +904,8 @@ class _TorchCudaStats:
     def current(self, device: Any) -> tuple[int, int]:
         """(allocated, reserved) now, read once (see NOTE [ reading the allocator's figures ] in
         gradscope._compat)."""
-        return _compat.cuda_allocated_reserved(torch.device(device).index or 0)
+        index = device if isinstance(device, int) else torch.device(device).index
+        return _compat.cuda_allocated_reserved(index or 0)
 
     def total_memory(self, device: Any) -> int:
         return int(torch.cuda.get_device_properties(device).total_memory)
