@@ -18,7 +18,7 @@ reading the interpreter's frames in C++ and calling back only for a code object 
 before.
 
 NOTE [ first use never waits for the compiler ]: a build takes half a minute to two minutes
-(two C++ files against PyTorch's headers, about 1 GB of memory each), too long for a first
+(C++ files against PyTorch's headers, about 1 GB of memory each), too long for a first
 recording (a notebook's first ``%%gradscope`` cell, a short script) to wait. Where nothing is
 cached, :func:`hooks` starts the builder in the background (see NOTE [ one builder per cache ]),
 says so in one line on stderr, with the time the last build here took and the command that builds
@@ -50,7 +50,8 @@ A create_graph pass's pre hooks are compiled too where they write nothing but a 
 NOTE [ compiled pass hooks ] in walk.cc), and so is the work around a backward's start and end
 (see NOTE [ a pass in two calls ] there). All of it comes with the compiled hooks, and the Python
 walk runs wherever they are not in use or a root is not a node ``walk.cc`` reads. The same module
-holds both (one build, one cache entry).
+holds both (one build, one cache entry), and so does the counting CPU allocator of the diagnosis's
+runs on copies (``counting.cc``, a Python module of its own in the same file: see :func:`counting`).
 """
 
 from __future__ import annotations
@@ -75,14 +76,16 @@ import torch
 
 from gradscope.errors import GradscopeError
 
-__all__ = ["build", "build_or_say", "building", "cache_dir", "hooks", "status", "wait"]
+__all__ = ["build", "build_or_say", "building", "cache_dir", "counting", "hooks", "status", "wait"]
 
-_SOURCES = (Path(__file__).with_name("hooks.cc"), Path(__file__).with_name("walk.cc"))
+_SOURCES = (Path(__file__).with_name("hooks.cc"), Path(__file__).with_name("walk.cc"),
+            Path(__file__).with_name("counting.cc"))
 _HEADER = Path(__file__).with_name("native.h")
 _FIELDS = Path(__file__).with_name("fields.h")  # generated from fields.py
 _BUILDER = Path(__file__).with_name("_build.py")  # the builder: see NOTE [ one builder per cache ]
 _lock = threading.Lock()
 _loaded: ModuleType | None = None
+_counting: ModuleType | None = None  # see counting()
 _reason: str | None = None  # why the compiled pair is not in use (None: not tried yet, or in use)
 _tried = False  # settled: _loaded is the module, or None for good (GRADSCOPE_NATIVE=0, a failed build)
 _builder: subprocess.Popen[bytes] | None = None  # the builder this process started, if any
@@ -366,6 +369,28 @@ def _settle(path: Callable[[], Path | None], mode: str) -> ModuleType | None:
         _reason = f"could not build the compiled hooks: {str(e).splitlines()[0]}"
     _tried = True
     return _loaded
+
+
+def counting() -> ModuleType | None:
+    """The counting CPU allocator (see NOTE [ a counting CPU allocator ] in counting.cc): a module of
+    its own in the compiled hooks' file, loaded once from it; None where the compiled hooks are not in
+    use (see :func:`hooks`)."""
+    global _counting
+    if _counting is None:
+        m = hooks()
+        path = getattr(m, "__file__", None)
+        if m is None or path is None:
+            return None
+        try:
+            loader = importlib.machinery.ExtensionFileLoader("gradscope._native._counting", path)
+            spec = importlib.util.spec_from_file_location("gradscope._native._counting", path, loader=loader)
+            assert spec is not None
+            module = importlib.util.module_from_spec(spec)
+            loader.exec_module(module)
+        except (ImportError, AssertionError):  # a file built before counting.cc existed cannot be: its hash differs
+            return None
+        _counting = module
+    return _counting
 
 
 def wait(timeout: float | None = None) -> ModuleType | None:

@@ -7,6 +7,7 @@ printed with :func:`ast.unparse`, so what the user reads is exactly what was run
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import textwrap
 import types
@@ -16,7 +17,7 @@ from typing import Any, TypeGuard
 
 import torch
 
-__all__ = ["Shape", "free_names", "shape_of"]
+__all__ = ["Shape", "Statements", "free_names", "shape_of", "statements"]
 
 
 def free_names(code: str) -> set[str]:
@@ -121,6 +122,49 @@ def _locate(tree: ast.AST) -> tuple[list[ast.stmt], int] | None:
                         return stmts, i
         queue.extend(ast.iter_child_nodes(node))
     return None
+
+
+@dataclass(frozen=True)
+class Statements:
+    """A step's own statements, each as source text that runs alone (run one after the other in the same
+    variables, they are the step), a dump of each to compare steps by, and the index of the first that
+    is an ``E.backward(...)`` call (None: none of them is)."""
+
+    texts: tuple[str, ...]
+    dumps: tuple[str, ...]
+    backward: int | None
+
+    def common(self, other: Statements) -> int:
+        """How many leading statements the two steps share."""
+        n = 0
+        for a, b in zip(self.dumps, other.dumps, strict=False):
+            if a != b:
+                break
+            n += 1
+        return n
+
+
+@functools.lru_cache(maxsize=64)
+def statements(source: str) -> Statements | None:
+    """The step's top-level statements (see :class:`Statements`), where each stands on lines of its
+    own; None otherwise, or for a step that does not parse."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    body = tree.body
+    if not body:
+        return None
+    starts = [min([st.lineno, *(d.lineno for d in getattr(st, "decorator_list", []))]) for st in body]
+    for i, st in enumerate(body):
+        if st.col_offset != 0 or st.end_lineno is None or (i + 1 < len(body) and st.end_lineno >= starts[i + 1]):
+            return None
+    lines = source.splitlines(keepends=True)
+    cuts = [0, *(s - 1 for s in starts[1:]), len(lines)]
+    texts = tuple("".join(lines[cuts[i]:cuts[i + 1]]) for i in range(len(body)))
+    found = _locate(tree)
+    backward = found[1] if found is not None and found[0] is body else None
+    return Statements(texts, tuple(ast.dump(st) for st in body), backward)
 
 
 @dataclass
