@@ -353,6 +353,8 @@ class Bench:
         self._complete = False  # measuring both runs at once (complete() of a fix whose variables were not kept)
         self._pending: dict[tuple[str, str], _Pending] = {}  # fixes' variables after their first run
         self.counted_by = ""  # "allocator" | "tracker": what counted the runs of CPU copies
+        self._splits: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}  # see _split
+        self._collected: dict[tuple[int, ...], dict[int, torch.Tensor]] = {}  # see _tensors
 
     # ----- what the code needs ------------------------------------------------------------------
     def _names(self, code: str) -> set[str]:
@@ -364,10 +366,29 @@ class Bench:
                 more |= _global_reads(f) & set(self.ns)
         return (names | more) & set(self.ns)
 
+    def _tensors(self, copied: Mapping[str, Any]) -> dict[int, torch.Tensor]:
+        """The tensors reachable from the user's objects ``copied``, by id (collected once: the user's
+        objects do not change while the diagnosis runs)."""
+        from gradscope.predict import _collect_tensors
+
+        key = tuple(id(v) for v in copied.values())
+        if key not in self._collected:
+            tensors: dict[int, torch.Tensor] = {}
+            _collect_tensors(dict(copied), tensors, set())
+            self._collected[key] = tensors
+        return self._collected[key]
+
     def _split(self, code: str) -> tuple[dict[str, Any], dict[str, Any]]:
         """(objects to copy, objects passed as they are: Python modules, functions, classes,
         numbers). Objects a function of the user's holds in its closure are copied too, under
-        names no code can spell (see NOTE [ the user's functions as they are ])."""
+        names no code can spell (see NOTE [ the user's functions as they are ]). Worked out once
+        per code."""
+        if code not in self._splits:
+            self._splits[code] = self._split_now(code)
+        copied, kept = self._splits[code]
+        return dict(copied), dict(kept)
+
+    def _split_now(self, code: str) -> tuple[dict[str, Any], dict[str, Any]]:
         copied: dict[str, Any] = {}
         kept: dict[str, Any] = {}
         for n in sorted(self._names(code) | self._names(self.source)):
@@ -604,7 +625,7 @@ class Bench:
         from."""
         copied, kept = self._split(setup + code)
         with self._quiet():
-            copies = _replica(copied)
+            copies = _replica(copied, tensors=self._tensors(copied))
         self._as_at_start(copies)
         env = self._env(kept, copied, copies)
         before = set(env)
@@ -641,7 +662,7 @@ class Bench:
         compiled = compile(code, "<gradscope fix>", "exec")
         copied, kept = self._split(setup + code)
         with self._quiet():
-            copies = _replica(copied, dropout=dropout)
+            copies = _replica(copied, dropout=dropout, tensors=self._tensors(copied))
         self._as_at_start(copies)
         env = self._env(kept, copied, copies)
         before = set(env)
@@ -1026,15 +1047,17 @@ def resident_bytes(values: Any) -> int:
     return sum(seen.values())
 
 
-def _replica(objs: Mapping[str, Any], *, dropout: bool = True) -> dict[str, Any]:
+def _replica(objs: Mapping[str, Any], *, dropout: bool = True,
+             tensors: dict[int, torch.Tensor] | None = None) -> dict[str, Any]:
     """A deep copy of the user's objects on their device, as the user has them (train/eval state,
     dropout); ``dropout=False``: with dropout off (see NOTE [ results where randomness allows ]).
     Tensors that are results of autograd (not leaves) are copied detached, as they cannot be
-    deep-copied."""
+    deep-copied. ``tensors``: the objects' tensors by id, where they were collected already."""
     from gradscope.predict import _collect_tensors, copied_schedulers
 
-    tensors: dict[int, torch.Tensor] = {}
-    _collect_tensors(dict(objs), tensors, set())
+    if tensors is None:
+        tensors = {}
+        _collect_tensors(dict(objs), tensors, set())
     memo: dict[int, Any] = {}
     for i, t in tensors.items():
         if not t.is_leaf:
@@ -1130,17 +1153,20 @@ def _marked(t: torch.Tensor) -> torch.Tensor:
 
 def _difference(ta: Mapping[str, torch.Tensor], tb: Mapping[str, torch.Tensor]) -> tuple[float, str]:
     """Gradients the fix left freed (None) where the step kept them are not a difference: the fix
-    applied them already (the finding says so through ``Trial.freed``)."""
+    applied them already (the finding says so through ``Trial.freed``). Each tensor's difference is its
+    largest one relative to its largest value (parameters scaled, see NOTE [ parameters after an
+    optimizer's step ]); NaN and inf are the same where both hold them at the same places."""
     if set(tb) - set(ta) or any(not k.endswith(".grad") for k in set(ta) - set(tb)):
         return math.inf, ", ".join(sorted(set(ta) ^ set(tb))[:3])
-    ta = {k: v for k, v in ta.items() if k in tb}
     worst, where = 0.0, ""
     for k in ta:
+        if k not in tb:
+            continue
         x, y = ta[k].detach(), tb[k].detach()
         if x.dim() == 0 and y.dim() == 0 and x.is_floating_point() and y.is_floating_point():
             x, y = x.double(), y.double()  # a number and a 0-dim tensor of the same value are the same result
         if x.shape != y.shape or x.dtype != y.dtype:
-            return math.inf, k
+            return math.inf, k.removesuffix(_PARAM)
         if not x.is_floating_point():
             d = 0.0 if torch.equal(x, y) else math.inf
         elif x.numel() == 0:
