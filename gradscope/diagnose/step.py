@@ -322,6 +322,71 @@ def autocast(shape: Shape, device: str, dtype: str) -> str:
     return shape.text(tree)
 
 
+def _accumulation(st: ast.stmt) -> tuple[str, ast.expr] | None:
+    """``(L, E)`` for a statement ``L = L + E`` or ``L += E`` (``E`` not reading ``L``), else None."""
+    if isinstance(st, ast.AugAssign) and isinstance(st.target, ast.Name) and isinstance(st.op, ast.Add):
+        name, term = st.target.id, st.value
+    elif (isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name)
+          and isinstance(st.value, ast.BinOp) and isinstance(st.value.op, ast.Add)
+          and isinstance(st.value.left, ast.Name) and st.value.left.id == st.targets[0].id):
+        name, term = st.targets[0].id, st.value.right
+    else:
+        return None
+    return None if name in _names(term) else (name, term)
+
+
+def backward_per_iteration(shape: Shape) -> tuple[str, str] | None:
+    """The step with a loss accumulated over a loop's iterations (``L = L + E`` or ``L += E`` in a ``for``
+    loop of the step's statements, ``L.backward()``, or ``L`` times or over a factor the loop does not
+    change, after it) differentiated in each iteration instead: ``E`` under a name of its own, its
+    backward called there (scaled as the call scaled ``L``), ``L`` adding up its value detached, and the
+    call after the loop gone. The gradients add up in ``.grad`` to the same values, and each
+    iteration's graph is freed once its backward ran. ``(the step, L)``, or None where the step has no
+    such loop (nothing between the loop and the call may read ``L``)."""
+    if shape.backward is None:
+        return None
+    tree, body = shape.fresh()
+    k = shape.backward
+    call = body[k]
+    assert isinstance(call, ast.Expr) and isinstance(call.value, ast.Call) and isinstance(call.value.func, ast.Attribute)
+    target = call.value.func.value
+    factor: tuple[ast.operator, ast.expr] | None = None
+    if isinstance(target, ast.BinOp) and isinstance(target.op, ast.Div | ast.Mult) and isinstance(target.left, ast.Name):
+        factor = (target.op, target.right)
+        target = target.left
+    if not isinstance(target, ast.Name):
+        return None
+    name = target.id
+    for j in range(k - 1, -1, -1):
+        loop = body[j]
+        if not isinstance(loop, ast.For):
+            if name in _names(loop):
+                return None  # read or changed between the loop and the call
+            continue
+        found = [(i, acc) for i, st in enumerate(loop.body) if (acc := _accumulation(st)) is not None and acc[0] == name]
+        if len(found) != 1 or loop.orelse:
+            return None
+        i, (_, term) = found[0]
+        if any(name in _names(st) for n, st in enumerate(loop.body) if n != i):
+            return None
+        stored = {t.id for st in loop.body for t in ast.walk(st) if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store)}
+        stored |= {t.id for t in ast.walk(loop.target) if isinstance(t, ast.Name)}
+        if factor is not None and _names(factor[1]) & (stored | {name}):
+            return None  # a factor the loop changes
+        fresh = _fresh_name(shape.source, "term")
+        use: ast.expr = ast.Name(fresh, ast.Load())
+        if factor is not None:
+            use = ast.BinOp(use, factor[0], factor[1])
+        back = ast.Expr(ast.Call(ast.Attribute(use, "backward", ast.Load()), call.value.args, call.value.keywords))
+        add = ast.Assign(targets=[ast.Name(name, ast.Store())],
+                         value=ast.BinOp(ast.Name(name, ast.Load()), ast.Add(),
+                                         ast.Call(ast.Attribute(ast.Name(fresh, ast.Load()), "detach", ast.Load()), [], [])))
+        loop.body[i:i + 1] = [ast.Assign(targets=[ast.Name(fresh, ast.Store())], value=term), back, add]
+        del body[k]
+        return shape.text(tree), name
+    return None
+
+
 class _Drop(ast.NodeTransformer):
     def __init__(self, calls: set[tuple[str, str]]) -> None:
         self.calls = calls
