@@ -77,6 +77,7 @@ __all__ = [
     "orders_pass",
     "saves_pass",
     "steps_pass",
+    "unseen_nodes_pass",
 ]
 
 _DEEP_GRAPH = 40_000  # nodes above which freeing may crash PyTorch: see NOTE [ freeing deep graphs ]
@@ -170,6 +171,44 @@ def inplace_views_pass(trace: Trace, graph: Graph) -> None:
             moves[inner] = (seq, _INNER_NODE)
 
 
+UNSEEN_NODE = "(unseen node)"  # the name of a node whose graph no walk reached: see unseen_nodes_pass
+
+
+def unseen_nodes_pass(trace: Trace, graph: Graph) -> int:
+    """NOTE [ saves of nodes never walked ]: a graph that dies before any backward pass or the
+    block's end (``fake = generator(z).detach()`` in a GAN's critic step: the generator's graph is
+    dropped at once) is never walked, yet its nodes saved tensors, which were alive until it died:
+    every save counts in ``saved_bytes`` (see gradscope.figures), so each number that saved one and
+    has no node gets a node of its own, named :data:`UNSEEN_NODE`, with no edges and no steps; its
+    module and line are found from its number as any forward node's. The graph's other nodes (those
+    that saved nothing) are not known. Such nodes come after the walked ones (their ids are the
+    last), so the ids of the nodes walked are as without them. Returns how many were made."""
+    by_seq = graph.by_seq
+    moves_get = trace.seq_moves.get
+    missing: dict[int, None] = {}
+    for row in trace.saves:
+        seq = row[S_SEQ]
+        if seq in by_seq:
+            continue
+        moved = moves_get(seq)
+        if moved is not None:
+            seq = moved[0]  # see NOTE [ saves packed under another number ] in gradscope.capture.discover
+            if seq in by_seq:
+                continue
+        missing[seq] = None
+    if not missing:
+        return 0
+    rows = graph.rows = list(graph.rows)
+    index = dict(by_seq)
+    for seq in sorted(missing):
+        index[seq] = len(rows)
+        graph.made.append((seq, len(rows)))
+        rows.append((seq, seq, UNSEEN_NODE, None, None, False))
+    graph.by_seq = index
+    graph.made.sort()
+    return len(missing)
+
+
 # ----------------------------------------------------------------------------------- naming
 def naming_pass(trace: Trace) -> list[str]:
     """The name of each root module: see NOTE [ naming roots ] in :mod:`gradscope._names`."""
@@ -230,11 +269,16 @@ def steps_pass(trace: Trace, graph: Graph) -> Steps:
     out = Steps()
     mt = trace.memory_trace
     from_scopes = mt.source == "cpu" and bool(mt.scopes)
+    by_pass: dict[int | None, list[int]] = {}  # each pass's own node scopes, read once (not once a pass)
+    if from_scopes:
+        for k, sc in enumerate(mt.scopes):
+            if not sc.nested:
+                by_pass.setdefault(sc.backward, []).append(k)
     for b_index, b in enumerate(trace.backwards):
         if not b.observed:
             continue
         if from_scopes:
-            _steps_from_scopes(trace, graph, b_index, b, out)
+            _steps_from_scopes(trace, graph, b_index, b, out, by_pass.get(b_index, ()))
         else:
             _steps_from_events(trace, graph, b_index, b, out)
         _creators(trace, graph, b, out)
@@ -290,7 +334,7 @@ def _steps_from_events(trace: Trace, graph: Graph, b_index: int, b: BackwardRow,
         before_l.append(live)
         after_l.append(None)
         cur_node, closed = node, False
-    if trace.memory == "off" and len(node_l) > first:
+    if trace.memory in ("off", "counter") and len(node_l) > first:
         _add_unseen_steps(graph, b, out, first, freed_here)
     n = len(node_l)
     if b.error is not None and n > first and n - 1 not in closed_at and _hooks_every_node(trace):
@@ -460,10 +504,12 @@ def _add_unseen_steps(graph: Graph, b: BackwardRow, out: Steps, first: int, free
         freed[sid] = remap[freed[sid]]
 
 
-def _steps_from_scopes(trace: Trace, graph: Graph, b_index: int, b: BackwardRow, out: Steps) -> None:
-    """The profiler's node scopes of this pass (nested ones belong to a reentrant backward inside
-    a node), matched with nodes by sequence number; all ``AccumulateGrad`` nodes share one
-    number, so those are taken in order from their pre hooks."""
+def _steps_from_scopes(trace: Trace, graph: Graph, b_index: int, b: BackwardRow, out: Steps,
+                       own: Sequence[int]) -> None:
+    """The profiler's node scopes of this pass (``own``: their indices; nested ones belong to a
+    reentrant backward inside a node and are not among them), matched with nodes by sequence
+    number; all ``AccumulateGrad`` nodes share one number, so those are taken in order from their
+    pre hooks."""
     rows = graph.rows
     accs = [ident for kind, ident, _, _ in trace.events[b.ev0:b.ev1]
             if kind == EV_PRE and rows[ident][N_NAME] == "AccumulateGrad"]
@@ -474,9 +520,9 @@ def _steps_from_scopes(trace: Trace, graph: Graph, b_index: int, b: BackwardRow,
     t0: list[int] = []
     t1: list[int] = []
     unresolved = 0
-    for k, (name, seq, start, end, bw, nested) in enumerate(trace.memory_trace.scopes):
-        if bw != b_index or nested:
-            continue
+    scopes = trace.memory_trace.scopes
+    for k in own:
+        name, seq, start, end, _, _ = scopes[k]
         node: int | None
         if name == "AccumulateGrad":
             node = accs[acc_i] if acc_i < len(accs) else None
@@ -633,6 +679,9 @@ def saves_pass(trace: Trace, graph: Graph, prefixes: Sequence[str]) -> Saves:
     kind_of = {"parameter": Kind.PARAMETER, "buffer": Kind.BUFFER}
     input_kind, activation = Kind.INPUT, Kind.ACTIVATION
     moves_get = trace.seq_moves.get
+    # a storage's identity: its first save where the recorder gave one (see NOTE [ a storage's
+    # identity in a block ] in gradscope.capture.saves), else its key
+    identity = trace.save_storage if len(trace.save_storage) == len(trace.saves) else None
     for sid, s in enumerate(trace.saves):
         seq = s[S_SEQ]
         node = by_seq_get(seq)
@@ -664,7 +713,7 @@ def saves_pass(trace: Trace, graph: Graph, prefixes: Sequence[str]) -> Saves:
         else:
             kinds.append(input_kind if s[S_LEAFISH] else activation)
             names.append(None)
-        storages.append(storage_ids(skey))
+        storages.append(storage_ids(skey if identity is None else identity[sid]))
     return Saves(sids, nodes, attrs, kinds, names, storages, len(trace.saves) - len(sids))
 
 
@@ -698,10 +747,12 @@ def memory_pass(trace: Trace, graph: Graph, prefixes: Sequence[str], steps: Step
     t0 = trace.t0_ns
     calls = trace.calls
     if n:
-        t_l, size_l, key_l, label_l, scope_l, stamp_l, res_l, call_l, hint_l, bw_l, line_l = (
+        t_l, size_l, key_l, label_l, scope_l, stamp_l, res_l, call_l, hint_l, bw_l, line_l, seq_l = (
             list(c) for c in zip(*events, strict=True))
     else:
-        t_l = size_l = key_l = label_l = scope_l = stamp_l = res_l = call_l = hint_l = bw_l = line_l = []
+        t_l = size_l = key_l = label_l = scope_l = stamp_l = res_l = call_l = hint_l = bw_l = line_l = seq_l = []
+    if mt.source == "counter" and n:  # see NOTE [ a long loop's memory ] in gradscope.memory
+        bw_l, hint_l, line_l = _counter_context(trace, graph, node_line, t_l, seq_l)
     ev_step = _event_steps(trace, steps, scope_l, bw_l, stamp_l, t_l)
     # each event's line: in backward the running node's, else what the source saw (see NOTE [ where
     # lines come from ] in gradscope._lines)
@@ -740,8 +791,9 @@ def memory_pass(trace: Trace, graph: Graph, prefixes: Sequence[str], steps: Step
         a_key = [key_l[k] for k in a_at]
     a_t = [t_l[k] for k in a_at]
     allocs = _AllocColumns(a_bytes, a_at, a_free, a_t, a_free_t, a_key, [], [], [])  # steps and phases below
+    unseen = {sid for sid, node in zip(saves.sid, saves.node, strict=True) if graph.rows[node][N_NAME] == UNSEEN_NODE}
     save_alloc, saver = (_saves_to_allocations(trace, saves, allocs, mt.key_kind, [call_l[k] for k in a_at],
-                                               [bw_l[k] for k in a_at]) if pairable else ({}, {}))
+                                               [bw_l[k] for k in a_at], unseen) if pairable else ({}, {}))
     if not mt.online and save_alloc:
         _releases_stamped_late(steps, scope_l, ev_step, set(save_alloc.values()), allocs)
     allocs.free_step = [None if k is None else ev_step[k] for k in a_free]
@@ -858,6 +910,31 @@ def memory_pass(trace: Trace, graph: Graph, prefixes: Sequence[str], steps: Step
                   peak_i if peak_i >= 0 else None, n, allocs)
 
 
+def _counter_context(trace: Trace, graph: Graph, node_line: Sequence[int | None], t_l: Sequence[int],
+                     seq_l: Sequence[int | None]) -> tuple[list[int | None], list[str | None], list[int | None]]:
+    """For the allocator counter's events (see NOTE [ a long loop's memory ] in gradscope.memory),
+    which carry our clock's time and the sequence counter: the backward pass each happened in (by
+    time), ``"optimizer"`` inside an optimizer step, and a forward allocation's line, its node's
+    (the node numbered one below the counter, as for a save: see NOTE [ which node saved a tensor ]
+    in gradscope.record)."""
+    passes = sorted((b.t0_ns, b.t1_ns, i) for i, b in enumerate(trace.backwards) if b.observed)
+    starts = [p[0] for p in passes]
+    opt = sorted((o[1], o[2] or trace.t1_ns) for o in trace.optimizer_steps)
+    opt_starts = [w[0] for w in opt]
+    by_seq = graph.by_seq
+    bw_l: list[int | None] = []
+    hint_l: list[str | None] = []
+    line_l: list[int | None] = []
+    for t, seq in zip(t_l, seq_l, strict=True):
+        j = bisect.bisect_right(starts, t) - 1
+        bw = passes[j][2] if j >= 0 and t <= passes[j][1] else None
+        bw_l.append(bw)
+        hint_l.append("optimizer" if bw is None and opt and _inside(opt_starts, opt, t) else None)
+        node = by_seq.get(seq - 1) if seq is not None and bw is None and node_line else None
+        line_l.append(node_line[node] if node is not None else None)
+    return bw_l, hint_l, line_l
+
+
 def _position_test(windows: list[tuple[int, int]]) -> Callable[[int], bool]:
     """Whether a step-event position falls inside one of the (sorted) backward windows."""
     starts = [a for a, _ in windows]
@@ -901,6 +978,7 @@ def _event_steps(trace: Trace, steps: Steps, scope_l: Sequence[int | None], bw_l
     s_backward = steps.backward
     right = bisect.bisect_right
     step_of_scope = scope_step.get
+    timed: dict[int, tuple[list[int], list[int]]] = {}  # passes without node scopes: their steps by time
     for i, sc in enumerate(scope_l):
         if sc is not None:
             out[i] = step_of_scope(sc)
@@ -910,6 +988,14 @@ def _event_steps(trace: Trace, steps: Steps, scope_l: Sequence[int | None], bw_l
             got = by_b.get(bw)
             if got is not None:
                 j = bisect.bisect_left(got[0], t_l[i]) - 1  # a step that starts at t ran after
+                if j >= 0:
+                    out[i] = got[1][j]
+            else:  # the allocator counter's events (see NOTE [ a long loop's memory ] in gradscope.memory)
+                got = timed.get(bw)
+                if got is None:
+                    ks = [k for k in start_steps if s_backward[k] == bw]
+                    got = timed[bw] = ([steps.t0[k] for k in ks], ks)
+                j = bisect.bisect_right(got[0], t_l[i]) - 1
                 if j >= 0:
                     out[i] = got[1][j]
             continue
@@ -961,7 +1047,7 @@ class _AllocColumns:
 
 
 def _saves_to_allocations(trace: Trace, saves: Saves, allocs: _AllocColumns, key_kind: str,
-                          a_call: Sequence[int | None], a_bw: Sequence[int | None],
+                          a_call: Sequence[int | None], a_bw: Sequence[int | None], strict: set[int] | None = None,
                           ) -> tuple[dict[int, int], dict[int, int]]:
     """Each save's allocation: the one that held the save's key (storage key for the tracker,
     address for the allocators) when it was packed. Keys are reused once freed, so the candidate
@@ -973,6 +1059,10 @@ def _saves_to_allocations(trace: Trace, saves: Saves, allocs: _AllocColumns, key
     inside a backward pass or module call (``a_bw``, ``a_call``: known from the source's marks, not
     from a clock) that began after the pack, by :data:`_REGION_MARGIN_NS` or more, is a later
     one, and the candidate before it is taken.
+    A save of an unseen node (``strict``: see NOTE [ saves of nodes never walked ]) has no backward to
+    tell its allocation apart: its storage often died at once and its address was given again within
+    the slack, so it takes only an allocation made before the pack with no other of its key made
+    within the slack around it, and stays unmatched otherwise.
     Returns (save index -> allocation, allocation -> the first node that saved it)."""
     a_t, a_free_t = allocs.t, allocs.free_t
     # per key, its allocations and their times (allocation order is time order); an address
@@ -985,7 +1075,8 @@ def _saves_to_allocations(trace: Trace, saves: Saves, allocs: _AllocColumns, key
         got[0].append(i)
         got[1].append(a_t[i])
     key_field = S_SKEY if key_kind == "storage" else S_PTR
-    slack = 0 if key_kind == "storage" else _CLOCK_SLACK_NS
+    # one clock for the tracker's and the allocator counter's events and the saves: no slack
+    slack = 0 if key_kind == "storage" or trace.memory_trace.source == "counter" else _CLOCK_SLACK_NS
     out: dict[int, int] = {}
     saver: dict[int, int] = {}
     right = bisect.bisect_right
@@ -1006,7 +1097,12 @@ def _saves_to_allocations(trace: Trace, saves: Saves, allocs: _AllocColumns, key
         if cands is None:
             continue
         t = s[S_T]
-        j = right(cands[1], t + slack) - 1
+        if strict and sid in strict:
+            j = right(cands[1], t) - 1
+            if j < 0 or (j + 1 < len(cands[1]) and cands[1][j + 1] <= t + slack):
+                continue
+        else:
+            j = right(cands[1], t + slack) - 1
         while j >= 0 and (r0 := region_t0[cands[0][j]]) is not None and r0 > t + _REGION_MARGIN_NS:
             j -= 1  # made in a region that began after the pack: the address given again
         if j < 0:
@@ -1035,20 +1131,29 @@ def _categories(trace: Trace, orders: Sequence[int], saves: Saves, allocs: _Allo
     (BACKWARD_TEMP); anything else (OTHER)."""
     n = len(allocs.bytes)
     cats = [Category.OTHER] * n
-    by_key: dict[int, list[int]] = {}
+    by_key: dict[int, tuple[list[int], list[int]]] = {}  # key -> its allocations and their times, in order
+    a_t, a_free_t = allocs.t, allocs.free_t
     for i, k in enumerate(allocs.key):
-        by_key.setdefault(k, []).append(i)
+        got = by_key.get(k)
+        if got is None:
+            got = by_key[k] = ([], [])
+        got[0].append(i)
+        got[1].append(a_t[i])
     gradient: set[int] = set()
+    right = bisect.bisect_right
     for _b, skey, ptr, t in trace.gradient_keys:
-        cands = by_key.get(skey if key_kind == "storage" else ptr, ())
-        alive = [i for i in cands if allocs.t[i] <= t and _freed_after(allocs.free_t[i], t)]
+        cands, times = by_key.get(skey if key_kind == "storage" else ptr, ((), ()))
+        # one allocation of a key lives at a time: the latest made by t, if not freed before it (found by
+        # bisection: a loop reuses an address thousands of times)
+        j = right(times, t) - 1
+        alive = [cands[j]] if j >= 0 and _freed_after(a_free_t[cands[j]], t) else []
         if not alive:
             # NOTE [ two clocks ]: the pass's end is read from Python's clock, the profiler's
             # events from its own; the last gradient of a pass (the first layer's) can be stamped
             # microseconds after the pass ended. Take the latest allocation of the key made
             # within the skew that was not freed before it.
-            alive = [i for i in cands if allocs.t[i] <= t + _CLOCK_SKEW_NS
-                     and _freed_after(allocs.free_t[i], t - _CLOCK_SKEW_NS)][-1:]
+            j = right(times, t + _CLOCK_SKEW_NS) - 1  # the earlier ones were freed before it was made
+            alive = [cands[j]] if j >= 0 and _freed_after(a_free_t[cands[j]], t - _CLOCK_SKEW_NS) else []
         gradient.update(alive)
     saved_order: dict[int, int] = {}
     node_of = dict(zip(saves.sid, saves.node, strict=True))
@@ -1105,8 +1210,14 @@ def backward_calls_pass(trace: Trace, graph: Graph, steps: Steps) -> list[Backwa
     return out
 
 
-def notes_pass(trace: Trace, graph: Graph, saves: Saves, steps: Steps) -> list[str]:
+def notes_pass(trace: Trace, graph: Graph, saves: Saves, steps: Steps, unseen: int = 0) -> list[str]:
     notes = list(trace.notes)
+    if unseen:
+        n_saves = sum(1 for node in saves.node if graph.rows[node][N_NAME] == UNSEEN_NODE)
+        notes.append(f"{n_saves} saved tensors belonged to {unseen} nodes whose graph was freed before gradscope "
+                     f"walked it (a result detached or dropped before any backward): they are counted, each under "
+                     f"a node named {UNSEEN_NODE!r} with the module and line that made it; the graph's other "
+                     "nodes are not known.")
     if saves.dropped:
         notes.append(f"{saves.dropped} saved tensors belonged to nodes that were freed before gradscope saw "
                      "them; they are not listed.")
@@ -1206,6 +1317,7 @@ def build(trace: Trace, *, complete: bool = True, error: str | None = None) -> R
     trace.memory_trace.resolve()
     graph = graph_pass(trace)
     inplace_views_pass(trace, graph)
+    unseen = unseen_nodes_pass(trace, graph)
     prefixes = naming_pass(trace)
     steps = steps_pass(trace, graph)
     orders = orders_pass(trace, graph, steps)
@@ -1290,7 +1402,7 @@ def build(trace: Trace, *, complete: bool = True, error: str | None = None) -> R
         )
     calls = backward_calls_pass(trace, graph, steps)
     created = max(trace.seq1 - trace.seq0, 0)
-    seen_created = sum(1 for row in graph.rows if isinstance(row[N_KEY], int) and row[N_SEQ] >= trace.seq0)
+    seen_created = sum(1 for row in graph.rows if isinstance(row[N_KEY], int) and row[N_SEQ] >= trace.seq0) - unseen
     off = trace.memory == "off"
     return Recording(
         nodes=nodes,
@@ -1304,7 +1416,7 @@ def build(trace: Trace, *, complete: bool = True, error: str | None = None) -> R
         where=_where(trace, mt.device),
         complete=complete,
         error=error,
-        notes=tuple(notes_pass(trace, graph, saves, steps)),
+        notes=tuple(notes_pass(trace, graph, saves, steps, unseen)),
         label=trace.label,
         wall_time_s=(trace.t1_ns - trace.t0_ns) / 1e9,
         backward_passes=sum(1 for b in trace.backwards if b.observed),
@@ -1360,16 +1472,17 @@ def _device(d: Any) -> str:
 def _baseline(trace: Trace, saves: Saves, kinds: Sequence[Kind]) -> int:
     """What existed before the block: parameters and buffers of the modules called, and inputs
     that were saved (storages counted once)."""
-    storages = dict(trace.baseline_storages)
+    total = sum(trace.baseline_storages.values())
+    inputs: dict[int, int] = {}  # storage id -> bytes (an address freed and reused names two)
     for k, sid in enumerate(saves.sid):
-        if kinds[k] is Kind.INPUT:
-            s = trace.saves[sid]
-            storages[s[S_SKEY]] = int(s[S_BYTES])
-    return sum(storages.values())
+        if kinds[k] is Kind.INPUT and trace.saves[sid][S_SKEY] not in trace.baseline_storages:
+            inputs[saves.storage[k]] = int(trace.saves[sid][S_BYTES])
+    return total + sum(inputs.values())
 
 
 def _where(trace: Trace, device: str) -> Where:
     source = {"cpu": "cpu-allocator (profiler events)", "tracker": "storage tracker",
-              "cuda": "cuda caching allocator", "off": "off"}.get(trace.memory, trace.memory)
+              "cuda": "cuda caching allocator", "off": "off",
+              "counter": "cpu-allocator (allocator counter)"}.get(trace.memory, trace.memory)
     return Where(device=device, memory_source=source, torch_version=str(trace.torch_version), rank=trace.rank,
                  world_size=trace.world_size, hostname=socket.gethostname())

@@ -50,6 +50,10 @@ N_KEY, N_SEQ, N_NAME, N_LEAF, N_LEAF_SHAPE, N_CUSTOM = range(6)
 # module calls
 C_ROOT, C_REL, C_SEQ0, C_SEQ1, C_T0, C_T1 = range(6)
 
+# Trace.marks: the end of one iteration of a loop (see NOTE [ iterations ] in gradscope._iterations):
+# the time, and the saves, backward calls and optimizer steps made by then
+M_T, M_SAVES, M_BACKWARDS, M_OPT = range(4)
+
 # Step events: (kind, ident, t_ns, value)
 EV_UNPACK = 0  # a node unpacked one of our saves: ident = save index; value unused
 EV_PRE = 1  # a node's pre hook: ident = node index; value = sequence counter then
@@ -137,6 +141,9 @@ class Trace:
     # by save index: the user's line it was packed at (an index into line_table.rows, -1: none);
     # empty when lines are not recorded (see NOTE [ where lines come from ] in gradscope._lines)
     save_lines: list[int] = field(default_factory=list)
+    # by save index: its storage's identity in the block, the index of the storage's first save (see
+    # NOTE [ a storage's identity in a block ] in gradscope.capture.saves); empty: by ``skey``
+    save_storage: list[int] = field(default_factory=list)
     line_table: Any = None  # gradscope._lines.LineTable, or None
     save_attr: dict[int, str] = field(default_factory=dict)  # save index -> attribute
     seq_attr: dict[int, str] = field(default_factory=dict)  # node seq -> its one attribute
@@ -176,3 +183,8 @@ class Trace:
     world_size: int | None = None
     failed_oom: bool = False  # the block ended with an out-of-memory (real or simulated)
     deep_graph_trap: bool = False  # node objects persist: see gradscope._walk.release
+    # a loop (see NOTE [ iterations ] in gradscope._iterations): the end of each iteration in this
+    # trace, and the block's saves before this piece of it (its save_storage identities count them)
+    marks: list[tuple[int, int, int, int]] = field(default_factory=list)
+    save_base: int = 0
+    piece_t0_ns: int = 0  # when this piece began (0: the block's start, t0_ns)

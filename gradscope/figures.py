@@ -45,8 +45,12 @@ __all__ = [
     "DEFINITIONS",
     "FIGURES",
     "FREED",
+    "GROWTH",
+    "ITERATION_PEAK",
+    "ITERATION_SAVED",
     "LINE_ALIVE_AT_PEAK",
     "LINE_SAVED",
+    "LOOP_SAVED",
     "MODULE_ALIVE_AT_PEAK",
     "MODULE_SAVED",
     "NODE_SAVED",
@@ -356,7 +360,8 @@ SAVED_ALL = Figure(
     "saved_bytes",
     "saved (all kinds)",
     "bytes kept alive by every tensor saved for backward over the whole block (activations, "
-    "parameters, inputs and buffers), each storage once",
+    "parameters, inputs and buffers), each storage once (for a long loop, over the iterations whose "
+    "detail the recording holds; see saved over the loop)",
     attrgetter("saved_bytes"),
 )
 SAVED_TOTAL = Figure(
@@ -446,11 +451,61 @@ LINE_ALIVE_AT_PEAK = Figure(
     Recording.bytes_at_peak_by_line,
 )
 
+def iteration_peaks(rec: Recording) -> list[int | None]:
+    """:data:`ITERATION_PEAK` of every iteration of a loop (index = iteration)."""
+    return [it.peak_bytes for it in rec.iterations]
+
+
+def iteration_saved_bytes(rec: Recording) -> list[int]:
+    """:data:`ITERATION_SAVED` of every iteration of a loop."""
+    return [it.saved_bytes for it in rec.iterations]
+
+
+def loop_saved_bytes(rec: Recording) -> int:
+    """:data:`LOOP_SAVED`: the loop's (``rec.loop``), or the block's where its detail is whole."""
+    return rec.loop.saved_bytes if rec.loop is not None else rec.saved_bytes
+
+
+def growth_by_site(rec: Recording) -> dict[str, float]:
+    """:data:`GROWTH` by site (``""``: all memory), bytes per iteration."""
+    return {g.site: g.bytes_per_iteration for g in rec.growth}
+
+
+ITERATION_PEAK = Figure(
+    "iteration_peak",
+    "peak in the iteration",
+    "the most memory allocated inside the block that was alive at one moment during this iteration of "
+    "a loop (what earlier iterations made and left alive included)",
+    iteration_peaks,
+)
+ITERATION_SAVED = Figure(
+    "iteration_saved",
+    "saved in the iteration",
+    "bytes kept alive by the tensors this iteration of a loop saved for backward (all kinds), each "
+    "storage once",
+    iteration_saved_bytes,
+)
+LOOP_SAVED = Figure(
+    "loop_saved_bytes",
+    "saved over the loop",
+    "bytes kept alive by every tensor saved for backward over all the iterations of a loop, kept in "
+    "detail or not, each storage once",
+    loop_saved_bytes,
+)
+GROWTH = Figure(
+    "growth",
+    "grows by",
+    "bytes a line (else a module) adds, per iteration of a loop, to what it made that is still alive "
+    "at the end of each iteration, where that rose above every earlier end in at least two iterations "
+    "after the first; the same of all memory for the loop as a whole",
+    growth_by_site,
+)
+
 # NOTE [ one definition per figure ]: the one registry every text, payload, page and table reads.
 FIGURES: dict[str, Figure] = {f.name: f for f in (
     PEAK, BASELINE, SAVED_ALL, SAVED_TOTAL, SAVED_ACTIVATIONS, PARAMETERS_SAVED, SAVED_AT_PEAK,
     ALIVE_AT_PEAK, MODULE_SAVED, MODULE_ALIVE_AT_PEAK, NODE_SAVED, NODE_SAVED_AT_PEAK, CATEGORY_AT_PEAK,
-    FREED, LINE_SAVED, LINE_ALIVE_AT_PEAK,
+    FREED, LINE_SAVED, LINE_ALIVE_AT_PEAK, ITERATION_PEAK, ITERATION_SAVED, LOOP_SAVED, GROWTH,
 )}
 # name -> definition, for a table or a tooltip that needs only the text
 DEFINITIONS: Mapping[str, str] = MappingProxyType({f.name: f.definition for f in FIGURES.values()})

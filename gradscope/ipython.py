@@ -186,10 +186,20 @@ class GradscopeMagics(Magics):
         st.cell_budget = None if budget is None or args.cell_only else (budget, resident, held)
         st.recording_name = args.output or RECORDING_NAME
         shown = st.last
-        with _oom_handler_installed(shell):
-            recording = _run_recorded(shell, st, rec, cell)
+        live = None if args.no_widget else _live_widget(shell, rec, args.label)
+        try:
+            with _oom_handler_installed(shell):
+                recording = _run_recorded(shell, st, rec, cell)
+        finally:
+            if live is not None:
+                live[0].stop()
         shell.user_ns[st.recording_name] = recording
-        _show(recording, widget=not args.no_widget)
+        if live is not None and isinstance(recording, Recording):
+            widget, handle = live
+            widget.finish(recording)  # the widget shown as the cell started: the recording in full,
+            handle.update(widget)  # and its text for a front end without widgets
+        else:
+            _show(recording, widget=not args.no_widget)
         if st.last is shown and recording.oom is not None:
             # an OOM the handler could not diagnose (the user has an exception handler of their
             # own, which one shell cannot share): diagnose it after the traceback
@@ -479,6 +489,24 @@ def _add_namespace_roots(rec: Any, ns: dict[str, Any]) -> None:
         rec.add_roots(*roots)
     except Exception:
         pass
+
+
+def _live_widget(shell: Any, rec: Any, label: str) -> tuple[Any, Any] | None:
+    """The widget a recorded cell shows as it starts (see NOTE [ a live loop ] in gradscope.widget)
+    and its display's handle: its per-iteration memory chart grows while the cell runs. None outside
+    a kernel (a terminal shows no widget) or where the widget stack or its bundle is missing: the
+    recording is then shown at the end as it would be."""
+    try:
+        from IPython.display import display
+
+        from gradscope import widget
+
+        if getattr(shell, "kernel", None) is None or widget._anywidget is None or not widget.bundle_path().exists():
+            return None
+        w = widget.RecordingWidget.live(rec, label=label)
+        return w, display(w, display_id=True)
+    except Exception:  # a view that failed never stops the cell
+        return None
 
 
 def _show(recording: Recording, widget: bool) -> None:

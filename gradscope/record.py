@@ -53,6 +53,7 @@ profiler at a time ]); nesting blocks in one thread is refused.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 import time
@@ -64,7 +65,7 @@ import torch
 from torch import nn
 from torch.autograd.graph import saved_tensors_hooks
 
-from gradscope import _compat, _compiled, _names, _native, _passes
+from gradscope import _compat, _compiled, _iterations, _names, _native, _passes
 from gradscope._gc import paused
 from gradscope._lines import LineTable, lines_enabled
 from gradscope._source import OWN_FILES as _OWN_FILES
@@ -74,9 +75,11 @@ from gradscope._trace import (
     EV_POST,
     Trace,
 )
+from gradscope._units import format_bytes
 from gradscope.capture.discover import GraphDiscovery
-from gradscope.capture.engine import EngineInterception
+from gradscope.capture.engine import EngineInterception, EngineRoute
 from gradscope.capture.held import HeldGraphs, _frame_namespaces, _held_graphs, _made_since  # noqa: F401
+from gradscope.capture.loop import LoopTracking, Piece, parse_keep
 from gradscope.capture.modules import (  # noqa: F401
     _MODULE_HOOKS,
     ModuleTracking,
@@ -88,8 +91,16 @@ from gradscope.capture.patches import _active, _join_patches, _patch_saved, _pat
 from gradscope.capture.saves import SavedTensors
 from gradscope.capture.state import Block, _new_state, _note_internal, _State  # noqa: F401
 from gradscope.errors import GradscopeError, MemoryBudgetExceeded
-from gradscope.memory import MemorySource, make_source, parse_size, resolve_memory
-from gradscope.recording import Recording
+from gradscope.memory import (
+    CounterSource,
+    CudaSource,
+    MemorySource,
+    ProfilerSource,
+    make_source,
+    parse_size,
+    resolve_memory,
+)
+from gradscope.recording import Loop, Recording
 
 __all__ = ["record"]
 
@@ -115,6 +126,12 @@ class record:  # noqa: N801 - as torch.no_grad
             the block saves to its module and line: :func:`gradscope.compiled_saves`), ``"eager"``
             (run the block with torch.compile set aside: every op is shown, the compiled program's
             own peak may differ) or ``"off"``. See :mod:`gradscope._compiled`.
+        keep: a loop's iterations whose full detail to keep besides the first, the last, the one
+            with the highest peak and the one that failed (an int or an iterable of ints:
+            ``keep=[537]``), or ``"all"`` (every iteration's: memory grows with the loop). See NOTE
+            [ iterations ] in :mod:`gradscope._iterations`.
+        progress: print a line to stderr every ``progress`` iterations of a loop (its time, memory
+            and saves), as the loop runs.
 
     Example:
         >>> import torch, gradscope as gs
@@ -128,8 +145,13 @@ class record:  # noqa: N801 - as torch.no_grad
     def __init__(self, memory: str = "auto", *, budget: int | str | None = None, label: str = "",
                  modules: nn.Module | Mapping[str, nn.Module] | None = None,
                  max_events: int | None = 200_000, history: bool = False,
-                 tracker_device: str = "cpu", lines: bool | None = None, compiled: str = "attribute") -> None:
+                 tracker_device: str = "cpu", lines: bool | None = None, compiled: str = "attribute",
+                 keep: Any = None, progress: int | None = None) -> None:
         self._budget = parse_size(budget)
+        self._keep_all, self._keep = parse_keep(keep)
+        if progress is not None and (not isinstance(progress, int) or isinstance(progress, bool) or progress < 1):
+            raise GradscopeError(f"gradscope: progress= takes a number of iterations >= 1, got {progress!r}.")
+        self._progress = progress
         self._compiled = _compiled.Observer(compiled)
         self._memory = resolve_memory(memory, self._budget)
         if max_events is not None and (not isinstance(max_events, int) or max_events < 2):
@@ -170,6 +192,7 @@ class record:  # noqa: N801 - as torch.no_grad
         try:
             self._install()
         except BaseException:
+            self._block.ended = None  # see NOTE [ no cycles through the recorder ] in gradscope.capture.saves
             try:
                 self._uninstall()
             finally:
@@ -188,6 +211,8 @@ class record:  # noqa: N801 - as torch.no_grad
         trace = b.trace
         trace.t1_ns = time.time_ns()
         trace.seq1 = _compat.sequence_nr()
+        self._failed = exc_type is not None
+        b.ended = None  # see NOTE [ no cycles through the recorder ] in gradscope.capture.saves
         internal: BaseException | None = None
         try:
             self._uninstall()  # first: nothing that fails below may leave a hook installed
@@ -255,14 +280,89 @@ class record:  # noqa: N801 - as torch.no_grad
             self._block.trace = Trace()  # the rows are the recording's now
 
     def _finalize(self, complete: bool, error: str | None) -> Recording:
-        """Everything after capture: the passes (see :mod:`gradscope._passes`)."""
-        return self._compiled.attach(_passes.build(self._block.trace, complete=complete, error=error))
+        """Everything after capture: the passes (see :mod:`gradscope._passes`); a loop's rows, what
+        grows, and the pieces kept (see NOTE [ iterations ] in gradscope._iterations)."""
+        loop = self._loop
+        trace = self._block.trace
+        trace.memory_trace.resolve()
+        loop.rows(trace, self._events_of(trace.memory_trace), last=True, failed=self._failed,
+                  deltas=trace.memory_trace.key_kind == "none")
+        carry = loop.carry
+        labels = self._site_labels(trace)
+        rows = carry.rows.table(self._t0_ns, labels)
+        growth = _iterations.growth_rows(carry, labels)
+        if not loop.cut:
+            rec = _passes.build(trace, complete=complete, error=error)
+            return self._compiled.attach(dataclasses.replace(rec, iterations=rows, growth=growth))
+        final = Piece(trace, loop.first_in_piece, len(carry.rows) - 1)
+        pieces = loop.kept_pieces(final if final.first <= final.last else None)
+        for p in pieces:  # what only the block's end knows: the roots' names, the block's code
+            p.trace.root_names, p.trace.step = trace.root_names, trace.step
+            p.trace.rank, p.trace.world_size = trace.rank, trace.world_size
+        peaks = carry.rows.peak
+        if (self._failed or max(peaks, default=-1) < 0) and final in pieces:
+            main = final
+        elif max(peaks, default=-1) < 0:
+            main = pieces[-1]
+        else:
+            at = max(range(len(peaks)), key=peaks.__getitem__)
+            main = next(p for p in pieces if p.first <= at <= p.last)
+        made: dict[int, Recording] = {}
+        for p in pieces:
+            last = p is final
+            r = _passes.build(p.trace, complete=complete if last else True, error=error if last else None)
+            start = carry.rows.start[p.first]
+            made[id(p)] = dataclasses.replace(r, loop=Loop(detail=(p.first, p.last), saved_bytes=r.saved_bytes,
+                                                           carried_bytes=max(start, 0)))
+        head = made[id(main)]
+        parts = tuple(made[id(p)] for p in pieces if p is not main)
+        notes = head.notes + (
+            f"a loop of {len(carry.rows)} iterations: the detail here is iteration {main.first}"
+            + (f"-{main.last}" if main.last > main.first else "")
+            + f"'s ({'the failing one' if self._failed else 'the highest peak'}); "
+            f"{len(parts)} other part(s) kept (rec.recording.loop.parts), every iteration's row in "
+            "rec.recording.iterations (see NOTE [ iterations ] in gradscope._iterations).",)
+        assert head.loop is not None
+        return self._compiled.attach(dataclasses.replace(
+            head, iterations=rows, growth=growth, notes=notes,
+            loop=Loop(detail=head.loop.detail, parts=parts, saved_bytes=carry.saved_total,
+                      carried_bytes=head.loop.carried_bytes)))
+
+    def _site_labels(self, trace: Trace) -> list[str]:
+        """The names of the sites the rows and growth speak of, with the names the block's end gave."""
+        prefixes = _passes.naming_pass(trace)
+        table = trace.line_table
+        rows = table.rows if table is not None else []
+
+        def line_label(i: int) -> str | None:
+            return rows[i].label if 0 <= i < len(rows) else None
+
+        def module_name(root: int, rel: str) -> str:
+            return _names.full_name(prefixes[root], rel) or trace.roots[root][0] if root < len(prefixes) else rel
+
+        return _iterations.labels_for(self._loop.carry, line_label, module_name)
+
+    @staticmethod
+    def _events_of(mt: Any) -> Any:
+        """A piece's memory events for the rows (None: no memory figures)."""
+        return None if mt.source == "off" else mt.events
 
     def add_roots(self, *tensors: torch.Tensor) -> None:
         """Name more results whose graphs belong to this recording (before the block ends)."""
         for t in tensors:
             if isinstance(t, torch.Tensor) and t.grad_fn is not None:
                 self._block.roots.append(weakref.ref(t))
+
+    def iterations_so_far(self, start: int = 0) -> tuple[int, dict[str, list[Any]]]:
+        """A loop's iterations while it runs (see NOTE [ iterations ] in gradscope._iterations): how
+        many have ended, and the rows made from ``start`` on, as columns (memory figures -1 where
+        not read yet: ``memory="cpu"`` reads its first ten iterations' when the tenth ends). Any
+        thread may ask; before the block, ``(0, {})``."""
+        loop = getattr(self, "_loop", None)
+        if loop is None:
+            return 0, {}
+        rows = loop.carry.rows
+        return loop.iterations, rows.columns(self._t0_ns, min(start, rows.done), rows.done)
 
     @property
     def memory_source(self) -> MemorySource | None:
@@ -286,42 +386,173 @@ class record:  # noqa: N801 - as torch.no_grad
         tid = threading.get_ident()
         native = _native.hooks()  # None: the Python pair records (see NOTE [ compiled hooks ])
         caps = _compat.capabilities()
-        tr = Trace(tid=tid, memory=self._memory, label=self._label, t0_ns=time.time_ns(), seq0=_compat.sequence_nr(),
+        self._t0_ns = time.time_ns()
+        self._failed = False
+        self._loop = LoopTracking(keep_all=self._keep_all, named=self._keep)
+        if self._progress is not None:
+            self._loop.listeners.append(_ProgressLines(self._progress, self._t0_ns))
+        self._storages: dict[int, tuple[int, int]] = {}  # see NOTE [ a storage's identity in a block ]
+        self._root_index: dict[int, int] = {}
+        tr = Trace(tid=tid, memory=self._memory, label=self._label, t0_ns=self._t0_ns, seq0=_compat.sequence_nr(),
                    max_events=self._max_events, deep_graph_trap=caps.nodes_persist,
                    modules_given=bool(self._given), torch_version=torch.__version__)
         if not caps.sequence_nr:
             tr.notes.append(_compat.MISSING_NOTES["sequence_nr"])
         tr.line_table = LineTable() if self._lines_on else None
-        b = self._block = Block(tid=tid, memory=self._memory, history=self._history, native=native, caps=caps,
-                                trace=tr, state=_new_state(native), line_table=tr.line_table)
-        self._saves = SavedTensors(b)
-        self._modules = ModuleTracking(b, self._given)
+        b = Block(tid=tid, memory=self._memory, history=self._history, native=native, caps=caps,
+                  trace=tr, state=_new_state(native), line_table=tr.line_table)
+        self._parts(b)
+
+    def _parts(self, b: Block) -> None:
+        """A piece's parts (the block's first, or the next after a cut: see NOTE [ iterations ] in
+        gradscope._iterations), made current."""
+        b.ended = self._ended
+        self._block = b
+        self._saves = SavedTensors(b, self._storages)
+        self._modules = ModuleTracking(b, self._given, self._root_index)
         self._discovery = GraphDiscovery(b, self._saves)
         self._engine = EngineInterception(b, self._saves, self._discovery)
         self._held = HeldGraphs(b, self._discovery)
 
+    def _module_hooks(self) -> tuple[Any, Any]:
+        """The current piece's module hooks (compiled where the source marks no call)."""
+        b, modules, src = self._block, self._modules, self._block.source
+        if b.native is not None and (src is None or not src.marks_calls):  # NOTE [ compiled module hooks ]
+            compiled = b.native.ModHooks(b.state, b.trace.calls, b.trace.module_paths, modules._root_of, b.roots,
+                                         b.internal, b.tid)
+            return _outside_compilers(compiled.pre), _outside_compilers(compiled.post)
+        return modules._mod_pre, modules._mod_post
+
+    def _opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._modules._opt_pre(optimizer, args, kwargs)
+
+    def _opt_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._modules._opt_post(optimizer, args, kwargs)
+
+    # ------------------------------------------------------------------ a loop's iterations
+    def _ended(self, kind: str, row: Any) -> None:
+        """A backward pass or an optimizer step ended (see NOTE [ iterations ] in gradscope._iterations):
+        an iteration's end is marked, its row made where the source reads memory as the loop runs,
+        and past the head the capture is cut."""
+        b = self._block
+        loop = self._loop
+        if not loop.ended(kind, b.trace, row):
+            return
+        b.roots[:] = [r for r in b.roots if r() is not None]  # module outputs of graphs gone
+        if loop.should_cut():
+            try:
+                if self._cut():
+                    return
+            except Exception as e:  # the loop goes on in one piece from here
+                loop.can_cut = False
+                self._block.internal(e)
+        src = b.source
+        if isinstance(src, CounterSource):
+            src.drain()
+        events = None if src is None or isinstance(src, ProfilerSource) else getattr(src, "events", None)
+        if events is not None or src is None:
+            loop.rows(b.trace, events, deltas=isinstance(src, CudaSource) and not src.history)
+
+    def _cut(self) -> bool:
+        """End the current piece of the capture and begin the next (see NOTE [ iterations ] in
+        gradscope._iterations): what was made for the piece (its trace, hooks state, saved-tensor pair,
+        walk, module hooks) is handed over, new ones are put in place of those the block installed
+        (the same places: the saved-tensor hooks' top, the module hooks' entry, the engine's route),
+        and the finished piece's rows are made. Only between iterations outside any module call,
+        backward pass or torch.func region, with our pair on top (else the next end tries again).
+        Returns whether it cut."""
+        old = self._block
+        st = old.state
+        if st.stack or st.bw is not None or st.func_depth or not self._saves._hooks_on_top():
+            return False
+        src = old.source
+        memory = old.memory
+        if isinstance(src, ProfilerSource):  # see NOTE [ a long loop's memory ] in gradscope.memory
+            if old.native is None:
+                self._loop.can_cut = False
+                old.trace.notes.append(
+                    "memory='cpu' in a long loop: the compiled hooks are not in use here, so every iteration's "
+                    "detail is kept and the profiler's events grow with the loop; build them (python -m gradscope "
+                    "setup) or record with memory='tracker'.")
+                return False
+        elif src is not None and (getattr(src, "cut", None) is None or getattr(src, "history", False)):
+            self._loop.can_cut = False  # a source read once, at the end (CUDA's history)
+            return False
+        try:
+            self._held._at_cut()
+        except Exception as e:
+            old.internal(e)
+        trace = old.trace
+        trace.t1_ns = time.time_ns()
+        trace.seq1 = _compat.sequence_nr()
+        for h in old.node_handles:
+            h.remove()
+        old.node_handles.clear()
+        old.ended = None  # see NOTE [ no cycles through the recorder ] in gradscope.capture.saves
+        old_saves = self._saves
+        old_saves._free_weak_refs(storages=False)
+        old_saves.sweep()  # the block's storage identities: those that died go (the next pair counts from here)
+        old_saves._let_go()
+        new_src: MemorySource | None = src
+        if isinstance(src, ProfilerSource):
+            trace.memory_trace = src.stop()
+            new_src, memory = None, "counter"  # started once the next piece is in place (below)
+        elif src is not None:
+            trace.memory_trace = src.cut()  # type: ignore[attr-defined]
+        trace.memory_trace.resolve()
+        tr = Trace(tid=trace.tid, memory=memory, label=trace.label, t0_ns=self._t0_ns, seq0=trace.seq1,
+                   max_events=trace.max_events, deep_graph_trap=trace.deep_graph_trap,
+                   modules_given=trace.modules_given, torch_version=trace.torch_version,
+                   roots=trace.roots, module_paths=trace.module_paths, param_keys=trace.param_keys,
+                   baseline_storages=trace.baseline_storages, line_table=trace.line_table,
+                   save_base=trace.save_base + len(trace.saves), piece_t0_ns=trace.t1_ns)
+        b = Block(tid=old.tid, memory=memory, history=old.history, native=old.native, caps=old.caps, trace=tr,
+                  state=_new_state(old.native), line_table=old.line_table, source=new_src, handles=old.handles,
+                  undo=old.undo, root_mods=old.root_mods, param_by_id=old.param_by_id)
+        self._parts(b)
+        _compat.pop_saved_tensors_hooks()
+        try:
+            _compat.push_saved_tensors_hooks(self._saves.pack, self._saves.unpack)
+        except BaseException:  # the block's own place on the hooks' stack is kept whatever happens
+            _compat.push_saved_tensors_hooks(old_saves.pack, old_saves.unpack)
+            raise
+        if memory == "counter" and new_src is None:  # see NOTE [ a long loop's memory ] in gradscope.memory
+            counter = CounterSource(old.native)
+            counter.start()
+            b.source = new_src = counter
+        self._mod_entry.replace(*self._module_hooks())
+        self._route.engine = self._engine
+        watch_alias = getattr(new_src, "watch_alias", None)
+        if watch_alias is not None and b.native is not None:
+            self._saves.alias_watchers.append(watch_alias)
+        self._loop.cut = True
+        self._loop.piece_done(trace, self._events_of(trace.memory_trace), deltas=trace.memory_trace.key_kind == "none")
+        if memory != old.memory:  # the counter names sites by line: growth is counted anew from here
+            _iterations.restart_site_growth(self._loop.carry)
+        return True
+
+
     def _install(self) -> None:
-        b, saves, modules = self._block, self._saves, self._modules
+        b, saves = self._block, self._saves
         src = make_source(self._memory, budget=self._budget, device_type=self._tracker_device,
                           history=self._history, context=self._context)
         hooks = saved_tensors_hooks(saves.pack, saves.unpack)
         hooks.__enter__()
         b.undo.append(lambda: hooks.__exit__(None, None, None))
-        mod_pre, mod_post = modules._mod_pre, modules._mod_post
-        if b.native is not None and (src is None or not src.marks_calls):  # NOTE [ compiled module hooks ]
-            st, tr = b.state, b.trace
-            compiled = b.native.ModHooks(st, tr.calls, tr.module_paths, modules._root_of, b.roots,
-                                         b.internal, b.tid)
-            mod_pre, mod_post = _outside_compilers(compiled.pre), _outside_compilers(compiled.post)
+        b.source = src  # for the module hooks' choice; started below
+        mod_pre, mod_post = self._module_hooks()
+        b.source = None
         # always_call: a forward that raises closes its call too (a caught error must not leave its
         # module open, or the nodes made after it would be given to that module)
-        b.handles.append(_ModuleHooks(mod_pre, mod_post))  # see NOTE [ one key for module hooks ]
+        self._mod_entry = _ModuleHooks(mod_pre, mod_post)  # see NOTE [ one key for module hooks ]
+        b.handles.append(self._mod_entry)
         b.undo.append(_quiet_global_hook_warning())
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-        b.handles.append(register_optimizer_step_pre_hook(modules._opt_pre))
-        b.handles.append(register_optimizer_step_post_hook(modules._opt_post))
-        self._engine._patch_engine()
+        b.handles.append(register_optimizer_step_pre_hook(self._opt_pre))
+        b.handles.append(register_optimizer_step_post_hook(self._opt_post))
+        self._route = EngineRoute(self._engine)
+        self._engine._patch_engine(self._route)
         b.undo.append(self._compiled.start())
         if src is not None:
             if b.line_table is not None and hasattr(src, "line_of"):  # see NOTE [ where lines come from ]
@@ -345,6 +576,12 @@ class record:  # noqa: N801 - as torch.no_grad
         b = self._block
         st = b.state
         src = b.source
+        for h in b.node_handles:
+            try:
+                h.remove()
+            except BaseException as e:
+                first = first or e
+        b.node_handles.clear()
         while st.stack:  # module calls left open by an exception inside a forward
             _, call, token = st.stack.pop()
             call[C_SEQ1] = _compat.sequence_nr()
@@ -378,6 +615,30 @@ class record:  # noqa: N801 - as torch.no_grad
 
     def _calls_index(self, call: list[Any]) -> int:
         return int(call[6])
+
+
+class _ProgressLines:
+    """``gs.record(progress=N)``: a line on stderr each ``N`` iterations (see NOTE [ iterations ] in
+    gradscope._iterations), from the rows made since the last one."""
+
+    def __init__(self, every: int, t0_ns: int) -> None:
+        self.every = every
+        self.t0_ns = t0_ns
+        self.said = 0
+
+    def __call__(self, loop: LoopTracking) -> None:
+        rows = loop.carry.rows
+        while rows.done >= self.said + self.every:
+            a, b = self.said, self.said + self.every
+            self.said = b
+            ms = 1e3 * (rows.end_ns[b - 1] - rows.start_ns[a]) / 1e9 / (b - a)
+            line = f"gradscope: iteration {b - 1}: {ms:.2f} ms each"
+            peak = max(rows.peak[a:b])
+            if peak >= 0:
+                line += (f", peak {format_bytes(peak)}, {format_bytes(rows.end[b - 1])} alive at its end "
+                         f"(allocated inside the block)")
+            line += f", saved {format_bytes(rows.saved[b - 1])}"
+            print(line, file=sys.stderr, flush=True)
 
 
 def _internal_failure(e: BaseException) -> GradscopeError:

@@ -38,7 +38,10 @@ __all__ = [
     "Edge",
     "HeldMemory",
     "HeldAllocation",
+    "Growth",
+    "Iteration",
     "Kind",
+    "Loop",
     "OomInfo",
     "MemoryPoint",
     "Node",
@@ -426,6 +429,85 @@ class OomInfo:
         return dataclasses.asdict(self)
 
 
+@dataclass(frozen=True, slots=True)
+class Iteration:
+    """One iteration of a loop recorded in one block (a row of :attr:`Recording.iterations`; see
+    NOTE [ iterations ] in :mod:`gradscope._iterations`).
+
+    Attributes:
+        index: 0, 1, ... in the block.
+        start_s, duration_s: when it began (seconds from the block's start) and how long it ran.
+        peak_bytes: the most memory allocated inside the block alive at one moment during it (None
+            without a memory source, or where its memory was not read).
+        start_bytes, end_bytes: that memory when it began and when it ended.
+        saved_bytes: bytes of the storages its saves kept alive, each storage once.
+        backward_passes, optimizer_steps: the calls into the engine and optimizer steps it made.
+        holders: what held the most memory at its peak, ``(what, bytes)``, largest first: the user's
+            line that made it, else the module, else the phase.
+        kept: its full detail (nodes, saves, timeline) is in the recording (:attr:`Recording.loop`
+            says where).
+        failed: the block ended in it with an exception.
+    """
+
+    index: int
+    start_s: float
+    duration_s: float
+    peak_bytes: int | None
+    start_bytes: int | None
+    end_bytes: int | None
+    saved_bytes: int
+    backward_passes: int = 0
+    optimizer_steps: int = 0
+    holders: tuple[tuple[str, int], ...] = ()
+    kept: bool = True
+    failed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Growth:
+    """Memory that grows from iteration to iteration (see NOTE [ growth across iterations ] in
+    :mod:`gradscope._growth`): the allocations ``site`` made that were still alive at each
+    iteration's end added ``grown_bytes`` from iteration ``first`` to ``last``; ``live_bytes`` is
+    what they held at the end of the last iteration. ``site`` is the user's line
+    (``train.py:57 in train``), else the module, else what made them; ``""`` is the block's memory
+    as a whole."""
+
+    site: str
+    grown_bytes: int
+    first: int
+    last: int
+    live_bytes: int
+
+    @property
+    def bytes_per_iteration(self) -> float:
+        """What it adds an iteration."""
+        return self.grown_bytes / max(self.last - self.first + 1, 1)
+
+
+@dataclass(frozen=True)
+class Loop:
+    """A long loop's recording keeps the full detail of some iterations only (see NOTE [ iterations ]
+    in :mod:`gradscope._iterations`): the recording's own nodes, saves, steps, timeline and every
+    figure made from them are those of iterations ``detail`` (first, last), as a block of those
+    iterations would record them, and ``parts`` hold the other iterations kept (each a recording of
+    its iterations, with a ``loop`` of its own). Memory in each one's timeline and allocation table
+    is what its iterations allocated; ``carried_bytes`` was alive when its first iteration began
+    (made earlier in the block). The whole loop's figures are the recording's ``iterations`` (every
+    one's peak, memory and saves), ``growth``, and ``saved_bytes`` here: every save of the block,
+    kept or not, each storage once."""
+
+    detail: tuple[int, int]
+    parts: tuple[Recording, ...] = ()
+    saved_bytes: int = 0
+    carried_bytes: int = 0
+
+    def part(self, iteration: int) -> Recording | None:
+        """The kept part holding ``iteration``'s detail (None: it was not kept, or it is the
+        recording's own detail)."""
+        return next((p for p in self.parts if p.loop is not None
+                     and p.loop.detail[0] <= iteration <= p.loop.detail[1]), None)
+
+
 T = TypeVar("T")
 
 
@@ -447,9 +529,9 @@ class Table(Sequence[T], Generic[T]):
         (2, Edge(src=2, dst=1), True, [1, 2])
     """
 
-    __slots__ = ("_cls", "_cols", "_names", "_n", "_rows")
+    __slots__ = ("_cache", "_cls", "_cols", "_names", "_n", "_rows")
 
-    def __init__(self, cls: type[T], columns: Mapping[str, Sequence[Any]]) -> None:
+    def __init__(self, cls: type[T], columns: Mapping[str, Sequence[Any]], *, cache: bool = True) -> None:
         fields = dataclasses.fields(cls)  # type: ignore[arg-type]
         names = [f.name for f in fields]
         lengths = {len(columns[n]) for n in names if n in columns}
@@ -466,12 +548,15 @@ class Table(Sequence[T], Generic[T]):
         self._cols = cols
         self._n = lengths.pop() if lengths else 0
         self._rows: list[T] | None = None
+        self._cache = cache  # False: rows are made each time they are read (a long loop's iterations)
 
     def _all(self) -> list[T]:
         rows = self._rows
         if rows is None:
             make = self._cls
-            rows = self._rows = [make(*vals) for vals in zip(*self._cols, strict=True)] if self._cols else []
+            rows = [make(*vals) for vals in zip(*self._cols, strict=True)] if self._cols else []
+            if self._cache:
+                self._rows = rows
         return rows
 
     def __len__(self) -> int:
@@ -491,6 +576,9 @@ class Table(Sequence[T], Generic[T]):
         return self._cls(*(c[i] for c in self._cols))  # one row: the others are not made
 
     def __iter__(self) -> Iterator[T]:
+        if not self._cache and self._rows is None and self._cols:
+            make = self._cls
+            return (make(*vals) for vals in zip(*self._cols, strict=True))
         return iter(self._all())
 
     def __eq__(self, other: object) -> bool:
@@ -549,11 +637,15 @@ class Recording:
     nodes_created: int = 0
     nodes_created_seen: int = 0
     lines: tuple[SourceLine, ...] = ()
+    iterations: Sequence[Iteration] = ()
+    growth: tuple[Growth, ...] = ()
+    loop: Loop | None = None
 
     # ----- derived figures -------------------------------------------------------------
     @property
     def saved_bytes(self) -> int:
-        """Bytes kept alive by saved tensors, each storage counted once.
+        """Bytes kept alive by saved tensors, each storage counted once (a long loop's recording:
+        those of the iterations whose detail it holds; the whole loop's are ``loop.saved_bytes``).
 
         NOTE [ why saved bytes are deduped ]: one storage is often saved by several nodes
         (a ReLU's output by the ReLU and by the next Linear) and several views of one storage
@@ -735,6 +827,14 @@ class Recording:
             per.setdefault(s.kind.value, {})[s.storage] = s.bytes
         return {k: sum(v.values()) for k, v in sorted(per.items())}
 
+    def steady(self) -> bool | None:
+        """Whether the block's memory at the end of its iterations stays the same (see NOTE [ growth
+        across iterations ] in :mod:`gradscope._growth`): False where it grows, None with fewer than
+        three iterations or no memory source."""
+        if len(self.iterations) < 3 or any(it.end_bytes is None for it in self.iterations):
+            return None
+        return not any(g.site == "" for g in self.growth)
+
     def order_counts(self) -> dict[int, int]:
         """Number of nodes per order (0 = forward, 1 = created by create_graph, ...)."""
         out: dict[int, int] = {}
@@ -805,6 +905,11 @@ class Recording:
             "nodes_created_seen": self.nodes_created_seen,
             "lines": [[s.file, s.line, s.function, s.cell, [list(f) for f in s.stack]] for s in self.lines],
             "extra": dict(self.extra),
+            "iterations": _columns(self.iterations, Iteration),
+            "growth": _columns(self.growth, Growth),
+            "loop": None if self.loop is None else {
+                "detail": list(self.loop.detail), "parts": [p.to_dict() for p in self.loop.parts],
+                "saved_bytes": self.loop.saved_bytes, "carried_bytes": self.loop.carried_bytes},
         }
 
     def to_json(self) -> str:
@@ -859,6 +964,9 @@ class Recording:
                 nodes_created=_int(d.get("nodes_created", 0)),
                 nodes_created_seen=_int(d.get("nodes_created_seen", 0)),
                 lines=_lines(d.get("lines")),  # a file written before lines existed: none
+                iterations=tuple(_rows(d.get("iterations") or {}, Iteration)),
+                growth=tuple(_rows(d.get("growth") or {}, Growth)),
+                loop=_loop(d.get("loop"), cls),
             )
             _check_links(rec)
             return _views.typed(rec)  # a saved snapshot loads as its own type (NOTE [ saved types ] in _views)
@@ -1013,6 +1121,7 @@ _CONVERT: dict[str, Any] = {
     "roots": lambda v: tuple(v) if isinstance(v, list) else v,
     "inputs": lambda v: tuple(v) if isinstance(v, list) else v,
     "accumulated": lambda v: tuple(v) if isinstance(v, list) else v,
+    "holders": lambda v: _holders(v),
 }
 
 
@@ -1132,6 +1241,28 @@ def _events(allocations: Iterable[Allocation]) -> list[tuple[int, int]]:
             out.append((a.free_at, -a.bytes))
     out.sort()
     return out
+
+
+def _loop(v: Any, cls: Any) -> Loop | None:
+    if v is None:
+        return None
+    if not isinstance(v, Mapping):
+        raise TypeError("loop is not an object")
+    detail = tuple(v["detail"])
+    if len(detail) != 2 or not all(type(x) is int for x in detail) or not isinstance(v.get("parts", []), list):
+        raise TypeError("loop detail is not two iteration indices")
+    saved, carried = v.get("saved_bytes", 0), v.get("carried_bytes", 0)
+    if type(saved) is not int or type(carried) is not int:
+        raise TypeError("loop bytes are not ints")
+    return Loop(detail=(detail[0], detail[1]), parts=tuple(cls.from_dict(p) for p in v.get("parts", [])),
+                saved_bytes=saved, carried_bytes=carried)
+
+
+def _holders(v: Any) -> tuple[tuple[str, int], ...]:
+    if not isinstance(v, list | tuple) or not all(
+            isinstance(h, list | tuple) and len(h) == 2 and type(h[0]) is str and type(h[1]) is int for h in v):
+        raise TypeError("holders are not (what, bytes) pairs")
+    return tuple((h[0], h[1]) for h in v)
 
 
 def _extra(v: Any) -> dict[str, Any]:

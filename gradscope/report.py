@@ -6,10 +6,14 @@ from gradscope._compiled import compiled_bytes_by_module
 from gradscope._snapshot.data import SnapshotRecording, bytes_by_line, group_of
 from gradscope.figures import (
     ALIVE_AT_PEAK,
+    GROWTH,
+    ITERATION_PEAK,
     LINE_SAVED,
+    LOOP_SAVED,
     PARAMETERS_SAVED,
     SAVED_ACTIVATIONS,
     alive_at_peak_by_module,
+    loop_saved_bytes,
     parameters_saved_bytes,
     saved_activation_bytes,
     saved_activations_by_module,
@@ -26,6 +30,43 @@ _HELD_NAMES = {
     "backward": "backward temporaries",
     "forward": "forward results and temporaries",
 }
+
+
+def _loop_lines(rec: Recording) -> list[str]:
+    """A loop's iterations (see NOTE [ iterations ] in gradscope._iterations): how many, their time,
+    whether memory grows, and which iterations the detail below is."""
+    its = rec.iterations
+    if len(its) < 2:
+        return []
+    durations = sorted(it.duration_s for it in its)
+    saved = loop_saved_bytes(rec)
+    lines = [f"  loop: {len(its)} iterations, {1e3 * durations[len(durations) // 2]:.2f} ms each (median), "
+             f"{LOOP_SAVED.label} {format_bytes(saved)}"]
+    peaks = [(it.peak_bytes, it.index) for it in its if it.peak_bytes is not None]
+    if peaks:
+        top, at = max(peaks, key=lambda p: (p[0], -p[1]))
+        ends = [it.end_bytes for it in its[1:] if it.end_bytes is not None]
+        lines.append(f"    highest {ITERATION_PEAK.label}: iteration {at}, {format_bytes(top)} ({top} bytes)")
+        steady = rec.steady()
+        if steady:
+            lines.append(f"    memory at each iteration's end: steady ({format_bytes(min(ends))}"
+                         + (f" to {format_bytes(max(ends))}" if max(ends) != min(ends) else "")
+                         + " from iteration 1 on)")
+        elif steady is None:
+            lines.append("    memory growth: fewer than three iterations, not judged")
+    for g in rec.growth:
+        what = "memory at each iteration's end" if g.site == "" else _one_line(g.site, 90)
+        lines.append(f"    {GROWTH.label}: {what}: +{format_bytes(round(g.bytes_per_iteration))} per iteration "
+                     f"(iterations {g.first}-{g.last}, +{format_bytes(g.grown_bytes)}), "
+                     f"{format_bytes(g.live_bytes)} alive at the end")
+    if rec.loop is not None:
+        a, b = rec.loop.detail
+        kept = ", ".join(f"{p.loop.detail[0]}" + (f"-{p.loop.detail[1]}" if p.loop.detail[1] > p.loop.detail[0] else "")
+                         for p in rec.loop.parts if p.loop is not None)
+        lines.append(f"    detail below: iteration {a}" + (f"-{b}" if b > a else "")
+                     + (f"; also kept: {kept} (rec.recording.loop.parts)" if kept else "")
+                     + f"; {format_bytes(rec.loop.carried_bytes)} from earlier iterations alive when it began")
+    return lines
 
 
 def _one_line(text: str, limit: int = 120) -> str:
@@ -49,6 +90,7 @@ def summary_text(rec: Recording, top: int = 5) -> str:
     if w.rank is not None:
         where += f", rank {w.rank} of {w.world_size}"
     lines.append(where)
+    lines += _loop_lines(rec)
     if not rec.nodes:
         lines.append("  no autograd graph was built inside this block (nothing that requires grad was "
                      "computed); nothing to show.")

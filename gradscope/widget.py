@@ -29,6 +29,8 @@ from gradscope.layout import GraphLayout, layout_levels
 from gradscope.recording import Phase, Recording, format_bytes
 
 __all__ = [
+    "LIVE_INTERVAL_S",
+    "MAX_ITERATION_POINTS",
     "MAX_TIMELINE_POINTS",
     "PAYLOAD_VERSION",
     "ComparisonWidget",
@@ -42,7 +44,9 @@ __all__ = [
     "loader_text",
     "comparison_payload",
     "is_snapshot",
+    "iterations_columns",
     "job_payload",
+    "loop_payload",
     "mimebundle",
     "payload_json",
     "payload_of",
@@ -84,9 +88,11 @@ def _missing(p: Path) -> GradscopeError:
 #   1. from the Jupyter server: a wheel installs it where JupyterLab and Notebook 7 serve extensions'
 #      files, share/jupyter/labextensions/gradscope/static/widget-<id>.js, <id> naming its content
 #      (bundle_id), so a page never runs another version than its kernel's (hatch_build.py);
-#   2. else from the kernel: the widget asks over its own channel (Jupyter running in another
+#   2. else, for a widget shown as its cell starts, from its own state while the cell runs (NOTE [ a
+#      live loop's script ]);
+#   3. else from the kernel: the widget asks over its own channel (Jupyter running in another
 #      environment, VS Code, an editable install whose copy is older) and the kernel sends it;
-#   3. else it draws what it can: a notice saying what the view needs and the figures the widget's
+#   4. else it draws what it can: a notice saying what the view needs and the figures the widget's
 #      data holds (a notebook opened where gradscope is not installed).
 # Nothing comes from beyond the Jupyter server and the kernel in use; the bundle is imported once per
 # page and shared by every widget of its version. The HTML pages still carry the bundle inline.
@@ -336,6 +342,51 @@ def recording_payload(
         "by_line": by_line,
         "levels": level_payloads,
         "level": 0,
+        "loop": loop_payload(rec),
+    }
+
+
+MAX_ITERATION_POINTS = 2000  # the per-iteration chart's points (a long loop's are thinned, its peaks kept)
+LIVE_INTERVAL_S = 0.5  # how often a running cell's widget gets the iterations ended since the last time
+
+
+def iterations_columns(cols: dict[str, list[Any]], limit: int = MAX_ITERATION_POINTS) -> dict[str, list[Any]]:
+    """Iteration rows as the front end's chart takes them (``index, duration, peak, start, end,
+    saved``; -1 or None: not measured), thinned to about ``limit`` keeping each stretch's highest
+    and lowest peak (see NOTE [ downsampling keeps the peak ] in gradscope._series)."""
+    peak = [(-1 if v is None else v) for v in cols["peak"]]
+    keep = downsample(peak, limit) if peak else []
+    return {
+        "index": [cols["index"][i] for i in keep],
+        "duration": [_round_t(cols["duration_s"][i]) for i in keep],
+        "peak": [peak[i] for i in keep],
+        "start": [(-1 if cols["start"][i] is None else cols["start"][i]) for i in keep],
+        "end": [(-1 if cols["end"][i] is None else cols["end"][i]) for i in keep],
+        "saved": [cols["saved"][i] for i in keep],
+    }
+
+
+def loop_payload(rec: Recording) -> dict[str, Any] | None:
+    """A loop's iterations for the widget's per-iteration memory chart, what grows, and which
+    iterations the detail is (None: a block of one iteration)."""
+    its = rec.iterations
+    if len(its) < 2:
+        return None
+    cols: dict[str, list[Any]] = {
+        "index": list(range(len(its))), "duration_s": [it.duration_s for it in its],
+        "peak": [it.peak_bytes for it in its], "start": [it.start_bytes for it in its],
+        "end": [it.end_bytes for it in its], "saved": [it.saved_bytes for it in its],
+    }
+    return {
+        "count": len(its),
+        "iterations": iterations_columns(cols),
+        "growth": [{"site": g.site, "per_iteration": g.bytes_per_iteration, "first": g.first, "last": g.last,
+                    "live": g.live_bytes} for g in rec.growth],
+        "steady": rec.steady(),
+        "detail": list(rec.loop.detail) if rec.loop is not None else [0, len(its) - 1],
+        "kept": [it.index for it in its if it.kept] if rec.loop is not None else None,
+        "peak_label": F.ITERATION_PEAK.label, "peak_definition": F.ITERATION_PEAK.definition,
+        "growth_label": F.GROWTH.label, "growth_definition": F.GROWTH.definition,
     }
 
 
@@ -508,6 +559,10 @@ if _anywidget is not None:
         saved notebook keeps of the script), and it answers the loader's request for the bundle
         where the Jupyter server does not have it (see NOTE [ the script once per environment ])."""
 
+        # the bundle itself, only while a widget is shown as its cell runs (see NOTE [ a live loop's
+        # script ]); empty otherwise, so a saved notebook does not keep it
+        _gs_inline = _t.Unicode("").tag(sync=True)
+
         def __init__(self, **kwargs: Any) -> None:
             self._esm = loader_text()
             super().__init__(**kwargs)
@@ -529,22 +584,86 @@ if _anywidget is not None:
         step = _t.Int(-1).tag(sync=True)
 
         def __init__(
-            self, recording: Recording, *, collapse: bool | int | str = "auto", **kwargs: Any
+            self, recording: Recording | None, *, collapse: bool | int | str = "auto", label: str = "",
+            **kwargs: Any
         ) -> None:
-            super().__init__(data=payload_json(recording, collapse=collapse), **kwargs)
+            data = (payload_json(recording, collapse=collapse) if recording is not None
+                    else json.dumps({"kind": "live", "label": label, "count": 0, "iterations": None}))
+            super().__init__(data=data, **kwargs)
             self.recording = recording
+            self._feed: threading.Thread | None = None
+            self._stop = threading.Event()
+
+        @classmethod
+        def live(cls, rec: Any, label: str = "") -> RecordingWidget:
+            """A widget shown as a recorded cell starts (see NOTE [ a live loop ]): its per-iteration
+            memory chart grows while ``rec`` (a :class:`gradscope.record`) runs; :meth:`finish` shows
+            the recording."""
+            # NOTE [ a live loop's script ]: the loader asks the kernel for the bundle where the
+            # Jupyter server has none (an editable install, another environment), and a kernel
+            # answers only once idle: while the cell runs it would not, and the live chart would
+            # stay a notice until the cell ends. So a widget shown as its cell starts carries the
+            # bundle in its state (the kernel may send while it is busy), and stop() empties it as
+            # the cell ends: a notebook saved afterwards keeps the loader only.
+            w = cls(None, label=label, _gs_inline=bundle_text())
+            w._feed = threading.Thread(target=w._push, args=(rec,), name="gradscope-live", daemon=True)
+            w._feed.start()
+            return w
+
+        def _push(self, rec: Any) -> None:
+            """NOTE [ a live loop ]: a thread of its own sends a running loop's new iterations every
+            :data:`LIVE_INTERVAL_S` (the loop's thread only makes rows, as it does anyway), so the chart
+            moves at least once a second however long an iteration takes, and the loop pays the
+            GIL for a few hundred rows' JSON each time (measured by benchmarks/bench_live.py).
+            Messages carry the rows since the last one (the front end keeps them); the finished
+            recording replaces them (:meth:`finish`)."""
+            sent = 0
+            while not self._stop.wait(LIVE_INTERVAL_S):
+                try:
+                    count, cols = rec.iterations_so_far(sent)
+                    rows = len(cols.get("index", ()))
+                    self.send({"type": "iterations", "count": count, "from": sent,
+                               "rows": iterations_columns(cols) if rows else None})
+                    sent += rows
+                except Exception:  # a view that failed never stops the program
+                    pass
+
+        def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+            """The widget, and as text (what a front end without widgets shows) the recording's summary,
+            or while a cell runs, that it is being recorded."""
+            got = super()._repr_mimebundle_(**kwargs)
+            data, meta = got if isinstance(got, tuple) else (got, None)
+            data = dict(data or {})
+            data["text/plain"] = (_summary_text(self.recording) if self.recording is not None
+                                  else "gradscope: recording this cell (its iterations show here while it runs)")
+            return data if meta is None else (data, meta)
+
+        def stop(self) -> None:
+            """No more updates (the cell ended); the bundle leaves the widget's state (see NOTE [ a
+            live loop's script ])."""
+            self._stop.set()
+            if self._feed is not None:
+                self._feed.join()
+                self._feed = None
+            self._gs_inline = ""
+
+        def finish(self, recording: Recording, *, collapse: bool | int | str = "auto") -> None:
+            """The cell ended: the live chart stops and the recording is shown in full."""
+            self.stop()
+            self.recording = recording
+            self.data = payload_json(recording, collapse=collapse)
 
         @property
         def selected(self) -> Any:
             """The :class:`~gradscope.recording.Node` clicked in the graph, or None."""
-            if 0 <= self.selected_node < len(self.recording.nodes):
+            if self.recording is not None and 0 <= self.selected_node < len(self.recording.nodes):
                 return self.recording.node(self.selected_node)
             return None
 
         @property
         def selected_saved(self) -> list[Any]:
             """Saved tensors of the clicked node."""
-            return [s for s in self.recording.saved if s.node == self.selected_node]
+            return [] if self.recording is None else [s for s in self.recording.saved if s.node == self.selected_node]
 
     class ComparisonWidget(_FrontEnd):
         """A comparison's candidates side by side, with toggles to re-run some of them.

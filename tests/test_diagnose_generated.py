@@ -67,15 +67,8 @@ WRONG_TODAY: dict[str, str] = {
     "seed004-n_in16,hidden128,n_out128-script-very-tight-caught-resident-frozen":
         _CAUGHT_IN_FORWARD.format(where="torch.eye / zeros, before any row", says="no row was taken: nothing "
                                   "recorded shows the create_graph rows, and no Jacobian fix is tried from the code"),
-    # training loops
-    "batchnorm_depth-depth5,width160,batch128-notebook-very-tight-caught":
-        _CAUGHT_IN_FORWARD.format(where="the forward", says="checkpointing is not proposed (its segments come "
-                                  "from activations recorded before the failure) and micro-batches change the "
-                                  "batch-norm statistics: no finding"),
-    "batchnorm_depth-depth6,width128,batch128-script-very-tight-caught-resident":
-        _CAUGHT_IN_FORWARD.format(where="the forward", says="checkpointing is not proposed (its segments come "
-                                  "from activations recorded before the failure) and micro-batches change the "
-                                  "batch-norm statistics: no finding"),
+    # training loops (a forward that failed and was caught: its activations are recorded, on unseen
+    # nodes, since every save counts; see NOTE [ saves of nodes never walked ] in gradscope._passes)
     # the GAN: G's graph is back-propagated for nothing, but the failure comes before opt_G.zero_grad() says so
     "gan-batch24,width384-function-tight-resident":
         "fails in the penalty's norm (aten::sqrt), before loss_D.backward and opt_D.step: nothing recorded yet says "

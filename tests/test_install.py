@@ -241,7 +241,10 @@ def test_a_saved_notebook_grows_by_its_data_and_opens_anywhere(wheel: Path, tmp_
     in a fresh JupyterLab it draws every widget from that state (the script from the server); with
     gradscope uninstalled, each output shows what it holds instead."""
     playwright_sync = pytest.importorskip("playwright.sync_api")
-    from test_browser import CHROMIUM_ARGS, _notebook, _shot, running_lab
+    from _lab import CHROMIUM_ARGS
+    from _lab import jupyterlab as running_lab
+    from _lab import shot as _shot
+    from test_browser import _notebook
 
     bundle = BUNDLE.read_bytes()
     name = f"widget-{hashlib.sha256(bundle).hexdigest()[:16]}.js"

@@ -148,7 +148,36 @@ def _sparse_gradient() -> None:  # a sparse gradient beside a dense one: only th
     assert g_e.is_sparse and not g_w.is_sparse
 
 
+def _chunks() -> None:  # TBPTT: a backward per chunk, the next chunk's storages at the freed addresses
+    torch.manual_seed(0)
+    lstm, xs = nn.LSTM(4, 8), torch.randn(9, 2, 4)
+    h = None
+    for c in range(3):
+        out, h = lstm(xs[3 * c:3 * c + 3], h)
+        h = tuple(v.detach() for v in h)
+        out.pow(2).mean().backward()
+
+
+class _SavesTwice(torch.autograd.Function):  # one object that needs no grad, saved twice (NOTE [ one object saved twice ])
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(w, w)
+        return x * w
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> Any:
+        w, w2 = ctx.saved_tensors
+        assert w is w2
+        return g * w, None
+
+
+def _saved_twice() -> None:
+    x, w = torch.randn(4, requires_grad=True), torch.randn(4)
+    (_SavesTwice.apply(x, w) * (x * w)).sum().backward()  # and once more by mul
+
+
 GRAPHS: dict[str, Callable[[], None]] = {
+    "chunks": _chunks, "saved_twice": _saved_twice,
     "tanh_chain": _tanh_chain, "shared": _shared_storage, "lstm_loop": _lstm_loop, "views": _views,
     "sparse": _sparse, "subclass": _subclass, "unrolled_sgd": _unrolled_sgd,
     "model_with_function": _model_with_function, "hypergradient": _hypergradient,
@@ -197,6 +226,8 @@ def _capture(step: Callable[[], None], memory: str) -> dict[str, Any]:
         r[S_T] = row[S_T] if memory == "off" else row[S_T] > 0  # off: the save's index; else a time
         rows.append(tuple(r))
     events = [(e[0], e[1], e[3] if e[0] == 3 else None) for e in trace.events]  # kind, ident, save freed by
+    storages = list(trace.save_storage)  # see NOTE [ a storage's identity in a block ]
+    assert len(storages) == len(rows) and all(storages[k] <= k for k in range(len(storages)))
     graph = _graph_rows(trace)
     # the gradients' storage rows: (pass, at the pass's end); their storages are checked while the
     # gradients live (test_gradient_rows_name_the_gradients_storages): here an address a freed
@@ -205,7 +236,8 @@ def _capture(step: Callable[[], None], memory: str) -> dict[str, Any]:
     calls = [(c[0], c[1], c[2] - trace.seq0, c[3] - trace.seq0, c[4] <= c[5], *c[6:]) for c in trace.calls]
     r = rec.recording
     return {
-        "rows": rows, "events": events, "notes": sorted(r.notes), "graph": graph, "gradients": gradients,
+        "rows": rows, "storages": storages, "events": events, "notes": sorted(r.notes), "graph": graph,
+        "gradients": gradients,
         "calls": calls, "roots": trace.roots, "modules": [n.module for n in r.nodes],
         "nodes": [n.name for n in r.nodes],
         "saved": [(r.nodes[s.node].name, s.attribute, s.shape, s.bytes,
@@ -243,6 +275,7 @@ def test_compiled_rows_equal_the_python_hooks_with_addresses_and_times(name: str
             m.setattr(_native, "hooks", lambda: None)
             python = _capture(step, memory)
         assert compiled["rows"] == python["rows"], memory
+        assert compiled["storages"] == python["storages"], memory
         assert compiled["saved"][:3] and [s[:4] for s in compiled["saved"]] == [s[:4] for s in python["saved"]]
         assert compiled["nodes"] == python["nodes"]
         assert compiled["graph"] == python["graph"], memory  # every node hooked: each has its Python object

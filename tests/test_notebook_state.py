@@ -27,6 +27,7 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
 import gradscope as gs
+from gradscope._passes import UNSEEN_NODE
 
 NodeKey = tuple[str, str | None, str | None]
 
@@ -517,8 +518,14 @@ def test_forward_errors_caught_in_the_block_leave_the_next_step_intact(case: tup
     assert no_gradscope_left() == []
     rc, r = clean.recording, rec.recording
     assert rc is not None and r is not None and r.complete
-    # the module that raised was left: the next step's nodes are named as in a clean block
-    assert _keys(r) == _keys(rc), f"extra {dict(_keys(r) - _keys(rc))}, missing {dict(_keys(rc) - _keys(r))}"
+    # the module that raised was left: the next step's nodes are named as in a clean block; the
+    # calls that raised made nodes and saved before raising (PyTorch saves an op's inputs before it
+    # runs): their saves are on unseen nodes (see NOTE [ saves of nodes never walked ] in
+    # gradscope._passes), at most one a layer (three), in the modules called
+    walked = collections.Counter({k: v for k, v in _keys(r).items() if k[0] != UNSEEN_NODE})
+    assert walked == _keys(rc), f"extra {dict(walked - _keys(rc))}, missing {dict(_keys(rc) - walked)}"
+    unseen = [n for n in r.nodes if n.name == UNSEEN_NODE]
+    assert len(unseen) <= repeat * 3 and all(n.module is not None and n.module.startswith("model") for n in unseen)
     assert r.nodes_created_seen == rc.nodes_created_seen
 
 

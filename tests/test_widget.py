@@ -152,16 +152,38 @@ def test_recording_widget_state_from_the_front_end():
     ours = set(RecordingWidget.class_trait_names(sync=True)) - set(
         anywidget.AnyWidget.class_trait_names(sync=True)
     )
-    assert ours == {"data", "selected_node", "step"}
+    # _gs_inline carries the bundle only while a cell that shows the widget runs (NOTE [ a live
+    # loop's script ]): empty for a widget of a finished recording, so a saved notebook keeps the loader
+    assert ours == {"data", "selected_node", "step", "_gs_inline"}
+    assert w._gs_inline == ""
     ours_cmp = set(ComparisonWidget.class_trait_names(sync=True)) - set(
         anywidget.AnyWidget.class_trait_names(sync=True)
     )
-    assert ours_cmp == {"data", "selected", "selected_node", "step", "running", "rerun_count", "rerun_error"}
+    assert ours_cmp == {"data", "selected", "selected_node", "step", "running", "rerun_count", "rerun_error",
+                        "_gs_inline"}
     # names that clash with DOMWidget and break rendering
     assert not (ours | ours_cmp) & {"layout", "style", "tooltip", "tabbable", "keys", "comm"}
 
 
 @needs_bundle
+def test_a_live_widget_carries_the_bundle_only_while_its_cell_runs():
+    """A widget shown as its cell starts (``RecordingWidget.live``) has the bundle in its state while
+    the loop runs, since a busy kernel answers no request for it; stop() empties it, so a notebook
+    saved after the cell keeps the loader only (see NOTE [ a live loop's script ] in gradscope.widget)."""
+    model = torch.nn.Linear(4, 2)
+    rec = gs.record(memory="off")
+    with rec:
+        w = W.RecordingWidget.live(rec, label="cell [1]")
+        try:
+            assert w._gs_inline == W.bundle_text() and w._esm == W.loader_text()
+            model(torch.randn(3, 4)).sum().backward()
+        finally:
+            w.stop()
+    assert w._gs_inline == ""
+    w.finish(rec.recording)
+    assert w._gs_inline == "" and json.loads(w.data)["summary"]["nodes"] == len(rec.recording.nodes)
+
+
 def test_show_accepts_the_recorder_and_rejects_others():
     w = torch.ones(3, requires_grad=True)
     with gs.record(memory="off") as r:

@@ -16,11 +16,17 @@
 #include <torch/csrc/Device.h>
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/profiler/orchestration/observer.h>
+#include <c10/util/ThreadLocalDebugInfo.h>
 
 #include "native.h"
 
+#include <algorithm>
+#include <atomic>
 #include <ctime>
 #include <functional>
+#include <memory>
+#include <mutex>
 #include <initializer_list>
 #include <typeinfo>
 #include <unordered_map>
@@ -115,15 +121,23 @@ struct Hooks {
   PyObject* watch;          // callable(packed alias), or None: a memory source that follows each alias
   PyObject* lines;          // list: each save's line index (gradscope._trace), or None: no lines
   PyObject* line_table;     // gradscope._lines.LineTable, or None
+  PyObject* storages;       // dict: storage key -> (its first save, weak handle): NOTE [ a storage's identity in a block ]
+  PyObject* storage_ids;    // list: each save's storage identity (the storage's first save)
+  PyObject* sweep;          // callable: lets go of the entries of storages that died
+  PyObject* again;          // the class of a tensor packed again (NOTE [ one object saved twice ])
   int need_ptr;
   int need_time;
   long long line_seq;       // the node of the last save given a line, and that line
   long long line_id;
   LineCache* line_cache;
+  Py_ssize_t sweep_at;      // the size of storages at which its dead entries are let go of
+  Py_ssize_t base;          // the block's saves before this piece of it (storage identities count them)
 };
 
-using HooksRefs = gradscope_native::OwnedRefs<Hooks, 13, &Hooks::saves>;  // saves .. line_table
-static_assert(offsetof(Hooks, line_table) == offsetof(Hooks, saves) + 12 * sizeof(PyObject*));
+constexpr Py_ssize_t kStorageSweep = 4096;  // capture/saves.py's _STORAGE_SWEEP
+
+using HooksRefs = gradscope_native::OwnedRefs<Hooks, 17, &Hooks::saves>;  // saves .. again
+static_assert(offsetof(Hooks, again) == offsetof(Hooks, saves) + 16 * sizeof(PyObject*));
 
 void hooks_dealloc(Hooks* self) {
   delete std::exchange(self->line_cache, nullptr);
@@ -196,11 +210,13 @@ long long save_line(Hooks* self, long long seq) {
 
 int hooks_init(Hooks* self, PyObject* args, PyObject* kwds) {
   PyObject *saves, *versions, *info, *weak, *events, *pending, *state, *fallback, *check_frees, *inplace_error,
-      *watch, *lines, *line_table;
+      *watch, *lines, *line_table, *storages, *storage_ids, *sweep, *again;
   int need_ptr, need_time;
-  if (!PyArg_ParseTuple(args, "O!O!O!OO!O!O!OOOppOOO", &PyList_Type, &saves, &PyList_Type, &versions, &PyDict_Type,
-                        &info, &weak, &PyList_Type, &events, &PyList_Type, &pending, &StateType, &state, &fallback,
-                        &check_frees, &inplace_error, &need_ptr, &need_time, &watch, &lines, &line_table))
+  Py_ssize_t base;
+  if (!PyArg_ParseTuple(args, "O!O!O!OO!O!O!OOOppOOOO!O!OO!n", &PyList_Type, &saves, &PyList_Type, &versions,
+                        &PyDict_Type, &info, &weak, &PyList_Type, &events, &PyList_Type, &pending, &StateType, &state,
+                        &fallback, &check_frees, &inplace_error, &need_ptr, &need_time, &watch, &lines, &line_table,
+                        &PyDict_Type, &storages, &PyList_Type, &storage_ids, &sweep, &PyType_Type, &again, &base))
     return -1;
   if (weak != Py_None && !PyList_Check(weak)) {
     PyErr_SetString(PyExc_TypeError, "weak: a list or None");
@@ -212,11 +228,16 @@ int hooks_init(Hooks* self, PyObject* args, PyObject* kwds) {
   }
   PyObject* olds[] = {self->saves, self->versions, self->info, self->weak, self->events,
                       self->pending, reinterpret_cast<PyObject*>(self->state), self->fallback,
-                      self->check_frees, self->inplace_error, self->watch, self->lines, self->line_table};
+                      self->check_frees, self->inplace_error, self->watch, self->lines, self->line_table,
+                      self->storages, self->storage_ids, self->sweep, self->again};
   Py_INCREF(saves), Py_INCREF(versions), Py_INCREF(info), Py_INCREF(weak), Py_INCREF(events);
   Py_INCREF(pending), Py_INCREF(state), Py_INCREF(fallback), Py_INCREF(check_frees), Py_INCREF(inplace_error);
   Py_INCREF(watch), Py_INCREF(lines), Py_INCREF(line_table);
+  Py_INCREF(storages), Py_INCREF(storage_ids), Py_INCREF(sweep), Py_INCREF(again);
   self->watch = watch, self->lines = lines, self->line_table = line_table;
+  self->storages = storages, self->storage_ids = storage_ids, self->sweep = sweep, self->again = again;
+  self->sweep_at = std::max(kStorageSweep, 2 * PyDict_GET_SIZE(storages));
+  self->base = base;
   self->line_seq = -2;  // no node: -1 is a counter at 0 minus one
   self->line_id = -1;
   delete self->line_cache;
@@ -260,6 +281,42 @@ PyObject* untracked_tuple(std::initializer_list<PyObject*> items) {
   return gradscope_native::untracked(tuple);
 }
 
+// The identity of storage ``s`` (key ``key``) in the block, as a new reference: its first save's index,
+// ``sid`` for a storage met first now (see NOTE [ a storage's identity in a block ] in capture/saves.py,
+// which this makes exactly). nullptr: an error raised.
+PyObject* storage_serial(Hooks* self, PyObject* key, c10::StorageImpl* s, Py_ssize_t sid) {
+  PyObject* known = PyDict_GetItemWithError(self->storages, key);  // borrowed
+  if (known != nullptr) {
+    PyObject* first = PyTuple_GET_ITEM(known, 0);
+    Py_INCREF(first);
+    return first;
+  }
+  if (PyErr_Occurred()) return nullptr;
+  if (PyDict_GET_SIZE(self->storages) >= self->sweep_at) {
+    Ref r(PyObject_CallNoArgs(self->sweep));
+    if (!r) return nullptr;
+    self->sweep_at = std::max(kStorageSweep, 2 * PyDict_GET_SIZE(self->storages));
+  }
+  PyObject* first = PyLong_FromSsize_t(self->base + sid);
+  if (first == nullptr) return nullptr;
+  // the same handle as UntypedStorage._weak_ref(): the StorageImpl, one weak count more
+  c10::StorageImpl* weak = c10::raw::intrusive_ptr::make_weak(s);
+  PyObject* handle = PyLong_FromVoidPtr(weak);
+  if (handle == nullptr) {
+    c10::raw::weak_intrusive_ptr::decref(weak);
+    Py_DECREF(first);
+    return nullptr;
+  }
+  Ref entry(gradscope_native::untracked(PyTuple_Pack(2, first, handle)));
+  Py_DECREF(handle);
+  if (!entry || PyDict_SetItem(self->storages, key, entry.get()) < 0) {
+    c10::raw::weak_intrusive_ptr::decref(weak);
+    Py_DECREF(first);
+    return nullptr;
+  }
+  return first;
+}
+
 PyObject* pack_plain(Hooks* self, PyObject* obj) {
   const at::Tensor& t = THPVariable_Unpack(obj);
   c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
@@ -298,7 +355,15 @@ PyObject* pack_plain(Hooks* self, PyObject* obj) {
       return nullptr;
     }
   }
-  // NOTE [ a save that needs no detaching ] in capture/saves.py: the object itself, unless packed already
+  Ref serial(storage_serial(self, PyTuple_GET_ITEM(row, 1), s, sid));
+  if (!serial) {
+    Py_DECREF(row);
+    Py_XDECREF(version);
+    Py_XDECREF(line);
+    return nullptr;
+  }
+  // NOTE [ a save that needs no detaching ] in capture/saves.py: the object itself, or where its id
+  // names another save, the object in a _SavedAgain (NOTE [ one object saved twice ] there)
   PyObject* packed = nullptr;
   if (!t.requires_grad()) {
     PyObject* own = PyLong_FromVoidPtr(obj);
@@ -314,13 +379,15 @@ PyObject* pack_plain(Hooks* self, PyObject* obj) {
     if (prev != nullptr && prev != Py_None) {
       Py_ssize_t p = PyLong_AsSsize_t(prev);
       if (p < 0 && PyErr_Occurred()) PyErr_Clear();
-      free_id = p < 0 || p >= sid ||
-                PyObject_RichCompareBool(PyTuple_GET_ITEM(PyList_GET_ITEM(self->saves, p), 1),
-                                         PyTuple_GET_ITEM(row, 1), Py_NE) == 1;
+      free_id = p < 0 || p >= sid || p >= PyList_GET_SIZE(self->storage_ids) ||
+                PyObject_RichCompareBool(PyList_GET_ITEM(self->storage_ids, p), serial.get(), Py_NE) == 1;
     }
-    if (free_id) {
-      Py_INCREF(obj);
-      packed = obj;
+    packed = free_id ? (Py_INCREF(obj), obj) : PyObject_CallOneArg(self->again, obj);
+    if (packed == nullptr) {
+      Py_DECREF(row);
+      Py_XDECREF(version);
+      Py_XDECREF(line);
+      return nullptr;
     }
   }
   // The detached alias (same storage, sizes, strides and version counter; no autograd meta) made
@@ -360,7 +427,8 @@ PyObject* pack_plain(Hooks* self, PyObject* obj) {
   }
   // nothing may fail once a list has grown: the lists are indexed by save
   ok = ok && PyDict_SetItem(self->info, id, index) == 0 && PyList_Append(self->saves, row) == 0 &&
-       PyList_Append(self->versions, version) == 0 && (handle == nullptr || PyList_Append(self->weak, handle) == 0) &&
+       PyList_Append(self->versions, version) == 0 && PyList_Append(self->storage_ids, serial.get()) == 0 &&
+       (handle == nullptr || PyList_Append(self->weak, handle) == 0) &&
        (line == nullptr || PyList_Append(self->lines, line) == 0);
   Py_DECREF(row);
   Py_XDECREF(version);
@@ -393,12 +461,18 @@ PyObject* hooks_pack(Hooks* self, PyObject* obj) {
   return PyObject_CallOneArg(self->fallback, obj);
 }
 
-PyObject* hooks_unpack(Hooks* self, PyObject* t) {
-  PyObject* id = PyLong_FromVoidPtr(t);
+PyObject* hooks_unpack(Hooks* self, PyObject* packed) {
+  PyObject* id = PyLong_FromVoidPtr(packed);
   if (id == nullptr) return nullptr;
   PyObject* index = PyDict_GetItemWithError(self->info, id);  // borrowed
   Py_DECREF(id);
   if (index == nullptr && PyErr_Occurred()) return nullptr;
+  Ref opened;  // see NOTE [ one object saved twice ] in capture/saves.py
+  if (Py_TYPE(packed) == reinterpret_cast<PyTypeObject*>(self->again)) {
+    opened = Ref(PyObject_GetAttrString(packed, "tensor"));
+    if (!opened) return nullptr;
+  }
+  PyObject* t = opened ? opened.get() : packed;
   if (index == nullptr || index == Py_None) {  // packed while observing failed
     Py_INCREF(t);
     return t;
@@ -763,6 +837,128 @@ PyMethodDef mod_methods[] = {
 
 PyTypeObject ModHooksType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
+// ------------------------------------------------------------------ the CPU allocator's counter
+// NOTE [ the allocator's counter ]: PyTorch's CPU allocator reports every allocation and free (with
+// its size and address) to the memory reporter of the thread's profiler state, while that state says
+// memory profiling is on; the profiler keeps every report until it stops (about 6 KB a step of a small
+// MLP), which a long loop cannot afford. This state takes the profiler's place while a loop's later
+// iterations record (see NOTE [ a long loop's memory ] in gradscope/memory.py): it keeps the reports
+// since the recorder last drained them (the time, the bytes, the address and the autograd sequence
+// counter, four numbers) and the live total, and says to the rest of PyTorch that no profiler runs
+// (its configuration is the disabled one, so a profiler the program starts inside the block works as
+// without it, on top of it). Reports come without the GIL, from any thread the state was propagated to.
+using torch::profiler::impl::ActiveProfilerType;
+using torch::profiler::impl::ProfilerConfig;
+using torch::profiler::impl::ProfilerState;
+using torch::profiler::impl::ProfilerStateBase;
+
+struct CounterState : ProfilerStateBase {
+  CounterState() : ProfilerStateBase(ProfilerConfig(ProfilerState::Disabled)) {}
+  void reportMemoryUsage(void* ptr, int64_t alloc_size, size_t /*total_allocated*/, size_t /*total_reserved*/,
+                         c10::Device device) override {
+    if (device.type() != c10::DeviceType::CPU || alloc_size == 0 || !on.load(std::memory_order_relaxed)) return;
+    long long seq = static_cast<long long>(at::sequence_number::peek());
+    long long t = time_ns();
+    std::lock_guard<std::mutex> guard(mu);
+    live += alloc_size;
+    if (live > peak) peak = live;
+    events.push_back(t);
+    events.push_back(alloc_size);
+    events.push_back(static_cast<long long>(reinterpret_cast<uintptr_t>(ptr)));
+    events.push_back(seq);
+  }
+  bool memoryProfilingEnabled() const override { return on.load(std::memory_order_relaxed); }
+  ActiveProfilerType profilerType() override { return ActiveProfilerType::NONE; }
+
+  std::mutex mu;
+  std::vector<long long> events;  // (t_ns, bytes, address, sequence counter) per report
+  long long live = 0;
+  long long peak = 0;  // the most live bytes since the last drain
+  std::atomic<bool> on{true};
+};
+
+struct Counter {
+  PyObject_HEAD
+  std::shared_ptr<CounterState>* state;  // held while the object lives
+  int pushed;
+};
+
+void counter_dealloc(Counter* self) {
+  delete std::exchange(self->state, nullptr);
+  Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
+}
+
+int counter_init(Counter* self, PyObject* args, PyObject* kwds) {
+  if (!PyArg_ParseTuple(args, "")) return -1;
+  delete self->state;
+  self->state = new std::shared_ptr<CounterState>(std::make_shared<CounterState>());
+  self->pushed = 0;
+  return 0;
+}
+
+// Put the counter in this thread's profiler slot (the threads the autograd engine runs the thread's
+// backward passes on inherit it).
+PyObject* counter_start(Counter* self, PyObject* /*unused*/) {
+  if (self->state == nullptr || self->pushed) return PyErr_Format(PyExc_RuntimeError, "gradscope: the counter runs already");
+  try {
+    c10::ThreadLocalDebugInfo::_push(c10::DebugInfoKind::PROFILER_STATE, *self->state);
+  } catch (const std::exception& e) {
+    return PyErr_Format(PyExc_RuntimeError, "gradscope: the allocator's counter could not start: %s", e.what());
+  }
+  self->pushed = 1;
+  Py_RETURN_NONE;
+}
+
+// Take it out again; False where another state was put on top of it and is still there (the counter
+// then only stops counting).
+PyObject* counter_stop(Counter* self, PyObject* /*unused*/) {
+  if (self->state == nullptr || !self->pushed) Py_RETURN_TRUE;
+  (*self->state)->on.store(false);
+  self->pushed = 0;
+  if (c10::ThreadLocalDebugInfo::get(c10::DebugInfoKind::PROFILER_STATE) != self->state->get()) Py_RETURN_FALSE;
+  try {
+    c10::ThreadLocalDebugInfo::_pop(c10::DebugInfoKind::PROFILER_STATE);
+  } catch (const std::exception& e) {
+    return PyErr_Format(PyExc_RuntimeError, "gradscope: the allocator's counter could not stop: %s", e.what());
+  }
+  Py_RETURN_TRUE;
+}
+
+// The reports since the last drain, as bytes of native 8-byte integers (t_ns, bytes, address, counter)
+// per report, and the most live bytes in that time; the next period's peak starts from the live total.
+PyObject* counter_drain(Counter* self, PyObject* /*unused*/) {
+  if (self->state == nullptr) return PyErr_Format(PyExc_RuntimeError, "gradscope: no counter");
+  std::vector<long long> taken;
+  long long peak;
+  {
+    CounterState& st = **self->state;
+    std::lock_guard<std::mutex> guard(st.mu);
+    taken.swap(st.events);
+    peak = st.peak;
+    st.peak = st.live;
+  }
+  PyObject* data = PyBytes_FromStringAndSize(reinterpret_cast<const char*>(taken.data()),
+                                             static_cast<Py_ssize_t>(taken.size() * sizeof(long long)));
+  if (data == nullptr) return nullptr;
+  return Py_BuildValue("(NL)", data, peak);
+}
+
+PyObject* counter_live(Counter* self, PyObject* /*unused*/) {
+  if (self->state == nullptr) return PyErr_Format(PyExc_RuntimeError, "gradscope: no counter");
+  CounterState& st = **self->state;
+  std::lock_guard<std::mutex> guard(st.mu);
+  return PyLong_FromLongLong(st.live);
+}
+
+PyMethodDef counter_methods[] = {
+    {"start", reinterpret_cast<PyCFunction>(counter_start), METH_NOARGS, "Count this thread's allocations."},
+    {"stop", reinterpret_cast<PyCFunction>(counter_stop), METH_NOARGS, "Stop counting; False: not on top."},
+    {"drain", reinterpret_cast<PyCFunction>(counter_drain), METH_NOARGS, "(reports as bytes, peak) since the last."},
+    {"live", reinterpret_cast<PyCFunction>(counter_live), METH_NOARGS, "Live bytes counted since the start."},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyTypeObject CounterType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
 PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_hooks", "gradscope's compiled saved-tensor hooks.", -1,
                           nullptr};
 
@@ -792,10 +988,19 @@ PyMODINIT_FUNC PyInit__hooks(void) {
       ready_type(ModHooksType, "gradscope._native._hooks.ModHooks", Py_TPFLAGS_DEFAULT, mod_methods,
                  ModRefs::traverse, ModRefs::clear, ModRefs::dealloc, mod_init) < 0)
     return nullptr;
+  CounterType.tp_name = "gradscope._native._hooks.Counter";
+  CounterType.tp_basicsize = sizeof(Counter);
+  CounterType.tp_flags = Py_TPFLAGS_DEFAULT;
+  CounterType.tp_methods = counter_methods;
+  CounterType.tp_new = PyType_GenericNew;
+  CounterType.tp_init = reinterpret_cast<initproc>(counter_init);
+  CounterType.tp_dealloc = reinterpret_cast<destructor>(counter_dealloc);
+  if (PyType_Ready(&CounterType) < 0) return nullptr;
   PyObject* m = PyModule_Create(&module_def);
   if (m == nullptr) return nullptr;
   if (add_type(m, "State", StateType) < 0 || add_type(m, "Hooks", HooksType) < 0 ||
-      add_type(m, "ModHooks", ModHooksType) < 0 || gradscope_add_walker(m) < 0) {
+      add_type(m, "ModHooks", ModHooksType) < 0 || add_type(m, "Counter", CounterType) < 0 ||
+      gradscope_add_walker(m) < 0) {
     Py_DECREF(m);
     return nullptr;
   }

@@ -12,5 +12,8 @@ cycles through the recorder ] in ``saves``).
 - ``modules``: module and optimizer tracking (the global module hooks);
 - ``engine``: the engine's entry point intercepted, a backward pass's start and end;
 - ``discover``: graph discovery (the walk, saves named, nodes hooked, learnt tables);
-- ``held``: the graphs the program still holds at the block's end.
+- ``held``: the graphs the program still holds at the block's end;
+- ``loop``: a loop's iterations, where its capture is cut into pieces and which pieces are kept
+  (a piece is a Block and parts of its own, put in place of the last one's at a cut: see NOTE
+  [ iterations ] in ``gradscope._iterations``).
 """

@@ -444,10 +444,10 @@ class GraphDiscovery:
         recording, its key being the leaf). Its hooks are kept per node index, and a leaf whose
         hooked node died gets its new node hooked when a walk meets it (see _rehook_leaf)."""
         pre = fn.register_prehook(self._make_pre(i, name))
-        self.b.handles.append(pre)
+        self.b.node_handles.append(pre)
         self.leaf_hooks[i] = pre
         if post:
-            self.b.handles.append(fn.register_hook(self._make_post(i)))
+            self.b.node_handles.append(fn.register_hook(self._make_post(i)))
 
     def _rehook_leaf(self, parent: Any, key: Any, post: bool) -> None:
         i = self.b.trace.node_index.get(key)
@@ -466,9 +466,9 @@ class GraphDiscovery:
         if i in self.hooked:
             return
         self.hooked.add(i)
-        self.b.handles.append(fn.register_prehook(self._make_pre(i, name)))
+        self.b.node_handles.append(fn.register_prehook(self._make_pre(i, name)))
         if post:
-            self.b.handles.append(fn.register_hook(self._make_post(i)))
+            self.b.node_handles.append(fn.register_hook(self._make_post(i)))
 
     def _hook_for_pass(self, roots: list[Any], keys: list[Any], stop: set[Any], into: list[Any]) -> None:
         """Pre hooks for one create_graph pass on every node it may run that has none yet and

@@ -32,6 +32,29 @@ from gradscope.capture.saves import SavedTensors
 from gradscope.capture.state import Block
 
 
+class EngineRoute:
+    """What the shared patches call for a block (see NOTE [ shared patches ]): its current engine
+    interception, which a loop's capture replaces at each cut (see NOTE [ iterations ] in
+    gradscope._iterations)."""
+
+    __slots__ = ("engine",)
+
+    def __init__(self, engine: EngineInterception) -> None:
+        self.engine = engine
+
+    @property
+    def b(self) -> Block:
+        return self.engine.b
+
+    @property
+    def saves(self) -> SavedTensors:
+        return self.engine.saves
+
+    def _run_backward(self, orig: Callable[..., Any], t_outputs: Any, args: tuple[Any, ...],
+                      kwargs: dict[str, Any]) -> Any:
+        return self.engine._run_backward(orig, t_outputs, args, kwargs)
+
+
 class EngineInterception:
     """The recorder's view of each backward pass: the engine's entry point patched (see NOTE
     [ shared patches ]); a pass's new nodes found by graph discovery, its steps by the saves'
@@ -45,10 +68,13 @@ class EngineInterception:
         self.discovery = discovery
 
     # ------------------------------------------------------------------ engine interception
-    def _patch_engine(self) -> None:
+    def _patch_engine(self, route: Any = None) -> None:
+        """Install the interception; ``route`` (an :class:`EngineRoute`), where given, is what the
+        shared patches call, so that the pieces of a loop's capture can take over one by one."""
+        me: Any = self if route is None else route
         ag = _compat.engine_entry_module()
         if ag is not None:  # see NOTE [ shared patches ]
-            self.b.undo.append(lambda: _leave_patches(self))
+            self.b.undo.append(lambda: _leave_patches(me))
             patches: list[tuple[Any, str, Callable[[Any], Any]]] = [(ag, _compat.ENGINE_ENTRY, _engine_dispatch)]
             agg = _compat.disable_hooks_module()
             if agg is not None:
@@ -56,19 +82,19 @@ class EngineInterception:
             if not self.b.caps.saved_hook:  # see NOTE [ other pairs on an older torch ]
                 pairs = _compat.hooks_class()
                 patches += [(pairs, "__enter__", _pair_enter), (pairs, "__exit__", _pair_exit)]
-            _join_patches(self, patches)
+            _join_patches(me, patches)
         else:  # a torch without the shared entry point: wrap the two public functions
             import torch.autograd as agm
 
             orig_b, orig_g = agm.backward, agm.grad
 
             def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
-                return self._run_backward(lambda *a, **k: orig_b(tensors, *args, **kwargs), tensors,
+                return me._run_backward(lambda *a, **k: orig_b(tensors, *args, **kwargs), tensors,
                                           (None, kwargs.get("retain_graph"), kwargs.get("create_graph", False),
                                            kwargs.get("inputs")), {})
 
             def grad(outputs: Any, *args: Any, **kwargs: Any) -> Any:
-                return self._run_backward(lambda *a, **k: orig_g(outputs, *args, **kwargs), outputs,
+                return me._run_backward(lambda *a, **k: orig_g(outputs, *args, **kwargs), outputs,
                                           (None, kwargs.get("retain_graph"), kwargs.get("create_graph", False),
                                            args[0] if args else kwargs.get("inputs")),
                                           {"accumulate_grad": False})
@@ -140,7 +166,7 @@ class EngineInterception:
             except Exception as e:  # the user's backward runs whatever happens to observing
                 b.internal(e)
             st.bw = row
-            st.marks = b.memory == "off" or (call.create_graph and not (src is not None and src.node_hooks))
+            st.marks = b.memory in ("off", "counter") or (call.create_graph and not (src is not None and src.node_hooks))
             row.seq0 = _compat.sequence_nr()
             row.ev0 = len(trace.events)
             try:
@@ -181,6 +207,11 @@ class EngineInterception:
                 # the nodes it made are found from them too.
                 try:
                     self._gradient_keys(index, row, result)
+                except Exception as e:
+                    b.internal(e)
+            if done and b.ended is not None:  # see NOTE [ iterations ] in gradscope._iterations
+                try:
+                    b.ended("backward", row)
                 except Exception as e:
                     b.internal(e)
 

@@ -125,7 +125,29 @@ class HeldGraphs:
         self.b = b
         self.discovery = discovery
 
-    # ------------------------------------------------------------------ end of the block
+    # ------------------------------------------------------------------ end of a piece, of the block
+    def _at_cut(self) -> None:
+        """A piece of a loop's capture ends (see NOTE [ iterations ] in gradscope._iterations): the
+        graphs its module outputs still hold (a generator's output the next iteration
+        backpropagates through) are walked into it, as the block's end walks them (the program's
+        variables are not read: the loop goes on)."""
+        b = self.b
+        seq0 = b.trace.seq0
+        index = b.trace.node_index
+        roots = []
+        for ref in b.roots:
+            t = ref()
+            fn = t.grad_fn if t is not None else None
+            if fn is not None and _made_since(fn, seq0, index):
+                roots.append(fn)
+        b.roots.clear()
+        hooking, b.hooking = b.hooking, False
+        try:
+            self.discovery._discover(roots, since=seq0)
+        finally:
+            b.hooking = hooking
+            del roots
+
     def _at_block_end(self, frame: Any, tb: Any) -> None:
         """Roots of graphs the block left behind (results in variables and in the objects they
         hold, module outputs, results in the frames an exception unwound) are walked, stopping at

@@ -89,6 +89,16 @@ class _ModuleHooks:
                 _compat.add_global_module_hooks(_module_pre, _module_post)
             _MODULE_HOOKS.append(self.entry)
 
+    def replace(self, pre: Callable[..., Any], post: Callable[..., Any]) -> None:
+        """The block's hooks from now on (a loop's next piece: see NOTE [ iterations ] in
+        gradscope._iterations), in the same place among the active blocks'."""
+        entry = (pre, post)
+        with _MODULE_HOOKS_LOCK:
+            for i, e in enumerate(_MODULE_HOOKS):
+                if e is self.entry:
+                    _MODULE_HOOKS[i] = entry
+            self.entry = entry
+
     def remove(self) -> None:
         with _MODULE_HOOKS_LOCK:
             if self.entry in _MODULE_HOOKS:
@@ -116,10 +126,11 @@ class ModuleTracking:
 
     __slots__ = ("b", "given", "root_index")
 
-    def __init__(self, b: Block, given: list[tuple[str, nn.Module]]) -> None:
+    def __init__(self, b: Block, given: list[tuple[str, nn.Module]], root_index: dict[int, int] | None = None) -> None:
         self.b = b
         self.given = given  # modules= as [(name, module)]
-        self.root_index: dict[int, int] = {}  # id(root module) -> its root index
+        # id(root module) -> its root index (the block's: the pieces of a loop's capture share it)
+        self.root_index: dict[int, int] = {} if root_index is None else root_index
 
     # ------------------------------------------------------------------ modules and optimizers
     def _mod_pre(self, module: nn.Module, args: Any) -> None:
@@ -199,6 +210,12 @@ class ModuleTracking:
                                                 _compat.sequence_nr(), -1])
 
     def _opt_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if threading.get_ident() == self.b.tid and self.b.trace.optimizer_steps:
-            row = self.b.trace.optimizer_steps[-1]
+        b = self.b
+        if threading.get_ident() == b.tid and b.trace.optimizer_steps:
+            row = b.trace.optimizer_steps[-1]
             row[2], row[4] = time.time_ns(), _compat.sequence_nr()
+            if b.ended is not None:  # see NOTE [ iterations ] in gradscope._iterations
+                try:
+                    b.ended("optimizer", row)
+                except Exception as e:
+                    b.internal(e)

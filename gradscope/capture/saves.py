@@ -28,9 +28,10 @@ class SavedTensors:
     what unpacking reads, the frees checked, and the regions where other hooks saved."""
 
     __slots__ = ("b", "pack", "unpack", "weak", "packed_info", "check_frees", "frees_once_a_pass",
-                 "free_handles", "alias_watchers", "func_seq", "other_seq", "other_depth")
+                 "free_handles", "alias_watchers", "func_seq", "other_seq", "other_depth", "storages", "trim",
+                 "sweep")
 
-    def __init__(self, b: Block) -> None:
+    def __init__(self, b: Block, storages: dict[int, tuple[int, int]] | None = None) -> None:
         self.b = b
         self.weak: list[int | None] = []  # by save index: the storage's weak handle (frees checked)
         self.packed_info: dict[int, int | None] = {}  # see NOTE [ the packed value is the tensor ]
@@ -41,6 +42,10 @@ class SavedTensors:
         self.func_seq: list[list[int]] = []  # [seq0, seq1] of regions where we stepped aside
         self.other_seq: list[list[int]] = []  # see NOTE [ other pairs on an older torch ]
         self.other_depth = 0
+        # see NOTE [ a storage's identity in a block ]: the block's, shared by the pieces of a loop's capture
+        self.storages: dict[int, tuple[int, int]] = {} if storages is None else storages
+        self.trim: Callable[[int], None] = _nothing_to_trim  # drops the rows from a save index on (see _make_pack)
+        self.sweep: Callable[[], None] = _nothing  # lets go of the storages that died (see _make_pack)
         self.pack, self.unpack = self._make_pack()
 
     # ------------------------------------------------------------------ saved tensors
@@ -56,7 +61,7 @@ class SavedTensors:
         key_of, weak_of, version_of = _compat.storage_cdata, _compat.storage_weak, _compat.tensor_version
         time_ns = time.time_ns
         memory = b.memory
-        need_ptr = memory == "cpu" or (memory == "cuda" and b.history)  # matched with allocations by address
+        need_ptr = memory in ("cpu", "counter") or (memory == "cuda" and b.history)  # matched with allocations by address
         need_time = memory != "off"  # matched with allocations in time
         need_weak = self._free_checks_needed()  # frees seen by weak reference at step boundaries
         weak = self.weak
@@ -86,6 +91,30 @@ class SavedTensors:
         getframe = sys._getframe
         last_line: list[Any] = [None, -1]  # the node of the last save given a line, and that line
         same_node = b.caps.sequence_nr  # without the counter every save looks at its stack
+        # NOTE [ a storage's identity in a block ]: a StorageImpl's address names one storage only
+        # while it lives; once freed, the next storage made may sit at the same address (a loop's
+        # second chunk, after the first chunk's backward freed its saves, reuses them). So the
+        # first save of each storage holds a weak handle to it, which keeps the StorageImpl's own
+        # memory (not its data) from being reused: while its entry is in ``storages``, its address
+        # names it alone, and every later save of that address is a save of that storage. Its
+        # identity in the block is the index of its first save (``trace.save_storage``, one per
+        # save). Entries whose storage died are let go of when the table has doubled since the last
+        # sweep (amortized O(1) a save, the table at most twice the storages alive); a storage made
+        # at a freed address then gets an identity of its own.
+        storages = self.storages
+        storages_get = storages.get
+        storage_ids = trace.save_storage
+        storage_append = storage_ids.append
+        sweep_at = [max(_STORAGE_SWEEP, 2 * len(storages))]
+        base = trace.save_base  # the block's saves before this piece of it (see NOTE [ iterations ] in gradscope._iterations)
+
+        def sweep() -> None:
+            dead = [k for k, (_, h) in storages.items() if expired(h)]
+            for k in dead:
+                free(storages.pop(k)[1])
+            sweep_at[0] = max(_STORAGE_SWEEP, 2 * len(storages))
+
+        again = _SavedAgain
 
         def check_frees(by_save: bool = False) -> None:
             """The engine releases a node's saved tensors right after the node (and its post
@@ -148,9 +177,18 @@ class SavedTensors:
                         raise
                     s, nbytes = parts[-1].untyped_storage(), parts_bytes(parts)
                 sid = len(saves)
+                skey = key_of(s)
                 # is_leaf is ``grad_fn is None`` without making the producer's Python node object
-                row = (seq() - 1, key_of(s), s.data_ptr() if need_ptr else 0, nbytes, tuple(t.shape), t.dtype,
+                row = (seq() - 1, skey, s.data_ptr() if need_ptr else 0, nbytes, tuple(t.shape), t.dtype,
                        t.device, time_ns() if need_time else sid, t.is_leaf)
+                known = storages_get(skey)
+                if known is None:  # see NOTE [ a storage's identity in a block ]
+                    if len(storages) >= sweep_at[0]:
+                        sweep()
+                    serial = base + sid
+                    storages[skey] = (serial, weak_of(s))  # type: ignore[assignment]  # an int handle at run time
+                else:
+                    serial = known[0]
                 version = version_of(t)
                 line = -1
                 if here is not None:
@@ -165,6 +203,7 @@ class SavedTensors:
                 # nothing above may fail once a list has grown: the lists are indexed by save
                 saves_append(row)
                 versions_append(version)
+                storage_append(serial)
                 if here is not None:
                     lines_append(line)
                 if need_weak:
@@ -177,14 +216,21 @@ class SavedTensors:
                 # NOTE [ a save that needs no detaching ]: a tensor that does not require grad
                 # has no node to hold, and PyTorch hands it back from ctx.saved_tensors as the
                 # same Python object (attributes the program set on it, identity checks): it is
-                # packed as itself, unless this object is packed already (its id names one save
-                # in packed_info; an entry of a dead object whose id was reused names another
-                # storage).
+                # packed as itself. NOTE [ one object saved twice ]: its id then names its save in
+                # packed_info, and one id can name one save only; an object packed again while an
+                # entry has its id (a checkpoint saves its inputs, which the function inside saved
+                # before: PyTorch's test_checkpointing_without_reentrant_saved_object_identity) is
+                # packed in a _SavedAgain, whose own id names the new save and which unpack opens:
+                # every save of it hands back the object itself. An entry of a dead object whose id
+                # was reused names another storage and is taken over.
                 if not t.requires_grad:
                     prev = packed_info.get(id(t), -1)
-                    if prev == -1 or (prev is not None and (prev >= sid or saves[prev][S_SKEY] != row[S_SKEY])):
+                    if prev == -1 or (prev is not None and (prev >= sid or storage_ids[prev] != serial)):
                         packed_info[id(t)] = sid
                         return t
+                    w = again(t)
+                    packed_info[id(w)] = sid
+                    return w
                 d = t.detach()
                 packed_info[id(d)] = sid
                 return d
@@ -195,6 +241,8 @@ class SavedTensors:
 
         def unpack(t: torch.Tensor) -> torch.Tensor:
             sid = packed_info.get(id(t))
+            if t.__class__ is again:  # see NOTE [ one object saved twice ]
+                t = t.tensor  # type: ignore[attr-defined]
             if sid is None:
                 return t  # packed while observing failed
             # NOTE [ in-place checks ]: while saved-tensor hooks are active PyTorch does not check
@@ -217,6 +265,18 @@ class SavedTensors:
                 st.reading.append(sid)
             return t
 
+        def trim(n: int) -> None:
+            """Drop the rows of saves ``n`` and later (a probe's: see _probe_innermost)."""
+            for rows in (saves, versions, storage_ids, save_lines, weak):
+                for ref in rows[n:] if rows is weak else ():
+                    if ref is not None:
+                        free(ref)
+                del rows[n:]
+            for k in [k for k, (first, _) in storages.items() if first >= base + n]:
+                free(storages.pop(k)[1])
+
+        self.trim = trim
+        self.sweep = sweep
         self.free_handles = None
         if b.native is None:
             return pack, unpack
@@ -233,7 +293,8 @@ class SavedTensors:
         compiled = b.native.Hooks(saves, versions, packed_info, weak if need_weak else None, events, pending, st,
                                       pack, None if batched else check_frees, _inplace_error, need_ptr, need_time,
                                       watch if memory == "tracker" else None,
-                                      None if table is None else save_lines, table)
+                                      None if table is None else save_lines, table, storages, storage_ids, sweep,
+                                      again, base)
         if batched:
             self.check_frees = compiled.frees_at_end
         self.free_handles = compiled.free_handles  # the Python pair's handles are the same kind
@@ -244,11 +305,17 @@ class SavedTensors:
         memory source cannot say which allocation died (off; CUDA without history)."""
         return self.b.memory == "off" or (self.b.memory == "cuda" and not self.b.history)
 
-    def _free_weak_refs(self) -> None:
+    def _free_weak_refs(self, storages: bool = True) -> None:
+        """Let go of every weak handle the pair made: each save's (frees checked by handle) and, but
+        for a piece of a loop's capture whose successor goes on with them, the storages' identities."""
+        free = _compat.free_weak_ref
+        if storages:
+            for _, handle in self.storages.values():  # see NOTE [ a storage's identity in a block ]
+                free(handle)
+            self.storages.clear()
         if self.free_handles is not None:  # compiled: one call for every save of the block
             self.free_handles()
             return
-        free = _compat.free_weak_ref
         for ref in self.weak:
             if ref is not None:
                 free(ref)
@@ -287,7 +354,7 @@ class SavedTensors:
         except Exception:
             return False
         ours = len(saves) > n
-        del saves[n:]
+        self.trim(n)
         return ours
 
     def _other_pair(self, entering: bool) -> None:
@@ -315,6 +382,23 @@ class SavedTensors:
 
 def _nothing() -> None:
     """No frees to check (until the pair is made)."""
+
+
+def _nothing_to_trim(n: int) -> None:
+    """No rows to drop (until the pair is made)."""
+
+
+_STORAGE_SWEEP = 4096  # storages known before the first sweep: see NOTE [ a storage's identity in a block ]
+
+
+class _SavedAgain:
+    """A tensor packed again while its id names another save (see NOTE [ one object saved twice ]):
+    the unpack hook hands back ``tensor`` itself."""
+
+    __slots__ = ("tensor",)
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
 
 
 def _inplace_error(t: torch.Tensor, expected: int) -> RuntimeError:

@@ -83,6 +83,11 @@ class Block:
     hooking: bool = True  # False for the walk at the block's end, which only reads
     handles: list[Any] = field(default_factory=list)  # hook handles, removed when the block ends
     undo: list[Callable[[], None]] = field(default_factory=list)  # what else the block's end undoes
+    # hooks on the piece's graph nodes, removed when it ends (a piece of a loop's capture ends at a
+    # cut: see NOTE [ iterations ] in gradscope._iterations; the block's handles and undo go on)
+    node_handles: list[Any] = field(default_factory=list)
+    # the recorder's: an iteration may have ended ("backward": a pass with the row given, "optimizer")
+    ended: Callable[[str, Any], None] | None = None
     roots: list[weakref.ref[torch.Tensor]] = field(default_factory=list)  # results that may root a graph
     root_mods: list[weakref.ref[nn.Module]] = field(default_factory=list)  # root modules, by root index
     param_by_id: dict[int, tuple[weakref.ref[torch.Tensor], int, str]] = field(default_factory=dict)  # id -> (param, root, name)

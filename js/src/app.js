@@ -12,6 +12,7 @@ import { zoomAnchor } from "./lod.js";
 import { breakdownAt, argmax } from "./series.js";
 import { clampStep, nodeReleaseSteps, stepState, stepTime, whyNothingFreed } from "./stepper.js";
 import { JobView } from "./jobview.js";
+import { LiveView, loopSection } from "./loopchart.js";
 import { SnapshotView } from "./snapview.js";
 import { CSS } from "./style.js";
 import { renderMemory, renderOverlay } from "./timeline.js";
@@ -83,7 +84,10 @@ export class RecordingView {
     const rec = this.rec;
     const s = rec.summary;
     const F = (name) => figureOf(rec, name);
-    this.root.appendChild(h("h3", { class: "gs-title", text: `gradscope · ${rec.label || "recording"}` }));
+    // a long loop's recording holds some iterations' detail (gradscope.recording.Loop): the title says whose
+    const loop = payload.loop;
+    const detailOf = loop && loop.kept ? ` · detail of iteration ${loop.detail[0]}${loop.detail[1] > loop.detail[0] ? `-${loop.detail[1]}` : ""}` : "";
+    this.root.appendChild(h("h3", { class: "gs-title", text: `gradscope · ${rec.label || "recording"}${detailOf}` }));
     const parts = [`${s.nodes} nodes`];
     if (s.memory !== false) parts.push(`peak ${formatBytes(s.peak_bytes)} at once, above ${formatBytes(s.baseline_bytes)} of parameters and inputs`);
     parts.push(`${F("saved_activations").label} ${formatBytes(s.saved_activations ?? s.saved_bytes)} in total`);
@@ -105,6 +109,7 @@ export class RecordingView {
         .join(" · ");
       this.root.appendChild(h("div", { class: "gs-summary gs-peak", text: `peak ${formatBytes(p.bytes)}: ${where}` }));
     }
+    if (payload.loop) this.loop = loopSection(this.root, payload.loop); // a loop's iterations (loopchart.js)
     const tb = h("div", { class: "gs-toolbar" });
     this.legendBox = h("div", { class: "gs-legend-wrap" });
     const body = h("div", { class: "gs-body" });
@@ -770,7 +775,20 @@ export function mount(el, model, opts = {}) {
     model.on(name, fn);
     handlers.push([name, fn]);
   };
-  if (payload.kind === "snapshot") {
+  let inner = null; // a running cell's view, once the recording replaced it
+  if (payload.kind === "live") {
+    // a cell that records: its iterations as they end (messages), then the recording (data)
+    view = new LiveView(root, payload);
+    on("msg:custom", (msg) => view?.message(msg));
+    on("change:data", () => {
+      for (const [name, fn] of handlers) model.off(name, fn);
+      handlers.length = 0;
+      view?.destroy();
+      view = null;
+      root.remove();
+      inner = mount(el, model, opts);
+    });
+  } else if (payload.kind === "snapshot") {
     const build = () => {
       view?.destroy();
       view = new SnapshotView(root, JSON.parse(model.get("data")), {
@@ -848,5 +866,6 @@ export function mount(el, model, opts = {}) {
     for (const [name, fn] of handlers) model.off(name, fn);
     view?.destroy();
     root.remove();
+    inner?.();
   };
 }

@@ -1,6 +1,7 @@
 // The widget's own module (anywidget's `_esm`): a few kilobytes that load the front end (the 1.2 MB
 // bundle, widget.js) once per page, so that a saved notebook keeps each widget's data, not the script:
-// from the Jupyter server, else from the kernel, else a notice and the figures the widget's data holds.
+// from the Jupyter server, else from a live widget's own state, else from the kernel, else a notice and
+// the figures the widget's data holds.
 // See NOTE [ the script once per environment ] in gradscope/widget.py.
 
 const BUNDLE = "__GRADSCOPE_BUNDLE__"; // widget-<id>.js, set by gradscope.widget
@@ -35,6 +36,22 @@ async function fromServer() {
   return null;
 }
 
+async function importText(text, via) {
+  const url = URL.createObjectURL(new Blob([text], { type: "text/javascript" }));
+  try {
+    return { module: await import(/* webpackIgnore: true */ url), via };
+  } finally {
+    URL.revokeObjectURL(url);
+  }
+}
+
+// A widget shown as its cell starts carries the bundle while the cell runs (the kernel, busy, would
+// not answer a request): see NOTE [ a live loop's script ] in gradscope/widget.py.
+async function fromState(model) {
+  const text = model.get("_gs_inline");
+  return text ? importText(text, "state") : null;
+}
+
 function fromKernel(model) {
   return new Promise((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error("no kernel sent it")), KERNEL_WAIT_MS);
@@ -42,13 +59,10 @@ function fromKernel(model) {
       if (!msg || msg.type !== "gradscope-bundle" || msg.bundle !== BUNDLE) return;
       clearTimeout(timer);
       model.off("msg:custom", onMessage);
-      const url = URL.createObjectURL(new Blob([msg.text], { type: "text/javascript" }));
       try {
-        resolve({ module: await import(/* webpackIgnore: true */ url), via: "kernel" });
+        resolve(await importText(msg.text, "kernel"));
       } catch (e) {
         reject(e);
-      } finally {
-        URL.revokeObjectURL(url);
       }
     };
     model.on("msg:custom", onMessage);
@@ -59,7 +73,7 @@ function fromKernel(model) {
 function load(model) {
   let p = loaded.get(BUNDLE);
   if (!p) {
-    p = (async () => (await fromServer()) ?? (await fromKernel(model)))();
+    p = (async () => (await fromServer()) ?? (await fromState(model)) ?? (await fromKernel(model)))();
     loaded.set(BUNDLE, p);
     p.catch(() => loaded.delete(BUNDLE)); // the next widget asks again (a kernel may have started)
   }

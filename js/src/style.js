@@ -115,4 +115,9 @@ export const CSS = `
 .gs-job-details > div { flex: 1 1 100%; }
 .gs-job-details table { width: auto; }
 .gs-job-notes { font-size: 12px; margin: 4px 0; }
+.gs-loop { margin: 4px 0 8px 0; }
+.gs-loop-title { color: #52606d; font-size: 12px; }
+.gs-loop-chart { width: 100%; max-width: 640px; height: auto; display: block; }
+.gs-loop-status, .gs-loop-notes { color: #52606d; font-size: 12px; }
+.gs-loop-grows { color: #b42318; }
 `;
