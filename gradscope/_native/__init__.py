@@ -50,8 +50,9 @@ A create_graph pass's pre hooks are compiled too where they write nothing but a 
 NOTE [ compiled pass hooks ] in walk.cc), and so is the work around a backward's start and end
 (see NOTE [ a pass in two calls ] there). All of it comes with the compiled hooks, and the Python
 walk runs wherever they are not in use or a root is not a node ``walk.cc`` reads. The same module
-holds both (one build, one cache entry), and so does the counting CPU allocator of the diagnosis's
-runs on copies (``counting.cc``, a Python module of its own in the same file: see :func:`counting`).
+holds both (one build, one cache entry), and so does the one counter of the CPU allocator's bytes
+(see NOTE [ the allocator's counter ] in hooks.cc), which a long loop's later iterations and the
+diagnosis's runs of a step on copies both count with (:func:`counter`).
 """
 
 from __future__ import annotations
@@ -71,21 +72,20 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import torch
 
 from gradscope.errors import GradscopeError
 
-__all__ = ["build", "build_or_say", "building", "cache_dir", "counting", "hooks", "status", "wait"]
+__all__ = ["build", "build_or_say", "building", "cache_dir", "counter", "hooks", "status", "wait"]
 
-_SOURCES = (Path(__file__).with_name("hooks.cc"), Path(__file__).with_name("walk.cc"),
-            Path(__file__).with_name("counting.cc"))
+_SOURCES = (Path(__file__).with_name("hooks.cc"), Path(__file__).with_name("walk.cc"))
 _HEADER = Path(__file__).with_name("native.h")
 _FIELDS = Path(__file__).with_name("fields.h")  # generated from fields.py
 _BUILDER = Path(__file__).with_name("_build.py")  # the builder: see NOTE [ one builder per cache ]
 _lock = threading.Lock()
 _loaded: ModuleType | None = None
-_counting: ModuleType | None = None  # see counting()
 _reason: str | None = None  # why the compiled pair is not in use (None: not tried yet, or in use)
 _tried = False  # settled: _loaded is the module, or None for good (GRADSCOPE_NATIVE=0, a failed build)
 _builder: subprocess.Popen[bytes] | None = None  # the builder this process started, if any
@@ -371,26 +371,14 @@ def _settle(path: Callable[[], Path | None], mode: str) -> ModuleType | None:
     return _loaded
 
 
-def counting() -> ModuleType | None:
-    """The counting CPU allocator (see NOTE [ a counting CPU allocator ] in counting.cc): a module of
-    its own in the compiled hooks' file, loaded once from it; None where the compiled hooks are not in
-    use (see :func:`hooks`)."""
-    global _counting
-    if _counting is None:
-        m = hooks()
-        path = getattr(m, "__file__", None)
-        if m is None or path is None:
-            return None
-        try:
-            loader = importlib.machinery.ExtensionFileLoader("gradscope._native._counting", path)
-            spec = importlib.util.spec_from_file_location("gradscope._native._counting", path, loader=loader)
-            assert spec is not None
-            module = importlib.util.module_from_spec(spec)
-            loader.exec_module(module)
-        except (ImportError, AssertionError):  # a file built before counting.cc existed cannot be: its hash differs
-            return None
-        _counting = module
-    return _counting
+def counter(run: bool = False) -> Any:
+    """A new counter of the CPU allocator's bytes (see NOTE [ the allocator's counter ] in hooks.cc),
+    None where the compiled hooks are not in use (see :func:`hooks`). ``run=True``: a run's count (its
+    own allocations alive and their peak, no reports kept), as the diagnosis counts its runs on copies;
+    else a long loop's (every report kept until drained). It counts from ``start()`` to ``stop()``,
+    once."""
+    m = hooks()
+    return None if m is None else m.Counter(run)
 
 
 def wait(timeout: float | None = None) -> ModuleType | None:

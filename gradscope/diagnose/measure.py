@@ -318,8 +318,8 @@ class _Real:
     state: dict[str, Any]
     seconds: float
     drew: bool
-    # timed under the tracker (a first run that measured memory too: 3x a plain run); one the counting
-    # allocator counted times as a plain run does (see NOTE [ the CPU allocator counts a run ])
+    # timed under the tracker (a first run that measured memory too: 3x a plain run); one the allocator's
+    # counter counted times as a plain run does (see NOTE [ the CPU allocator counts a run ])
     tracked: bool = False
 
 
@@ -596,9 +596,7 @@ class Bench:
         if not self.counted_by:
             self.counted_by = _counter(self.device).name
         if self.counted_by == "allocator":
-            from gradscope import _native
-
-            return _AllocatorCount(_native.counting())
+            return _AllocatorCount()
         return _TrackerCount(self.device if self.device == "cpu" else "cuda")
 
     def _meta(self, code: str, setup: str) -> Trial:
@@ -754,16 +752,18 @@ class Bench:
             yield
 
 
-# NOTE [ the CPU allocator counts a run ]: a run of a CPU copy counts its memory with the counting CPU
-# allocator of the compiled hooks where they are in use (see NOTE [ a counting CPU allocator ] in
-# counting.cc), else with the tracker (gradscope.memory.TrackerSource, the budget's own
-# count). The tracker passes every operator through Python (about 40 us each on top of the operator: a
-# run of the docs' GPT-2 step under it takes 3.2 times the plain step); the allocator counts at the
-# cost of a lookup (1.05 to 1.2 times). Both count a run's own allocations only (``_most_above``), and
-# the allocator counts every byte the tracker counts: each storage an operator makes is one of the
-# allocator's allocations, from its allocation to its free. It counts more, never less: the kernels'
-# own temporaries (CPU convolution's work buffers; the 0-d tensor PyTorch wraps a Python number in),
-# the allocations of every thread, and storages the tracker skips, where they hold bytes. So a fix
+# NOTE [ the CPU allocator counts a run ]: a run of a CPU copy counts its memory with the allocator's
+# counter of the compiled hooks where they are in use (the CPU allocator's own reports of each
+# allocation and free, a run's count: see NOTE [ the allocator's counter ] in hooks.cc), else with the
+# tracker (gradscope.memory.TrackerSource, the budget's own count). The tracker passes every operator
+# through Python (about 40 us each on top of the operator: a run of the docs' GPT-2 step under it
+# takes 3.2 times the plain step); the allocator's reports cost a lookup (1.05 to 1.2 times). Both
+# count a run's own allocations only (``_most_above``; the counter in C++), and the allocator counts
+# every byte the tracker counts: each storage an operator makes is one of the allocator's
+# allocations, from its allocation to its free. It counts more, never less: the kernels' own
+# temporaries (CPU convolution's work buffers; the 0-d tensor PyTorch wraps a Python number in),
+# the allocations of the threads the step's thread hands its work to (autograd's), and storages the
+# tracker skips, where they hold bytes. So a fix
 # whose runs fit as the allocator counts them fits as the budget counts them, and the bytes shown are
 # at least those the budget counts (48 B more on the docs' GPT-2 step; tests/test_diagnose.py compares
 # the two on steps with convolutions, optimizers and tensors made from Python data). The one way the
@@ -771,8 +771,8 @@ class Bench:
 # outside the dispatcher (autograd's unpacked saves) is counted until the next sweep, which the
 # recorder does at each backward step; that lateness makes the budget stricter, never a fix's count.
 class _TrackerCount:
-    """A run's own allocations as the tracker counts them (on meta, or where the counting allocator
-    is not built)."""
+    """A run's own allocations as the tracker counts them (on meta, or where the compiled hooks are
+    not in use)."""
 
     name = "tracker"
 
@@ -799,39 +799,40 @@ class _TrackerCount:
 
 
 class _AllocatorCount:
-    """A run's own allocations as the counting CPU allocator counts them (see NOTE [ the CPU
-    allocator counts a run ])."""
+    """A run's own allocations as the CPU allocator reports them, counted by the allocator's counter
+    of the compiled hooks (see NOTE [ the CPU allocator counts a run ]): a new one per start."""
 
     name = "allocator"
 
-    def __init__(self, module: Any) -> None:
-        self.module = module
+    def __init__(self) -> None:
+        self.counter: Any = None
 
     def start(self) -> None:
-        if not self.module.start():
-            raise RuntimeError("gradscope: the counting CPU allocator could not be installed (another allocator "
-                               "is in place)")
+        from gradscope import _native
+
+        self.counter = _native.counter(run=True)
+        self.counter.start()
 
     def begin(self) -> None:
-        self.module.next_run()
+        self.counter.restart()
 
     def most(self) -> int:
-        return int(self.module.read()[1])
+        return int(self.counter.read()[1])
 
     def stop(self) -> None:
-        self.module.stop()
+        counter, self.counter = self.counter, None
+        if counter is not None:
+            counter.stop()
 
 
 def _counter(device: str) -> _TrackerCount | _AllocatorCount:
-    """What counts a run of a copy on ``device`` (``"cpu"``: the counting allocator where the compiled
-    hooks are in use and it can be installed now, else the tracker)."""
+    """What counts a run of a copy on ``device`` (``"cpu"``: the allocator's counter where the compiled
+    hooks are in use, else the tracker)."""
     if device == "cpu":
         from gradscope import _native
 
-        module = _native.counting()
-        if module is not None and module.start():
-            module.stop()
-            return _AllocatorCount(module)
+        if _native.counter(run=True) is not None:
+            return _AllocatorCount()
     return _TrackerCount(device if device == "cpu" else "cuda")
 
 
