@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
+import importlib
 import re
+import threading
 from collections.abc import Callable
 
 import pytest
@@ -590,3 +592,41 @@ def test_backward_per_iteration_leaves_loops_it_cannot_rewrite_exactly(step: str
 
     shape = shape_of(step)
     assert shape is not None and backward_per_iteration(shape) is None
+
+
+def test_the_progress_line_comes_only_after_a_second_and_is_cleared(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A diagnosis over before a second says nothing on stderr; one that takes longer says how far it is
+    (while a run is still going: a timer says it) and clears its line at the end."""
+    import time
+
+    progress = importlib.import_module("gradscope.diagnose")._Progress
+    torch.manual_seed(0)
+    layers = nn.Sequential(*[nn.Sequential(nn.Linear(64, 64), nn.Tanh()) for _ in range(3)])
+    x = torch.randn(256, 64)
+    with gs.record(memory="tracker", modules={"layers": layers}) as rec:
+        layers(x).square().mean().backward()
+    ns = {"layers": layers, "x": x}
+    gs.diagnose(rec.recording, namespace=ns, toolbox=True, progress=True)
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(progress, "AFTER_S", 0.05)
+    shown: list[str] = []
+    original = progress._say
+
+    def say(self: object) -> None:
+        original(self)
+        shown.append(threading.current_thread().name)
+
+    monkeypatch.setattr(progress, "_say", say)
+    real_run = importlib.import_module("gradscope.diagnose.measure").Bench._run_once
+
+    def slow(self: object, *args: object, **kwargs: object) -> object:
+        time.sleep(0.1)  # a run longer than the wait: the timer's line comes during it
+        return real_run(self, *args, **kwargs)
+
+    monkeypatch.setattr(importlib.import_module("gradscope.diagnose.measure").Bench, "_run_once", slow)
+    d = gs.diagnose(rec.recording, namespace=ns, toolbox=True, progress=True)
+    err = capsys.readouterr().err
+    assert d.findings and "gradscope: trying fixes on copies of your objects:" in err and "run for real" in err
+    assert err.endswith("\r") and err.rstrip("\r").split("\r")[-1].strip() == ""  # the line is cleared
+    assert shown[0] != threading.main_thread().name  # the first came from the timer, mid-run

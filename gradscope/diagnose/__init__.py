@@ -54,6 +54,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -151,29 +152,47 @@ def _interactive() -> bool:
 
 class _Progress:
     """One line on stderr while the fixes run on copies, rewritten in place, cleared at the end:
-    how many were measured on meta and how many ran for real, and the time so far."""
+    how many were measured on meta and how many ran for real, and the time so far. Said once the
+    diagnosis has taken ``AFTER_S`` (a timer says it then, while a run may still be going), not
+    before: a diagnosis of a small step is over before a line would help."""
+
+    AFTER_S = 1.0
 
     def __init__(self, on: bool) -> None:
         self.on = on
         self.counts = {"meta": 0, "run": 0}
         self.t0 = time.perf_counter()
         self.width = 0
+        self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
+        if on:
+            self._timer = threading.Timer(self.AFTER_S, self._say)
+            self._timer.daemon = True
+            self._timer.start()
 
     def __call__(self, what: str) -> None:
         self.counts[what] = self.counts.get(what, 0) + 1
-        if not self.on:
-            return
-        line = (f"gradscope: trying fixes on copies of your objects: {self.counts['meta']} measured on meta, "
-                f"{self.counts['run']} run for real ({time.perf_counter() - self.t0:.1f} s)")
-        self.width = max(self.width, len(line))
-        sys.stderr.write("\r" + line.ljust(self.width))
-        sys.stderr.flush()
+        if self.on and time.perf_counter() - self.t0 >= self.AFTER_S:
+            self._say()
 
-    def done(self) -> None:
-        if self.on and self.width:
-            sys.stderr.write("\r" + " " * self.width + "\r")
+    def _say(self) -> None:
+        with self._lock:
+            if not self.on:
+                return
+            line = (f"gradscope: trying fixes on copies of your objects: {self.counts['meta']} measured on meta, "
+                    f"{self.counts['run']} run for real ({time.perf_counter() - self.t0:.1f} s)")
+            self.width = max(self.width, len(line))
+            sys.stderr.write("\r" + line.ljust(self.width))
             sys.stderr.flush()
 
+    def done(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        with self._lock:
+            if self.on and self.width:
+                sys.stderr.write("\r" + " " * self.width + "\r")
+                sys.stderr.flush()
+            self.on = False
 
 
 def _run(self: Context) -> Diagnosis:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import collections
 import contextlib
 import copy
 import dataclasses
@@ -1063,9 +1064,13 @@ def _replica(objs: Mapping[str, Any], *, dropout: bool = True,
         tensors = {}
         _collect_tensors(dict(objs), tensors, set())
     memo: dict[int, Any] = {}
+    storages = collections.Counter(t.untyped_storage().data_ptr() for t in tensors.values() if t.layout == torch.strided)
     for i, t in tensors.items():
         if not t.is_leaf:
             memo[i] = t.detach().clone().requires_grad_(t.requires_grad)
+        elif _clones_as_deepcopy(t, storages):  # (what deepcopy would make, without its Python per tensor)
+            c = t.detach().clone()
+            memo[i] = nn.Parameter(c, t.requires_grad) if type(t) is nn.Parameter else c.requires_grad_(t.requires_grad)
     out = copy.deepcopy(dict(objs), memo)
     copied_schedulers(dict(objs), memo)
     for i, t in tensors.items():  # a parameter's deep copy leaves its gradient behind: the copy has it too
@@ -1082,6 +1087,21 @@ def _replica(objs: Mapping[str, Any], *, dropout: bool = True,
                         if "dropout" in k and isinstance(a, float):
                             setattr(m, k, 0.0)
     return out
+
+
+def _clones_as_deepcopy(t: torch.Tensor, storages: Mapping[int, int]) -> bool:
+    """Whether a leaf tensor's clone is what ``copy.deepcopy`` makes of it: a plain tensor or parameter,
+    dense, no attributes of its own, alone on a storage it fills (deepcopy keeps storages shared; a
+    clone would not)."""
+    if type(t) not in (torch.Tensor, nn.Parameter) or t.layout != torch.strided or t.is_quantized or t.is_meta:
+        return False
+    if t.__dict__ or t.is_conj() or t.is_neg() or t.storage_offset() != 0 or not t.is_contiguous():
+        return False
+    storage = t.untyped_storage()
+    if storage.nbytes() != t.numel() * t.element_size():
+        return False
+    ptr = storage.data_ptr()
+    return ptr != 0 and storages.get(ptr) == 1  # (``storages``: how many of the objects' tensors are on each)
 
 
 def _tensors_of(name: str, v: Any, out: dict[str, torch.Tensor], params: set[str] | None = None) -> None:
