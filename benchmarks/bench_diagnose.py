@@ -8,12 +8,12 @@ of the objects, median of 15 after one warm-up), the recorded block that ran out
 many runs of a step the diagnosis measured on meta and ran for real. Prints the ratio diagnosis / step
 for three variants, interleaved: ``tracker`` counts every run on CPU copies with the tracker and runs
 every fix twice (the diagnosis before its speed-ups: see NOTE [ the CPU allocator counts a run ] and
-NOTE [ runs a fix needs ] in gradscope.diagnose.measure), ``allocator`` counts them with the counting
-CPU allocator, ``diagnosis`` is the diagnosis as it is (the allocator, and each fix run only as often as
+NOTE [ runs a fix needs ] in gradscope.diagnose.measure), ``allocator`` counts them with the allocator's
+counter of the compiled hooks, ``diagnosis`` is the diagnosis as it is (the allocator, and each fix run only as often as
 what it shows needs). Times are the main thread's CPU time (other work on the machine moves wall times
 by up to 2x). The issue's target: at most 5x on the docs' example. Collections run outside the timed
 regions. The third example's block allocates over SMALL_STEP_ALLOCATED, so its fixes are measured on
-meta (see NOTE [ meta or a CPU copy ] in gradscope.diagnose.measure): the allocator does not count
+meta (see NOTE [ meta or a CPU copy ] in gradscope.diagnose.measure): the counter does not count
 there, and its variants differ only by the runs left out.
 """
 
