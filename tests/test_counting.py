@@ -311,3 +311,16 @@ def test_the_least_a_fix_not_run_would_hold_is_never_above_what_it_holds(make: A
         code = source.replace("set_to_none=False", "set_to_none=True")
         least = bench.least(code)
         assert least is None  # its first statement changes: nothing is known before it
+
+
+def test_a_step_that_starts_the_profiler_is_counted_by_the_tracker(counter: Any) -> None:
+    """The profiler starts only where nothing holds the thread's profiler slot, where the counter sits while it
+    counts: such a step's runs are counted by the tracker, and they run (the peak of the same step without the
+    profiler, counted by the tracker too)."""
+    w = torch.randn(32, 32, requires_grad=True)
+    plain = measure.Bench("y = (w @ w).tanh().sum()\ny.backward()\n", {"w": w})
+    plain.counted_by = "tracker"
+    bench = measure.Bench("with torch.profiler.profile():\n    y = (w @ w).tanh().sum()\n    y.backward()\n", {"w": w})
+    trial = bench.user()
+    assert trial.error is None and bench.counted_by == "tracker"
+    assert trial.peak is not None and trial.peak == plain.user().peak

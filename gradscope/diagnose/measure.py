@@ -593,9 +593,10 @@ class Bench:
 
     def _counter(self) -> _TrackerCount | _AllocatorCount:
         """What counts the runs of CPU copies, decided once (``counted_by``): every run of a diagnosis
-        is counted the same way."""
+        is counted the same way. A step that starts PyTorch's profiler is counted by the tracker: the
+        profiler needs the thread's profiler slot, where the allocator's counter sits while it counts."""
         if not self.counted_by:
-            self.counted_by = _counter(self.device).name
+            self.counted_by = "tracker" if "profil" in self.source else _counter(self.device).name
         if self.counted_by == "allocator":
             return _AllocatorCount()
         return _TrackerCount(self.device if self.device == "cpu" else "cuda")
