@@ -1,20 +1,28 @@
-"""The diagnosis's time against the step's own, side by side in one process.
+"""The diagnosis's time against the step's own, side by side in one process, before and after its speed-ups.
 
 Run: ``python benchmarks/bench_diagnose.py [docs] [notebook] [6x384]`` (default: every example). For the GPT-2 example of docs/diagnosis.md (2 layers, as
 ``transformers`` builds it: train mode, dropout on) and the notebook's GPT-2 (4 layers, d128, batch
 8 x 64), under a budget each does not fit: the step's own time (a plain run of the block's code on a copy
 of the objects, median of 15 after one warm-up), the recorded block that ran out of memory, and
 ``gs.diagnose`` of it (median of 3, each a fresh diagnosis: nothing is cached between them), with how
-many runs of a step the diagnosis measured on meta and ran for real. Prints the ratio diagnosis / step.
-The issue's target: at most 5x on the docs' example. Collections run outside the timed regions. The third
-example's block allocates over SMALL_STEP_ALLOCATED, so its fixes are measured on meta (see NOTE [ meta or a CPU
-copy ] in gradscope.diagnose.measure).
+many runs of a step the diagnosis measured on meta and ran for real. Prints the ratio diagnosis / step
+for three variants, interleaved: ``tracker`` counts every run on CPU copies with the tracker and runs
+every fix twice (the diagnosis before its speed-ups: see NOTE [ the CPU allocator counts a run ] and
+NOTE [ runs a fix needs ] in gradscope.diagnose.measure), ``allocator`` counts them with the allocator's
+counter of the compiled hooks, ``diagnosis`` is the diagnosis as it is (the allocator, and each fix run only as often as
+what it shows needs). Times are the main thread's CPU time (other work on the machine moves wall times
+by up to 2x). The issue's target: at most 5x on the docs' example. Collections run outside the timed
+regions. The third example's block allocates over SMALL_STEP_ALLOCATED, so its fixes are measured on
+meta (see NOTE [ meta or a CPU copy ] in gradscope.diagnose.measure): the counter does not count
+there, and its variants differ only by the runs left out.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import gc
+import importlib
 import os
 import statistics
 import sys
@@ -64,11 +72,44 @@ def _script(config: str, vocab: int, shape: tuple[int, int], budget: str) -> str
 def _median(fn: Any, n: int) -> float:
     times = []
     for _ in range(n):
-        gc.collect()
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
+        times.append(_timed(fn))
     return statistics.median(times)
+
+
+def _timed(fn: Any) -> float:
+    gc.collect()
+    t0 = time.thread_time()
+    fn()
+    return time.thread_time() - t0
+
+
+@contextlib.contextmanager
+def _variant(name: str) -> Any:
+    """The diagnosis as it was before its speed-ups, part by part (see the module's docstring)."""
+    from gradscope import _native
+
+    measure = importlib.import_module("gradscope.diagnose.measure")
+    saved = (_native.counter, measure.Bench.measure, measure.Bench.least)
+    try:
+        if name == "tracker":
+            _native.counter = lambda run=False: None  # type: ignore[assignment]
+        if name in ("tracker", "allocator"):  # every fix run twice at once, none spared by a bound
+
+            def measure_both(self: Any, *args: Any, **kwargs: Any) -> Any:
+                self._complete = True
+                try:
+                    return saved[1](self, *args, **kwargs)
+                finally:
+                    self._complete = False
+
+            measure.Bench.measure = measure_both
+            measure.Bench.least = lambda self, *args, **kwargs: None
+        yield
+    finally:
+        _native.counter, measure.Bench.measure, measure.Bench.least = saved
+
+
+VARIANTS = ("tracker", "allocator", "diagnosis")
 
 
 def main() -> None:
@@ -76,8 +117,9 @@ def main() -> None:
 
     logging.set_verbosity_error()
     torch.set_num_threads(1)
-    print(f"torch {torch.__version__}, 1 thread")
-    print(f"{'example':<36} {'step':>8} {'recorded':>9} {'diagnose':>9} {'meta':>5} {'real':>5} {'diag/step':>10}")
+    print(f"torch {torch.__version__}, 1 thread, the main thread's CPU time")
+    print(f"{'example':<36} {'step':>8} {'recorded':>9} " + " ".join(f"{v:>10}" for v in VARIANTS)
+          + f" {'meta':>5} {'real':>5}  diag/step: " + ", ".join(VARIANTS))
     with tempfile.TemporaryDirectory() as tmp:
         wanted = sys.argv[1:]  # words of the examples' names to run (default: all)
         for name, args in _SETUPS.items():
@@ -93,12 +135,12 @@ def main() -> None:
             ns["plain"]()  # warm-up
             step = _median(ns["plain"], 15)
             ns.update(copy.deepcopy(start))  # the objects as they were: the recorded step is a first step
-            t0 = time.perf_counter()
+            t0 = time.thread_time()
             try:
                 ns["recorded"]()
             except torch.OutOfMemoryError:
                 pass
-            recorded = time.perf_counter() - t0
+            recorded = time.thread_time() - t0
             rec = ns["rec"].recording
             module = sys.modules["gradscope.diagnose"]
             seen: dict[str, int] = {}
@@ -108,13 +150,21 @@ def main() -> None:
                 seen[what] = seen.get(what, 0) + 1
                 original(self, what)
 
-            module._Progress.__call__ = counting
-            try:
-                took = _median(lambda: gs.diagnose(rec, namespace=ns, progress=False), 3)  # noqa: B023
-            finally:
-                module._Progress.__call__ = original
-            print(f"{name:<36} {step:>7.3f}s {recorded:>8.3f}s {took:>8.2f}s {seen.get('meta', 0) // 3:>5} "
-                  f"{seen.get('run', 0) // 3:>5} {took / step:>9.1f}x", flush=True)
+            took: dict[str, list[float]] = {v: [] for v in VARIANTS}
+            gs.diagnose(rec, namespace=ns, progress=False)  # warm-up (imports, first calls)
+            for _ in range(3):  # the variants interleaved
+                for v in VARIANTS:
+                    with _variant(v):
+                        if v == "diagnosis":
+                            module._Progress.__call__ = counting
+                        try:
+                            took[v].append(_timed(lambda: gs.diagnose(rec, namespace=ns, progress=False)))  # noqa: B023
+                        finally:
+                            module._Progress.__call__ = original
+            med = {v: statistics.median(t) for v, t in took.items()}
+            print(f"{name:<36} {step:>7.3f}s {recorded:>8.3f}s " + " ".join(f"{med[v]:>9.2f}s" for v in VARIANTS)
+                  + f" {seen.get('meta', 0) // 3:>5} {seen.get('run', 0) // 3:>5}  "
+                  + ", ".join(f"{med[v] / step:.1f}x" for v in VARIANTS), flush=True)
     sys.stdout.flush()
 
 

@@ -522,7 +522,7 @@ class record:  # noqa: N801 - as torch.no_grad
             _compat.push_saved_tensors_hooks(old_saves.pack, old_saves.unpack)
             raise
         if memory == "counter" and new_src is None:  # see NOTE [ a long loop's memory ] in gradscope.memory
-            counter = CounterSource(old.native)
+            counter = CounterSource(_native.counter())
             counter.start()
             b.source = new_src = counter
         self._mod_entry.replace(*self._module_hooks())

@@ -8,7 +8,8 @@ built (see NOTE [ dropout off ]).
 
 The harness: ``block_source`` reads the body of a function's ``with gs.record(...)`` block (the
 user's step, the same text the diagnosis reads); ``run_step`` runs a step's text on a copy of the
-user's objects under ``gs.record(memory="tracker")``; ``differences`` compares what two runs left
+user's objects under ``gs.record``, counted as the diagnosis counts its runs on CPU copies (see
+``counted_as_the_diagnosis``); ``differences`` compares what two runs left
 (gradients, parameters, optimizer state) within a tolerance; ``check_finding`` does all of it for
 one finding and keeps a row for the table.
 """
@@ -19,6 +20,7 @@ import ast
 import builtins
 import copy
 import inspect
+import os
 import re
 import textwrap
 from collections.abc import Callable, Iterator
@@ -233,9 +235,19 @@ def block_source(fn: Callable[..., Any]) -> str:
     raise AssertionError(f"{fn.__name__} has no `with gs.record(...)` block")
 
 
+def counted_as_the_diagnosis() -> str:
+    """The ``gs.record`` memory source that counts what the diagnosis counts on CPU copies: where the
+    compiled hooks are in use, the CPU allocator's bytes (the diagnosis's counter of the allocator's reports; here the
+    same reports through the profiler, ``memory="cpu"``: the kernels' own buffers too), else
+    the tracker (see NOTE [ the CPU allocator counts a run ] in gradscope.diagnose.measure)."""
+    from gradscope import _native
+
+    return "cpu" if os.environ.get("GRADSCOPE_NATIVE") != "0" and _native.counter() is not None else "tracker"
+
+
 @dataclass
 class Run:
-    peak: int  # the step's peak allocated inside it, bytes (gs.record(memory="tracker"))
+    peak: int  # the step's peak allocated inside it, bytes (counted_as_the_diagnosis(), or the budget's tracker)
     ns: dict[str, Any]  # the names after the step ran
     resident: int = 0  # bytes of the objects' tensors when the step started (each storage once)
 
@@ -268,11 +280,12 @@ def resident_bytes(objs: Objects) -> int:
 
 
 def run_step(code: str, objs: Objects, *, seed: int = 0, budget: int | None = None) -> Run:
-    """Run ``code`` with ``objs`` (already copies) bound, ``torch`` importable, under the tracker."""
+    """Run ``code`` with ``objs`` (already copies) bound, ``torch`` importable, under a budget's tracker
+    where ``budget`` is given, else counted as the diagnosis counts (``counted_as_the_diagnosis``)."""
     ns: dict[str, Any] = {"__builtins__": builtins, "__name__": "__gradscope_step__", "torch": torch, **objs}
     resident = resident_bytes(objs)
     torch.manual_seed(seed)
-    with gs.record(memory="tracker", budget=budget) as rec:
+    with gs.record(memory="tracker" if budget is not None else counted_as_the_diagnosis(), budget=budget) as rec:
         exec(compile(code, "<step>", "exec"), ns)
     r = rec.recording
     assert r is not None

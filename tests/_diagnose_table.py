@@ -6,7 +6,7 @@ the command line) and prints what they measured, passed or not:
     python tests/_diagnose_table.py [gpt2 bert ...]
 
 First table, at the step's peak: each finding with code; claimed saving (``saves_bytes``) against
-the measured one (copy A's peak - copy B's peak, tracker), the claimed peaks against copy A's and
+the measured one (copy A's peak - copy B's peak, counted as the diagnosis counts), the claimed peaks against copy A's and
 B's, the bytes copy A's objects held before its step (parameters, gradients, optimizer state,
 inputs), and whether the results matched. Second table, under a budget of 70 % of the step's peak:
 each finding with code, whether it says it fits, and what its code gave under the budget.

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
+import importlib
 import re
+import threading
 from collections.abc import Callable
 
 import pytest
@@ -530,3 +532,103 @@ def test_the_users_functions_run_as_they_are_on_copies_and_the_users_objects_and
     # the step ran on the copies (a fix was measured against it), with dropout on as the user has it
     assert d.step_peak is not None and model.training
     assert not any("failed on copies" in n or "could not be run" in n for n in d.notes), d.notes
+
+
+def test_a_loss_summed_over_a_loop_is_differentiated_in_each_iteration() -> None:
+    """A MAML-like outer loss summed over tasks, differentiated once after the loop: the toolbox's
+    loop_backward calls backward in each iteration instead. Pasted as printed under the same budget, a
+    first step and the next fit, and its gradients and Adam state equal the user's step's."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 512), nn.Tanh(), nn.Linear(512, 512), nn.Tanh(), nn.Linear(512, 1))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    tasks = [(torch.randn(256, 32), torch.randn(256, 1)) for _ in range(8)]
+    start = copy.deepcopy((model.state_dict(), opt.state_dict()))
+    budget = 7 * 1024 * KiB
+    with pytest.raises(gs.MemoryBudgetExceeded):
+        with gs.record(memory="tracker", budget=budget) as rec:
+            opt.zero_grad()
+            outer = 0.0
+            for x, y in tasks:
+                outer = outer + nn.functional.mse_loss(model(x), y)
+            (outer / len(tasks)).backward()
+            opt.step()
+    d = gs.diagnose(rec.recording)
+    (f,) = [f for f in d.findings if f.pattern == "loop_backward"]
+    assert f.fits and f.ran and f.variable == "outer"
+    assert f.code == ("opt.zero_grad()\n"
+                      "outer = 0.0\n"
+                      "for x, y in tasks:\n"
+                      "    term = nn.functional.mse_loss(model(x), y)\n"
+                      "    (term / len(tasks)).backward()\n"
+                      "    outer = outer + term.detach()\n"
+                      "opt.step()\n")
+    after: list[dict[str, torch.Tensor]] = []  # the user's step and the fix, each after its first step
+    for code, limit in (("opt.zero_grad()\nouter = 0.0\nfor x, y in tasks:\n"
+                         "    outer = outer + nn.functional.mse_loss(model(x), y)\n"
+                         "(outer / len(tasks)).backward()\nopt.step()\n", None), (f.code, budget)):
+        model.load_state_dict(start[0])
+        opt.load_state_dict(start[1])
+        opt.state.clear()
+        env = {"model": model, "opt": opt, "tasks": tasks, "nn": nn}
+        for i in range(2):  # a first step and the next, each within the budget where it says it fits
+            with gs.record(memory="tracker", budget=limit):
+                exec(code, env)
+            if i == 0:
+                after.append({f"{n}{k}": t.detach().clone() for n, p in model.named_parameters()
+                              for k, t in (("#p", p), (".grad", p.grad), *((f".{s}", v) for s, v in opt.state[p].items()))})
+    for k, a in after[0].items():  # parameters at 1e-3 of their largest value (Adam's first step), the rest 1e-4
+        b = after[1][k]
+        assert float((a - b).abs().max()) <= (1e-3 if k.endswith("#p") else 1e-4) * float(a.abs().max()) + 1e-12, k
+
+
+@pytest.mark.parametrize("step", [
+    "loss = 0\nfor x in xs:\n    loss = loss + f(x)\nprint(loss)\nloss.backward()\n",  # read between loop and call
+    "loss = 0\nfor x in xs:\n    loss = loss + f(x)\n    k = 2\n(loss / k).backward()\n",  # a factor the loop sets
+    "loss = 0\nfor x in xs:\n    loss = loss + f(x)\n    loss = loss * 0.5\nloss.backward()\n",  # read again inside
+    "for x in xs:\n    loss = f(x)\n    loss.backward()\n",  # already one backward per iteration
+])
+def test_backward_per_iteration_leaves_loops_it_cannot_rewrite_exactly(step: str) -> None:
+    from gradscope.diagnose.step import backward_per_iteration, shape_of
+
+    shape = shape_of(step)
+    assert shape is not None and backward_per_iteration(shape) is None
+
+
+def test_the_progress_line_comes_only_after_a_second_and_is_cleared(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A diagnosis over before its wait (a second) says nothing on stderr; one that takes longer says how far
+    it is (while a run is still going: a timer says it) and clears its line at the end. (The waits are set
+    here, so that the machine's load decides nothing.)"""
+    import time
+
+    progress = importlib.import_module("gradscope.diagnose")._Progress
+    torch.manual_seed(0)
+    layers = nn.Sequential(*[nn.Sequential(nn.Linear(64, 64), nn.Tanh()) for _ in range(3)])
+    x = torch.randn(256, 64)
+    with gs.record(memory="tracker", modules={"layers": layers}) as rec:
+        layers(x).square().mean().backward()
+    ns = {"layers": layers, "x": x}
+    monkeypatch.setattr(progress, "AFTER_S", 3600.0)
+    gs.diagnose(rec.recording, namespace=ns, toolbox=True, progress=True)
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(progress, "AFTER_S", 0.05)
+    shown: list[str] = []
+    original = progress._say
+
+    def say(self: object) -> None:
+        original(self)
+        shown.append(threading.current_thread().name)
+
+    monkeypatch.setattr(progress, "_say", say)
+    real_run = importlib.import_module("gradscope.diagnose.measure").Bench._run_once
+
+    def slow(self: object, *args: object, **kwargs: object) -> object:
+        time.sleep(0.1)  # a run longer than the wait: the timer's line comes during it
+        return real_run(self, *args, **kwargs)
+
+    monkeypatch.setattr(importlib.import_module("gradscope.diagnose.measure").Bench, "_run_once", slow)
+    d = gs.diagnose(rec.recording, namespace=ns, toolbox=True, progress=True)
+    err = capsys.readouterr().err
+    assert d.findings and "gradscope: trying fixes on copies of your objects:" in err and "run for real" in err
+    assert err.endswith("\r") and err.rstrip("\r").split("\r")[-1].strip() == ""  # the line is cleared
+    assert shown[0] != threading.main_thread().name  # the first came from the timer, mid-run

@@ -20,7 +20,8 @@ copy B ``exec``s ``f.code`` verbatim. Then:
   relative and absolute-to-magnitude bounds); an autocast finding must state one (its field or
   its message); parameters also within 1e-3 * lr (see NOTE [ parameters after an Adam step ] in
   tests/_arch.py);
-- the fix never raises the peak, and the measured saving (A's peak - B's peak, tracker) is
+- the fix never raises the peak, and the measured saving (A's peak - B's peak, counted as the diagnosis
+  counts its runs: the CPU allocator's bytes where the compiled hooks are in use, else the tracker) is
   within 10 % of ``f.saves_bytes`` or 64 KiB; ``f.peak_before`` / ``f.peak_after`` are A's and B's
   peaks, counting what the copies held when the step started, within the same margin; ``f.fits`` is None without a budget.
 

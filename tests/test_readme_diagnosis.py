@@ -9,6 +9,7 @@ numbers are the pinned torch's (kernels and allocations differ between releases)
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -17,9 +18,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from gradscope import _native
+
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "diagnosis.md"  # the page tests/test_docs_examples.py leaves this example to
 _PINNED = re.search(r"^TORCH_PINNED=(\S+)", (ROOT / "dev").read_text(), re.MULTILINE)
+
 
 
 def _blocks() -> tuple[str, list[str]]:
@@ -31,8 +35,12 @@ def _blocks() -> tuple[str, list[str]]:
     return code, shown.rstrip("\n").splitlines()
 
 
-def _mask(line: str) -> str:
-    return re.sub(r"time x\d+\.\d+", "time x?", line)
+def _mask(line: str, counted: bool = True) -> str:
+    """Time factors masked; where the tracker counted the runs (no compiled hooks), the exact bytes of a
+    saving too: the page's are those of the counting CPU allocator, which also sees checkpointing's saved
+    random states (5 KB; see NOTE [ the CPU allocator counts a run ] in gradscope.diagnose.measure)."""
+    line = re.sub(r"time x\d+\.\d+", "time x?", line)
+    return line if counted else re.sub(r"of the peak \(\d+ bytes\)", "of the peak (? bytes)", line)
 
 
 @pytest.mark.skipif(_PINNED is None or torch.__version__.split("+")[0] != _PINNED.group(1),
@@ -50,7 +58,8 @@ def test_the_readme_diagnosis_example_prints_what_the_readme_shows(tmp_path: Pat
     cut = shown.index("...")
     head, tail = shown[:cut], shown[cut + 1:]
     assert out[: len(head)] == head
-    assert [_mask(line) for line in out[-len(tail):]] == [_mask(line) for line in tail]
+    counted = os.environ.get("GRADSCOPE_NATIVE") != "0" and _native.counter() is not None
+    assert [_mask(line, counted) for line in out[-len(tail):]] == [_mask(line, counted) for line in tail]
     # every finding that says it fits does, pasted as printed into a fresh process, in train mode (as
     # transformers builds the model) under the same budget, for a first step and the next
     fitting = _fitting_fixes(out)

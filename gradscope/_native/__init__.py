@@ -18,7 +18,7 @@ reading the interpreter's frames in C++ and calling back only for a code object 
 before.
 
 NOTE [ first use never waits for the compiler ]: a build takes half a minute to two minutes
-(two C++ files against PyTorch's headers, about 1 GB of memory each), too long for a first
+(C++ files against PyTorch's headers, about 1 GB of memory each), too long for a first
 recording (a notebook's first ``%%gradscope`` cell, a short script) to wait. Where nothing is
 cached, :func:`hooks` starts the builder in the background (see NOTE [ one builder per cache ]),
 says so in one line on stderr, with the time the last build here took and the command that builds
@@ -50,7 +50,9 @@ A create_graph pass's pre hooks are compiled too where they write nothing but a 
 NOTE [ compiled pass hooks ] in walk.cc), and so is the work around a backward's start and end
 (see NOTE [ a pass in two calls ] there). All of it comes with the compiled hooks, and the Python
 walk runs wherever they are not in use or a root is not a node ``walk.cc`` reads. The same module
-holds both (one build, one cache entry).
+holds both (one build, one cache entry), and so does the one counter of the CPU allocator's bytes
+(see NOTE [ the allocator's counter ] in hooks.cc), which a long loop's later iterations and the
+diagnosis's runs of a step on copies both count with (:func:`counter`).
 """
 
 from __future__ import annotations
@@ -70,12 +72,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import torch
 
 from gradscope.errors import GradscopeError
 
-__all__ = ["build", "build_or_say", "building", "cache_dir", "hooks", "status", "wait"]
+__all__ = ["build", "build_or_say", "building", "cache_dir", "counter", "hooks", "status", "wait"]
 
 _SOURCES = (Path(__file__).with_name("hooks.cc"), Path(__file__).with_name("walk.cc"))
 _HEADER = Path(__file__).with_name("native.h")
@@ -366,6 +369,16 @@ def _settle(path: Callable[[], Path | None], mode: str) -> ModuleType | None:
         _reason = f"could not build the compiled hooks: {str(e).splitlines()[0]}"
     _tried = True
     return _loaded
+
+
+def counter(run: bool = False) -> Any:
+    """A new counter of the CPU allocator's bytes (see NOTE [ the allocator's counter ] in hooks.cc),
+    None where the compiled hooks are not in use (see :func:`hooks`). ``run=True``: a run's count (its
+    own allocations alive and their peak, no reports kept), as the diagnosis counts its runs on copies;
+    else a long loop's (every report kept until drained). It counts from ``start()`` to ``stop()``,
+    once."""
+    m = hooks()
+    return None if m is None else m.Counter(run)
 
 
 def wait(timeout: float | None = None) -> ModuleType | None:

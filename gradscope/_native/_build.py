@@ -17,7 +17,7 @@ where the builder is its descendants' subreaper, kills whatever is left of them;
 directory either way. The builder always ends with no compiler left running.
 
 ``python _build.py --compile SETTINGS_JSON`` is the compile itself (the builder's child): with
-ninja (``torch.utils.cpp_extension.load``, both sources compiled at once) where it is found, else
+ninja (``torch.utils.cpp_extension.load``, the sources compiled at once) where it is found, else
 with setuptools and cpp_extension's ``BuildExtension`` (no ninja needed). Either way the module is
 then imported once, so that a file that would not load is a failed build, not a loaded one.
 

@@ -847,16 +847,34 @@ PyTypeObject ModHooksType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 // counter, four numbers) and the live total, and says to the rest of PyTorch that no profiler runs
 // (its configuration is the disabled one, so a profiler the program starts inside the block works as
 // without it, on top of it). Reports come without the GIL, from any thread the state was propagated to.
+//
+// The same counter measures the diagnosis's runs of a step on CPU copies (see NOTE [ the CPU allocator
+// counts a run ] in gradscope/diagnose/measure.py), made as ``Counter(True)``: a run's counter keeps no
+// reports, only the sizes of the allocations it counted, and counts the free of those alone (a free of
+// what existed before, a parameter's old gradient, is not the run's), as a budget counts only what a block
+// allocates; ``restart`` begins the next run (live and peak from zero, what came before not counted).
 using torch::profiler::impl::ActiveProfilerType;
 using torch::profiler::impl::ProfilerConfig;
 using torch::profiler::impl::ProfilerState;
 using torch::profiler::impl::ProfilerStateBase;
 
 struct CounterState : ProfilerStateBase {
-  CounterState() : ProfilerStateBase(ProfilerConfig(ProfilerState::Disabled)) {}
+  explicit CounterState(bool run) : ProfilerStateBase(ProfilerConfig(ProfilerState::Disabled)), run(run) {}
   void reportMemoryUsage(void* ptr, int64_t alloc_size, size_t /*total_allocated*/, size_t /*total_reserved*/,
                          c10::Device device) override {
     if (device.type() != c10::DeviceType::CPU || alloc_size == 0 || !on.load(std::memory_order_relaxed)) return;
+    if (run) {  // a run's count: its own allocations only, no reports kept
+      std::lock_guard<std::mutex> guard(mu);
+      if (alloc_size > 0) {
+        mine[ptr] = alloc_size;
+        live += alloc_size;
+        if (live > peak) peak = live;
+      } else if (auto it = mine.find(ptr); it != mine.end()) {
+        live -= it->second;
+        mine.erase(it);
+      }
+      return;
+    }
     long long seq = static_cast<long long>(at::sequence_number::peek());
     long long t = time_ns();
     std::lock_guard<std::mutex> guard(mu);
@@ -870,8 +888,10 @@ struct CounterState : ProfilerStateBase {
   bool memoryProfilingEnabled() const override { return on.load(std::memory_order_relaxed); }
   ActiveProfilerType profilerType() override { return ActiveProfilerType::NONE; }
 
+  const bool run;  // a run's count (see the NOTE above)
   std::mutex mu;
   std::vector<long long> events;  // (t_ns, bytes, address, sequence counter) per report
+  std::unordered_map<void*, long long> mine;  // a run's count: its allocations alive, by address
   long long live = 0;
   long long peak = 0;  // the most live bytes since the last drain
   std::atomic<bool> on{true};
@@ -889,9 +909,10 @@ void counter_dealloc(Counter* self) {
 }
 
 int counter_init(Counter* self, PyObject* args, PyObject* kwds) {
-  if (!PyArg_ParseTuple(args, "")) return -1;
+  int run = 0;
+  if (!PyArg_ParseTuple(args, "|p", &run)) return -1;
   delete self->state;
-  self->state = new std::shared_ptr<CounterState>(std::make_shared<CounterState>());
+  self->state = new std::shared_ptr<CounterState>(std::make_shared<CounterState>(run != 0));
   self->pushed = 0;
   return 0;
 }
@@ -950,11 +971,32 @@ PyObject* counter_live(Counter* self, PyObject* /*unused*/) {
   return PyLong_FromLongLong(st.live);
 }
 
+// A run's count begins again: live and peak from zero, what was counted before (and its free) no more.
+PyObject* counter_restart(Counter* self, PyObject* /*unused*/) {
+  if (self->state == nullptr) return PyErr_Format(PyExc_RuntimeError, "gradscope: no counter");
+  CounterState& st = **self->state;
+  std::lock_guard<std::mutex> guard(st.mu);
+  st.events.clear();
+  st.mine.clear();
+  st.live = st.peak = 0;
+  Py_RETURN_NONE;
+}
+
+// (live, peak) bytes since the start or the last restart or drain, leaving the peak as it is.
+PyObject* counter_read(Counter* self, PyObject* /*unused*/) {
+  if (self->state == nullptr) return PyErr_Format(PyExc_RuntimeError, "gradscope: no counter");
+  CounterState& st = **self->state;
+  std::lock_guard<std::mutex> guard(st.mu);
+  return Py_BuildValue("(LL)", st.live, st.peak);
+}
+
 PyMethodDef counter_methods[] = {
     {"start", reinterpret_cast<PyCFunction>(counter_start), METH_NOARGS, "Count this thread's allocations."},
     {"stop", reinterpret_cast<PyCFunction>(counter_stop), METH_NOARGS, "Stop counting; False: not on top."},
     {"drain", reinterpret_cast<PyCFunction>(counter_drain), METH_NOARGS, "(reports as bytes, peak) since the last."},
     {"live", reinterpret_cast<PyCFunction>(counter_live), METH_NOARGS, "Live bytes counted since the start."},
+    {"restart", reinterpret_cast<PyCFunction>(counter_restart), METH_NOARGS, "Count from zero again."},
+    {"read", reinterpret_cast<PyCFunction>(counter_read), METH_NOARGS, "(live, peak) bytes, the peak kept."},
     {nullptr, nullptr, 0, nullptr}};
 
 PyTypeObject CounterType = {PyVarObject_HEAD_INIT(nullptr, 0)};

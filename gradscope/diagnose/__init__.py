@@ -54,6 +54,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -62,7 +63,7 @@ import torch
 
 from gradscope.diagnose.facts import MIN_SAVING, Context, IndexedRecording, held_order
 from gradscope.diagnose.fixes import REGISTRY, inplace_cut
-from gradscope.diagnose.measure import COMPARED_PLAIN, Bench, Room
+from gradscope.diagnose.measure import COMPARED_PLAIN, Bench, Room, quiet_logging, worth_showing
 from gradscope.diagnose.report import Diagnosis, Finding, GraphHolder, LiveTensor
 from gradscope.diagnose.step import compose, shape_of
 from gradscope.diagnose.toolbox import TOOLBOX
@@ -148,6 +149,8 @@ def diagnose(
         return _run(ctx)
     finally:
         ctx.progress.done()
+        if getattr(ctx, "bench", None) is not None:
+            ctx.bench.close()  # the copies kept for fixes' next runs
 
 
 def _interactive() -> bool:
@@ -163,29 +166,47 @@ def _interactive() -> bool:
 
 class _Progress:
     """One line on stderr while the fixes run on copies, rewritten in place, cleared at the end:
-    how many were measured on meta and how many ran for real, and the time so far."""
+    how many were measured on meta and how many ran for real, and the time so far. Said once the
+    diagnosis has taken ``AFTER_S`` (a timer says it then, while a run may still be going), not
+    before: a diagnosis of a small step is over before a line would help."""
+
+    AFTER_S = 1.0
 
     def __init__(self, on: bool) -> None:
         self.on = on
         self.counts = {"meta": 0, "run": 0}
         self.t0 = time.perf_counter()
         self.width = 0
+        self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
+        if on:
+            self._timer = threading.Timer(self.AFTER_S, self._say)
+            self._timer.daemon = True
+            self._timer.start()
 
     def __call__(self, what: str) -> None:
         self.counts[what] = self.counts.get(what, 0) + 1
-        if not self.on:
-            return
-        line = (f"gradscope: trying fixes on copies of your objects: {self.counts['meta']} measured on meta, "
-                f"{self.counts['run']} run for real ({time.perf_counter() - self.t0:.1f} s)")
-        self.width = max(self.width, len(line))
-        sys.stderr.write("\r" + line.ljust(self.width))
-        sys.stderr.flush()
+        if self.on and time.perf_counter() - self.t0 >= self.AFTER_S:
+            self._say()
 
-    def done(self) -> None:
-        if self.on and self.width:
-            sys.stderr.write("\r" + " " * self.width + "\r")
+    def _say(self) -> None:
+        with self._lock:
+            if not self.on:
+                return
+            line = (f"gradscope: trying fixes on copies of your objects: {self.counts['meta']} measured on meta, "
+                    f"{self.counts['run']} run for real ({time.perf_counter() - self.t0:.1f} s)")
+            self.width = max(self.width, len(line))
+            sys.stderr.write("\r" + line.ljust(self.width))
             sys.stderr.flush()
 
+    def done(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        with self._lock:
+            if self.on and self.width:
+                sys.stderr.write("\r" + " " * self.width + "\r")
+                sys.stderr.flush()
+            self.on = False
 
 
 def _run(self: Context) -> Diagnosis:
@@ -291,7 +312,8 @@ def _bench(ctx: Context) -> Bench | None:
                           fresh_optimizers=any(k in made for k in ctx.resident["optimizer state"]),
                           fresh_gradients=any(k in made for k in ctx.resident["gradients"]),
                           progress=getattr(ctx, "progress", None),
-                          step_allocated=sum(a.bytes for a in ctx.rec.allocations))
+                          step_allocated=sum(a.bytes for a in ctx.rec.allocations),
+                          room=lambda user: _room(ctx, user))
     return ctx.bench
 
 
@@ -326,7 +348,7 @@ def _checked(ctx: Context, fix: Any, f: Finding) -> Finding | None:
         setup, step = code if isinstance(code, tuple) else ("", code)  # (once before the steps, the step)
         trial = bench.run(step, setup=setup)
         if trial.error is None and int(trial.peak or 0) < user.peak:  # worth running for real
-            trial = bench.verify(trial)
+            trial = bench.settled(trial)
         if trial.error is None and trial.same is not False:
             break
     if trial.error is not None or trial.same is False:
@@ -356,10 +378,12 @@ def _checked(ctx: Context, fix: Any, f: Finding) -> Finding | None:
 
 def _change(room: Room | None, user: Any, trial: Any) -> str:
     """What a fix changed, in the budget's terms where there is one (see NOTE [ one budget ] in
-    gradscope.diagnose.measure)."""
+    gradscope.diagnose.measure); of its first run alone where its next was not run (see NOTE [ runs a
+    fix needs ] there)."""
+    first = "" if trial.later is not None else " in its first run"
     if room is None:
-        return f"the step's peak {format_bytes(user.peak)} -> {format_bytes(trial.peak)}"
-    return f"the step allocates up to {format_bytes(_most(room, user))} -> {format_bytes(_most(room, trial))}"
+        return f"the step's peak {format_bytes(user.peak)} -> {format_bytes(trial.peak)}{first}"
+    return f"the step allocates up to {format_bytes(_most(room, user))} -> {format_bytes(_most(room, trial))}{first}"
 
 
 def _most(room: Room | None, trial: Any) -> int | None:
@@ -368,6 +392,33 @@ def _most(room: Room | None, trial: Any) -> int | None:
         return None
     first, later = room.allocates(trial)
     return max(first, later if later is not None else first)
+
+
+def _not_worth(ctx: Context, f: Finding, user: Any, trial: Any, room: Room | None, fails: bool) -> bool:
+    """Whether a fix saves too little to be shown (see ``worth_showing``), by its first run where its next
+    was not run; a note says so."""
+    peak = int(trial.peak or 0)
+    fits = room is not None and (room.fits(trial) if trial.later is not None else room.fits_first(peak))
+    if worth_showing(user, peak, room, fits):
+        return False
+    ctx.notes.append(f"[{f.pattern}] tried on copies of your objects: {_change(room, user, trial)}"
+                     + (", still over the budget" if fails and not fits else "") + "; not worth it.")
+    return True
+
+
+def _not_run(f: Finding, trial: Any, room: Room | None, user: Any) -> str:
+    """The note for a fix not run: the least its first run would hold, known from the user's step's
+    own run, already keeps it from being shown (see NOTE [ runs a fix needs ] in gradscope.diagnose.measure)."""
+    least = int(trial.bound)
+    best = max(int(user.peak or 0) - least, 0)
+    if room is not None:
+        still = f"allocate at least {format_bytes(least - room.base)} at once" + (
+            f", over the {format_bytes(room.allowed)} it may allocate," if not room.fits_first(least) else "")
+    else:
+        still = f"hold at least {format_bytes(least)} at once"
+    return (f"[{f.pattern}] not run: your step's own run on copies of your objects, statement by statement, shows "
+            f"that with this fix the step would still {still} and save at most {format_bytes(best)} of its peak "
+            f"(under {MIN_SAVING:.0%}).")
 
 
 def _fits(trial: Any, room: Room) -> bool:
@@ -476,17 +527,16 @@ def _toolbox(ctx: Context) -> list[Finding]:
             if trial.error is not None:
                 ctx.notes.append(f"[{f.pattern}] not shown: its code failed on copies of your objects ({trial.error}).")
                 continue
-            saving = user.peak - int(trial.peak or 0)
-            fits = None if room is None else _fits(trial, room)
-            if _raises_later(ctx, f, user, trial):
+            if trial.bound is not None:  # see NOTE [ runs a fix needs ] in gradscope.diagnose.measure
+                ctx.notes.append(_not_run(f, trial, room, user))
                 continue
-            if saving <= 0 or (saving < MIN_SAVING * user.peak and not (fails and fits)):
-                ctx.notes.append(f"[{f.pattern}] tried on copies of your objects: {_change(room, user, trial)}"
-                                 + (", still over the budget" if fails and not fits else "") + "; not worth it.")
-                continue
+            first = int(trial.peak or 0)
+            if not worth_showing(user, first, room, room is not None and room.fits_first(first)) or trial.complete:
+                if _not_worth(ctx, f, user, trial, room, fails):  # (decided by its first run alone, or by both)
+                    continue
             if f.pattern == "autocast" and not fails:
                 continue  # a change of precision is advice for a step that does not fit
-            trial = bench.verify(trial)  # worth showing by its memory: run for real, once
+            trial = bench.settled(trial)  # worth showing by its memory: its results compared, its next run
             user = bench.user()
             if trial.error is not None:
                 ctx.notes.append(f"[{f.pattern}] not shown: its code failed on copies of your objects ({trial.error}).")
@@ -494,6 +544,10 @@ def _toolbox(ctx: Context) -> list[Finding]:
             if trial.same is False:
                 ctx.notes.append(f"[{f.pattern}] not shown: it changes a result ({trial.worst_at} differs by "
                                  f"{trial.worst:.1e}, relative; {trial.compared or COMPARED_PLAIN}).")
+                continue
+            saving = int(user.peak or 0) - int(trial.peak or 0)
+            fits = None if room is None else _fits(trial, room)
+            if _raises_later(ctx, f, user, trial) or _not_worth(ctx, f, user, trial, room, fails):
                 continue
             finish = getattr(fix, "finish", None)
             if finish is not None:
@@ -520,9 +574,10 @@ def _findings(self: Context, holders: list[GraphHolder]) -> list[Finding]:
     # a pattern whose fix rewrites the step is measured on copies (its estimate is not its claim)
     found = [(fix, f) for fix, f in found if f.saves_bytes is None or f.saves_bytes >= self.worth()
              or (getattr(fix, "rewrite", None) is not None and self.moment == "failure")]
-    out = [c for c in (_checked(self, fix, f) for fix, f in found) if c is not None]
     wanted = self.toolbox if self.toolbox is not None else self.moment == "failure"
-    tools = _toolbox(self) if wanted else []
+    with quiet_logging():  # once for every run on copies
+        out = [c for c in (_checked(self, fix, f) for fix, f in found) if c is not None]
+        tools = _toolbox(self) if wanted else []
     mine = {f.pattern for f in tools}
     out = [f for f in out if f.pattern not in mine] + tools
     out.sort(key=lambda f: (-(f.saves_bytes or 0), -f.bytes, f.pattern))

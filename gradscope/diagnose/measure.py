@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import collections
 import contextlib
 import copy
 import dataclasses
@@ -13,7 +14,7 @@ import sys
 import time
 import types
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +22,8 @@ import torch
 from torch import nn
 
 from gradscope import _compat
-from gradscope.diagnose.step import free_names
+from gradscope.diagnose.facts import MIN_SAVING
+from gradscope.diagnose.step import free_names, statements
 
 # NOTE [ measuring a strategy's own peak ]: a fix that runs the model another way (forward AD,
 # two passes, micro-batches, an unrolled inner loop) has a peak of its own, which the replay of the
@@ -143,11 +145,12 @@ def hypergradient_proxy(a_shape: tuple[int, ...], x_shape: tuple[int, ...], step
 # on copies of the user's objects as the user runs them: the modules' train/eval state as it is,
 # dropout on where the user has it on. Its memory is measured on meta copies (see NOTE [ counted as
 # a budget counts ] in gradscope.predict: no data, the tracker's exact bytes, cheap next to a real
-# run), or by a run of a CPU copy under the tracker where meta cannot run it (code that reads values,
-# ``.item()``; autocast, which casts only real tensors). Only a fix that is worth showing by its
-# memory then runs for real, once, on a copy of the user's objects at full size, next to the user's
-# own step (the block's source, see ``gradscope._source``) on another copy from the same state and
-# the same random state (see NOTE [ results where randomness allows ]). Parameters, gradients,
+# run), or by runs of a CPU copy (see NOTE [ meta or a CPU copy ] and NOTE [ the CPU allocator counts a
+# run ]) where the step is small or meta cannot run it (code that reads values, ``.item()``; autocast,
+# which casts only real tensors). Only a fix that is worth showing by its memory then runs for real,
+# once, on a copy of the user's objects at full size (on CPU copies, the run that measured it), next to
+# the user's own step (the block's source, see ``gradscope._source``) on another copy from the same
+# state and the same random state (see NOTE [ results where randomness allows ]). Parameters, gradients,
 # buffers (batch-norm statistics) and optimizer state must agree; variables that differ are named in
 # the finding. The saving shown is the user's step's peak minus the fix's, both measured the same
 # way from the objects as they are when the diagnosis runs.
@@ -161,11 +164,12 @@ _TOLERANCE = 1e-4  # largest relative difference of a result counted as equal (f
 # The results compared are those of the first run: an optimizer like Adam turns rounding
 # differences of a second step into larger ones.
 RUNS = 2
-# NOTE [ meta or a CPU copy ]: both count a run's bytes exactly as the tracker counts them (see NOTE
-# [ counted as a budget counts ] in gradscope.predict). On meta no kernel computes, but every
-# operator still passes the tracker and PyTorch's meta implementations (many in Python): for a step
-# whose objects are small, a real run of a CPU copy under the tracker costs less (GPT-2 with 2 layers
-# of 64: 3x less), and its first run is also the run its results are compared from. So a step whose
+# NOTE [ meta or a CPU copy ]: meta counts a run's bytes exactly as the tracker counts them (see NOTE
+# [ counted as a budget counts ] in gradscope.predict), a CPU copy at least as many (see NOTE [ the CPU
+# allocator counts a run ]). On meta no kernel computes, but every operator still passes the tracker
+# and PyTorch's meta implementations (many in Python): for a step whose objects are small, a real run
+# of a CPU copy costs less (GPT-2 with 2 layers of 64: 3x less under the tracker, 30x less counted by the
+# allocator), and its first run is also the run its results are compared from. So a step whose
 # objects hold at most SMALL_STEP_BYTES on the CPU, and whose recorded block allocated at most
 # SMALL_STEP_ALLOCATED in all (it computes little), is measured on CPU copies; any other on meta (GPT-2
 # 6 x 384, batch 16 x 256: 14.2x its plain step on CPU copies, 6.1x on meta). Both are read from the
@@ -213,7 +217,7 @@ class Trial:
     worst_at: str = ""
     differs: tuple[str, ...] = ()  # other variables the code leaves with other values
     freed: int = 0  # gradients the code leaves freed (None) where the user's step kept them
-    seconds: float | None = None  # wall time of one run of the step on the CPU copy
+    seconds: float | None = None  # wall time of a run of the step on the CPU copy (the fastest of its runs)
     resident: int = 0  # bytes of the copies' tensors when the first run starts
     later: int | None = None  # the same peak for the next run, with what the first left
     later_resident: int = 0  # bytes of the copies' tensors when the next run starts
@@ -222,6 +226,15 @@ class Trial:
     code: str = ""  # the step it runs
     setup: str = ""  # run once before the steps
     tolerance: float = _TOLERANCE
+    # not run: the least its first run would hold at once (see NOTE [ runs a fix needs ]), too much to be shown
+    bound: int | None = None
+    # the user's step: the most its first run's own allocations held at once through each of its statements
+    through: tuple[int, ...] | None = None
+
+    @property
+    def complete(self) -> bool:
+        """Both runs measured (see NOTE [ two runs of a step ]), or nothing more to measure."""
+        return self.later is not None or self.error is not None or self.bound is not None
 
 
 # NOTE [ one budget ]: the number the user gave is the budget every line uses. A notebook's
@@ -253,8 +266,55 @@ class Room:
         return first, trial.later - (self.base if self.device else trial.later_resident)
 
     def fits(self, trial: Trial) -> bool:
+        """Whether both runs of the trial's step fit (a trial whose next run was not measured does not)."""
         first, later = self.allocates(trial)
-        return first <= self.allowed and (later is None or later <= self.allowed)
+        return first <= self.allowed and later is not None and later <= self.allowed
+
+    def fits_first(self, peak: int) -> bool:
+        """Whether a first run that holds ``peak`` at once fits."""
+        return peak - self.base <= self.allowed
+
+
+# NOTE [ runs a fix needs ]: a fix is shown when it saves at least MIN_SAVING of the user's step's peak,
+# or makes a step that does not fit fit (``worth_showing``), its results agree with the user's step's, and
+# its next run (see NOTE [ two runs of a step ]) neither goes over the budget nor raises the peak. So each
+# run is made only once what came before says that the fix may still be shown: its first run (its memory,
+# and on CPU copies the results compared), then where that saves enough its results are compared
+# (``Bench.settled``: with dropout off, two more runs, only where the fix draws dropout's masks in another
+# order), then where they agree its next run, in the variables its first run left (kept for KEPT fixes;
+# ``Bench.complete``). A size that is tried in turn (the micro-batch, the checkpointed segments) is settled
+# only where its first run fits. A fix left at its first run is noted with that run's numbers. The user's
+# step runs twice at once, statement by statement: what its first run allocates through each of its
+# statements bounds a fix that runs those statements as they are (``Bench.least``): a fix whose set-up
+# makes no tensor allocates there what the user's step allocates, until the first statement whose work
+# the fix changes; the optimizer step in backward runs the backward call itself with at most the
+# parameters' gradients less alive (it frees each once applied; the optimizer's state and temporaries it
+# makes there only add). Where that bound alone keeps a fix from being shown, it is not run at all and a
+# note gives the bound. GPT-2 of the docs: the optimizer step in backward, whose step allocates 6.3 MiB
+# before its backward and could save at most the 532 KiB of gradients, is not run; micro-batches of 4 and
+# checkpointing run twice each, the user's step twice, and micro-batches' results compared with dropout
+# off take two runs: eight runs of the step in all.
+def worth_showing(user: Trial, peak: int, room: Room | None, fits: bool) -> bool:
+    """Whether a fix whose first run holds ``peak`` at once is shown next to the user's step, ``fits``
+    saying whether it fits the room (see NOTE [ runs a fix needs ])."""
+    top = int(user.peak or 0)
+    saving = top - peak
+    fails = room is not None and not room.fits(user)
+    return saving > 0 and (saving >= MIN_SAVING * top or (fails and fits))
+
+
+KEPT = 2  # fixes whose variables are kept after their first run, for their next (see NOTE [ runs a fix needs ])
+
+
+@dataclass
+class _Pending:
+    """A fix's variables after its first run, kept for its next: its compiled step, the random
+    state its first run left, and whether it runs on meta."""
+
+    env: dict[str, Any]
+    pieces: list[Any]
+    random: _RandomState
+    meta: bool
 
 
 @dataclass
@@ -265,7 +325,9 @@ class _Real:
     state: dict[str, Any]
     seconds: float
     drew: bool
-    tracked: bool = False  # timed under the tracker (a first run that measured memory too)
+    # timed under the tracker (a first run that measured memory too: 3x a plain run); one the allocator's
+    # counter counted times as a plain run does (see NOTE [ the CPU allocator counts a run ])
+    tracked: bool = False
 
 
 class Bench:
@@ -274,7 +336,8 @@ class Bench:
 
     def __init__(self, source: str, namespace: Mapping[str, Any], device: str = "cpu", *,
                  fresh_optimizers: bool = False, fresh_gradients: bool = False,
-                 progress: Any = None, step_allocated: int = 0) -> None:
+                 progress: Any = None, step_allocated: int = 0,
+                 room: Callable[[Trial], Room | None] | None = None) -> None:
         self.source = source
         self.ns = namespace
         self.device = device
@@ -290,8 +353,15 @@ class Bench:
         self._user: Trial | None = None
         self._real: dict[bool, _Real | None] = {}  # the user's step run for real, by dropout on/off
         self._measured: dict[tuple[str, str], Trial] = {}
-        self._reals: dict[tuple[str, str], _Real] = {}  # first runs of the CPU copies under the tracker
+        self._reals: dict[tuple[str, str], _Real] = {}  # first runs of the CPU copies, counted
         self._is_small: bool | None = None
+        self._room_of = room  # the room of the user's step, once measured (None: no budget to fit)
+        self.room: Room | None = None
+        self._complete = False  # measuring both runs at once (complete() of a fix whose variables were not kept)
+        self._pending: dict[tuple[str, str], _Pending] = {}  # fixes' variables after their first run
+        self.counted_by = ""  # "allocator" | "tracker": what counted the runs of CPU copies
+        self._splits: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}  # see _split
+        self._collected: dict[tuple[int, ...], dict[int, torch.Tensor]] = {}  # see _tensors
 
     # ----- what the code needs ------------------------------------------------------------------
     def _names(self, code: str) -> set[str]:
@@ -303,10 +373,29 @@ class Bench:
                 more |= _global_reads(f) & set(self.ns)
         return (names | more) & set(self.ns)
 
+    def _tensors(self, copied: Mapping[str, Any]) -> dict[int, torch.Tensor]:
+        """The tensors reachable from the user's objects ``copied``, by id (collected once: the user's
+        objects do not change while the diagnosis runs)."""
+        from gradscope._predict.copies import _collect_tensors
+
+        key = tuple(id(v) for v in copied.values())
+        if key not in self._collected:
+            tensors: dict[int, torch.Tensor] = {}
+            _collect_tensors(dict(copied), tensors, set())
+            self._collected[key] = tensors
+        return self._collected[key]
+
     def _split(self, code: str) -> tuple[dict[str, Any], dict[str, Any]]:
         """(objects to copy, objects passed as they are: Python modules, functions, classes,
         numbers). Objects a function of the user's holds in its closure are copied too, under
-        names no code can spell (see NOTE [ the user's functions as they are ])."""
+        names no code can spell (see NOTE [ the user's functions as they are ]). Worked out once
+        per code."""
+        if code not in self._splits:
+            self._splits[code] = self._split_now(code)
+        copied, kept = self._splits[code]
+        return dict(copied), dict(kept)
+
+    def _split_now(self, code: str) -> tuple[dict[str, Any], dict[str, Any]]:
         copied: dict[str, Any] = {}
         kept: dict[str, Any] = {}
         for n in sorted(self._names(code) | self._names(self.source)):
@@ -333,11 +422,17 @@ class Bench:
         return env
 
     # ----- memory -------------------------------------------------------------------------------
-    def measure(self, code: str, setup: str = "") -> Trial:
+    def measure(self, code: str, setup: str = "", *, least: int | None = None) -> Trial:
         """The code's memory on copies (see NOTE [ nothing shown that was not run ]): on meta where it
-        runs there, else by a run of a CPU copy under the tracker. Measured once per code."""
+        runs there, else by runs of a CPU copy (see NOTE [ the CPU allocator counts a run ]). Measured
+        once per code: a fix's first run (:meth:`complete` runs its next, :meth:`settled` compares its
+        results first; see NOTE [ runs a fix needs ]). ``least``: the least its first run holds at once
+        (:meth:`least`); where that keeps it from being shown, it is not run (``Trial.bound``)."""
         key = (setup, code)
         if key not in self._measured:
+            if least is not None and self._hopeless(least):
+                self._measured[key] = Trial(bound=least, code=code, setup=setup)
+                return self._measured[key]
             trial = None
             if not any(w in setup + code for w in _NOT_ON_META) and not self._small():
                 try:
@@ -346,99 +441,220 @@ class Bench:
                     trial = None
             if trial is None:
                 try:
-                    trial = self._tracked(code, setup)
+                    trial = self._on_cpu(code, setup)
                 except Exception as e:  # the code fails on the copies: it is not shown
                     trial = Trial(error=f"{type(e).__name__}: {e}")
             self._measured[key] = dataclasses.replace(trial, code=code, setup=setup)
         return self._measured[key]
 
+    def complete(self, trial: Trial) -> Trial:
+        """``trial`` with its next run measured too (see NOTE [ two runs of a step ]): in the variables
+        its first run left where they were kept, else both runs again."""
+        if trial.complete:
+            return trial
+        key = (trial.setup, trial.code)
+        try:
+            done = self._continue(key, trial)
+        except Exception as e:  # its next run fails on the copies: it is not shown
+            done = dataclasses.replace(trial, error=f"{type(e).__name__}: {e}")
+        if done is None:
+            self._measured.pop(key, None)
+            self._complete = True
+            try:
+                done = self.measure(trial.code, trial.setup)
+            finally:
+                self._complete = False
+        self._measured[key] = dataclasses.replace(done, tolerance=self._measured.get(key, done).tolerance)
+        return dataclasses.replace(trial, later=done.later, later_resident=done.later_resident, seconds=done.seconds,
+                                   error=done.error)
+
+    def fitted(self, trial: Trial, room: Room) -> Trial:
+        """For a search over sizes (micro-batches, checkpointed segments): ``trial`` settled where its first
+        run fits ``room`` (:meth:`settled`), else as it is."""
+        if trial.error is None and trial.peak is not None and room.fits_first(trial.peak):
+            return self.settled(trial)
+        return trial
+
+    def settled(self, trial: Trial) -> Trial:
+        """A fix as the diagnosis may show it: its results compared with the user's step's (:meth:`verify`),
+        then, where they agree, its next run measured (:meth:`complete`); see NOTE [ runs a fix needs ]."""
+        trial = self.verify(trial)
+        if trial.error is None and trial.same is not False:
+            trial = self.complete(trial)
+        key = (trial.setup, trial.code)
+        if key in self._measured:  # (measured() says what was compared)
+            self._measured[key] = dataclasses.replace(trial, tolerance=self._measured[key].tolerance)
+        return trial
+
     def measured(self) -> list[Trial]:
         """The fixes measured so far (the user's step left out)."""
         return [t for (setup, code), t in self._measured.items() if (setup, code) != ("", self.source)
-                and t.error is None]
+                and t.error is None and t.bound is None]
 
     def _small(self) -> bool:
-        """Whether the step's objects are small enough on the CPU that a real run under the tracker
-        costs less than one on meta (see NOTE [ meta or a CPU copy ]). Decided once."""
+        """Whether the step's objects are small enough on the CPU that a real run costs less than one
+        on meta (see NOTE [ meta or a CPU copy ]). Decided once."""
         if self._is_small is None:
             copied, _ = self._split(self.source)
             self._is_small = (self.device == "cpu" and resident_bytes(copied.values()) <= SMALL_STEP_BYTES
                               and self.step_allocated <= SMALL_STEP_ALLOCATED)
         return self._is_small
 
-    def _meta(self, code: str, setup: str) -> Trial:
-        from gradscope.memory import TrackerSource
-        from gradscope.predict import _to_meta, counted_on_meta
+    def least(self, code: str, *, before: int | None = None, slack: int = 0) -> int | None:
+        """The least the first run of the step ``code`` holds at once, from the user's step's first run
+        measured statement by statement (see NOTE [ runs a fix needs ]), for a fix whose set-up makes
+        no tensor and frees none: its leading statements that are the user's (at most ``before`` of them,
+        where the set-up changes what the later ones do) allocate what the user's did; where the next
+        statement is the user's too and ``slack`` is given, it holds at most ``slack`` bytes less than
+        the user's step during it. None: nothing known."""
+        user = self.user()
+        mine, theirs = statements(code), statements(self.source)
+        if user.through is None or mine is None or theirs is None:
+            return None
+        n = mine.common(theirs)
+        if before is not None:
+            n = min(n, before)
+        most = user.through[n - 1] if n > 0 else 0
+        if slack > 0 and n < len(mine.dumps) and n < len(theirs.dumps) and mine.dumps[n] == theirs.dumps[n]:
+            most = max(most, user.through[n] - slack)
+        return user.resident + most if most > 0 else None
 
-        compiled = compile(code, "<gradscope fix>", "exec")
-        once = compile(setup, "<gradscope fix>", "exec")
+    def _hopeless(self, peak: int) -> bool:
+        """Whether a fix whose first run holds ``peak`` at once is not shown whatever its next run
+        does (see NOTE [ runs a fix needs ]): the rule of gradscope.diagnose's toolbox."""
+        user = self._user
+        if user is None or user.peak is None:
+            return False
+        return not worth_showing(user, peak, self.room, self.room is not None and self.room.fits_first(peak))
+
+    def _runs(self, env: dict[str, Any], code: str, setup: str, counter: _TrackerCount | _AllocatorCount,
+              first_run: Callable[[float, torch.Tensor], None] | None = None, *, meta: bool = False) -> Trial:
+        """``setup`` once, then the step's first run in ``env``, its own allocations counted by ``counter``
+        (see NOTE [ two runs of a step ]); ``first_run(seconds, rng_before)`` is called after it, before
+        anything else runs. The user's step runs again at once, statement by statement, what its first run
+        allocates through each counted; a fix's next run waits until it is wanted (:meth:`complete`), its
+        variables kept (see NOTE [ runs a fix needs ])."""
+        user = (setup, code) == ("", self.source)
+        parts = statements(code) if user else None
+        pieces = [compile(t, "<gradscope fix>", "exec") for t in (parts.texts if parts is not None else (code,))]
+        exec(compile(setup, "<gradscope fix>", "exec"), env)
+        rng = torch.get_rng_state()  # (a tensor of its own: taken before the run's count begins)
+        held, peak, seconds, through = self._run_once(env, pieces, counter, split=parts is not None)
+        if first_run is not None:
+            first_run(seconds, rng)
+        trial = Trial(peak=peak, resident=held, later_resident=held, seconds=seconds,
+                      through=through if parts is not None else None)
+        if user or self._complete:
+            later_held, later, again, _ = self._run_once(env, pieces, counter)
+            return dataclasses.replace(trial, later=later, later_resident=later_held, seconds=min(seconds, again))
+        if not self._hopeless(peak):
+            self._keep((setup, code), _Pending(env, pieces, _RandomState.now(), meta))
+        return trial
+
+    def _run_once(self, env: dict[str, Any], pieces: list[Any], counter: _TrackerCount | _AllocatorCount,
+                  split: bool = False) -> tuple[int, int, float, tuple[int, ...]]:
+        """One run of the step (its compiled ``pieces``, one after the other) in ``env``: what the
+        variables held at its start, that plus the most its own allocations held at once, its seconds,
+        and (``split``) the most they held through each piece."""
+        held = resident_bytes(env.values())
+        through: list[int] = []
+        counter.begin()
+        t0 = time.perf_counter()
+        for piece in pieces:
+            exec(piece, env)
+            if split:
+                through.append(counter.most())
+        seconds = time.perf_counter() - t0
+        return held, held + counter.most(), seconds, tuple(through)
+
+    def _keep(self, key: tuple[str, str], pending: _Pending) -> None:
+        """A fix's variables after its first run, for its next (at most KEPT of them: the oldest
+        goes, and runs both again if it is wanted)."""
+        self._pending[key] = pending
+        while len(self._pending) > KEPT:
+            self._pending.pop(next(iter(self._pending)))
+
+    def _continue(self, key: tuple[str, str], trial: Trial) -> Trial | None:
+        """The next run of a fix whose variables were kept after its first; None where they were not."""
+        pending = self._pending.pop(key, None)
+        if pending is None:
+            return None
+        from gradscope.predict import counted_on_meta
+
+        counter = _TrackerCount("meta") if pending.meta else self._counter()
+        with self._quiet(), (torch.random.fork_rng(devices=[]) if pending.meta else pending.random.used()):
+            counter.start()
+            try:
+                with (counted_on_meta(self.device, counter.source) if isinstance(counter, _TrackerCount)
+                      and pending.meta else contextlib.nullcontext()):
+                    held, later, seconds, _ = self._run_once(pending.env, pending.pieces, counter)
+            finally:
+                counter.stop()
+        return dataclasses.replace(trial, later=later, later_resident=held,
+                                   seconds=None if trial.seconds is None else min(trial.seconds, seconds))
+
+    def close(self) -> None:
+        """Let go of the variables kept for next runs."""
+        self._pending.clear()
+
+    def _counter(self) -> _TrackerCount | _AllocatorCount:
+        """What counts the runs of CPU copies, decided once (``counted_by``): every run of a diagnosis
+        is counted the same way. A step that starts PyTorch's profiler is counted by the tracker: the
+        profiler needs the thread's profiler slot, where the allocator's counter sits while it counts."""
+        if not self.counted_by:
+            self.counted_by = "tracker" if "profil" in self.source else _counter(self.device).name
+        if self.counted_by == "allocator":
+            return _AllocatorCount()
+        return _TrackerCount(self.device if self.device == "cpu" else "cuda")
+
+    def _meta(self, code: str, setup: str) -> Trial:
+        from gradscope._predict.copies import _to_meta
+        from gradscope.predict import counted_on_meta
+
         copied, kept = self._split(setup + code)
         names = list(copied)
         with self._quiet():
             metas = dict(zip(names, _to_meta(tuple(copied[n] for n in names))[0], strict=True))
         self._as_at_start(metas)
         env = self._env(kept, copied, metas)
-        src = TrackerSource("meta")
-        peaks: list[int] = []
-        resident = later_resident = 0
+        counter = _TrackerCount("meta")
         with self._quiet(), torch.random.fork_rng(devices=[]):
-            src.start()
+            counter.start()
             try:
-                with counted_on_meta(self.device, src):
-                    exec(once, env)
-                    for i in range(RUNS):  # see NOTE [ two runs of a step ]
-                        held = resident_bytes(env.values())
-                        resident = held if i == 0 else resident
-                        later_resident = held
-                        src.sweep()
-                        first = len(src.events)
-                        exec(compiled, env)
-                        src.sweep()
-                        peaks.append(held + _most_above(src.events[first:]))
+                with counted_on_meta(self.device, counter.source):
+                    trial = self._runs(env, code, setup, counter, meta=True)
             finally:
-                src.stop()
+                counter.stop()
         self.progress("meta")
-        return Trial(peak=peaks[0], later=max(peaks[1:], default=None), how="meta", resident=resident,
-                     later_resident=later_resident)
+        return dataclasses.replace(trial, how="meta", seconds=None)  # (times on meta are no kernel's)
 
-    def _tracked(self, code: str, setup: str) -> Trial:
-        """The code's memory by runs of a CPU copy under the tracker (code meta cannot run)."""
-        from gradscope.memory import TrackerSource
-
-        compiled = compile(code, "<gradscope fix>", "exec")
+    def _on_cpu(self, code: str, setup: str) -> Trial:
+        """The code's memory by runs of a CPU copy (code meta cannot run, or a small step), counted
+        by the CPU allocator where the compiled hooks are in use, else by the tracker (see NOTE [ the
+        CPU allocator counts a run ]). Its first run is also the real run its results are compared
+        from."""
         copied, kept = self._split(setup + code)
         with self._quiet():
-            copies = _replica(copied)
+            copies = _replica(copied, tensors=self._tensors(copied))
         self._as_at_start(copies)
         env = self._env(kept, copied, copies)
-        src = TrackerSource(self.device if self.device == "cpu" else "cuda")
-        peaks: list[int] = []
-        resident = later_resident = 0
         before = set(env)
+        counter = self._counter()
+
+        def first_run(seconds: float, rng: torch.Tensor) -> None:
+            drew = not torch.equal(rng, torch.get_rng_state())
+            state = _results(env, set(copies) | {k for k in set(env) - before if not k.startswith("_")})
+            self._reals[(setup, code)] = _Real(state, seconds, drew, tracked=counter.name == "tracker")
+
         with self._quiet(), self.random_state.used():
-            src.start()
+            counter.start()
             try:
-                exec(compile(setup, "<gradscope fix>", "exec"), env)
-                for i in range(RUNS):  # see NOTE [ two runs of a step ]
-                    held = resident_bytes(env.values())
-                    resident = held if i == 0 else resident
-                    later_resident = held
-                    src.sweep()
-                    first = len(src.events)
-                    rng, t0 = torch.get_rng_state(), time.perf_counter()
-                    exec(compiled, env)
-                    seconds = time.perf_counter() - t0
-                    src.sweep()
-                    peaks.append(held + _most_above(src.events[first:]))
-                    if i == 0:  # the first run is also the real run its results are compared from
-                        state = _results(env, set(copies) | {k for k in set(env) - before if not k.startswith("_")})
-                        self._reals[(setup, code)] = _Real(state, seconds, not torch.equal(rng, torch.get_rng_state()),
-                                                           tracked=True)
+                trial = self._runs(env, code, setup, counter, first_run)
             finally:
-                src.stop()
+                counter.stop()
         self.progress("run")
-        return Trial(peak=peaks[0], later=max(peaks[1:], default=None), how="cpu copy", resident=resident,
-                     later_resident=later_resident)
+        return dataclasses.replace(trial, how="cpu copy")
+
 
     def _as_at_start(self, copies: Mapping[str, Any]) -> None:
         """See NOTE [ copies start as the block started ]."""
@@ -456,7 +672,7 @@ class Bench:
         compiled = compile(code, "<gradscope fix>", "exec")
         copied, kept = self._split(setup + code)
         with self._quiet():
-            copies = _replica(copied, dropout=dropout)
+            copies = _replica(copied, dropout=dropout, tensors=self._tensors(copied))
         self._as_at_start(copies)
         env = self._env(kept, copied, copies)
         before = set(env)
@@ -482,8 +698,8 @@ class Bench:
         return self._real[dropout]
 
     def _real_run(self, trial: Trial) -> _Real:
-        """The fix's first run for real: the tracked one where the user's step's was tracked too
-        (times compare like with like), else a plain one."""
+        """The fix's first run for real: the one that measured its memory on a CPU copy where the user's
+        step's real run was timed the same way (times compare like with like), else a plain one."""
         cached = self._reals.get((trial.setup, trial.code))
         ref = self._real.get(True)
         if cached is not None and ref is not None and cached.tracked == ref.tracked:
@@ -495,20 +711,21 @@ class Bench:
         ran for real)."""
         if self._user is None:
             self._user = self.measure(self.source)
+            self.room = self._room_of(self._user) if self._room_of is not None and self._user.peak is not None else None
         ref = self._real.get(True)
-        if ref is not None and self._user.seconds is None:
+        if ref is not None and self._user.seconds is None:  # (measured on meta: its time is that of a real run)
             self._user = dataclasses.replace(self._user, seconds=ref.seconds)
         return self._user
 
-    def run(self, code: str, *, setup: str = "", tolerance: float = _TOLERANCE) -> Trial:
-        """``setup`` once and the step (``code``) measured on copies; :meth:`verify` runs it for
-        real and compares its results with the user's step's."""
-        return dataclasses.replace(self.measure(code, setup), tolerance=tolerance)
+    def run(self, code: str, *, setup: str = "", tolerance: float = _TOLERANCE, least: int | None = None) -> Trial:
+        """``setup`` once and the step (``code``) measured on copies (see :meth:`measure`); :meth:`settled`
+        compares its results with the user's step's and measures its next run."""
+        return dataclasses.replace(self.measure(code, setup, least=least), tolerance=tolerance)
 
     def verify(self, trial: Trial) -> Trial:
         """The fix of a measured ``trial`` run once for real on copies, next to the user's step,
         its results compared (see NOTE [ results where randomness allows ])."""
-        if trial.error is not None or trial.verified:
+        if trial.error is not None or trial.verified or trial.bound is not None:
             return trial
         ref = self.reference()
         if ref is None:
@@ -531,17 +748,101 @@ class Bench:
                 worst, where, differs, freed = _compare(off.state, mine_off.state, objects)
                 compared = COMPARED_OFF
             else:
-                return dataclasses.replace(trial, same=None, compared=NOT_COMPARED, seconds=mine.seconds,
+                return dataclasses.replace(trial, same=None, compared=NOT_COMPARED, seconds=trial.seconds or mine.seconds,
                                            verified=True)
         return dataclasses.replace(trial, same=worst <= trial.tolerance, worst=worst, worst_at=where,
-                                   differs=differs, freed=freed, seconds=mine.seconds, compared=compared,
+                                   differs=differs, freed=freed, seconds=trial.seconds or mine.seconds, compared=compared,
                                    verified=True)
 
     @contextlib.contextmanager
     def _quiet(self) -> Any:
-        with warnings.catch_warnings(), _quiet_logging():
+        with warnings.catch_warnings(), quiet_logging():
             warnings.simplefilter("ignore")
             yield
+
+
+# NOTE [ the CPU allocator counts a run ]: a run of a CPU copy counts its memory with the allocator's
+# counter of the compiled hooks where they are in use (the CPU allocator's own reports of each
+# allocation and free, a run's count: see NOTE [ the allocator's counter ] in hooks.cc), else with the
+# tracker (gradscope.memory.TrackerSource, the budget's own count). The tracker passes every operator
+# through Python (about 40 us each on top of the operator: a run of the docs' GPT-2 step under it
+# takes 3.2 times the plain step); the allocator's reports cost a lookup (1.05 to 1.2 times). Both
+# count a run's own allocations only (``_most_above``; the counter in C++), and the allocator counts
+# every byte the tracker counts: each storage an operator makes is one of the allocator's
+# allocations, from its allocation to its free. It counts more, never less: the kernels' own
+# temporaries (CPU convolution's work buffers; the 0-d tensor PyTorch wraps a Python number in),
+# the allocations of the threads the step's thread hands its work to (autograd's), and storages the
+# tracker skips, where they hold bytes. So a fix
+# whose runs fit as the allocator counts them fits as the budget counts them, and the bytes shown are
+# at least those the budget counts (48 B more on the docs' GPT-2 step; tests/test_diagnose.py compares
+# the two on steps with convolutions, optimizers and tensors made from Python data). The one way the
+# tracker counts more is a storage it sees freed late: one held at the end only by a tensor made
+# outside the dispatcher (autograd's unpacked saves) is counted until the next sweep, which the
+# recorder does at each backward step; that lateness makes the budget stricter, never a fix's count.
+class _TrackerCount:
+    """A run's own allocations as the tracker counts them (on meta, or where the compiled hooks are
+    not in use)."""
+
+    name = "tracker"
+
+    def __init__(self, device_type: str) -> None:
+        from gradscope.memory import TrackerSource
+
+        self.source = TrackerSource(device_type)
+        self.first = 0
+
+    def start(self) -> None:
+        self.source.start()
+
+    def begin(self) -> None:
+        self.source.sweep()
+        self.first = len(self.source.events)
+
+    def most(self) -> int:
+        """The most the current run's own allocations held at once so far."""
+        self.source.sweep()
+        return _most_above(self.source.events[self.first:])
+
+    def stop(self) -> None:
+        self.source.stop()
+
+
+class _AllocatorCount:
+    """A run's own allocations as the CPU allocator reports them, counted by the allocator's counter
+    of the compiled hooks (see NOTE [ the CPU allocator counts a run ]): a new one per start."""
+
+    name = "allocator"
+
+    def __init__(self) -> None:
+        self.counter: Any = None
+
+    def start(self) -> None:
+        from gradscope import _native
+
+        self.counter = _native.counter(run=True)
+        self.counter.start()
+
+    def begin(self) -> None:
+        self.counter.restart()
+
+    def most(self) -> int:
+        return int(self.counter.read()[1])
+
+    def stop(self) -> None:
+        counter, self.counter = self.counter, None
+        if counter is not None:
+            counter.stop()
+
+
+def _counter(device: str) -> _TrackerCount | _AllocatorCount:
+    """What counts a run of a copy on ``device`` (``"cpu"``: the allocator's counter where the compiled
+    hooks are in use, else the tracker)."""
+    if device == "cpu":
+        from gradscope import _native
+
+        if _native.counter(run=True) is not None:
+            return _AllocatorCount()
+    return _TrackerCount(device if device == "cpu" else "cuda")
 
 
 def _most_above(events: Any) -> int:
@@ -721,10 +1022,14 @@ class _Rebuilt:
 
 
 @contextlib.contextmanager
-def _quiet_logging() -> Any:
+def quiet_logging() -> Any:
     """Libraries' log records (transformers: "use_cache=True is incompatible with gradient
-    checkpointing") from runs on copies are not the user's: none reaches their output."""
+    checkpointing") from runs on copies are not the user's: none reaches their output. Nothing to do
+    inside another (a switch costs a walk over every logger: the diagnosis holds one around its runs)."""
     before = logging.root.manager.disable
+    if before >= logging.CRITICAL:
+        yield
+        return
     logging.disable(logging.CRITICAL)
     try:
         yield
@@ -755,19 +1060,25 @@ def resident_bytes(values: Any) -> int:
     return sum(seen.values())
 
 
-def _replica(objs: Mapping[str, Any], *, dropout: bool = True) -> dict[str, Any]:
+def _replica(objs: Mapping[str, Any], *, dropout: bool = True,
+             tensors: dict[int, torch.Tensor] | None = None) -> dict[str, Any]:
     """A deep copy of the user's objects on their device, as the user has them (train/eval state,
     dropout); ``dropout=False``: with dropout off (see NOTE [ results where randomness allows ]).
     Tensors that are results of autograd (not leaves) are copied detached, as they cannot be
-    deep-copied."""
+    deep-copied. ``tensors``: the objects' tensors by id, where they were collected already."""
     from gradscope._predict.copies import _collect_tensors, copied_schedulers
 
-    tensors: dict[int, torch.Tensor] = {}
-    _collect_tensors(dict(objs), tensors, set())
+    if tensors is None:
+        tensors = {}
+        _collect_tensors(dict(objs), tensors, set())
     memo: dict[int, Any] = {}
+    storages = collections.Counter(t.untyped_storage().data_ptr() for t in tensors.values() if t.layout == torch.strided)
     for i, t in tensors.items():
         if not t.is_leaf:
             memo[i] = t.detach().clone().requires_grad_(t.requires_grad)
+        elif _clones_as_deepcopy(t, storages):  # (what deepcopy would make, without its Python per tensor)
+            c = t.detach().clone()
+            memo[i] = nn.Parameter(c, t.requires_grad) if type(t) is nn.Parameter else c.requires_grad_(t.requires_grad)
     out = copy.deepcopy(dict(objs), memo)
     copied_schedulers(dict(objs), memo)
     for i, t in tensors.items():  # a parameter's deep copy leaves its gradient behind: the copy has it too
@@ -784,6 +1095,21 @@ def _replica(objs: Mapping[str, Any], *, dropout: bool = True) -> dict[str, Any]
                         if "dropout" in k and isinstance(a, float):
                             setattr(m, k, 0.0)
     return out
+
+
+def _clones_as_deepcopy(t: torch.Tensor, storages: Mapping[int, int]) -> bool:
+    """Whether a leaf tensor's clone is what ``copy.deepcopy`` makes of it: a plain tensor or parameter,
+    dense, no attributes of its own, alone on a storage it fills (deepcopy keeps storages shared; a
+    clone would not)."""
+    if type(t) not in (torch.Tensor, nn.Parameter) or t.layout != torch.strided or t.is_quantized or t.is_meta:
+        return False
+    if t.__dict__ or t.is_conj() or t.is_neg() or t.storage_offset() != 0 or not t.is_contiguous():
+        return False
+    storage = t.untyped_storage()
+    if storage.nbytes() != t.numel() * t.element_size():
+        return False
+    ptr = storage.data_ptr()
+    return ptr != 0 and storages.get(ptr) == 1  # (``storages``: how many of the objects' tensors are on each)
 
 
 def _tensors_of(name: str, v: Any, out: dict[str, torch.Tensor], params: set[str] | None = None) -> None:
@@ -813,8 +1139,10 @@ def _tensors_of(name: str, v: Any, out: dict[str, torch.Tensor], params: set[str
         for i, x in enumerate(v[:10_000]):
             _tensors_of(f"{name}[{i}]", x, out, params)
     elif isinstance(v, dict):
-        for k, x in list(v.items())[:10_000]:
-            _tensors_of(f"{name}[{k!r}]", x, out, params)
+        for i, (k, x) in enumerate(list(v.items())[:10_000]):
+            # a key that is no plain value (a parameter: the optimizer in backward's ``opt_of``) by its place
+            key = repr(k) if isinstance(k, str | int | float | bool | tuple) or k is None else f"<{type(k).__name__} {i}>"
+            _tensors_of(f"{name}[{key}]", x, out, params)
 
 
 def _results(env: Mapping[str, Any], names: set[str]) -> dict[str, dict[str, torch.Tensor]]:
@@ -850,25 +1178,42 @@ def _compare(a: Mapping[str, Any], b: Mapping[str, Any], objects: set[str]) -> t
     return worst, where, tuple(differs), freed
 
 
+def _marked(t: torch.Tensor) -> torch.Tensor:
+    """Non-finite values as numbers that ``torch.equal`` compares: NaN 0, inf 1, -inf -1."""
+    return t.nan_to_num(0.0, 1.0, -1.0)
+
+
 def _difference(ta: Mapping[str, torch.Tensor], tb: Mapping[str, torch.Tensor]) -> tuple[float, str]:
     """Gradients the fix left freed (None) where the step kept them are not a difference: the fix
-    applied them already (the finding says so through ``Trial.freed``)."""
+    applied them already (the finding says so through ``Trial.freed``). Each tensor's difference is its
+    largest one relative to its largest value (parameters scaled, see NOTE [ parameters after an
+    optimizer's step ]); NaN and inf are the same where both hold them at the same places."""
     if set(tb) - set(ta) or any(not k.endswith(".grad") for k in set(ta) - set(tb)):
         return math.inf, ", ".join(sorted(set(ta) ^ set(tb))[:3])
-    ta = {k: v for k, v in ta.items() if k in tb}
     worst, where = 0.0, ""
     for k in ta:
+        if k not in tb:
+            continue
         x, y = ta[k].detach(), tb[k].detach()
         if x.dim() == 0 and y.dim() == 0 and x.is_floating_point() and y.is_floating_point():
             x, y = x.double(), y.double()  # a number and a 0-dim tensor of the same value are the same result
         if x.shape != y.shape or x.dtype != y.dtype:
-            return math.inf, k
+            return math.inf, k.removesuffix(_PARAM)
         if not x.is_floating_point():
             d = 0.0 if torch.equal(x, y) else math.inf
+        elif x.numel() == 0:
+            d = 0.0
         else:
-            x, y = x.double(), y.double()
-            scale = float(x.abs().max()) if x.numel() else 0.0
-            d = float((x - y).abs().max()) / scale if scale > 0 else float((x - y).abs().max()) if x.numel() else 0.0
+            if x.dtype not in (torch.float32, torch.float64):
+                x, y = x.float(), y.float()
+            scale, most = torch.stack([x.abs().max(), (x - y).abs().max()]).double().tolist()
+            if not (math.isfinite(scale) and math.isfinite(most)):  # NaN or inf: the same where both have them
+                fx, fy = x.isfinite(), y.isfinite()
+                if not torch.equal(fx, fy) or not torch.equal(_marked(x[~fx]), _marked(y[~fy])):
+                    return math.inf, k.removesuffix(_PARAM)
+                x, y = x.where(fx, 0.0), y.where(fy, 0.0)
+                scale, most = torch.stack([x.abs().max(), (x - y).abs().max()]).double().tolist()
+            d = most / scale if scale > 0 else most
             if k.endswith(_PARAM):
                 d *= _TOLERANCE / PARAMETER_TOLERANCE  # see NOTE [ parameters after an optimizer's step ]
         if d > worst:

@@ -7,6 +7,7 @@ printed with :func:`ast.unparse`, so what the user reads is exactly what was run
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import textwrap
 import types
@@ -16,7 +17,7 @@ from typing import Any, TypeGuard
 
 import torch
 
-__all__ = ["Shape", "free_names", "shape_of"]
+__all__ = ["Shape", "Statements", "free_names", "shape_of", "statements"]
 
 
 def free_names(code: str) -> set[str]:
@@ -121,6 +122,49 @@ def _locate(tree: ast.AST) -> tuple[list[ast.stmt], int] | None:
                         return stmts, i
         queue.extend(ast.iter_child_nodes(node))
     return None
+
+
+@dataclass(frozen=True)
+class Statements:
+    """A step's own statements, each as source text that runs alone (run one after the other in the same
+    variables, they are the step), a dump of each to compare steps by, and the index of the first that
+    is an ``E.backward(...)`` call (None: none of them is)."""
+
+    texts: tuple[str, ...]
+    dumps: tuple[str, ...]
+    backward: int | None
+
+    def common(self, other: Statements) -> int:
+        """How many leading statements the two steps share."""
+        n = 0
+        for a, b in zip(self.dumps, other.dumps, strict=False):
+            if a != b:
+                break
+            n += 1
+        return n
+
+
+@functools.lru_cache(maxsize=64)
+def statements(source: str) -> Statements | None:
+    """The step's top-level statements (see :class:`Statements`), where each stands on lines of its
+    own; None otherwise, or for a step that does not parse."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    body = tree.body
+    if not body:
+        return None
+    starts = [min([st.lineno, *(d.lineno for d in getattr(st, "decorator_list", []))]) for st in body]
+    for i, st in enumerate(body):
+        if st.col_offset != 0 or st.end_lineno is None or (i + 1 < len(body) and st.end_lineno >= starts[i + 1]):
+            return None
+    lines = source.splitlines(keepends=True)
+    cuts = [0, *(s - 1 for s in starts[1:]), len(lines)]
+    texts = tuple("".join(lines[cuts[i]:cuts[i + 1]]) for i in range(len(body)))
+    found = _locate(tree)
+    backward = found[1] if found is not None and found[0] is body else None
+    return Statements(texts, tuple(ast.dump(st) for st in body), backward)
 
 
 @dataclass
@@ -276,6 +320,71 @@ def autocast(shape: Shape, device: str, dtype: str) -> str:
          ast.keyword("dtype", ast.Attribute(ast.Name("torch", ast.Load()), dtype, ast.Load()))]))], body=body[:k])
     body[:] = [w, *body[k:]]
     return shape.text(tree)
+
+
+def _accumulation(st: ast.stmt) -> tuple[str, ast.expr] | None:
+    """``(L, E)`` for a statement ``L = L + E`` or ``L += E`` (``E`` not reading ``L``), else None."""
+    if isinstance(st, ast.AugAssign) and isinstance(st.target, ast.Name) and isinstance(st.op, ast.Add):
+        name, term = st.target.id, st.value
+    elif (isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name)
+          and isinstance(st.value, ast.BinOp) and isinstance(st.value.op, ast.Add)
+          and isinstance(st.value.left, ast.Name) and st.value.left.id == st.targets[0].id):
+        name, term = st.targets[0].id, st.value.right
+    else:
+        return None
+    return None if name in _names(term) else (name, term)
+
+
+def backward_per_iteration(shape: Shape) -> tuple[str, str] | None:
+    """The step with a loss accumulated over a loop's iterations (``L = L + E`` or ``L += E`` in a ``for``
+    loop of the step's statements, ``L.backward()``, or ``L`` times or over a factor the loop does not
+    change, after it) differentiated in each iteration instead: ``E`` under a name of its own, its
+    backward called there (scaled as the call scaled ``L``), ``L`` adding up its value detached, and the
+    call after the loop gone. The gradients add up in ``.grad`` to the same values, and each
+    iteration's graph is freed once its backward ran. ``(the step, L)``, or None where the step has no
+    such loop (nothing between the loop and the call may read ``L``)."""
+    if shape.backward is None:
+        return None
+    tree, body = shape.fresh()
+    k = shape.backward
+    call = body[k]
+    assert isinstance(call, ast.Expr) and isinstance(call.value, ast.Call) and isinstance(call.value.func, ast.Attribute)
+    target = call.value.func.value
+    factor: tuple[ast.operator, ast.expr] | None = None
+    if isinstance(target, ast.BinOp) and isinstance(target.op, ast.Div | ast.Mult) and isinstance(target.left, ast.Name):
+        factor = (target.op, target.right)
+        target = target.left
+    if not isinstance(target, ast.Name):
+        return None
+    name = target.id
+    for j in range(k - 1, -1, -1):
+        loop = body[j]
+        if not isinstance(loop, ast.For):
+            if name in _names(loop):
+                return None  # read or changed between the loop and the call
+            continue
+        found = [(i, acc) for i, st in enumerate(loop.body) if (acc := _accumulation(st)) is not None and acc[0] == name]
+        if len(found) != 1 or loop.orelse:
+            return None
+        i, (_, term) = found[0]
+        if any(name in _names(st) for n, st in enumerate(loop.body) if n != i):
+            return None
+        stored = {t.id for st in loop.body for t in ast.walk(st) if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store)}
+        stored |= {t.id for t in ast.walk(loop.target) if isinstance(t, ast.Name)}
+        if factor is not None and _names(factor[1]) & (stored | {name}):
+            return None  # a factor the loop changes
+        fresh = _fresh_name(shape.source, "term")
+        use: ast.expr = ast.Name(fresh, ast.Load())
+        if factor is not None:
+            use = ast.BinOp(use, factor[0], factor[1])
+        back = ast.Expr(ast.Call(ast.Attribute(use, "backward", ast.Load()), call.value.args, call.value.keywords))
+        add = ast.Assign(targets=[ast.Name(name, ast.Store())],
+                         value=ast.BinOp(ast.Name(name, ast.Load()), ast.Add(),
+                                         ast.Call(ast.Attribute(ast.Name(fresh, ast.Load()), "detach", ast.Load()), [], [])))
+        loop.body[i:i + 1] = [ast.Assign(targets=[ast.Name(fresh, ast.Store())], value=term), back, add]
+        del body[k]
+        return shape.text(tree), name
+    return None
 
 
 class _Drop(ast.NodeTransformer):

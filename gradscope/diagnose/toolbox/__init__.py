@@ -10,11 +10,12 @@ from gradscope.diagnose.toolbox import (
     autocast,
     checkpoint,
     dead_forwards,
+    loop_backward,
     micro_batches,
     set_to_none,
     step_in_backward,
 )
 
-TOOLBOX = (dead_forwards, checkpoint, micro_batches, step_in_backward, set_to_none, autocast)
+TOOLBOX = (dead_forwards, checkpoint, micro_batches, loop_backward, step_in_backward, set_to_none, autocast)
 
 __all__ = ["TOOLBOX"]

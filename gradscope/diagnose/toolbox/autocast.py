@@ -17,8 +17,8 @@ ACCEPTED = 0.05  # largest relative difference of a result shown as acceptable f
 def propose(ctx: Context, bench: Bench, shape: Shape, room: Room | None) -> list[tuple[Finding, Any]]:
     if shape.backward is None or "autocast" in bench.source:
         return []
-    if room is not None and any(room.fits(t) for t in bench.measured()):
-        return []  # a change of precision is advice for a step nothing else makes fit
+    if room is not None and any(room.fits(t) and t.same is not False for t in bench.measured()):
+        return []  # a change of precision is advice for a step nothing else makes fit (with the same results)
     code = autocast(shape, bench.device, "bfloat16")
     trial = bench.run(code, tolerance=ACCEPTED)
     return [(Finding(

@@ -127,8 +127,8 @@ def propose(ctx: Context, bench: Bench, shape: Shape, room: Room | None) -> list
             trial, k = None, len(plan)
             if room is not None:  # the fewest segments, most saved activations first, that make the step fit
                 for k in range(1, len(plan) + 1):
-                    trial = bench.run(bench.source, setup=_generic(name, plan[:k], bn))
-                    if trial.error is not None or (trial.peak is not None and room.fits(trial)):
+                    trial = bench.fitted(bench.run(bench.source, setup=_generic(name, plan[:k], bn)), room)
+                    if trial.error is not None or trial.same is False or room.fits(trial):
                         break
             if trial is None:
                 trial = bench.run(bench.source, setup=_generic(name, plan, bn))

@@ -28,8 +28,9 @@ def propose(ctx: Context, bench: Bench, shape: Shape, room: Room | None) -> list
         if trial.error is not None:
             best = best or (m, code, trial)
             break  # another size gives the same answer
+        trial = trial if room is None else bench.fitted(trial, room)
         best = (m, code, trial)
-        if room is None or (trial.peak is not None and room.fits(trial)):
+        if room is None or trial.error is not None or trial.same is False or room.fits(trial):
             break
     if best is None:
         return []

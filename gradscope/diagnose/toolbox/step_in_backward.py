@@ -13,7 +13,8 @@ import torch
 from gradscope.diagnose.facts import Context
 from gradscope.diagnose.measure import Bench, Room
 from gradscope.diagnose.report import Finding
-from gradscope.diagnose.step import Shape, compose, without
+from gradscope.diagnose.step import Shape, compose, statements, without
+from gradscope.diagnose.toolbox._common import models
 
 
 def _arguments(opt: torch.optim.Optimizer) -> list[str]:
@@ -35,6 +36,25 @@ def _same(a: object, b: object) -> bool:
         return bool(a == b) and type(a) is type(b) or (isinstance(a, tuple | list) and list(a) == list(b))  # type: ignore[call-overload]
     except Exception:
         return False
+
+
+def _least(ctx: Context, bench: Bench, step: str, opt: torch.optim.Optimizer) -> int | None:
+    """The least the fixed step's first run holds at once (see NOTE [ runs a fix needs ] in
+    gradscope.diagnose.measure): its set-up makes no tensor (the per-parameter optimizers share the
+    state); up to the backward call it runs the user's statements as they are; during that call it
+    holds at most the parameters' gradients less than the user's step (it frees each once applied; the
+    optimizer's state and temporaries it makes then only add). Not where a gradient is sparse (its
+    bytes are not its parameter's)."""
+    own = statements(bench.source)
+    if own is None or own.backward is None:
+        return None
+    params = {id(p): p for group in opt.param_groups for p in group["params"] if p.requires_grad}
+    for _, model in models(ctx, bench.source):
+        for m in model.modules():
+            if getattr(m, "sparse", False) is True and any(id(p) in params for p in m.parameters(recurse=False)):
+                return None
+    grads = sum(p.numel() * p.element_size() for p in params.values())
+    return bench.least(step, before=own.backward, slack=grads)
 
 
 def propose(ctx: Context, bench: Bench, shape: Shape, room: Room | None) -> list[tuple[Finding, Any]]:
@@ -70,7 +90,7 @@ def propose(ctx: Context, bench: Bench, shape: Shape, room: Room | None) -> list
     )
     step = without(shape, {(name, "step"), (name, "zero_grad")})
     code = compose(setup, step)
-    trial = bench.run(step, setup=setup)
+    trial = bench.run(step, setup=setup, least=_least(ctx, bench, step, opt))
     return [(Finding(
         pattern="optimizer_state",
         bytes=0,
