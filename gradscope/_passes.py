@@ -47,7 +47,6 @@ from gradscope._trace import (
     BackwardRow,
     Trace,
 )
-from gradscope.errors import MemoryBudgetExceeded
 from gradscope.recording import (
     Allocation,
     BackwardCall,
@@ -268,7 +267,7 @@ def steps_pass(trace: Trace, graph: Graph) -> Steps:
     (``autograd.grad`` returns nothing then)."""
     out = Steps()
     mt = trace.memory_trace
-    from_scopes = mt.source == "cpu" and bool(mt.scopes)
+    from_scopes = mt.source.node_scopes and bool(mt.scopes)
     by_pass: dict[int | None, list[int]] = {}  # each pass's own node scopes, read once (not once a pass)
     if from_scopes:
         for k, sc in enumerate(mt.scopes):
@@ -334,7 +333,7 @@ def _steps_from_events(trace: Trace, graph: Graph, b_index: int, b: BackwardRow,
         before_l.append(live)
         after_l.append(None)
         cur_node, closed = node, False
-    if trace.memory in ("off", "counter") and len(node_l) > first:
+    if trace.memory.steps_by_unpack and len(node_l) > first:
         _add_unseen_steps(graph, b, out, first, freed_here)
     n = len(node_l)
     if b.error is not None and n > first and n - 1 not in closed_at and _hooks_every_node(trace):
@@ -434,7 +433,7 @@ def engine_order(graph: Graph, b: BackwardRow) -> list[int]:
 def _hooks_every_node(trace: Trace) -> bool:
     """Whether every node of a pass had a pre and a post hook (the sources that read memory at
     each step's start and end)."""
-    return trace.memory in ("tracker", "cuda")
+    return trace.memory.node_hooks
 
 
 def _add_unseen_steps(graph: Graph, b: BackwardRow, out: Steps, first: int, freed_here: list[int]) -> None:
@@ -751,7 +750,7 @@ def memory_pass(trace: Trace, graph: Graph, prefixes: Sequence[str], steps: Step
             list(c) for c in zip(*events, strict=True))
     else:
         t_l = size_l = key_l = label_l = scope_l = stamp_l = res_l = call_l = hint_l = bw_l = line_l = seq_l = []
-    if mt.source == "counter" and n:  # see NOTE [ a long loop's memory ] in gradscope.memory
+    if mt.source.unscoped and n:  # see NOTE [ a long loop's memory ] in gradscope.memory
         bw_l, hint_l, line_l = _counter_context(trace, graph, node_line, t_l, seq_l)
     ev_step = _event_steps(trace, steps, scope_l, bw_l, stamp_l, t_l)
     # each event's line: in backward the running node's, else what the source saw (see NOTE [ where
@@ -1076,7 +1075,7 @@ def _saves_to_allocations(trace: Trace, saves: Saves, allocs: _AllocColumns, key
         got[1].append(a_t[i])
     key_field = S_SKEY if key_kind == "storage" else S_PTR
     # one clock for the tracker's and the allocator counter's events and the saves: no slack
-    slack = 0 if key_kind == "storage" or trace.memory_trace.source == "counter" else _CLOCK_SLACK_NS
+    slack = 0 if trace.memory_trace.source.our_clock else _CLOCK_SLACK_NS
     out: dict[int, int] = {}
     saver: dict[int, int] = {}
     right = bisect.bisect_right
@@ -1243,7 +1242,7 @@ def notes_pass(trace: Trace, graph: Graph, saves: Saves, steps: Steps, unseen: i
         )
     compiled = names.count("CompiledFunctionBackward")
     if compiled:
-        tracker = trace.memory == "tracker"
+        tracker = trace.memory.dispatch_mode
         notes.append(
             f"{compiled} torch.compile'd regions ran as single CompiledFunctionBackward nodes: the "
             "operations inside them are not shown; the tensors they save for backward are counted"
@@ -1266,7 +1265,7 @@ def notes_pass(trace: Trace, graph: Graph, saves: Saves, steps: Steps, unseen: i
             "block; they allow no saved-tensor hooks, so gradscope stepped aside inside them: their "
             "internal graph and saved tensors are not recorded (memory still is)."
         )
-    if trace.memory == "tracker":
+    if trace.memory.dispatch_mode:
         notes.append(tracker_note(trace))
     if steps.unordered_passes:
         notes.append(
@@ -1275,7 +1274,7 @@ def notes_pass(trace: Trace, graph: Graph, saves: Saves, steps: Steps, unseen: i
             "steps of nodes that save nothing are not shown there; memory='tracker' hooks every node."
         )
     raised = sum(1 for b in trace.backwards if b.observed and b.error is not None)
-    if raised and trace.memory == "off":
+    if raised and not trace.memory.measures:
         notes.append(
             f"memory='off': {raised} backward call(s) raised; their steps end at the last node seen to run "
             "(one that unpacked a saved tensor, a custom Function, a leaf): nodes that save nothing and ran "
@@ -1383,11 +1382,7 @@ def build(trace: Trace, *, complete: bool = True, error: str | None = None) -> R
     })
     mt = trace.memory_trace
     baseline = mt.baseline if mt.baseline is not None else _baseline(trace, saves, kinds)
-    failure = trace.failure
-    oom = None
-    if isinstance(failure, MemoryBudgetExceeded):
-        oom = OomInfo(requested=int(failure.requested), live=int(failure.live), budget=int(failure.budget),
-                      where=str(failure.where))
+    oom = None if trace.refusal is None else OomInfo(**trace.refusal.to_dict())  # NOTE [ one refusal ] in errors
     held = None
     if mt.key_kind != "none" and len(mem.allocations):
         saved_by_alloc: dict[int, int] = {}
@@ -1403,7 +1398,7 @@ def build(trace: Trace, *, complete: bool = True, error: str | None = None) -> R
     calls = backward_calls_pass(trace, graph, steps)
     created = max(trace.seq1 - trace.seq0, 0)
     seen_created = sum(1 for row in graph.rows if isinstance(row[N_KEY], int) and row[N_SEQ] >= trace.seq0) - unseen
-    off = trace.memory == "off"
+    off = not trace.memory.measures
     return Recording(
         nodes=nodes,
         edges=graph.edges,
@@ -1440,16 +1435,15 @@ def caught_budget_pass(trace: Trace) -> dict[str, Any]:
     error itself (``except torch.OutOfMemoryError``) and went on; the diagnosis reads it as the
     block's failure. Empty otherwise."""
     refused = trace.memory_trace.refused
-    if refused is None or isinstance(trace.failure, MemoryBudgetExceeded):
+    if refused is None or trace.refusal is not None:
         return {}
-    requested, live, budget, where = refused
-    return {"caught_budget": {"requested": requested, "live": live, "budget": budget, "where": where}}
+    return {"caught_budget": refused.to_dict()}
 
 
 def collectives_pass(trace: Trace) -> dict[str, Any]:
     """``extra["collectives"]``: the communication the memory source saw (a distributed job under
     the profiler source), one row per collective, seconds from the block's start like the
-    timeline (see NOTE [ collectives in a recording ] in :mod:`gradscope.memory`). Empty when
+    timeline (see NOTE [ collectives in a recording ] in :mod:`gradscope._memory.profiler`). Empty when
     there was none."""
     rows = trace.memory_trace.collectives
     if not rows:
@@ -1481,8 +1475,5 @@ def _baseline(trace: Trace, saves: Saves, kinds: Sequence[Kind]) -> int:
 
 
 def _where(trace: Trace, device: str) -> Where:
-    source = {"cpu": "cpu-allocator (profiler events)", "tracker": "storage tracker",
-              "cuda": "cuda caching allocator", "off": "off",
-              "counter": "cpu-allocator (allocator counter)"}.get(trace.memory, trace.memory)
-    return Where(device=device, memory_source=source, torch_version=str(trace.torch_version), rank=trace.rank,
+    return Where(device=device, memory_source=trace.memory.shown, torch_version=str(trace.torch_version), rank=trace.rank,
                  world_size=trace.world_size, hostname=socket.gethostname())
