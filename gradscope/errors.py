@@ -62,6 +62,9 @@ class MemoryBudgetExceeded(torch.OutOfMemoryError):
         msg += ". Call gs.diagnose(rec.recording) to see what held the memory."
         super().__init__(msg)
 
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled as its refusal (another process, a saved error)
+        return type(self), (self.refusal,)
+
     @property
     def requested(self) -> int:
         return self.refusal.requested

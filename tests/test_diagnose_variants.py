@@ -4,6 +4,7 @@ trains, and an out-of-memory caught inside the block."""
 from __future__ import annotations
 
 import json
+import pickle
 from typing import Any
 
 import pytest
@@ -180,6 +181,8 @@ def test_a_budget_refusal_is_one_value(requested: int, live: int, budget: int, w
     assert e.refusal is refusal and (e.requested, e.live, e.budget, e.where) == (requested, live, budget, where)
     assert gs.MemoryBudgetExceeded(requested, live, budget, where=where).refusal == refusal
     assert BudgetRefusal.from_dict(json.loads(json.dumps(refusal.to_dict()))) == refusal
+    again = pickle.loads(pickle.dumps(e))  # another process gets the same value (and the same words)
+    assert again.refusal == refusal and str(again) == str(e)
 
 
 def test_the_trackers_refusal_reaches_the_diagnosis_unchanged() -> None:
