@@ -434,7 +434,7 @@ def start_node_profiler(ops: bool = False) -> None:
     In a process of a ``torch.distributed`` job, op scopes are recorded too, with their inputs'
     shapes: communication ops (``c10d::_allgather_base_`` ...) then label the memory they allocate,
     and their tensors' sizes give the bytes each collective moves (see NOTE [ collectives in a
-    recording ] in :mod:`gradscope.memory`).
+    recording ] in :mod:`gradscope._memory.profiler`).
     """
     from torch._C._profiler import (
         ProfilerActivity,
@@ -740,7 +740,7 @@ TRACE_ACTION, TRACE_SIZE, TRACE_ADDR, TRACE_TIME_US, TRACE_FRAMES = "action", "s
 
 # The operator through which tensors made outside the dispatcher (``torch.tensor(data)``,
 # ``torch.as_tensor``, ``torch.asarray``, ``new_tensor``, ...) enter it (see NOTE [ tensors made
-# outside dispatch ] in gradscope.memory); None where this torch lacks it.
+# outside dispatch ] in gradscope._memory.tracker); None where this torch lacks it.
 LIFT_FRESH_OP: Any = getattr(getattr(torch.ops.aten, "lift_fresh", None), "default", None)
 
 

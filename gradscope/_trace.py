@@ -41,6 +41,9 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gradscope._memory.kind import MemoryKind
+from gradscope.errors import BudgetRefusal
+
 __all__ = ["BackwardRow", "MemoryTrace", "Trace"]
 
 # saves
@@ -91,7 +94,7 @@ class BackwardRow:
 class MemoryTrace:
     """What a memory source hands over when it stops (see :mod:`gradscope.memory`)."""
 
-    source: str = "off"  # "cpu", "tracker", "cuda", "off"
+    source: MemoryKind = MemoryKind.OFF  # the kind of source that measured (a kind's name is read as the kind)
     device: str = "cpu"
     online: bool = False
     key_kind: str = "none"  # what AllocEvent.key is: "address", "storage" or "none"
@@ -104,18 +107,21 @@ class MemoryTrace:
     total: int | None = None
     failures: list[str] = field(default_factory=list)
     # collectives seen by the profiler source in a distributed job: (op, t0_ns, t1_ns, bytes,
-    # kind) rows (see NOTE [ collectives in a recording ] in gradscope.memory)
+    # kind) rows (see NOTE [ collectives in a recording ] in gradscope._memory.profiler)
     collectives: list[tuple[str, int, int, int, str]] = field(default_factory=list)
     # events recorded when the source refused an allocation (a budget); what came after is
     # the exception unwinding (see NOTE [ what is live at the failing moment ] in gradscope._held)
     failed_at: int | None = None
-    refused: tuple[int, int, int, str] | None = None  # the first allocation a budget refused: bytes, live, budget, op
+    refused: BudgetRefusal | None = None  # the first allocation a budget refused (NOTE [ one refusal ] in gradscope.errors)
     # the tracker saw forward-mode AD's zero tangents of tensors without a tangent (PyTorch then
     # uses efficient zero tensors; without a dispatch mode it materializes them: see tracker_note)
     zero_tangents: bool = False
     # a source whose events are read after the block (the profiler's): fills the rows above when
     # the analysis starts (see NOTE [ analysis on first look ] in gradscope.record)
     pending: Callable[[MemoryTrace], None] | None = None
+
+    def __post_init__(self) -> None:
+        self.source = MemoryKind.of(self.source)
 
     def resolve(self) -> MemoryTrace:
         """Fill the rows a source left to be read later; returns self."""
@@ -130,7 +136,7 @@ class Trace:
     """Everything the hooks of one block appended (see the module docstring for row layouts)."""
 
     tid: int = 0
-    memory: str = "off"
+    memory: MemoryKind = MemoryKind.OFF  # the block's kind of memory source (a kind's name is read as the kind)
     label: str = ""
     t0_ns: int = 0
     t1_ns: int = 0
@@ -175,7 +181,7 @@ class Trace:
     unseen_saves: int = 0  # saves this torch cannot attribute (see _compat.capabilities)
     func_regions: int = 0  # torch.func transforms run inside the block
     notes: list[str] = field(default_factory=list)  # raw notes (internal errors, capabilities)
-    failure: Any = None  # the exception that ended the block, if any
+    refusal: BudgetRefusal | None = None  # the budget's refusal that ended the block, if one did
     max_events: int | None = 200_000
     modules_given: bool = False  # modules= was passed
     torch_version: str = ""
@@ -188,3 +194,6 @@ class Trace:
     marks: list[tuple[int, int, int, int]] = field(default_factory=list)
     save_base: int = 0
     piece_t0_ns: int = 0  # when this piece began (0: the block's start, t0_ns)
+
+    def __post_init__(self) -> None:
+        self.memory = MemoryKind.of(self.memory)

@@ -786,7 +786,7 @@ def _paths(flat: list[tuple[str, Any]]) -> str:
 def _memory_of(recording: Recording | None) -> tuple[int | None, int | None]:
     if recording is None:
         return None, None
-    peak = None if recording.where.memory_source == "off" else recording.peak_bytes
+    peak = recording.peak_bytes if recording.where.measured else None
     return peak, recording.saved_bytes
 
 

@@ -439,7 +439,7 @@ def predict_job(
     world = len(per_rank)
     if units is not None and strategy != "fsdp":
         raise GradscopeError("gradscope: predict_job(units=...) is for strategy='fsdp'.")
-    from gradscope.memory import parse_size
+    from gradscope._units import parse_size
 
     cap = parse_size(budget)
     cache: dict[Any, RankPrediction] = {}

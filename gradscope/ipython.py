@@ -51,8 +51,9 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
+from gradscope._units import parse_size
 from gradscope.errors import GradscopeError, MemoryBudgetExceeded
-from gradscope.memory import parse_size
+from gradscope.memory import MemoryKind
 from gradscope.recording import Recording, format_bytes
 
 __all__ = [
@@ -81,7 +82,7 @@ class _State:
     saved_registry: Any = None
     oom: bool = False
     oom_budget: int | None = None
-    oom_memory: str = "auto"
+    oom_memory: MemoryKind = MemoryKind.OFF  # set by %gradscope oom on
     oom_cell_only: bool = False  # oom on --cell-only: budgets count only what each cell allocates
     saved_custom_exceptions: tuple[type[BaseException], ...] = ()
     saved_custom_tb: Any = None
@@ -171,10 +172,11 @@ class GradscopeMagics(Magics):
             raise UsageError(f"gradscope: -o takes a variable name, got {args.output!r}.")
         from gradscope.record import record
 
-        cell_budget, resident, held = _cell_budget(budget, args.memory, shell.user_ns, args.cell_only)
+        kind = _memory_kind(args.memory, budget)
+        cell_budget, resident, held = _cell_budget(budget, kind, shell.user_ns, args.cell_only)
         try:
             rec = record(
-                memory=args.memory,
+                memory=kind,
                 budget=cell_budget,
                 label=args.label,
                 modules=_namespace_modules(shell.user_ns) or None,
@@ -266,10 +268,8 @@ class GradscopeMagics(Magics):
         budget = _parse_budget(args.budget)
         if args.cell_only and budget is None:
             raise UsageError("gradscope: --cell-only goes with --budget SIZE (it says what the budget counts).")
-        memory = args.memory
-        if memory == "auto":
-            memory = "cuda" if torch.cuda.is_available() else "tracker"
-        if memory == "cuda" and not torch.cuda.is_available():
+        memory = _memory_kind(args.memory, None, online=True)
+        if memory.history and not torch.cuda.is_available():
             raise UsageError(
                 "gradscope: --memory cuda but CUDA is not available; use --memory tracker "
                 "with --budget SIZE to simulate a device."
@@ -281,6 +281,14 @@ class GradscopeMagics(Magics):
 
 
 # ----------------------------------------------------------------------------------------------
+def _memory_kind(name: str, budget: int | None, online: bool = False) -> MemoryKind:
+    """``--memory NAME`` read once into its kind (``online``: ``auto`` takes the tracker without a GPU)."""
+    try:
+        return MemoryKind.resolve(name, budget, online=online)
+    except GradscopeError as e:
+        raise UsageError(str(e)) from None
+
+
 def _parse_budget(text: str | None) -> int | None:
     if text is None:
         return None
@@ -383,7 +391,7 @@ def _finish(st: _State, rec: Any, err: BaseException | None, ns: dict[str, Any] 
 
 
 def _cell_budget(
-    budget: int | None, memory: str, ns: dict[str, Any], cell_only: bool = False
+    budget: int | None, memory: MemoryKind | str, ns: dict[str, Any], cell_only: bool = False
 ) -> tuple[int | None, int, dict[str, int]]:
     """The part of a simulated device left for one cell: what the user's variables already hold
     on the CPU (tensors, models with their gradients, optimizer state) is resident on that device
@@ -395,15 +403,8 @@ def _cell_budget(
     that hold them and the least budget (more than the resident bytes, plus what the cell
     allocates, which nothing knows before it runs). ``cell_only`` (``--cell-only``) counts only
     what the cell allocates against the budget, as ``gs.record(budget=...)`` does."""
-    from gradscope.memory import resolve_memory
-
-    if budget is None:
-        return None, 0, {}
-    try:
-        if resolve_memory(memory, budget) != "tracker":
-            return budget, 0, {}
-    except GradscopeError as e:
-        raise UsageError(str(e)) from None
+    if budget is None or not MemoryKind.resolve(memory, budget).budgets:
+        return budget, 0, {}
     if cell_only:
         return budget, 0, {}
     held = _resident_by_variable(ns)
@@ -530,17 +531,17 @@ def _oom_status(st: _State) -> str:
         else f"a simulated {_size(st.oom_budget)} device"
         if st.oom_budget is not None
         else "the CUDA allocator"
-        if st.oom_memory == "cuda"
-        else f"memory source {st.oom_memory}"
+        if st.oom_memory.history
+        else f"memory source {st.oom_memory.value}"
     )
     text = (
         f"gradscope: OOM diagnosis is on: each cell runs under a recording ({dev}); a cell that "
         "raises torch.OutOfMemoryError shows a diagnosis before its traceback."
     )
-    if st.oom_memory == "cuda":
+    if st.oom_memory.history:
         text += (f" With the allocator's history on, a CUDA OOM also saves its snapshot in {st.snapshot_dir!r} "
                  "(gs.load_snapshot(path), or PyTorch's memory_viz).")
-    if st.oom_budget is None and st.oom_memory != "cuda":
+    if st.oom_budget is None and not st.oom_memory.history:
         text += (
             " No GPU and no --budget: nothing here will run out of memory; add --budget SIZE "
             "(e.g. 8GiB) to run cells on a simulated device of that size."
@@ -548,7 +549,7 @@ def _oom_status(st: _State) -> str:
     return text
 
 
-def _oom_on(shell: Any, st: _State, budget: int | None, memory: str) -> None:
+def _oom_on(shell: Any, st: _State, budget: int | None, memory: MemoryKind) -> None:
     st.oom_budget, st.oom_memory = budget, memory
     if st.oom:
         return
@@ -613,7 +614,7 @@ def _make_pre(shell: Any) -> Any:
                 budget=cell_budget,
                 label="cell (oom watch)",
                 modules=_namespace_modules(shell.user_ns) or None,
-                history=st.oom_memory == "cuda",
+                history=st.oom_memory.history,
             )
             rec.given_step = _cell_step(shell, raw)
             rec.__enter__()
@@ -747,7 +748,7 @@ def _oom_handler(
         name = st.recording_name
         recording: Recording | None
         snapshot = None
-        if rec is not None and st.watching and st.oom_memory == "cuda":
+        if rec is not None and st.watching and st.oom_memory.history:
             snapshot = _save_snapshot(st)  # while the allocator's history is still on
         if rec is not None:
             recording = _finish(st, rec, value, shell.user_ns)

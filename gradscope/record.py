@@ -73,6 +73,12 @@ from gradscope import _compat, _compiled, _iterations, _names, _native, _passes
 from gradscope._compiled import compiled_saves
 from gradscope._gc import paused
 from gradscope._lines import LineTable, lines_enabled
+from gradscope._memory.counter import CounterSource
+from gradscope._memory.cuda import CudaSource
+from gradscope._memory.kind import MemoryKind
+from gradscope._memory.make import make_source
+from gradscope._memory.profiler import ProfilerSource
+from gradscope._memory.source import MemorySource
 from gradscope._source import OWN_FILES as _OWN_FILES
 from gradscope._trace import (
     C_SEQ1,
@@ -80,7 +86,7 @@ from gradscope._trace import (
     EV_POST,
     Trace,
 )
-from gradscope._units import format_bytes
+from gradscope._units import format_bytes, parse_size
 from gradscope._walk import release
 from gradscope.capture.discover import GraphDiscovery
 from gradscope.capture.engine import EngineInterception, EngineRoute
@@ -96,15 +102,6 @@ from gradscope.capture.patches import _active
 from gradscope.capture.saves import SavedTensors
 from gradscope.capture.state import Block, _new_state
 from gradscope.errors import GradscopeError, MemoryBudgetExceeded
-from gradscope.memory import (
-    CounterSource,
-    CudaSource,
-    MemorySource,
-    ProfilerSource,
-    make_source,
-    parse_size,
-    resolve_memory,
-)
 from gradscope.recording import Loop, Recording
 
 __all__ = ["compiled_saves", "record", "release"]
@@ -147,7 +144,7 @@ class record:  # noqa: N801 - as torch.no_grad
         ['model.0.bias', 'model.0.weight']
     """
 
-    def __init__(self, memory: str = "auto", *, budget: int | str | None = None, label: str = "",
+    def __init__(self, memory: str | MemoryKind = "auto", *, budget: int | str | None = None, label: str = "",
                  modules: nn.Module | Mapping[str, nn.Module] | None = None,
                  max_events: int | None = 200_000, history: bool = False,
                  tracker_device: str = "cpu", lines: bool | None = None, compiled: str = "attribute",
@@ -158,7 +155,7 @@ class record:  # noqa: N801 - as torch.no_grad
             raise GradscopeError(f"gradscope: progress= takes a number of iterations >= 1, got {progress!r}.")
         self._progress = progress
         self._compiled = _compiled.Observer(compiled)
-        self._memory = resolve_memory(memory, self._budget)
+        self._memory = MemoryKind.resolve(memory, self._budget)  # the user's name, read once
         if max_events is not None and (not isinstance(max_events, int) or max_events < 2):
             raise GradscopeError(f"gradscope: max_events must be an int >= 2 or None, got {max_events!r}.")
         if modules is not None and not isinstance(modules, nn.Module | Mapping):
@@ -225,8 +222,7 @@ class record:  # noqa: N801 - as torch.no_grad
             internal = e
         b.state.stack.clear()  # module calls that raised: never keep a user's module alive
         # the trace keeps no reference to the exception (its traceback holds the user's frames)
-        trace.failure = (MemoryBudgetExceeded(exc.requested, exc.live, exc.budget, where=exc.where)
-                         if isinstance(exc, MemoryBudgetExceeded) else None)
+        trace.refusal = exc.refusal if isinstance(exc, MemoryBudgetExceeded) else None
         trace.failed_oom = isinstance(exc, torch.OutOfMemoryError)
         trace.rank, trace.world_size = _distributed()
         error = None
@@ -350,7 +346,7 @@ class record:  # noqa: N801 - as torch.no_grad
     @staticmethod
     def _events_of(mt: Any) -> Any:
         """A piece's memory events for the rows (None: no memory figures)."""
-        return None if mt.source == "off" else mt.events
+        return mt.events if mt.source.measures else None
 
     def add_roots(self, *tensors: torch.Tensor) -> None:
         """Name more results whose graphs belong to this recording (before the block ends)."""
@@ -422,7 +418,7 @@ class record:  # noqa: N801 - as torch.no_grad
     def _module_hooks(self) -> tuple[Any, Any]:
         """The current piece's module hooks (compiled where the source marks no call)."""
         b, modules, src = self._block, self._modules, self._block.source
-        if b.native is not None and (src is None or not src.marks_calls):  # NOTE [ compiled module hooks ]
+        if b.native is not None and (src is None or not src.kind.marks_calls):  # NOTE [ compiled module hooks ]
             compiled = b.native.ModHooks(b.state, b.trace.calls, b.trace.module_paths, modules._root_of, b.roots,
                                          b.internal, b.tid)
             return _outside_compilers(compiled.pre), _outside_compilers(compiled.post)
@@ -501,7 +497,7 @@ class record:  # noqa: N801 - as torch.no_grad
         new_src: MemorySource | None = src
         if isinstance(src, ProfilerSource):
             trace.memory_trace = src.stop()
-            new_src, memory = None, "counter"  # started once the next piece is in place (below)
+            new_src, memory = None, memory.long_loop  # started once the next piece is in place (below)
         elif src is not None:
             trace.memory_trace = src.cut()  # type: ignore[attr-defined]
         trace.memory_trace.resolve()
@@ -521,7 +517,7 @@ class record:  # noqa: N801 - as torch.no_grad
         except BaseException:  # the block's own place on the hooks' stack is kept whatever happens
             _compat.push_saved_tensors_hooks(old_saves.pack, old_saves.unpack)
             raise
-        if memory == "counter" and new_src is None:  # see NOTE [ a long loop's memory ] in gradscope.memory
+        if memory is not old.memory and new_src is None:  # see NOTE [ a long loop's memory ] in gradscope.memory
             counter = CounterSource(_native.counter())
             counter.start()
             b.source = new_src = counter
@@ -592,7 +588,7 @@ class record:  # noqa: N801 - as torch.no_grad
             call[C_SEQ1] = _compat.sequence_nr()
             call[C_T1] = time.time_ns()
             try:
-                if src is not None and src.marks_calls:
+                if src is not None and src.kind.marks_calls:
                     src.call_exit(token, "")
             except Exception as e:
                 first = first or e

@@ -127,7 +127,7 @@ def summary_text(rec: Recording, top: int = 5) -> str:
         lines.append(f"  backward: {rec.backward_passes} {passes}, {len(rec.steps)} node steps"
                      + _backward_calls_text(rec))
     lines += _failed_calls_lines(rec)
-    if rec.where.memory_source == "off":
+    if not rec.where.measured:
         lines.append("  memory: not measured (memory='off')")
     else:
         lines.append(

@@ -329,7 +329,7 @@ def recording_payload(
             "baseline_bytes": rec.baseline_bytes,
             "steps": len(rec.steps),
             "device": rec.where.device,
-            "memory": rec.where.memory_source != "off" or bool(rec.timeline),
+            "memory": rec.where.measured or bool(rec.timeline),
             "complete": rec.complete,
             "error": rec.error,
         },

@@ -15,6 +15,7 @@ from conftest import mlp
 
 import gradscope as gs
 from gradscope import memory
+from gradscope._memory import cuda as memory_cuda
 from gradscope.recording import Phase
 
 
@@ -74,7 +75,7 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> Any:
     fake = _FakeAllocator(tracker)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(memory, "_TorchCudaStats", lambda: fake)
+    monkeypatch.setattr(memory_cuda, "_TorchCudaStats", lambda: fake)
     tracker.start()
     yield fake
     tracker.stop()

@@ -73,13 +73,13 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 # module or a package (a package's modules are in its layer unless named in another).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base: units, errors, the view registry, PyTorch's private APIs, the raw trace",
-     ("gradscope._units", "gradscope.errors", "gradscope._views", "gradscope._stderr", "gradscope._source",
+     ("gradscope._error", "gradscope._units", "gradscope.errors", "gradscope._memory.kind", "gradscope._views", "gradscope._stderr", "gradscope._source",
       "gradscope._compat", "gradscope._trace", "gradscope._frames", "gradscope._series", "gradscope._page", "gradscope._gc")),
     ("data model: the Recording and what its numbers mean",
      ("gradscope.recording", "gradscope._recording", "gradscope.figures", "gradscope._held", "gradscope._names", "gradscope._lines",
       "gradscope.jobs.data", "gradscope._growth")),
     ("capture: hooks, memory sources, the passes that make a Recording",
-     ("gradscope._native", "gradscope._walk", "gradscope._passes", "gradscope.memory", "gradscope._compiled",
+     ("gradscope._native", "gradscope._walk", "gradscope._passes", "gradscope.memory", "gradscope._memory", "gradscope._compiled",
       "gradscope.capture", "gradscope.record", "gradscope._iterations")),
     ("analyses: strategies, snapshots, prediction, comparison, diagnosis, jobs",
      ("gradscope.strategies", "gradscope._snapshot", "gradscope.snapshot", "gradscope.predict", "gradscope._predict",

@@ -23,7 +23,7 @@ from _snapshots import FakeAllocator, MiB, Oom, frames, snapshot, write
 from IPython.testing import globalipapp
 
 import gradscope as gs
-from gradscope import memory
+from gradscope._memory import cuda as memory_cuda
 
 CELL = "/tmp/ipykernel_4242/1234567.py"
 
@@ -100,7 +100,7 @@ def shell(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[tuple[Any
     fake = FakeCuda(alloc)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(memory, "_TorchCudaStats", lambda: fake)
+    monkeypatch.setattr(memory_cuda, "_TorchCudaStats", lambda: fake)
     monkeypatch.chdir(tmp_path)
     ip = globalipapp.get_ipython() or globalipapp.get_ipython()
     ip.run_line_magic("load_ext", "gradscope")

@@ -20,8 +20,8 @@ import pytest
 from gradscope import _passes as P
 from gradscope._compat import ACC_SEQ
 from gradscope._trace import EV_FREED, EV_LIVE, EV_POST, EV_PRE, EV_UNPACK, BackwardRow, MemoryTrace, Trace
-from gradscope.errors import MemoryBudgetExceeded
-from gradscope.memory import AllocEvent, EvalScope
+from gradscope.errors import BudgetRefusal
+from gradscope.memory import AllocEvent, EvalScope, MemoryKind
 from gradscope.recording import Allocation, BackwardCall, Category, Edge, Kind, Phase
 
 F32 = "torch.float32"
@@ -192,7 +192,7 @@ def test_held_at_a_refused_allocation_stops_before_the_unwinding() -> None:
     mt.failed_at = 6
     t.events = t.events[:5]
     t.backwards[0].ev1 = 5
-    t.failure = MemoryBudgetExceeded(16, 52, 60, where="aten::mul")
+    t.refusal = BudgetRefusal(16, 52, 60, where="aten::mul")
     t.failed_oom = True
     r = P.build(t, complete=False)
     assert r.oom is not None and (r.oom.requested, r.oom.live, r.oom.budget) == (16, 52, 60)
@@ -442,7 +442,7 @@ def test_tracker_note_names_the_ops_whose_formulas_change() -> None:
     t = tracker_trace()
     t.memory_trace.events.append(AllocEvent(350, 4, 600, "aten::prod"))
     assert any("(prod ran here)" in n for n in P.build(t).notes)
-    t.memory = "off"
+    t.memory = MemoryKind.OFF
     assert not any("dispatch mode" in n for n in P.build(t).notes)
 
 

@@ -108,7 +108,7 @@ def build(trace: Trace, *, complete: bool = True, error: str | None = None) -> R
     held = held_pass(trace, nodes, step_rows, saved, saves, mem)
     calls = backward_calls_pass(trace, graph, steps)
     created, seen_created = created_pass(trace, graph, unseen)
-    off = trace.memory == "off"
+    off = not trace.memory.measures
     return Recording(
         nodes=nodes,
         edges=graph.edges,

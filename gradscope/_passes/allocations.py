@@ -70,7 +70,7 @@ def memory_pass(trace: Trace, graph: Graph, prefixes: Sequence[str], steps: Step
             list(c) for c in zip(*events, strict=True))
     else:
         t_l = size_l = key_l = label_l = scope_l = stamp_l = res_l = call_l = hint_l = bw_l = line_l = seq_l = []
-    if mt.source == "counter" and n:  # see NOTE [ a long loop's memory ] in gradscope.memory
+    if mt.source.unscoped and n:  # see NOTE [ a long loop's memory ] in gradscope.memory
         bw_l, hint_l, line_l = _counter_context(trace, graph, node_line, t_l, seq_l)
     ev_step = _event_steps(trace, steps, scope_l, bw_l, stamp_l, t_l)
     # each event's line: in backward the running node's, else what the source saw (see NOTE [ where
@@ -395,7 +395,7 @@ def _saves_to_allocations(trace: Trace, saves: Saves, allocs: _AllocColumns, key
         got[1].append(a_t[i])
     key_field = S_SKEY if key_kind == "storage" else S_PTR
     # one clock for the tracker's and the allocator counter's events and the saves: no slack
-    slack = 0 if key_kind == "storage" or trace.memory_trace.source == "counter" else _CLOCK_SLACK_NS
+    slack = 0 if trace.memory_trace.source.our_clock else _CLOCK_SLACK_NS
     out: dict[int, int] = {}
     saver: dict[int, int] = {}
     right = bisect.bisect_right

@@ -14,7 +14,6 @@ from gradscope._trace import (
     N_NAME,
     Trace,
 )
-from gradscope.errors import MemoryBudgetExceeded
 from gradscope.recording import (
     BackwardCall,
 )
@@ -76,7 +75,7 @@ def notes_pass(trace: Trace, graph: Graph, saves: Saves, steps: Steps, unseen: i
         )
     compiled = names.count("CompiledFunctionBackward")
     if compiled:
-        tracker = trace.memory == "tracker"
+        tracker = trace.memory.dispatch_mode
         notes.append(
             f"{compiled} torch.compile'd regions ran as single CompiledFunctionBackward nodes: the "
             "operations inside them are not shown; the tensors they save for backward are counted"
@@ -99,7 +98,7 @@ def notes_pass(trace: Trace, graph: Graph, saves: Saves, steps: Steps, unseen: i
             "block; they allow no saved-tensor hooks, so gradscope stepped aside inside them: their "
             "internal graph and saved tensors are not recorded (memory still is)."
         )
-    if trace.memory == "tracker":
+    if trace.memory.dispatch_mode:
         notes.append(tracker_note(trace))
     if steps.unordered_passes:
         notes.append(
@@ -108,7 +107,7 @@ def notes_pass(trace: Trace, graph: Graph, saves: Saves, steps: Steps, unseen: i
             "steps of nodes that save nothing are not shown there; memory='tracker' hooks every node."
         )
     raised = sum(1 for b in trace.backwards if b.observed and b.error is not None)
-    if raised and trace.memory == "off":
+    if raised and not trace.memory.measures:
         notes.append(
             f"memory='off': {raised} backward call(s) raised; their steps end at the last node seen to run "
             "(one that unpacked a saved tensor, a custom Function, a leaf): nodes that save nothing and ran "
@@ -148,16 +147,15 @@ def caught_budget_pass(trace: Trace) -> dict[str, Any]:
     error itself (``except torch.OutOfMemoryError``) and went on; the diagnosis reads it as the
     block's failure. Empty otherwise."""
     refused = trace.memory_trace.refused
-    if refused is None or isinstance(trace.failure, MemoryBudgetExceeded):
+    if refused is None or trace.refusal is not None:
         return {}
-    requested, live, budget, where = refused
-    return {"caught_budget": {"requested": requested, "live": live, "budget": budget, "where": where}}
+    return {"caught_budget": refused.to_dict()}
 
 
 def collectives_pass(trace: Trace) -> dict[str, Any]:
     """``extra["collectives"]``: the communication the memory source saw (a distributed job under
     the profiler source), one row per collective, seconds from the block's start like the
-    timeline (see NOTE [ collectives in a recording ] in :mod:`gradscope.memory`). Empty when
+    timeline (see NOTE [ collectives in a recording ] in :mod:`gradscope._memory.profiler`). Empty when
     there was none."""
     rows = trace.memory_trace.collectives
     if not rows:

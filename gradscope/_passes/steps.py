@@ -71,7 +71,7 @@ def steps_pass(trace: Trace, graph: Graph) -> Steps:
     (``autograd.grad`` returns nothing then)."""
     out = Steps()
     mt = trace.memory_trace
-    from_scopes = mt.source == "cpu" and bool(mt.scopes)
+    from_scopes = mt.source.node_scopes and bool(mt.scopes)
     by_pass: dict[int | None, list[int]] = {}  # each pass's own node scopes, read once (not once a pass)
     if from_scopes:
         for k, sc in enumerate(mt.scopes):
@@ -137,7 +137,7 @@ def _steps_from_events(trace: Trace, graph: Graph, b_index: int, b: BackwardRow,
         before_l.append(live)
         after_l.append(None)
         cur_node, closed = node, False
-    if trace.memory in ("off", "counter") and len(node_l) > first:
+    if trace.memory.steps_by_unpack and len(node_l) > first:
         _add_unseen_steps(graph, b, out, first, freed_here)
     n = len(node_l)
     if b.error is not None and n > first and n - 1 not in closed_at and _hooks_every_node(trace):
@@ -237,7 +237,7 @@ def engine_order(graph: Graph, b: BackwardRow) -> list[int]:
 def _hooks_every_node(trace: Trace) -> bool:
     """Whether every node of a pass had a pre and a post hook (the sources that read memory at
     each step's start and end)."""
-    return trace.memory in ("tracker", "cuda")
+    return trace.memory.node_hooks
 
 
 def _add_unseen_steps(graph: Graph, b: BackwardRow, out: Steps, first: int, freed_here: list[int]) -> None:

@@ -24,7 +24,6 @@ from gradscope._trace import (
     S_T,
     Trace,
 )
-from gradscope.errors import MemoryBudgetExceeded
 from gradscope.recording import (
     HeldMemory,
     Kind,
@@ -58,10 +57,7 @@ def _baseline(trace: Trace, saves: Saves, kinds: Sequence[Kind]) -> int:
 
 
 def _where(trace: Trace, device: str) -> Where:
-    source = {"cpu": "cpu-allocator (profiler events)", "tracker": "storage tracker",
-              "cuda": "cuda caching allocator", "off": "off",
-              "counter": "cpu-allocator (allocator counter)"}.get(trace.memory, trace.memory)
-    return Where(device=device, memory_source=source, torch_version=str(trace.torch_version), rank=trace.rank,
+    return Where(device=device, memory_source=trace.memory.shown, torch_version=str(trace.torch_version), rank=trace.rank,
                  world_size=trace.world_size, hostname=socket.gethostname())
 
 
@@ -147,11 +143,7 @@ def baseline_pass(trace: Trace, saves: Saves, kinds: Sequence[Kind]) -> int:
 
 def oom_pass(trace: Trace) -> OomInfo | None:
     """The allocation the budget refused, when the block ended with it."""
-    failure = trace.failure
-    if isinstance(failure, MemoryBudgetExceeded):
-        return OomInfo(requested=int(failure.requested), live=int(failure.live), budget=int(failure.budget),
-                       where=str(failure.where))
-    return None
+    return None if trace.refusal is None else OomInfo(**trace.refusal.to_dict())  # NOTE [ one refusal ] in errors
 
 
 def held_pass(trace: Trace, nodes: Table[Node], step_rows: Table[Step], saved: Table[SavedTensor], saves: Saves,

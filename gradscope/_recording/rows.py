@@ -9,6 +9,9 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
+from gradscope._memory.kind import MemoryKind
+from gradscope.errors import BudgetRefusal
+
 
 class Kind(str, enum.Enum):
     """What a saved tensor is."""
@@ -158,7 +161,7 @@ class Peak:
 
 @dataclass(frozen=True, slots=True)
 class Where:
-    """Where a recording ran."""
+    """Where a recording ran; ``memory_source`` is its memory source kind's words (``MemoryKind.shown``)."""
 
     device: str = "cpu"
     memory_source: str = "off"
@@ -166,6 +169,11 @@ class Where:
     rank: int | None = None
     world_size: int | None = None
     hostname: str = ""
+
+    @property
+    def measured(self) -> bool:
+        """Whether a memory source measured the recording (a saved file keeps the kind's words)."""
+        return self.memory_source != MemoryKind.OFF.shown
 
 
 @dataclass(frozen=True, slots=True)
@@ -359,21 +367,14 @@ class HeldMemory:
 
 
 @dataclass(frozen=True, slots=True)
-class OomInfo:
-    """A simulated out-of-memory that stopped the block: ``requested`` bytes asked for with
-    ``live`` bytes live of a ``budget``; ``where`` the op. In a notebook budget run, ``budget``
-    is the whole simulated device, ``cell_budget`` what was left for the cell and ``resident``
-    what earlier cells held on it."""
+class OomInfo(BudgetRefusal):
+    """A simulated out-of-memory that stopped the block: the budget's refusal (``requested`` bytes
+    asked for with ``live`` bytes live of a ``budget``; ``where`` the op: see NOTE [ one refusal ] in
+    gradscope.errors). In a notebook budget run, ``budget`` is the whole simulated device,
+    ``cell_budget`` what was left for the cell and ``resident`` what earlier cells held on it."""
 
-    requested: int
-    live: int
-    budget: int
-    where: str = ""
     cell_budget: int | None = None
     resident: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True, slots=True)

@@ -138,7 +138,7 @@ class GraphDiscovery:
         not walked before is not entered (see NOTE [ the block's nodes ]); that walk is Python's."""
         trace = self.b.trace
         src = self.b.source
-        hook_all = src is not None and src.node_hooks
+        hook_all = src is not None and src.kind.node_hooks
         hooking = self.b.hooking
         walker = self.b.walker
         acc_known: Any = NotImplemented
@@ -164,7 +164,7 @@ class GraphDiscovery:
         """The AccumulateGrad nodes a walk met that were walked before (key -> a parent node): a
         leaf's node may be a new one, to hook again (see _rehook_leaf)."""
         src = self.b.source
-        hook_all = src is not None and src.node_hooks
+        hook_all = src is not None and src.kind.node_hooks
         for k, fn in acc_known.items():
             self._rehook_leaf(fn, k, post=hook_all)
 
@@ -538,11 +538,11 @@ class GraphDiscovery:
         if st.pending and (name is None or not self.saves.frees_once_a_pass):  # see NOTE [ frees checked once a pass ]
             self.saves.check_frees()
         src = b.source
-        if src is not None and src.node_hooks:
+        if src is not None and src.kind.node_hooks:
             prev = st.prev_node
-            if prev is not None and src.marks_steps:
+            if prev is not None and src.kind.marks_steps:
                 src.mark(b.trace.nodes[prev][2] + " done")
             if prev is not None or name is not None:
                 b.trace.events.append((EV_LIVE, prev if prev is not None else -1, time.time_ns(), src.live()))
-            if name is not None and src.marks_steps:
+            if name is not None and src.kind.marks_steps:
                 src.mark(name)

@@ -127,7 +127,7 @@ class EngineInterception:
         index = len(trace.backwards)
         trace.backwards.append(row)
         src = b.source
-        token = src.call_enter("backward", index, "") if src is not None and src.marks_calls else None
+        token = src.call_enter("backward", index, "") if src is not None and src.kind.marks_calls else None
         temporary: list[Any] = []
         result: Any = None
         done = False
@@ -141,7 +141,7 @@ class EngineInterception:
                 try:
                     if walker is not None:  # see NOTE [ a pass in two calls ] in walk.cc
                         started = walker.pass_start(outputs, call.inputs, compiled_hooks, b.hooking,
-                                                    src is not None and src.node_hooks, trace.seq0, _discovery._TYPES, _discovery._ORDERS,
+                                                    src is not None and src.kind.node_hooks, trace.seq0, _discovery._TYPES, _discovery._ORDERS,
                                                     st, trace.events)
                     if started is NotImplemented:
                         roots, keys = self._roots_keys(outputs)
@@ -166,7 +166,7 @@ class EngineInterception:
             except Exception as e:  # the user's backward runs whatever happens to observing
                 b.internal(e)
             st.bw = row
-            st.marks = b.memory in ("off", "counter") or (call.create_graph and not (src is not None and src.node_hooks))
+            st.marks = b.memory.steps_by_unpack or (call.create_graph and not (src is not None and src.kind.node_hooks))
             row.seq0 = _compat.sequence_nr()
             row.ev0 = len(trace.events)
             try:
@@ -196,7 +196,7 @@ class EngineInterception:
                 row.ev1 = len(trace.events)
                 for h in temporary:
                     h.remove()
-            if src is not None and src.marks_calls:
+            if src is not None and src.kind.marks_calls:
                 try:
                     src.call_exit(token, "")
                 except Exception as e:
@@ -235,7 +235,7 @@ class EngineInterception:
         if walker is not None:  # see NOTE [ a pass in two calls ] in walk.cc
             src = b.source
             acc_known = walker.pass_end(tensors, index, row.t1_ns, keys, row.create_graph, b.hooking,
-                                        src is not None and src.node_hooks, b.trace.seq0,
+                                        src is not None and src.kind.node_hooks, b.trace.seq0,
                                         _discovery._TYPES, _discovery._ORDERS)
             if acc_known is not NotImplemented:
                 if acc_known is not None:

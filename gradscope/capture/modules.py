@@ -153,7 +153,7 @@ class ModuleTracking:
             call = [root, rel, _compat.sequence_nr(), -1, time.time_ns(), 0, idx, cls]
             calls.append(call)
             src = b.source
-            token = src.call_enter("module", idx, cls) if src is not None and src.marks_calls else None
+            token = src.call_enter("module", idx, cls) if src is not None and src.kind.marks_calls else None
             call[2] = _compat.sequence_nr()
             st.stack.append((module, call, token))
         except Exception as e:  # observing must never break the model
@@ -170,7 +170,7 @@ class ModuleTracking:
                 m, call, token = st.stack.pop()
                 call[C_SEQ1] = _compat.sequence_nr()
                 call[C_T1] = time.time_ns()
-                if src is not None and src.marks_calls:
+                if src is not None and src.kind.marks_calls:
                     src.call_exit(token, type(m).__name__)
                 if m is module:
                     break

@@ -35,7 +35,7 @@ class SavedTensors:
         self.b = b
         self.weak: list[int | None] = []  # by save index: the storage's weak handle (frees checked)
         self.packed_info: dict[int, int | None] = {}  # see NOTE [ the packed value is the tensor ]
-        self.frees_once_a_pass = b.memory == "off"  # see NOTE [ frees checked once a pass ]
+        self.frees_once_a_pass = not b.memory.measures  # see NOTE [ frees checked once a pass ]
         self.check_frees: Callable[[], None] = _nothing
         self.free_handles: Callable[[], None] | None = None  # the compiled pair's: frees every handle
         self.alias_watchers: list[Callable[[torch.Tensor], None]] = []  # see _make_pack
@@ -61,8 +61,8 @@ class SavedTensors:
         key_of, weak_of, version_of = _compat.storage_cdata, _compat.storage_weak, _compat.tensor_version
         time_ns = time.time_ns
         memory = b.memory
-        need_ptr = memory in ("cpu", "counter") or (memory == "cuda" and b.history)  # matched with allocations by address
-        need_time = memory != "off"  # matched with allocations in time
+        need_ptr = memory.key_kind(b.history) == "address"  # matched with allocations by address
+        need_time = memory.measures  # matched with allocations in time
         need_weak = self._free_checks_needed()  # frees seen by weak reference at step boundaries
         weak = self.weak
         weak_append = weak.append
@@ -292,7 +292,7 @@ class SavedTensors:
 
         compiled = b.native.Hooks(saves, versions, packed_info, weak if need_weak else None, events, pending, st,
                                       pack, None if batched else check_frees, _inplace_error, need_ptr, need_time,
-                                      watch if memory == "tracker" else None,
+                                      watch if memory.key_kind() == "storage" else None,
                                       None if table is None else save_lines, table, storages, storage_ids, sweep,
                                       again, base)
         if batched:
@@ -303,7 +303,7 @@ class SavedTensors:
     def _free_checks_needed(self) -> bool:
         """Frees of saved storages are checked by weak reference at step boundaries where the
         memory source cannot say which allocation died (off; CUDA without history)."""
-        return self.b.memory == "off" or (self.b.memory == "cuda" and not self.b.history)
+        return self.b.memory.key_kind(self.b.history) == "none"
 
     def _free_weak_refs(self, storages: bool = True) -> None:
         """Let go of every weak handle the pair made: each save's (frees checked by handle) and, but

@@ -15,13 +15,14 @@ from torch import nn
 
 from gradscope._compat import Capabilities
 from gradscope._lines import LineTable
+from gradscope._memory.kind import MemoryKind
+from gradscope._memory.source import MemorySource
 from gradscope._native.fields import STATE_SLOTS
 from gradscope._trace import (
     BackwardRow,
     Trace,
 )
 from gradscope.errors import MemoryBudgetExceeded
-from gradscope.memory import MemorySource
 
 
 class _State:
@@ -71,7 +72,7 @@ class Block:
     see :mod:`gradscope.capture`). Each part keeps the rest of its state itself."""
 
     tid: int  # the thread recorded (see NOTE [ threads ] in gradscope.record)
-    memory: str  # the memory source's kind, resolved ("cpu", "cuda", "tracker", "off")
+    memory: MemoryKind  # the memory source's kind, resolved: capture asks its capabilities
     history: bool  # CUDA: the caching allocator's event history is recorded
     native: Any  # the compiled hooks' module; None: the Python pair records (see NOTE [ compiled hooks ])
     caps: Capabilities

@@ -14,6 +14,7 @@ from gradscope import _compat
 from gradscope._source import step_source
 from gradscope.diagnose.report import KIND_NAMES, GraphHolder, LiveTensor
 from gradscope.diagnose.step import inline
+from gradscope.errors import BudgetRefusal
 from gradscope.recording import Allocation, BackwardCall, Category, Kind, Phase, Recording
 
 _MAX_ITEMS = 10_000  # items looked at per container variable
@@ -74,27 +75,16 @@ class DiagnosedMoment:
     caught: bool = False  # the failure was caught inside the block (see `caught_oom`)
 
 
-# what gs.MemoryBudgetExceeded says (gradscope.errors): requested, live and budget in bytes, and where
-BUDGET_MESSAGE = re.compile(
-    r"\((\d+) bytes\) with .*? \((\d+) bytes\) of a .*? budget \((\d+) bytes\)(?: \(in (.+?)\))?\. Call"
-)
-
-
-def caught_oom(rec: Recording) -> dict[str, Any] | None:
-    """The simulated out-of-memory the first backward call that ran out raised, when the block
-    caught it (``except torch.OutOfMemoryError: continue``) and did not fail itself: the
-    diagnosis treats it as the block's failure, at the block's peak (the budget refused what would
-    have crossed it, so the peak is the most the block held). None otherwise."""
+def caught_oom(rec: Recording) -> BudgetRefusal | None:
+    """The first allocation the budget refused, when the block caught the error (``except
+    torch.OutOfMemoryError: continue``, in a backward call or outside one) and did not fail itself:
+    the diagnosis treats it as the block's failure, at the block's peak (the budget refused what
+    would have crossed it, so the peak is the most the block held). The tracker's own refusal,
+    kept as ``extra["caught_budget"]`` (see NOTE [ one refusal ] in gradscope.errors). None otherwise."""
     if rec.oom is not None or rec.error:
         return None
     caught = rec.extra.get("caught_budget") if isinstance(rec.extra, Mapping) else None
-    if isinstance(caught, Mapping):  # refused outside a backward call and caught in the block
-        return {k: caught[k] for k in ("requested", "live", "budget", "where")}
-    for c in rec.backward_calls:
-        m = BUDGET_MESSAGE.search(c.error or "") if c.oom else None
-        if m is not None:
-            return {"requested": int(m[1]), "live": int(m[2]), "budget": int(m[3]), "where": m[4] or ""}
-    return None
+    return BudgetRefusal.from_dict(caught) if isinstance(caught, Mapping) else None
 
 
 def resident_by_variable(ns: Mapping[str, Any], skip: set[int] | None = None) -> dict[str, int]:
@@ -154,7 +144,8 @@ def read(rec: Recording) -> DiagnosedMoment:
     """The one place that reads the recorder's data about the diagnosed moment."""
     held = rec.held.to_dict() if rec.held is not None else {}
     caught = caught_oom(rec)
-    oom = rec.oom.to_dict() if rec.oom is not None else caught or {}
+    refusal = rec.oom if rec.oom is not None else caught
+    oom = refusal.to_dict() if refusal is not None else {}
     moment = held.get("moment", "none") if "rows" in held else "none"
     if oom:
         moment = "failure"  # even when it failed before anything was allocated

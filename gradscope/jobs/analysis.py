@@ -158,7 +158,7 @@ class CollectiveSpan:
     ``duration_s``, ``bytes``, ``kind``): c10d's calls (``c10d::allreduce_`` of DDP's buckets,
     ``c10d::_allgather_base_`` and ``c10d::_reduce_scatter_base_`` of FSDP) and the backend's work
     (``gloo:all_reduce`` ...), with the bytes each moved (see NOTE [ collectives in a recording ]
-    in :mod:`gradscope.memory`). Those are read first (``source`` "captured", ``bytes`` moved).
+    in :mod:`gradscope._memory.profiler`). Those are read first (``source`` "captured", ``bytes`` moved).
     A recording without them (another memory source, an older file) still has its timeline: with
     ``memory="cpu"`` every point is labelled with the innermost profiler range running, and
     PyTorch names its communication ranges ``c10d::...``, ``gloo:...``, ``nccl:...``,
@@ -500,7 +500,7 @@ def diagnose_job(job: Job, budget: int | str | None = None, *,
         >>> [(f.rank, f.pattern) for f in diagnose_job(job).findings]
         [(1, 'imbalance')]
     """
-    from gradscope.memory import parse_size
+    from gradscope._units import parse_size
 
     cap = parse_size(budget)
     complete = {e.rank: e.recording for e in job.ranks
