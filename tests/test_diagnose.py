@@ -14,6 +14,7 @@ from torch import nn
 
 import gradscope as gs
 from gradscope.diagnose import Diagnosis
+from gradscope.recording import format_bytes
 
 KiB = 1024
 
@@ -632,3 +633,26 @@ def test_the_progress_line_comes_only_after_a_second_and_is_cleared(
     assert d.findings and "gradscope: trying fixes on copies of your objects:" in err and "run for real" in err
     assert err.endswith("\r") and err.rstrip("\r").split("\r")[-1].strip() == ""  # the line is cleared
     assert shown[0] != threading.main_thread().name  # the first came from the timer, mid-run
+
+
+def test_a_block_that_ran_out_is_run_again_only_up_to_a_bound() -> None:
+    """A loop appending every step's loss (and graph) to a list stops at the budget; its step run again
+    on copies would go on for all 1,000 iterations (1.5 GB here; 20 GB and past ten minutes for a larger
+    model before this bound). The
+    runs of copies stop at 16 times the block's budget, at least 256 MiB (see NOTE [ a bound on runs of copies ] in
+    gradscope.diagnose.measure): the diagnosis ends, says so, and still names the list."""
+    measure = importlib.import_module("gradscope.diagnose.measure")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 512), nn.GELU(), nn.Linear(512, 10))
+    losses: list[torch.Tensor] = []
+    with pytest.raises(gs.MemoryBudgetExceeded):
+        with gs.record(memory="tracker", budget="8MiB", modules={"model": model}) as rec:
+            for _ in range(1000):
+                losses.append(model(torch.randn(256, 256)).square().mean())
+    assert rec.recording is not None
+    stopped_at = len(losses)
+    d = gs.diagnose(rec.recording)
+    limit = max(measure.RUN_LIMIT_FACTOR * (8 << 20), measure.RUN_LIMIT_FLOOR)
+    assert len(losses) == stopped_at < 1000  # the user's own list is untouched by the runs on copies
+    assert f"it went over {format_bytes(limit)}" in d.text()
+    assert any(h.variable == "losses" for h in d.holders)

@@ -63,7 +63,15 @@ import torch
 
 from gradscope.diagnose.facts import MIN_SAVING, Context, IndexedRecording, held_order
 from gradscope.diagnose.fixes import REGISTRY, inplace_cut
-from gradscope.diagnose.measure import COMPARED_PLAIN, Bench, Room, quiet_logging, worth_showing
+from gradscope.diagnose.measure import (
+    COMPARED_PLAIN,
+    RUN_LIMIT_FACTOR,
+    RUN_LIMIT_FLOOR,
+    Bench,
+    Room,
+    quiet_logging,
+    worth_showing,
+)
 from gradscope.diagnose.report import Diagnosis, Finding, GraphHolder, LiveTensor
 from gradscope.diagnose.step import compose, shape_of
 from gradscope.diagnose.toolbox import TOOLBOX
@@ -296,6 +304,16 @@ def _run(self: Context) -> Diagnosis:
 # were accumulated, or that a create_graph gradient is taken through, is never frozen or run
 # under no_grad; values a later backward differentiates are never turned into numbers; a
 # model with batch-norm statistics is checkpointed only with its statistics kept exact.
+def _run_limit(ctx: Context) -> int | None:
+    """The most a run of a copy may hold before it is stopped, for a block that ran out of memory
+    (see NOTE [ a bound on runs of copies ] in gradscope.diagnose.measure); None otherwise."""
+    rec = ctx.rec
+    if rec.oom is None and "out of memory" not in (rec.error or "").lower():
+        return None
+    budget = rec.oom.budget if rec.oom is not None else 0
+    return max(RUN_LIMIT_FACTOR * max(rec.peak_bytes, budget), RUN_LIMIT_FLOOR)
+
+
 def _bench(ctx: Context) -> Bench | None:
     """The user's step and variables, to run fixes on copies of (None: the block's source is unknown)."""
     if getattr(ctx, "bench", None) is None:
@@ -313,7 +331,7 @@ def _bench(ctx: Context) -> Bench | None:
                           fresh_gradients=any(k in made for k in ctx.resident["gradients"]),
                           progress=getattr(ctx, "progress", None),
                           step_allocated=sum(a.bytes for a in ctx.rec.allocations),
-                          room=lambda user: _room(ctx, user))
+                          room=lambda user: _room(ctx, user), limit=_run_limit(ctx))
     return ctx.bench
 
 

@@ -24,6 +24,8 @@ from torch import nn
 from gradscope import _compat
 from gradscope.diagnose.facts import MIN_SAVING
 from gradscope.diagnose.step import free_names, statements
+from gradscope.errors import MemoryBudgetExceeded
+from gradscope.recording import format_bytes
 
 # NOTE [ measuring a strategy's own peak ]: a fix that runs the model another way (forward AD,
 # two passes, micro-batches, an unrolled inner loop) has a peak of its own, which the replay of the
@@ -337,8 +339,9 @@ class Bench:
     def __init__(self, source: str, namespace: Mapping[str, Any], device: str = "cpu", *,
                  fresh_optimizers: bool = False, fresh_gradients: bool = False,
                  progress: Any = None, step_allocated: int = 0,
-                 room: Callable[[Trial], Room | None] | None = None) -> None:
+                 room: Callable[[Trial], Room | None] | None = None, limit: int | None = None) -> None:
         self.source = source
+        self.limit = limit  # see NOTE [ a bound on runs of copies ]
         self.ns = namespace
         self.device = device
         # NOTE [ copies start as the block started ]: the objects are copied as they are when the
@@ -442,10 +445,21 @@ class Bench:
             if trial is None:
                 try:
                     trial = self._on_cpu(code, setup)
+                except MemoryBudgetExceeded as e:
+                    trial = Trial(error=self._over_limit(e))
                 except Exception as e:  # the code fails on the copies: it is not shown
                     trial = Trial(error=f"{type(e).__name__}: {e}")
             self._measured[key] = dataclasses.replace(trial, code=code, setup=setup)
         return self._measured[key]
+
+    def _over_limit(self, e: MemoryBudgetExceeded) -> str:
+        """What a run stopped by the bound says (see NOTE [ a bound on runs of copies ]), or the
+        user's own budget's message where no bound was set."""
+        if self.limit is None:
+            return f"{type(e).__name__}: {e}"
+        return (f"it went over {format_bytes(self.limit)}, where runs of copies of a block that ran out of memory "
+                f"stop: {RUN_LIMIT_FACTOR} times what the block held or its budget, at least "
+                f"{format_bytes(RUN_LIMIT_FLOOR)}")
 
     def complete(self, trial: Trial) -> Trial:
         """``trial`` with its next run measured too (see NOTE [ two runs of a step ]): in the variables
@@ -602,10 +616,11 @@ class Bench:
         is counted the same way. A step that starts PyTorch's profiler is counted by the tracker: the
         profiler needs the thread's profiler slot, where the allocator's counter sits while it counts."""
         if not self.counted_by:
-            self.counted_by = "tracker" if "profil" in self.source else _counter(self.device).name
+            bounded = "profil" in self.source or self.limit is not None  # see NOTE [ a bound on runs of copies ]
+            self.counted_by = "tracker" if bounded else _counter(self.device).name
         if self.counted_by == "allocator":
             return _AllocatorCount()
-        return _TrackerCount(self.device if self.device == "cpu" else "cuda")
+        return _TrackerCount(self.device if self.device == "cpu" else "cuda", self.limit)
 
     def _meta(self, code: str, setup: str) -> Trial:
         from gradscope._predict.copies import _to_meta
@@ -617,7 +632,7 @@ class Bench:
             metas = dict(zip(names, _to_meta(tuple(copied[n] for n in names))[0], strict=True))
         self._as_at_start(metas)
         env = self._env(kept, copied, metas)
-        counter = _TrackerCount("meta")
+        counter = _TrackerCount("meta", self.limit)
         with self._quiet(), torch.random.fork_rng(devices=[]):
             counter.start()
             try:
@@ -779,16 +794,30 @@ class Bench:
 # tracker counts more is a storage it sees freed late: one held at the end only by a tensor made
 # outside the dispatcher (autograd's unpacked saves) is counted until the next sweep, which the
 # recorder does at each backward step; that lateness makes the budget stricter, never a fix's count.
+# NOTE [ a bound on runs of copies ]: a block that ran out of memory may have been on its way to
+# far more: a loop appending every step's loss (and graph) to a list stops at the budget or the
+# device, and its step run again on a copy, with nothing to stop it, runs every iteration the loop
+# has (1,000 iterations of a small MLP kept 20 GB on the CPU and ran past ten minutes). So the runs
+# of copies of such a block are counted by the tracker with a budget of RUN_LIMIT_FACTOR times the
+# block's peak or its budget, whichever is more (at least RUN_LIMIT_FLOOR): a run that goes over it
+# stops there, as a run that failed on the copies (nothing shown from it); the allocator's counter
+# counts but cannot stop a run. The bound is generous because the user's whole step must run for its
+# results to be compared with a fix's: a step that failed at its tenth iteration of a hundred needs
+# ten times the budget (tests/test_diagnose.py's gradient penalty through a frozen G).
+RUN_LIMIT_FACTOR = 16
+RUN_LIMIT_FLOOR = 256 << 20
+
+
 class _TrackerCount:
     """A run's own allocations as the tracker counts them (on meta, or where the compiled hooks are
     not in use)."""
 
     name = "tracker"
 
-    def __init__(self, device_type: str) -> None:
+    def __init__(self, device_type: str, limit: int | None = None) -> None:
         from gradscope.memory import TrackerSource
 
-        self.source = TrackerSource(device_type)
+        self.source = TrackerSource(device_type, limit)  # see NOTE [ a bound on runs of copies ]
         self.first = 0
 
     def start(self) -> None:
