@@ -112,9 +112,35 @@ class Rows:
         }, cache=False)  # a 100,000-iteration loop's rows as objects would take ~60 MB
 
 
-class _Seconds(Sequence[float]):
+class _Made(Sequence[Any]):
+    """A column whose items are made when read: ``_one(i)`` makes item ``i``."""
+
+    what = "column"
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def _one(self, i: int) -> Any:
+        raise NotImplementedError
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self._one(k) for k in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(f"{self.what} index out of range")
+        return self._one(i)
+
+    def __iter__(self) -> Iterator[Any]:
+        return (self._one(k) for k in range(len(self)))
+
+
+class _Seconds(_Made):
     """Seconds from nanoseconds, made when read (``minus``: a column subtracted, a duration's start;
     else ``t0_ns``)."""
+
+    what = "seconds"
 
     def __init__(self, col: array[int], minus: array[int] | None, t0_ns: int) -> None:
         self.col, self.minus, self.t0_ns = col, minus, t0_ns
@@ -125,18 +151,6 @@ class _Seconds(Sequence[float]):
     def _one(self, i: int) -> float:
         base = self.minus[i] if self.minus is not None else self.t0_ns
         return max(self.col[i] - base, 0) / 1e9 if self.minus is not None else (self.col[i] - base) / 1e9
-
-    def __getitem__(self, i: Any) -> Any:
-        if isinstance(i, slice):
-            return [self._one(k) for k in range(*i.indices(len(self)))]
-        if i < 0:
-            i += len(self)
-        if not 0 <= i < len(self):
-            raise IndexError("seconds index out of range")
-        return self._one(i)
-
-    def __iter__(self) -> Iterator[float]:
-        return (self._one(k) for k in range(len(self)))
 
 
 class _NoneFor(Sequence[Any]):
@@ -168,8 +182,10 @@ class _Bools(Sequence[Any]):
         return bool(self.col[i])
 
 
-class _Holders(Sequence[Any]):
+class _Holders(_Made):
     """Each row's holders as ``((label, bytes), ...)``, made when read."""
+
+    what = "holders"
 
     def __init__(self, sites: array[int], nbytes: array[int], labels: Sequence[str]) -> None:
         self.sites, self.nbytes, self.labels = sites, nbytes, labels
@@ -177,25 +193,13 @@ class _Holders(Sequence[Any]):
     def __len__(self) -> int:
         return len(self.sites) // HOLDERS
 
-    def _row(self, i: int) -> tuple[tuple[str, int], ...]:
+    def _one(self, i: int) -> tuple[tuple[str, int], ...]:
         out = []
         for k in range(i * HOLDERS, i * HOLDERS + HOLDERS):
             s = self.sites[k]
             if s >= 0:
                 out.append((self.labels[s], self.nbytes[k]))
         return tuple(out)
-
-    def __getitem__(self, i: Any) -> Any:
-        if isinstance(i, slice):
-            return [self._row(k) for k in range(*i.indices(len(self)))]
-        if i < 0:
-            i += len(self)
-        if not 0 <= i < len(self):
-            raise IndexError("holders index out of range")
-        return self._row(i)
-
-    def __iter__(self) -> Iterator[Any]:
-        return (self._row(k) for k in range(len(self)))
 
 
 @dataclass
