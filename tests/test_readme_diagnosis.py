@@ -37,10 +37,8 @@ def _blocks() -> tuple[str, list[str]]:
 
 def _mask(line: str, counted: bool = True) -> str:
     """Time factors masked; where the tracker counted the runs (no compiled hooks), the exact bytes of a
-    saving too. The page's block ran out of memory, so its copies are counted by the tracker whatever the
-    hooks (see NOTE [ a bound on runs of copies ] in gradscope.diagnose.measure): the mask is kept for a
-    block that did not, whose runs the counting CPU allocator counts where it can (it also sees
-    checkpointing's saved random states, 5 KB; see NOTE [ the CPU allocator counts a run ])."""
+    saving too: the page's are those of the counting CPU allocator, which also sees checkpointing's saved
+    random states (5 KB; see NOTE [ the CPU allocator counts a run ] in gradscope.diagnose.measure)."""
     line = re.sub(r"time x\d+\.\d+", "time x?", line)
     return line if counted else re.sub(r"of the peak \(\d+ bytes\)", "of the peak (? bytes)", line)
 

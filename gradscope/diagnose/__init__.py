@@ -54,6 +54,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import sys
+import textwrap
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -304,12 +305,18 @@ def _run(self: Context) -> Diagnosis:
 # were accumulated, or that a create_graph gradient is taken through, is never frozen or run
 # under no_grad; values a later backward differentiates are never turned into numbers; a
 # model with batch-norm statistics is checkpointed only with its statistics kept exact.
-def _run_limit(ctx: Context) -> int | None:
-    """The most a run of a copy may hold before it is stopped, for a block that ran out of memory
-    (see NOTE [ a bound on runs of copies ] in gradscope.diagnose.measure); None otherwise."""
+def _run_limit(ctx: Context, source: str) -> int | None:
+    """The most a run of a copy may hold before it is stopped, for a block with a loop that ran out of
+    memory (see NOTE [ a bound on runs of copies ] in gradscope.diagnose.measure); None otherwise."""
     rec = ctx.rec
     if rec.oom is None and "out of memory" not in (rec.error or "").lower():
         return None
+    try:
+        tree = ast.parse(textwrap.dedent(source))
+    except SyntaxError:
+        return None
+    if not any(isinstance(node, ast.For | ast.While | ast.AsyncFor) for node in ast.walk(tree)):
+        return None  # a step without a loop holds, run again, what it holds: its own peak, once
     budget = rec.oom.budget if rec.oom is not None else 0
     return max(RUN_LIMIT_FACTOR * max(rec.peak_bytes, budget), RUN_LIMIT_FLOOR)
 
@@ -331,7 +338,7 @@ def _bench(ctx: Context) -> Bench | None:
                           fresh_gradients=any(k in made for k in ctx.resident["gradients"]),
                           progress=getattr(ctx, "progress", None),
                           step_allocated=sum(a.bytes for a in ctx.rec.allocations),
-                          room=lambda user: _room(ctx, user), limit=_run_limit(ctx))
+                          room=lambda user: _room(ctx, user), limit=_run_limit(ctx, source))
     return ctx.bench
 
 

@@ -801,7 +801,9 @@ class Bench:
 # of copies of such a block are counted by the tracker with a budget of RUN_LIMIT_FACTOR times the
 # block's peak or its budget, whichever is more (at least RUN_LIMIT_FLOOR): a run that goes over it
 # stops there, as a run that failed on the copies (nothing shown from it); the allocator's counter
-# counts but cannot stop a run. The bound is generous because the user's whole step must run for its
+# counts but cannot stop a run. Only a step with a loop (a for or while statement) is bounded: a step
+# without one holds, run again, what it held, once (the docs' GPT-2 step keeps the allocator's faster
+# count). The bound is generous because the user's whole step must run for its
 # results to be compared with a fix's: a step that failed at its tenth iteration of a hundred needs
 # ten times the budget (tests/test_diagnose.py's gradient penalty through a frozen G).
 RUN_LIMIT_FACTOR = 16
