@@ -99,7 +99,7 @@ class Rows:
         n = len(self)
 
         def opt(col: array[int]) -> Sequence[int | None]:
-            return _NoneFor(col)
+            return _Read(col, _none_if_negative)
 
         return Table(Iteration, {
             "index": range(n),
@@ -108,7 +108,7 @@ class Rows:
             "peak_bytes": opt(self.peak), "start_bytes": opt(self.start), "end_bytes": opt(self.end),
             "saved_bytes": self.saved, "backward_passes": self.backwards, "optimizer_steps": self.optimizer,
             "holders": _Holders(self.holder_site, self.holder_bytes, labels),
-            "kept": _Bools(self.kept), "failed": _Bools(self.failed),
+            "kept": _Read(self.kept, bool), "failed": _Read(self.failed, bool),
         }, cache=False)  # a 100,000-iteration loop's rows as objects would take ~60 MB
 
 
@@ -153,33 +153,23 @@ class _Seconds(_Made):
         return max(self.col[i] - base, 0) / 1e9 if self.minus is not None else (self.col[i] - base) / 1e9
 
 
-class _NoneFor(Sequence[Any]):
-    """A column of numbers read with -1 as None (not copied)."""
+class _Read(Sequence[Any]):
+    """A column of numbers, each read through ``read`` when read (not copied): -1 as None, 0/1 as bools."""
 
-    def __init__(self, col: array[int]) -> None:
-        self.col = col
-
-    def __len__(self) -> int:
-        return len(self.col)
-
-    def __getitem__(self, i: Any) -> Any:
-        if isinstance(i, slice):
-            return [None if v < 0 else v for v in self.col[i]]
-        v = self.col[i]
-        return None if v < 0 else v
-
-
-class _Bools(Sequence[Any]):
-    def __init__(self, col: array[int]) -> None:
-        self.col = col
+    def __init__(self, col: array[int], read: Callable[[int], Any]) -> None:
+        self.col, self.read = col, read
 
     def __len__(self) -> int:
         return len(self.col)
 
     def __getitem__(self, i: Any) -> Any:
         if isinstance(i, slice):
-            return [bool(v) for v in self.col[i]]
-        return bool(self.col[i])
+            return [self.read(v) for v in self.col[i]]
+        return self.read(self.col[i])
+
+
+def _none_if_negative(v: int) -> int | None:
+    return None if v < 0 else v
 
 
 class _Holders(_Made):

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _lab import ARTIFACTS, CHROMIUM_ARGS
 
 import gradscope.widget as W
 from gradscope.recording import format_bytes
@@ -28,17 +29,6 @@ pytestmark = [
 
 playwright_sync = pytest.importorskip("playwright.sync_api")
 
-ROOT = Path(__file__).resolve().parent.parent
-ARTIFACTS = ROOT / "test-artifacts"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 SIZES = [(1000, 800), (1600, 900)]
 UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
 CAND = ".gs-candidate-view"  # the recording shown under the comparison
