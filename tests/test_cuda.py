@@ -109,16 +109,13 @@ def _rounded_resident(model: nn.Module, x: torch.Tensor) -> int:
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not has_cuda, reason="needs a CUDA device")
-@pytest.mark.xfail(
-    reason="on an H200 (torch 2.11) the diagnosis names `losses` as holding 13 graphs but gives no finding; the "
-    "same block on the CPU (tests/test_cuda_boundary.py) gets many_outputs: the cause on the GPU is not found yet",
-    strict=False,
-)
 def test_real_cuda_oom_is_diagnosed_from_the_allocator_history() -> None:
+    """Room for a few of the loop's graphs (one holds ~200 MiB): with a single graph alive at the
+    failure there is no list of graphs to speak of, and no finding."""
     torch.cuda.empty_cache()
     total = torch.cuda.get_device_properties(0).total_memory
     used = torch.cuda.memory_reserved()
-    fraction = min(1.0, (used + 256 * MiB) / total)
+    fraction = min(1.0, (used + 1024 * MiB) / total)
     torch.cuda.set_per_process_memory_fraction(fraction)
     model = _mlp("cuda")
     losses = []

@@ -147,3 +147,27 @@ def test_graphs_kept_in_a_list_are_found_for_a_model_that_is_not_copied(monkeypa
     assert rec.recording is not None
     d = gs.diagnose(rec.recording)
     assert [(f.pattern, f.variable) for f in d.findings][:1] == [("many_outputs", "losses")]
+
+
+def test_a_failure_sampled_without_the_history_says_what_is_not_known(fake_cuda: _FakeAllocator) -> None:
+    """``memory='cuda'`` without ``history=True`` samples the allocator's totals, not allocations: on
+    an H200 a GPT-2 step that ran out of memory got "no memory events were recorded (memory='off'?)"
+    and "held: 0 B ... alive then", both untrue. The report says the block failed, why nothing is
+    itemised and how to record so that it is, and claims no bytes held."""
+    model, x = mlp()
+    with pytest.raises(torch.OutOfMemoryError):
+        with gs.record(memory="cuda") as rec:
+            model(x).pow(2).mean()
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB.")
+    r = rec.recording
+    assert r is not None and r.timeline and r.allocation_key == "none"
+    d = gs.diagnose(r)
+    first, text = d.text().splitlines()[0], d.text()
+    assert d.totals_only and "the block failed (OutOfMemoryError" in first and "history=True" in first
+    assert "memory='off'" not in text and "held:" not in text and "inside the block and alive" not in text
+    assert "the largest holders above" not in text
+    with pytest.raises(RuntimeError):
+        with gs.record(memory="off") as rec:
+            raise RuntimeError("boom")
+    d = gs.diagnose(rec.recording)
+    assert not d.totals_only and "the block failed (RuntimeError: boom)" in d.text().splitlines()[0]

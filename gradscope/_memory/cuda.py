@@ -133,10 +133,24 @@ class CudaSource:
         if self.history:
             return
         allocated, reserved = self.stats.current(self.device)
+        self._sample(allocated, reserved, label)
+
+    def _sample(self, allocated: int, reserved: int, label: str) -> None:
         live = allocated - self.baseline
         delta, self._last = live - self._last, live
         step, _ = self.context()
         self.events.append(AllocEvent(time.time_ns(), delta, 0, label, None, step, reserved, self._call))
+
+    def boundary(self, done: str | None, following: str | None) -> int:
+        """One reading of the allocator between two backward steps: the sample after the step
+        that ended, the one before the next (without the history) and the live bytes."""
+        allocated, reserved = self.stats.current(self.device)
+        if not self.history:
+            if done is not None:
+                self._sample(allocated, reserved, done)
+            if following is not None:
+                self._sample(allocated, reserved, following)
+        return allocated - self.baseline
 
     def call_enter(self, kind: str, index: int, label: str) -> Any:
         prev = self._call

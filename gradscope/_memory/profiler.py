@@ -182,6 +182,9 @@ class ProfilerSource:
     def mark(self, label: str) -> None:
         pass
 
+    def boundary(self, done: str | None, following: str | None) -> int | None:
+        return None
+
     def _parse(self, roots: Any) -> tuple[list[AllocEvent], list[EvalScope]]:
         """Allocation events and node scopes from the profiler's event tree, each allocation with
         the node scope, module mark and backward mark it happened under.

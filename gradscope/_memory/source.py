@@ -65,7 +65,10 @@ class MemorySource(Protocol):
     ``kind`` says what it can do (see :class:`~gradscope._memory.kind.MemoryKind`): the recorder
     calls :meth:`call_enter` / :meth:`call_exit` at module calls and backward passes where the
     kind ``marks_calls``, :meth:`mark` at step boundaries where it ``marks_steps``, and hooks
-    every node where it wants ``node_hooks``.
+    every node where it wants ``node_hooks``; between two backward steps it calls :meth:`boundary`
+    once, which marks the step that ended and the one that starts and returns the live bytes from
+    one reading (on CUDA each reading of the allocator is a call into it, and a backward pass has
+    a boundary per node).
     """
 
     kind: MemoryKind
@@ -76,6 +79,7 @@ class MemorySource(Protocol):
     def call_enter(self, kind: str, index: int, label: str) -> Any: ...
     def call_exit(self, token: Any, label: str) -> None: ...
     def mark(self, label: str) -> None: ...
+    def boundary(self, done: str | None, following: str | None) -> int | None: ...
 
 
 def _no_context() -> tuple[int | None, int | None]:

@@ -211,6 +211,10 @@ class TrackerSource:
     def mark(self, label: str) -> None:
         self.sweep()
 
+    def boundary(self, done: str | None, following: str | None) -> int:
+        self.sweep()
+        return self.live()
+
     def _observe(self, t: torch.Tensor, in_keys: set[int], func: Any) -> None:
         if t.device.type != self.device_type and t.device.type != self.also_device_type:
             return

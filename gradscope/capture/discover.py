@@ -540,9 +540,8 @@ class GraphDiscovery:
         src = b.source
         if src is not None and src.kind.node_hooks:
             prev = st.prev_node
-            if prev is not None and src.kind.marks_steps:
-                src.mark(b.trace.nodes[prev][2] + " done")
             if prev is not None or name is not None:
-                b.trace.events.append((EV_LIVE, prev if prev is not None else -1, time.time_ns(), src.live()))
-            if name is not None and src.kind.marks_steps:
-                src.mark(name)
+                marks = src.kind.marks_steps
+                done = b.trace.nodes[prev][2] + " done" if prev is not None and marks else None
+                live = src.boundary(done, name if marks else None)
+                b.trace.events.append((EV_LIVE, prev if prev is not None else -1, time.time_ns(), live))

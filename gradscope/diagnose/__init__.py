@@ -288,6 +288,7 @@ def _run(self: Context) -> Diagnosis:
         resident_by_variable=self.resident_by_variable() if self.at_end() else (),
         step_allocates=_most(room, self.measured_user) if room is not None else None,
         step=self.bench.source if getattr(self, "bench", None) is not None else "",
+        totals_only=rec.allocation_key == "none" and bool(rec.timeline),
     )
 
 

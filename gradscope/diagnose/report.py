@@ -124,6 +124,7 @@ class Diagnosis:
     device_budget: bool = False  # the budget counts what the user's variables held (a notebook's --budget)
     resident_by_variable: tuple[tuple[str, int], ...] = ()  # what the user's variables held before the block
     step_allocates: int | None = None  # under a budget: the most the user's step allocates at once on copies
+    totals_only: bool = False  # the memory source sampled totals, no allocations (memory='cuda' without history)
 
     def text(self) -> str:
         """The report as plain text (its view: ``gradscope.diagnose.text``)."""

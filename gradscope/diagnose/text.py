@@ -39,8 +39,16 @@ def diagnosis_text(diagnosis: Diagnosis) -> str:
         lines.append(f"{title}: the block failed ({diagnosis.error}); state at its last allocation")
     elif diagnosis.moment == "peak":
         lines.append(f"{title}: state at the peak")
+    elif diagnosis.totals_only:
+        lines.append(
+            f"{title}: " + (f"the block failed ({diagnosis.error}); " if diagnosis.error else "")
+            + "its memory source sampled the allocator's totals, not each allocation, so what was alive then is "
+            "not known (record with gs.record(memory='cuda', history=True), as `%gradscope oom on` does); "
+            "graph analysis only"
+        )
     else:
-        lines.append(f"{title}: no memory events were recorded (memory='off'?); graph analysis only")
+        lines.append(f"{title}: " + (f"the block failed ({diagnosis.error}); " if diagnosis.error else "")
+                     + "no memory events were recorded (memory='off'?); graph analysis only")
     held = (f"held: {format_bytes(diagnosis.live_bytes)} ({diagnosis.live_bytes} bytes) allocated inside the block and "
             "alive then")
     if diagnosis.resident_by_variable:
@@ -53,7 +61,10 @@ def diagnosis_text(diagnosis: Diagnosis) -> str:
                      " (the budget counts only what the block allocates)")
     else:
         held += f"; {format_bytes(diagnosis.resident_bytes)} existed before it (parameters, inputs)"
-    lines.append(held)
+    if diagnosis.moment != "none":
+        lines.append(held)
+    elif diagnosis.resident_bytes:
+        lines.append(f"before the block: {format_bytes(diagnosis.resident_bytes)} (parameters, inputs)")
     if diagnosis.by_kind:
         lines.append("by kind (allocated inside the block):")
         for k, b in diagnosis.by_kind:
@@ -133,7 +144,8 @@ def diagnosis_text(diagnosis: Diagnosis) -> str:
                 lines.append("     code:")
                 lines.extend("       " + ln for ln in f.code.rstrip("\n").splitlines())
     else:
-        lines.append("findings: no known pattern; the largest holders above are where to look.")
+        lines.append("findings: no known pattern; the largest holders above are where to look."
+                     if diagnosis.moment != "none" else "findings: no known pattern in the graph.")
     for n in diagnosis.notes:
         lines.append("note: " + n)
     return "\n".join(lines)
