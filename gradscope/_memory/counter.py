@@ -4,16 +4,12 @@ loop's memory ] in gradscope.memory).
 
 from __future__ import annotations
 
-import threading
-import weakref
 from array import array
 from collections.abc import Callable
 from typing import Any
 
-import torch
-
 from gradscope._memory.kind import MemoryKind
-from gradscope._memory.source import AllocEvent
+from gradscope._memory.source import AllocEvent, watch_profiler_start
 from gradscope._stderr import LineFilter
 from gradscope._trace import MemoryTrace
 
@@ -43,26 +39,18 @@ class CounterSource:
 
     def _watch_takeover(self) -> None:
         """A profiler the program starts inside the block needs the thread's profiler slot, which
-        PyTorch refuses while anything holds it: the counter steps aside first (and says so)."""
-        prof = torch.autograd.profiler
-        orig = getattr(prof, "_enable_profiler", None)
-        if orig is None:
-            return
-        tid = threading.get_ident()
-        source = weakref.ref(self)
+        PyTorch refuses while anything holds it: the counter steps aside first (and says so; see
+        NOTE [ a profiler started inside the block ] in gradscope._memory.source)."""
 
-        def enable(*args: Any, **kwargs: Any) -> Any:
-            me = source()
-            if me is not None and threading.get_ident() == tid and not me._taken:
+        def step_aside(me: CounterSource) -> None:
+            if not me._taken:
                 me.drain()
                 me._counter.stop()
                 me._taken = True
                 me.failures.append("a profiler the program started inside the block took the allocator's reports "
                                    "from there on: memory after that is missing")
-            return orig(*args, **kwargs)
 
-        prof._enable_profiler = enable
-        self._restore = lambda: setattr(prof, "_enable_profiler", orig)
+        self._restore = watch_profiler_start(self, before=step_aside)
 
     def drain(self) -> None:
         """The reports since the last drain into ``events``."""

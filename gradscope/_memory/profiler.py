@@ -11,7 +11,6 @@ import contextlib
 import os
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -19,7 +18,7 @@ import torch
 
 from gradscope import _compat
 from gradscope._memory.kind import MemoryKind
-from gradscope._memory.source import AllocEvent, EvalScope, _inside_only
+from gradscope._memory.source import AllocEvent, EvalScope, _inside_only, watch_profiler_start
 from gradscope._stderr import LineFilter
 from gradscope._trace import MemoryTrace
 from gradscope.errors import GradscopeError
@@ -61,7 +60,7 @@ class ProfilerSource:
         self._clock: list[tuple[int, int]] = []
         self._noise = LineFilter()
         self._ops = False  # op scopes (a distributed job): collectives are read from them
-        self._taken = False  # see NOTE [ a profiler started inside the block ]
+        self._taken = False  # see NOTE [ a profiler started inside the block ] in gradscope._memory.source
         self._restore: Callable[[], None] | None = None
 
     def start(self) -> None:
@@ -108,27 +107,13 @@ class ProfilerSource:
             raise
 
     def _watch_takeover(self) -> None:
-        """NOTE [ a profiler started inside the block ]: PyTorch runs one profiler session per
-        thread, and a ``torch.profiler.profile`` the program starts inside the block replaces
-        this one (no error on recent torch). From then on the block's scopes would land in the
-        program's profile: so the profiler's start inside ``torch.autograd.profiler`` is watched
-        while the block runs, and after one that succeeded on this thread no scope is opened."""
-        prof = torch.autograd.profiler
-        orig = getattr(prof, "_enable_profiler", None)
-        if orig is None:
-            return
-        tid = threading.get_ident()
-        source = weakref.ref(self)
+        """After a profiler the program starts inside the block, no scope of the block's is opened
+        (see NOTE [ a profiler started inside the block ] in gradscope._memory.source)."""
 
-        def enable(*args: Any, **kwargs: Any) -> Any:
-            out = orig(*args, **kwargs)
-            me = source()
-            if me is not None and threading.get_ident() == tid:
-                me._taken = True
-            return out
+        def taken(me: ProfilerSource) -> None:
+            me._taken = True
 
-        prof._enable_profiler = enable
-        self._restore = lambda: setattr(prof, "_enable_profiler", orig)
+        self._restore = watch_profiler_start(self, after=taken)
 
     def stop(self) -> MemoryTrace:
         global _profiler_busy
@@ -171,7 +156,7 @@ class ProfilerSource:
         return None
 
     def call_enter(self, kind: str, index: int, label: str) -> Any:
-        if self._taken:  # see NOTE [ a profiler started inside the block ]
+        if self._taken:  # see NOTE [ a profiler started inside the block ] in gradscope._memory.source
             return None
         return _compat.record_scope_enter(f"{MARK}{kind}#{index}")
 

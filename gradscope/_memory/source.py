@@ -8,12 +8,17 @@ no tensors alive: only sizes, addresses and weak references.
 
 from __future__ import annotations
 
+import threading
+import weakref
+from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
+
+import torch
 
 from gradscope._memory.kind import MemoryKind
 from gradscope._trace import MemoryTrace
 
-__all__ = ["AllocEvent", "EvalScope", "MemorySource"]
+__all__ = ["AllocEvent", "EvalScope", "MemorySource", "watch_profiler_start"]
 
 
 class AllocEvent(NamedTuple):
@@ -98,3 +103,34 @@ def _inside_only(events: list[AllocEvent]) -> list[AllocEvent]:
         elif live.pop(e.key, None) is not None:
             out.append(e)
     return out
+
+
+def watch_profiler_start(owner: Any, before: Callable[[Any], None] | None = None,
+                         after: Callable[[Any], None] | None = None) -> Callable[[], None] | None:
+    """NOTE [ a profiler started inside the block ]: PyTorch runs one profiler session per thread,
+    and a ``torch.profiler.profile`` the program starts inside the block needs the slot a source
+    holds (the allocator's counter: PyTorch refuses the start) or replaces its session (the
+    profiler source: no error on recent torch, and the block's scopes would land in the
+    program's profile). So the profiler's start inside ``torch.autograd.profiler`` is watched
+    while the block runs: ``before(owner)`` runs just before a start on the block's thread (the
+    counter steps aside), ``after(owner)`` just after one that succeeded (the profiler source
+    opens no scope from then on), as long as ``owner`` lives. Returns what puts the start back
+    (None: this torch has no such start to watch)."""
+    prof = torch.autograd.profiler
+    orig = getattr(prof, "_enable_profiler", None)
+    if orig is None:
+        return None
+    tid = threading.get_ident()
+    ref = weakref.ref(owner)
+
+    def enable(*args: Any, **kwargs: Any) -> Any:
+        me = ref() if threading.get_ident() == tid else None
+        if me is not None and before is not None:
+            before(me)
+        out = orig(*args, **kwargs)
+        if me is not None and after is not None:
+            after(me)
+        return out
+
+    prof._enable_profiler = enable
+    return lambda: setattr(prof, "_enable_profiler", orig)
