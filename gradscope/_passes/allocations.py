@@ -365,6 +365,19 @@ class _AllocColumns:
     step: list[int | None]
 
 
+
+def _by_key(allocs: Any) -> dict[int, tuple[list[int], list[int]]]:
+    """Per key, its allocations and their times, in allocation order (which is time order)."""
+    a_t = allocs.t
+    by_key: dict[int, tuple[list[int], list[int]]] = {}
+    for i, k in enumerate(allocs.key):
+        got = by_key.get(k)
+        if got is None:
+            got = by_key[k] = ([], [])
+        got[0].append(i)
+        got[1].append(a_t[i])
+    return by_key
+
 def _saves_to_allocations(trace: Trace, saves: Saves, allocs: _AllocColumns, key_kind: str,
                           a_call: Sequence[int | None], a_bw: Sequence[int | None], strict: set[int] | None = None,
                           ) -> tuple[dict[int, int], dict[int, int]]:
@@ -383,16 +396,9 @@ def _saves_to_allocations(trace: Trace, saves: Saves, allocs: _AllocColumns, key
     the slack, so it takes only an allocation made before the pack with no other of its key made
     within the slack around it, and stays unmatched otherwise.
     Returns (save index -> allocation, allocation -> the first node that saved it)."""
-    a_t, a_free_t = allocs.t, allocs.free_t
-    # per key, its allocations and their times (allocation order is time order); an address
-    # the allocator reuses has thousands: the candidate is found by bisection
-    by_key: dict[int, tuple[list[int], list[int]]] = {}
-    for i, k in enumerate(allocs.key):
-        got = by_key.get(k)
-        if got is None:
-            got = by_key[k] = ([], [])
-        got[0].append(i)
-        got[1].append(a_t[i])
+    a_free_t = allocs.free_t
+    # an address the allocator reuses has thousands of allocations: the candidate is found by bisection
+    by_key = _by_key(allocs)
     key_field = S_SKEY if key_kind == "storage" else S_PTR
     # one clock for the tracker's and the allocator counter's events and the saves: no slack
     slack = 0 if trace.memory_trace.source.our_clock else _CLOCK_SLACK_NS
@@ -450,14 +456,8 @@ def _categories(trace: Trace, orders: Sequence[int], saves: Saves, allocs: _Allo
     (BACKWARD_TEMP); anything else (OTHER)."""
     n = len(allocs.bytes)
     cats = [Category.OTHER] * n
-    by_key: dict[int, tuple[list[int], list[int]]] = {}  # key -> its allocations and their times, in order
-    a_t, a_free_t = allocs.t, allocs.free_t
-    for i, k in enumerate(allocs.key):
-        got = by_key.get(k)
-        if got is None:
-            got = by_key[k] = ([], [])
-        got[0].append(i)
-        got[1].append(a_t[i])
+    by_key = _by_key(allocs)
+    a_free_t = allocs.free_t
     gradient: set[int] = set()
     right = bisect.bisect_right
     for _b, skey, ptr, t in trace.gradient_keys:

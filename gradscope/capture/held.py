@@ -134,13 +134,7 @@ class HeldGraphs:
         b = self.b
         seq0 = b.trace.seq0
         index = b.trace.node_index
-        roots = []
-        for ref in b.roots:
-            t = ref()
-            fn = t.grad_fn if t is not None else None
-            if fn is not None and _made_since(fn, seq0, index):
-                roots.append(fn)
-        b.roots.clear()
+        roots = _kept_roots(b, seq0, index)
         hooking, b.hooking = b.hooking, False
         try:
             self.discovery._discover(roots, since=seq0)
@@ -167,13 +161,7 @@ class HeldGraphs:
         b = self.b
         seq0 = b.trace.seq0
         index = b.trace.node_index
-        roots = [fn for fn in _held_graphs(values) if _made_since(fn, seq0, index)]
-        for ref in b.roots:
-            t = ref()
-            fn = t.grad_fn if t is not None else None
-            if fn is not None and _made_since(fn, seq0, index):
-                roots.append(fn)
-        b.roots.clear()
+        roots = [fn for fn in _held_graphs(values) if _made_since(fn, seq0, index)] + _kept_roots(b, seq0, index)
         del values
         b.hooking = False  # everything is uninstalled: this walk only reads
         try:
@@ -184,3 +172,16 @@ class HeldGraphs:
         b.trace.root_names = _names.names_in_frame(mods, local_ns, global_ns)
         del mods
         self.discovery.acc_vars.clear()
+
+
+def _kept_roots(b: Any, seq0: int, index: Any) -> list[Any]:
+    """The graphs of the tensors the block kept references to (``b.roots``) made since ``seq0``;
+    the references are let go."""
+    roots = []
+    for ref in b.roots:
+        t = ref()
+        fn = t.grad_fn if t is not None else None
+        if fn is not None and _made_since(fn, seq0, index):
+            roots.append(fn)
+    b.roots.clear()
+    return roots
