@@ -302,7 +302,9 @@ class Room:
 # before its backward and could save at most the 532 KiB of gradients, is not run; micro-batches of 4 and
 # checkpointing run twice each, the user's step twice, and micro-batches' results compared with dropout
 # off take two runs: eight runs of the step in all, each of them one that something shown needs (their
-# memory on CPU copies: see NOTE [ meta or a CPU copy ]).
+# memory on CPU copies: see NOTE [ meta or a CPU copy ]): 9 of the 10.9 step-times of a profiled
+# diagnosis; the copies of the objects (see NOTE [ a module's containers copied ahead ]), the results
+# and their comparisons most of the rest.
 def worth_showing(user: Trial, peak: int, room: Room | None, fits: bool) -> bool:
     """Whether a fix whose first run holds ``peak`` at once is shown next to the user's step, ``fits``
     saying whether it fits the room (see NOTE [ runs a fix needs ])."""
