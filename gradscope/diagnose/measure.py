@@ -201,8 +201,9 @@ _GRAPH = " (with its graph)"
 # a model with two dropout modules or more draw their masks in another order whatever the values
 # (``Trial.reorders``): they are compared with dropout off at once, so that a micro-batched step whose
 # memory was measured on meta is not run for real with dropout on for a comparison that cannot agree
-# (one of the nine step-times of GPT-2 6 x 384's diagnosis). The user's step with dropout off runs once
-# for every fix compared so, and a fix's time is then its run's over the user's with dropout off.
+# (GPT-2 6 x 384's diagnosis: six real runs of a step, seven before). The user's step with dropout off
+# runs once for every fix compared so; a fix not run with dropout on has as its time its run's over the
+# user's with dropout off.
 COMPARED_PLAIN = "compared from the same state"  # the step draws no random numbers
 COMPARED_ON = "compared with dropout as you have it, from the same random state"
 COMPARED_OFF = ("compared with dropout off: with it on, the fix draws dropout's random masks in another order than "
@@ -290,8 +291,9 @@ class Room:
 # and on CPU copies the results compared), then where that saves enough its results are compared
 # (``Bench.settled``: with dropout off, two more runs, only where the fix draws dropout's masks in another
 # order: see NOTE [ results where randomness allows ]), then where they agree its next run, in the
-# variables its first run left (kept for KEPT fixes; ``Bench.complete``). A size that is tried in turn (the micro-batch, the checkpointed segments) is settled
-# only where its first run fits. A fix left at its first run is noted with that run's numbers. The user's
+# variables its first run left (kept for KEPT fixes; ``Bench.complete``). A size that is tried in turn
+# (the micro-batch, the checkpointed segments) is settled only where its first run fits. A fix left at
+# its first run is noted with that run's numbers. The user's
 # step runs twice at once, statement by statement: what its first run allocates through each of its
 # statements bounds a fix that runs those statements as they are (``Bench.least``): a fix whose set-up
 # makes no tensor allocates there what the user's step allocates, until the first statement whose work
