@@ -1,16 +1,20 @@
 """The diagnosis's time against the step's own, side by side in one process, before and after its speed-ups.
 
-Run: ``python benchmarks/bench_diagnose.py [docs] [notebook] [6x384]`` (default: every example). For the GPT-2 example of docs/diagnosis.md (2 layers, as
+Run: ``python benchmarks/bench_diagnose.py [docs] [notebook] [6x384] [tracker] [allocator] [before]
+[diagnosis]`` (default: every example, every variant). For the GPT-2 example of docs/diagnosis.md (2 layers, as
 ``transformers`` builds it: train mode, dropout on) and the notebook's GPT-2 (4 layers, d128, batch
 8 x 64), under a budget each does not fit: the step's own time (a plain run of the block's code on a copy
 of the objects, median of 15 after one warm-up), the recorded block that ran out of memory, and
 ``gs.diagnose`` of it (median of 3, each a fresh diagnosis: nothing is cached between them), with how
 many runs of a step the diagnosis measured on meta and ran for real. Prints the ratio diagnosis / step
-for three variants, interleaved: ``tracker`` counts every run on CPU copies with the tracker and runs
+for four variants, interleaved: ``tracker`` counts every run on CPU copies with the tracker and runs
 every fix twice (the diagnosis before its speed-ups: see NOTE [ the CPU allocator counts a run ] and
 NOTE [ runs a fix needs ] in gradscope.diagnose.measure), ``allocator`` counts them with the allocator's
-counter of the compiled hooks, ``diagnosis`` is the diagnosis as it is (the allocator, and each fix run only as often as
-what it shows needs). Times are the main thread's CPU time (other work on the machine moves wall times
+counter of the compiled hooks, ``before`` runs each fix only as often as what it shows needs (the
+diagnosis of 2026-11-28 before its copies and comparisons were made cheaper: copies by ``copy.deepcopy``
+alone, results cloned and compared a tensor at a time, a micro-batched step run with dropout on before
+it is compared with dropout off), ``diagnosis`` is the diagnosis as it is (see NOTE [ a module's
+containers copied ahead ] and ``Bench.verify``). The first three have the copies and comparisons of ``before``. Times are the main thread's CPU time (other work on the machine moves wall times
 by up to 2x). The issue's target: at most 5x on the docs' example. Collections run outside the timed
 regions. The third example's block allocates over SMALL_STEP_ALLOCATED, so its fixes are measured on
 meta (see NOTE [ meta or a CPU copy ] in gradscope.diagnose.measure): the counter does not count
@@ -86,11 +90,22 @@ def _timed(fn: Any) -> float:
 @contextlib.contextmanager
 def _variant(name: str) -> Any:
     """The diagnosis as it was before its speed-ups, part by part (see the module's docstring)."""
-    from gradscope import _native
+    from gradscope import _compat, _native
 
     measure = importlib.import_module("gradscope.diagnose.measure")
     saved = (_native.counter, measure.Bench.measure, measure.Bench.least)
+    before = (measure._containers_ahead, _compat.largest_differences, measure._results, measure.Bench.run)
     try:
+        if name != "diagnosis":  # copies by deepcopy alone, results cloned and compared a tensor at a time,
+            # micro-batches compared with dropout on first
+            measure._containers_ahead = lambda objs, memo: None
+            _compat.largest_differences = lambda xs, ys: None  # type: ignore[assignment]
+            measure._results = lambda env, names, clone=True: before[2](env, names)
+
+            def run(self: Any, *args: Any, reorders: bool = False, **kwargs: Any) -> Any:
+                return before[3](self, *args, **kwargs)
+
+            measure.Bench.run = run
         if name == "tracker":
             _native.counter = lambda run=False: None  # type: ignore[assignment]
         if name in ("tracker", "allocator"):  # every fix run twice at once, none spared by a bound
@@ -107,9 +122,10 @@ def _variant(name: str) -> Any:
         yield
     finally:
         _native.counter, measure.Bench.measure, measure.Bench.least = saved
+        measure._containers_ahead, _compat.largest_differences, measure._results, measure.Bench.run = before
 
 
-VARIANTS = ("tracker", "allocator", "diagnosis")
+VARIANTS = ("tracker", "allocator", "before", "diagnosis")
 
 
 def main() -> None:
@@ -118,10 +134,12 @@ def main() -> None:
     logging.set_verbosity_error()
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, 1 thread, the main thread's CPU time")
-    print(f"{'example':<36} {'step':>8} {'recorded':>9} " + " ".join(f"{v:>10}" for v in VARIANTS)
-          + f" {'meta':>5} {'real':>5}  diag/step: " + ", ".join(VARIANTS))
+    words = sys.argv[1:]  # words of the examples' names and variants to run (default: all)
+    variants = tuple(v for v in VARIANTS if v in words) or VARIANTS
+    wanted = [w for w in words if w not in VARIANTS]
+    print(f"{'example':<36} {'step':>8} {'recorded':>9} " + " ".join(f"{v:>10}" for v in variants)
+          + f" {'meta':>5} {'real':>5}  diag/step: " + ", ".join(variants))
     with tempfile.TemporaryDirectory() as tmp:
-        wanted = sys.argv[1:]  # words of the examples' names to run (default: all)
         for name, args in _SETUPS.items():
             if wanted and not any(w in name for w in wanted):
                 continue
@@ -150,10 +168,10 @@ def main() -> None:
                 seen[what] = seen.get(what, 0) + 1
                 original(self, what)
 
-            took: dict[str, list[float]] = {v: [] for v in VARIANTS}
+            took: dict[str, list[float]] = {v: [] for v in variants}
             gs.diagnose(rec, namespace=ns, progress=False)  # warm-up (imports, first calls)
             for _ in range(3):  # the variants interleaved
-                for v in VARIANTS:
+                for v in variants:
                     with _variant(v):
                         if v == "diagnosis":
                             module._Progress.__call__ = counting
@@ -162,9 +180,9 @@ def main() -> None:
                         finally:
                             module._Progress.__call__ = original
             med = {v: statistics.median(t) for v, t in took.items()}
-            print(f"{name:<36} {step:>7.3f}s {recorded:>8.3f}s " + " ".join(f"{med[v]:>9.2f}s" for v in VARIANTS)
+            print(f"{name:<36} {step:>7.3f}s {recorded:>8.3f}s " + " ".join(f"{med[v]:>9.2f}s" for v in variants)
                   + f" {seen.get('meta', 0) // 3:>5} {seen.get('run', 0) // 3:>5}  "
-                  + ", ".join(f"{med[v] / step:.1f}x" for v in VARIANTS), flush=True)
+                  + ", ".join(f"{med[v] / step:.1f}x" for v in variants), flush=True)
     sys.stdout.flush()
 
 

@@ -656,3 +656,132 @@ def test_a_block_that_ran_out_is_run_again_only_up_to_a_bound() -> None:
     assert len(losses) == stopped_at < 1000  # the user's own list is untouched by the runs on copies
     assert f"it went over {format_bytes(limit)}" in d.text()
     assert any(h.variable == "losses" for h in d.holders)
+
+
+class _Tied(nn.Module):
+    """Modules of every kind a copy meets: tied weights, batch-norm statistics, a None and a
+    non-persistent buffer, a forward hook, an LSTM's flat weights, a parametrization."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(20, 8)
+        self.head = nn.Linear(8, 20, bias=False)
+        self.head.weight = self.emb.weight
+        self.norm = nn.BatchNorm1d(8)
+        self.lstm = nn.LSTM(8, 8, batch_first=True)
+        self.gate = nn.utils.parametrizations.weight_norm(nn.Linear(8, 8))
+        self.register_buffer("nothing", None)
+        self.register_buffer("scale", torch.full((8,), 0.5), persistent=False)
+        self.norm.register_forward_hook(lambda m, args, out: out * 2)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.norm(self.emb(ids).transpose(1, 2)).transpose(1, 2)
+        h = self.lstm(h)[0] * self.scale
+        return self.head(self.gate(h))
+
+
+def test_a_replica_is_what_deepcopy_makes_of_the_objects() -> None:
+    """The copies the diagnosis runs fixes on (see NOTE [ a module's containers copied ahead ] in
+    gradscope.diagnose.measure) against ``copy.deepcopy`` of the same objects: the same modules with the same
+    attributes, tied weights tied, hooks kept, the same results and optimizer steps, gradients copied too,
+    nothing shared with the user's objects."""
+    measure = importlib.import_module("gradscope.diagnose.measure")
+    torch.manual_seed(0)
+    model = _Tied()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    ids = torch.randint(0, 20, (4, 6))
+    model(ids).square().mean().backward()
+    opt.step()  # optimizer state and gradients to copy too
+    objs = {"model": model, "opt": opt, "ids": ids}
+    mine, theirs = measure._replica(objs), copy.deepcopy(objs)
+    for p, q, r in zip(model.parameters(), mine["model"].parameters(), theirs["model"].parameters(), strict=True):
+        assert q.grad is not None and q.grad is not p.grad and torch.equal(q.grad, p.grad)
+        r.grad = p.grad.clone()  # (a parameter's deepcopy leaves its gradient behind; the copies keep it)
+    for (name, a), (_, b), (_, o) in zip(mine["model"].named_modules(), theirs["model"].named_modules(),
+                                         model.named_modules(), strict=True):
+        assert type(a) is type(b) and sorted(vars(a)) == sorted(vars(b)), name
+        for k, v in vars(a).items():
+            w = vars(b)[k]
+            assert type(v) is type(w), (name, k)
+            if isinstance(v, dict | set):
+                assert list(v) == list(w), (name, k)
+                assert v is not vars(o)[k], (name, k)  # never the user's container
+    assert mine["model"].head.weight is mine["model"].emb.weight
+    assert mine["model"].head.weight is not model.head.weight
+    assert mine["model"].nothing is None and "scale" not in mine["model"].state_dict()
+    state = theirs["model"].state_dict()
+    assert all(torch.equal(t, state[k]) for k, t in mine["model"].state_dict().items())
+    assert {id(p) for g in mine["opt"].param_groups for p in g["params"]} == {id(p) for p in mine["model"].parameters()}
+    for objects in (mine, theirs):  # a step on each: the same results (the hook doubles the norm's output)
+        objects["model"](objects["ids"]).square().mean().backward()
+        objects["opt"].step()
+    state = theirs["model"].state_dict()
+    assert all(torch.equal(t, state[k]) for k, t in mine["model"].state_dict().items())
+    assert torch.equal(mine["model"](ids), theirs["model"](ids))
+    assert not torch.equal(mine["model"].emb.weight, model.emb.weight)  # the user's model did not move
+
+
+@pytest.mark.parametrize("foreach", [True, False], ids=["foreach", "one_at_a_time"])
+def test_a_results_difference_is_the_largest_relative_one(foreach: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A result's difference (``_difference`` in gradscope.diagnose.measure) against one worked out in float64
+    tensor by tensor here, with PyTorch's foreach operators and without them: each tensor's largest difference
+    relative to its largest value, parameters scaled (NOTE [ parameters after an optimizer's step ]), NaN and inf
+    the same only at the same places, integers equal or not."""
+    measure = importlib.import_module("gradscope.diagnose.measure")
+    if not foreach:
+        monkeypatch.setattr(measure._compat, "largest_differences", lambda xs, ys: None)
+    torch.manual_seed(0)
+    a = {"w#parameter": torch.randn(30, 7), "g": torch.randn(12, dtype=torch.float64), "h": torch.randn(5).half(),
+         "n": torch.tensor(3.0), "i": torch.arange(6), "e": torch.empty(0)}
+    b = {k: v.clone() for k, v in a.items()}
+    b["w#parameter"][3, 2] += 0.02
+    b["g"] += 1e-9 * torch.randn(12, dtype=torch.float64)
+    b["h"][1] += 0.25
+
+    def expected(k: str) -> float:
+        x, y = a[k].double(), b[k].double()
+        d = float((x - y).abs().max() / x.abs().max())
+        return d * measure._TOLERANCE / measure.PARAMETER_TOLERANCE if k.endswith("#parameter") else d
+
+    worst = max(["w#parameter", "g", "h"], key=expected)
+    got = measure._difference(a, b)
+    assert got[1] == worst.removesuffix("#parameter") and got[0] == pytest.approx(expected(worst), rel=1e-3)
+    assert measure._difference({"g": a["g"]}, {"g": b["g"]})[0] == pytest.approx(expected("g"), rel=1e-6)
+    assert measure._difference(a, a) == (0.0, "")
+    nan = torch.tensor([1.0, float("nan"), float("inf"), 2.0])
+    assert measure._difference({"x": nan}, {"x": nan.clone()}) == (0.0, "")
+    assert measure._difference({"x": nan}, {"x": nan.flip(0)})[0] == float("inf")
+    assert measure._difference({"i": a["i"]}, {"i": a["i"] + 1}) == (float("inf"), "i")
+
+
+def test_micro_batches_measured_on_meta_are_compared_with_dropout_off_without_a_run_with_it_on() -> None:
+    """Micro-batches draw dropout's masks slice by slice, in another order than the step: their results are
+    compared with dropout off (see NOTE [ results where randomness allows ] in gradscope.diagnose.measure). Where
+    their memory was measured on meta, they are not run for real with dropout on first: three real runs (the
+    user's step with dropout on and off, the fix with it off) where four ran before, and the same comparison."""
+    measure = importlib.import_module("gradscope.diagnose.measure")
+    source = "out = model(x)\nout.square().mean().backward()\nopt.step()\nopt.zero_grad()\n"
+    micro = ("for start in range(0, 256, 128):\n"
+             "    out = model(x[start:start + 128])\n"
+             "    (out.square().mean() * (128 / 256)).backward()\n"
+             "opt.step()\n"
+             "opt.zero_grad()\n")
+    found = {}
+    for reorders in (True, False):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(32, 256), nn.Dropout(0.2), nn.ReLU(), nn.Linear(256, 256), nn.Dropout(0.1),
+                              nn.ReLU(), nn.Linear(256, 8))
+        ns = {"model": model, "opt": torch.optim.Adam(model.parameters(), lr=1e-3), "x": torch.randn(256, 32)}
+        runs: list[str] = []
+        bench = measure.Bench(source, ns, progress=runs.append)
+        bench._is_small = False  # measured on meta (a step this small would run on CPU copies)
+        assert bench.user().how == "meta"
+        trial = bench.run(micro, reorders=reorders)
+        assert trial.how == "meta"
+        trial = bench.settled(trial)
+        found[reorders] = (trial, runs.count("run"))
+    for trial, _ in found.values():
+        assert trial.compared == measure.COMPARED_OFF and trial.same is True and trial.later is not None
+        assert trial.seconds is not None and trial.seconds > 0
+    assert found[True][0].worst == found[False][0].worst and found[True][0].worst_at == found[False][0].worst_at
+    assert (found[True][1], found[False][1]) == (3, 4)

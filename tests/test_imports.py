@@ -155,7 +155,7 @@ _PRIVATE = {
     "_record_function_enter_new", "_record_function_exit", "_snapshot", "_record_memory_history",
     "_fused_sdp_choice", "_prims_common", "_current_autograd_node", "_weak_ref", "_expired",
     "_free_weak_ref", "_cdata", "_version", "_is_view", "_is_zerotensor", "_pytree",
-    "_disable_current_modes", "unpack_hook", "_execution_engine",
+    "_disable_current_modes", "unpack_hook", "_execution_engine", "_foreach_sub", "_foreach_abs", "_foreach_abs_", "_foreach_max",
 }
 _SAVED = ("_raw_saved", "_saved_")  # a node's saved variables, read as attributes
 

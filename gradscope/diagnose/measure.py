@@ -197,7 +197,13 @@ _GRAPH = " (with its graph)"
 # them in another order (micro-batches draw each slice's masks in turn) cannot: both then run again
 # with every dropout module's p and every float attribute named dropout set to 0, and are compared
 # so. Where even those runs draw random numbers (``torch.randn_like`` noise, a dropout call with its
-# own p), the results are not compared, and the finding says so (``Trial.compared``).
+# own p), the results are not compared, and the finding says so (``Trial.compared``). Micro-batches of
+# a model with two dropout modules or more draw their masks in another order whatever the values
+# (``Trial.reorders``): they are compared with dropout off at once, so that a micro-batched step whose
+# memory was measured on meta is not run for real with dropout on for a comparison that cannot agree
+# (GPT-2 6 x 384's diagnosis: six real runs of a step, seven before). The user's step with dropout off
+# runs once for every fix compared so; a fix not run with dropout on has as its time its run's over the
+# user's with dropout off.
 COMPARED_PLAIN = "compared from the same state"  # the step draws no random numbers
 COMPARED_ON = "compared with dropout as you have it, from the same random state"
 COMPARED_OFF = ("compared with dropout off: with it on, the fix draws dropout's random masks in another order than "
@@ -228,6 +234,7 @@ class Trial:
     code: str = ""  # the step it runs
     setup: str = ""  # run once before the steps
     tolerance: float = _TOLERANCE
+    reorders: bool = False  # known to draw dropout's masks in another order than the step (see Bench.verify)
     # not run: the least its first run would hold at once (see NOTE [ runs a fix needs ]), too much to be shown
     bound: int | None = None
     # the user's step: the most its first run's own allocations held at once through each of its statements
@@ -283,9 +290,10 @@ class Room:
 # run is made only once what came before says that the fix may still be shown: its first run (its memory,
 # and on CPU copies the results compared), then where that saves enough its results are compared
 # (``Bench.settled``: with dropout off, two more runs, only where the fix draws dropout's masks in another
-# order), then where they agree its next run, in the variables its first run left (kept for KEPT fixes;
-# ``Bench.complete``). A size that is tried in turn (the micro-batch, the checkpointed segments) is settled
-# only where its first run fits. A fix left at its first run is noted with that run's numbers. The user's
+# order: see NOTE [ results where randomness allows ]), then where they agree its next run, in the
+# variables its first run left (kept for KEPT fixes; ``Bench.complete``). A size that is tried in turn
+# (the micro-batch, the checkpointed segments) is settled only where its first run fits. A fix left at
+# its first run is noted with that run's numbers. The user's
 # step runs twice at once, statement by statement: what its first run allocates through each of its
 # statements bounds a fix that runs those statements as they are (``Bench.least``): a fix whose set-up
 # makes no tensor allocates there what the user's step allocates, until the first statement whose work
@@ -295,7 +303,10 @@ class Room:
 # note gives the bound. GPT-2 of the docs: the optimizer step in backward, whose step allocates 6.3 MiB
 # before its backward and could save at most the 532 KiB of gradients, is not run; micro-batches of 4 and
 # checkpointing run twice each, the user's step twice, and micro-batches' results compared with dropout
-# off take two runs: eight runs of the step in all.
+# off take two runs: eight runs of the step in all, each of them one that something shown needs (their
+# memory on CPU copies: see NOTE [ meta or a CPU copy ]): 9 of the 10.9 step-times of a profiled
+# diagnosis; the copies of the objects (see NOTE [ a module's containers copied ahead ]), the results
+# and their comparisons most of the rest.
 def worth_showing(user: Trial, peak: int, room: Room | None, fits: bool) -> bool:
     """Whether a fix whose first run holds ``peak`` at once is shown next to the user's step, ``fits``
     saying whether it fits the room (see NOTE [ runs a fix needs ])."""
@@ -479,8 +490,8 @@ class Bench:
             finally:
                 self._complete = False
         self._measured[key] = dataclasses.replace(done, tolerance=self._measured.get(key, done).tolerance)
-        return dataclasses.replace(trial, later=done.later, later_resident=done.later_resident, seconds=done.seconds,
-                                   error=done.error)
+        return dataclasses.replace(trial, later=done.later, later_resident=done.later_resident, error=done.error,
+                                   seconds=done.seconds if done.seconds is not None else trial.seconds)
 
     def fitted(self, trial: Trial, room: Room) -> Trial:
         """For a search over sizes (micro-batches, checkpointed segments): ``trial`` settled where its first
@@ -604,8 +615,9 @@ class Bench:
                     held, later, seconds, _ = self._run_once(pending.env, pending.pieces, counter)
             finally:
                 counter.stop()
-        return dataclasses.replace(trial, later=later, later_resident=held,
-                                   seconds=None if trial.seconds is None else min(trial.seconds, seconds))
+        return dataclasses.replace(trial, later=later, later_resident=held,  # (times on meta are no kernel's)
+                                   seconds=trial.seconds if trial.seconds is None or pending.meta
+                                   else min(trial.seconds, seconds))
 
     def close(self) -> None:
         """Let go of the variables kept for next runs."""
@@ -698,7 +710,8 @@ class Bench:
             exec(compiled, env)
             seconds = time.perf_counter() - t0
             drew = not torch.equal(start, torch.get_rng_state())
-            state = _results(env, set(copies) | {k for k in set(env) - before if not k.startswith("_")})
+            # (the copies are let go after this run: their tensors are the results)
+            state = _results(env, set(copies) | {k for k in set(env) - before if not k.startswith("_")}, clone=False)
         self.progress("run")
         return _Real(state, seconds, drew)
 
@@ -732,42 +745,65 @@ class Bench:
             self._user = dataclasses.replace(self._user, seconds=ref.seconds)
         return self._user
 
-    def run(self, code: str, *, setup: str = "", tolerance: float = _TOLERANCE, least: int | None = None) -> Trial:
+    def run(self, code: str, *, setup: str = "", tolerance: float = _TOLERANCE, least: int | None = None,
+            reorders: bool = False) -> Trial:
         """``setup`` once and the step (``code``) measured on copies (see :meth:`measure`); :meth:`settled`
-        compares its results with the user's step's and measures its next run."""
-        return dataclasses.replace(self.measure(code, setup, least=least), tolerance=tolerance)
+        compares its results with the user's step's and measures its next run. ``reorders``: the code is
+        known to draw dropout's masks in another order than the step (see :meth:`verify`)."""
+        return dataclasses.replace(self.measure(code, setup, least=least), tolerance=tolerance, reorders=reorders)
 
     def verify(self, trial: Trial) -> Trial:
         """The fix of a measured ``trial`` run once for real on copies, next to the user's step,
-        its results compared (see NOTE [ results where randomness allows ])."""
+        its results compared (see NOTE [ results where randomness allows ]): with dropout as the user
+        has it, else (the fix draws random numbers in another order) with dropout off. A fix known
+        to draw them in another order (``Trial.reorders``: micro-batches of a model with two dropout
+        modules or more) in a step that draws them is compared with dropout off at once: it is not run
+        with dropout on for a comparison that cannot agree (a micro-batched step measured on meta)."""
         if trial.error is not None or trial.verified or trial.bound is not None:
             return trial
         ref = self.reference()
         if ref is None:
             return dataclasses.replace(trial, verified=True)
+        objects = set(self._split(self.source)[0])
+        if trial.reorders and ref.drew:
+            done = self._compared_off(trial, objects, ref)
+            if done is not None:
+                return done
         try:
             mine = self._real_run(trial)
         except Exception as e:  # the code fails on the copies: it is not shown
             return dataclasses.replace(trial, error=f"{type(e).__name__}: {e}", verified=True)
-        objects = set(self._split(self.source)[0])
         worst, where, differs, freed = _compare(ref.state, mine.state, objects)
         compared = COMPARED_ON if ref.drew else ""
         if worst > trial.tolerance and (ref.drew or mine.drew):
-            off, mine_off = self.reference(dropout=False), None
-            if off is not None and not off.drew:
-                try:
-                    mine_off = self._run_for_real(trial.code, trial.setup, dropout=False)
-                except Exception:
-                    mine_off = None
-            if off is not None and mine_off is not None and not mine_off.drew:
-                worst, where, differs, freed = _compare(off.state, mine_off.state, objects)
-                compared = COMPARED_OFF
-            else:
-                return dataclasses.replace(trial, same=None, compared=NOT_COMPARED, seconds=trial.seconds or mine.seconds,
-                                           verified=True)
+            done = (None if trial.reorders and ref.drew
+                    else self._compared_off(trial, objects, ref, trial.seconds or mine.seconds))
+            if done is not None:
+                return done
+            return dataclasses.replace(trial, same=None, compared=NOT_COMPARED, seconds=trial.seconds or mine.seconds,
+                                       verified=True)
         return dataclasses.replace(trial, same=worst <= trial.tolerance, worst=worst, worst_at=where,
                                    differs=differs, freed=freed, seconds=trial.seconds or mine.seconds, compared=compared,
                                    verified=True)
+
+    def _compared_off(self, trial: Trial, objects: set[str], ref: _Real, seconds: float | None = None) -> Trial | None:
+        """``trial`` compared with the user's step with dropout off, both run again so (the user's
+        run once for every fix compared so); None where either fails or still draws random numbers.
+        Its ``seconds``, where it was not run with dropout on (its memory measured on meta): the user's
+        step's times the fix's over the user's step's with dropout off."""
+        off = self.reference(dropout=False)
+        if off is None or off.drew:
+            return None
+        try:
+            mine = self._run_for_real(trial.code, trial.setup, dropout=False)
+        except Exception:
+            return None
+        if mine.drew:
+            return None
+        worst, where, differs, freed = _compare(off.state, mine.state, objects)
+        seconds = seconds or trial.seconds or (mine.seconds * ref.seconds / off.seconds if off.seconds > 0 else None)
+        return dataclasses.replace(trial, same=worst <= trial.tolerance, worst=worst, worst_at=where, differs=differs,
+                                   freed=freed, seconds=seconds, compared=COMPARED_OFF, verified=True)
 
     @contextlib.contextmanager
     def _quiet(self) -> Any:
@@ -1110,6 +1146,7 @@ def _replica(objs: Mapping[str, Any], *, dropout: bool = True,
         elif _clones_as_deepcopy(t, storages):  # (what deepcopy would make, without its Python per tensor)
             c = t.detach().clone()
             memo[i] = nn.Parameter(c, t.requires_grad) if type(t) is nn.Parameter else c.requires_grad_(t.requires_grad)
+    _containers_ahead(objs, memo)
     out = copy.deepcopy(dict(objs), memo)
     copied_schedulers(dict(objs), memo)
     for i, t in tensors.items():  # a parameter's deep copy leaves its gradient behind: the copy has it too
@@ -1126,6 +1163,32 @@ def _replica(objs: Mapping[str, Any], *, dropout: bool = True,
                         if "dropout" in k and isinstance(a, float):
                             setattr(m, k, 0.0)
     return out
+
+
+# NOTE [ a module's containers copied ahead ]: ``copy.deepcopy`` of a module rebuilds each of its
+# dicts (a dozen per module: parameters, buffers, submodules and every kind of hook) through its
+# ``__reduce_ex__``, most of them empty: three quarters of the Python a copy of the docs' GPT-2 runs.
+# A plain dict, ``OrderedDict`` or set of a module's attributes that is empty, or that holds only
+# tensors already copied (``memo``) or None under names (its parameters, its buffers), is made here and put in
+# deepcopy's memo, as deepcopy would make it: the same type, the copies in the same order. Anything
+# else (a subclass, a container of other things) is left to deepcopy.
+_PLAIN = (dict, collections.OrderedDict, set)
+
+
+def _containers_ahead(objs: Mapping[str, Any], memo: dict[int, Any]) -> None:
+    """See NOTE [ a module's containers copied ahead ]."""
+    for v in objs.values():
+        if not isinstance(v, nn.Module):
+            continue
+        for m in v.modules():
+            for a in vars(m).values():
+                if type(a) not in _PLAIN or id(a) in memo:
+                    continue
+                if not a:
+                    memo[id(a)] = type(a)()
+                elif isinstance(a, dict) and all(type(k) is str and (x is None or id(x) in memo)
+                                                 for k, x in a.items()):
+                    memo[id(a)] = type(a)((k, None if x is None else memo[id(x)]) for k, x in a.items())
 
 
 def _clones_as_deepcopy(t: torch.Tensor, storages: Mapping[int, int]) -> bool:
@@ -1176,8 +1239,9 @@ def _tensors_of(name: str, v: Any, out: dict[str, torch.Tensor], params: set[str
             _tensors_of(f"{name}[{key}]", x, out, params)
 
 
-def _results(env: Mapping[str, Any], names: set[str]) -> dict[str, dict[str, torch.Tensor]]:
-    """Detached copies of every tensor the named variables hold (see ``_tensors_of``)."""
+def _results(env: Mapping[str, Any], names: set[str], *, clone: bool = True) -> dict[str, dict[str, torch.Tensor]]:
+    """Every tensor the named variables hold (see ``_tensors_of``), detached: copies where the
+    variables run on (``clone``), the tensors themselves where nothing runs in ``env`` again."""
     out: dict[str, dict[str, torch.Tensor]] = {}
     for name in names:
         flat: dict[str, torch.Tensor] = {}
@@ -1185,8 +1249,8 @@ def _results(env: Mapping[str, Any], names: set[str]) -> dict[str, dict[str, tor
         _tensors_of(name, env[name], flat, params)
         # a result that carries a graph (a loss kept for a later backward) differs from one that does
         # not, whatever its value: the later backward would fail
-        out[name] = {k + (_PARAM if k in params else _GRAPH if t.requires_grad else ""): t.detach().clone()
-                     for k, t in flat.items()}
+        out[name] = {k + (_PARAM if k in params else _GRAPH if t.requires_grad else ""):
+                     t.detach().clone() if clone else t.detach() for k, t in flat.items()}
     return out
 
 
@@ -1221,7 +1285,8 @@ def _difference(ta: Mapping[str, torch.Tensor], tb: Mapping[str, torch.Tensor]) 
     optimizer's step ]); NaN and inf are the same where both hold them at the same places."""
     if set(tb) - set(ta) or any(not k.endswith(".grad") for k in set(ta) - set(tb)):
         return math.inf, ", ".join(sorted(set(ta) ^ set(tb))[:3])
-    worst, where = 0.0, ""
+    found: list[tuple[str, float | None]] = []  # each tensor's difference (None: a float one, worked out below)
+    pairs: list[tuple[torch.Tensor, torch.Tensor]] = []  # the float ones' tensors, in order
     for k in ta:
         if k not in tb:
             continue
@@ -1231,13 +1296,19 @@ def _difference(ta: Mapping[str, torch.Tensor], tb: Mapping[str, torch.Tensor]) 
         if x.shape != y.shape or x.dtype != y.dtype:
             return math.inf, k.removesuffix(_PARAM)
         if not x.is_floating_point():
-            d = 0.0 if torch.equal(x, y) else math.inf
+            found.append((k, 0.0 if torch.equal(x, y) else math.inf))
         elif x.numel() == 0:
-            d = 0.0
+            found.append((k, 0.0))
         else:
             if x.dtype not in (torch.float32, torch.float64):
                 x, y = x.float(), y.float()
-            scale, most = torch.stack([x.abs().max(), (x - y).abs().max()]).double().tolist()
+            found.append((k, None))
+            pairs.append((x, y))
+    floats = iter(zip(pairs, _largest(pairs), strict=True))
+    worst, where = 0.0, ""
+    for k, d in found:
+        if d is None:
+            (x, y), (scale, most) = next(floats)
             if not (math.isfinite(scale) and math.isfinite(most)):  # NaN or inf: the same where both have them
                 fx, fy = x.isfinite(), y.isfinite()
                 if not torch.equal(fx, fy) or not torch.equal(_marked(x[~fx]), _marked(y[~fy])):
@@ -1250,3 +1321,16 @@ def _difference(ta: Mapping[str, torch.Tensor], tb: Mapping[str, torch.Tensor]) 
         if d > worst:
             worst, where = d, k.removesuffix(_PARAM)
     return worst, where
+
+
+def _largest(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[float, float]]:
+    """Each pair's largest absolute value of its first tensor and largest absolute difference: a few
+    operators over all of them at once (the results of the docs' GPT-2 step hold some hundred tensors,
+    and an operator or four for each cost a fifth of the step per comparison), else a pair at a time."""
+    if not pairs:
+        return []
+    found = _compat.largest_differences([x for x, _ in pairs], [y for _, y in pairs])
+    if found is not None:
+        return found
+    return [tuple(torch.stack([x.abs().max(), (x - y).abs().max()]).double().tolist())  # type: ignore[misc]
+            for x, y in pairs]

@@ -11,6 +11,7 @@ from gradscope.diagnose.facts import Context
 from gradscope.diagnose.measure import Bench, Room
 from gradscope.diagnose.report import Finding
 from gradscope.diagnose.step import Shape, batch_inputs, micro_batched
+from gradscope.diagnose.toolbox._common import dropouts_in_turn
 
 
 def propose(ctx: Context, bench: Bench, shape: Shape, room: Room | None) -> list[tuple[Finding, Any]]:
@@ -22,9 +23,10 @@ def propose(ctx: Context, bench: Bench, shape: Shape, room: Room | None) -> list
     if room is None:
         sizes = [m for m in sizes if m <= max(n // 4, 1)][:1]
     best = None
+    reorders = dropouts_in_turn(ctx, bench.source)  # compared with dropout off at once (see Bench.verify)
     for m in sizes:
         code = micro_batched(shape, tensors, dicts, n, m)
-        trial = bench.run(code)  # its memory: the diagnosis runs the one it shows for real
+        trial = bench.run(code, reorders=reorders)  # its memory: the diagnosis runs the one it shows for real
         if trial.error is not None:
             best = best or (m, code, trial)
             break  # another size gives the same answer
