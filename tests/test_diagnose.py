@@ -785,3 +785,25 @@ def test_micro_batches_measured_on_meta_are_compared_with_dropout_off_without_a_
         assert trial.seconds is not None and trial.seconds > 0
     assert found[True][0].worst == found[False][0].worst and found[True][0].worst_at == found[False][0].worst_at
     assert (found[True][1], found[False][1]) == (3, 4)
+
+
+def test_a_fix_that_ran_out_of_memory_on_copies_names_what_the_variables_hold() -> None:
+    """On an H200 a GPT-2 cell that ran out of CUDA memory kept its graph in ``out`` (500.8 MiB);
+    the copies the fixes run on share that GPU, and checkpointing (277 MiB on its own) failed beside
+    it with PyTorch's whole message as the note. The note now names what holds the most, largest
+    first, and what to do."""
+    from gradscope.diagnose import _oom_on_copies_note
+    from gradscope.recording import format_bytes
+
+    error = ("OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity of "
+             "139.80 GiB of which 138.49 GiB is free.")
+    held = {"ids": 32 * 1024, "m": 84 * 1024 * 1024, "out": 525_076_480, "empty": 0, "x": 1024, "y": 2048}
+    note = _oom_on_copies_note("deep_activations", error, held)
+    top = sorted(((v, b) for v, b in held.items() if b), key=lambda kv: -kv[1])[:3]
+    assert [v for v, _ in top] == ["out", "m", "ids"]
+    listed = ", ".join(f"`{v}` {format_bytes(b)}" for v, b in top)
+    assert note == (f"[deep_activations] not shown: it ran out of memory on copies of your objects beside what your "
+                    f"variables still hold ({listed}) (OutOfMemoryError: CUDA out of memory); free what you no "
+                    "longer need (del ...) and diagnose again.")
+    assert "`out` 500.8 MiB" in note and "138.49 GiB" not in note
+    assert "beside" not in _oom_on_copies_note("autocast", error, {})

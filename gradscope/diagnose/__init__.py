@@ -62,7 +62,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from gradscope.diagnose.facts import MIN_SAVING, Context, IndexedRecording, held_order
+from gradscope.diagnose.facts import MIN_SAVING, Context, IndexedRecording, held_order, resident_by_variable
 from gradscope.diagnose.fixes import REGISTRY, inplace_cut
 from gradscope.diagnose.measure import (
     COMPARED_PLAIN,
@@ -551,7 +551,7 @@ def _toolbox(ctx: Context) -> list[Finding]:
     for fix in TOOLBOX:
         for f, trial in fix.propose(ctx, bench, shape, room):
             if trial.error is not None:
-                ctx.notes.append(f"[{f.pattern}] not shown: its code failed on copies of your objects ({trial.error}).")
+                ctx.notes.append(_failed_on_copies(ctx, f.pattern, trial.error))
                 continue
             if trial.bound is not None:  # see NOTE [ runs a fix needs ] in gradscope.diagnose.measure
                 ctx.notes.append(_not_run(f, trial, room, user))
@@ -565,7 +565,7 @@ def _toolbox(ctx: Context) -> list[Finding]:
             trial = bench.settled(trial)  # worth showing by its memory: its results compared, its next run
             user = bench.user()
             if trial.error is not None:
-                ctx.notes.append(f"[{f.pattern}] not shown: its code failed on copies of your objects ({trial.error}).")
+                ctx.notes.append(_failed_on_copies(ctx, f.pattern, trial.error))
                 continue
             if trial.same is False:
                 ctx.notes.append(f"[{f.pattern}] not shown: it changes a result ({trial.worst_at} differs by "
@@ -587,6 +587,30 @@ def _toolbox(ctx: Context) -> list[Finding]:
                 allocates_before=_most(room, user), allocates_after=_most(room, trial),
                 tolerance=f.tolerance if f.tolerance is not None and f.tolerance > 1e-4 else None))
     return out
+
+
+def _failed_on_copies(ctx: Context, pattern: str, error: str) -> str:
+    """The note for a fix whose code failed on copies. Copies of a GPU's objects run on that GPU,
+    beside what the user's variables still hold after the failure (a graph kept by ``out``): a fix
+    that ran out of memory there is named with what holds the most, so that the user can free it and
+    diagnose again (on an H200, checkpointing a GPT-2 that fits in 277 MiB failed so beside the
+    500 MiB graph its cell's ``out`` kept)."""
+    if not error.startswith("OutOfMemoryError"):
+        return f"[{pattern}] not shown: its code failed on copies of your objects ({error})."
+    held = dict(resident_by_variable(ctx.ns))
+    for h in getattr(ctx, "holders", None) or ():
+        held[h.variable] = held.get(h.variable, 0) + h.live_bytes
+    return _oom_on_copies_note(pattern, error, held)
+
+
+def _oom_on_copies_note(pattern: str, error: str, held: Mapping[str, int]) -> str:
+    """The words for a fix that ran out of memory on copies, ``held``: bytes by variable."""
+    top = sorted(((v, b) for v, b in held.items() if b > 0), key=lambda kv: (-kv[1], kv[0]))[:3]
+    first = error.split(". ")[0]
+    beside = (" beside what your variables still hold (" + ", ".join(f"`{v}` {format_bytes(b)}" for v, b in top) + ")"
+              if top else "")
+    return (f"[{pattern}] not shown: it ran out of memory on copies of your objects{beside} ({first}); "
+            "free what you no longer need (del ...) and diagnose again.")
 
 
 def _findings(self: Context, holders: list[GraphHolder]) -> list[Finding]:
