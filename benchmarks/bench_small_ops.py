@@ -40,7 +40,7 @@ from torch.autograd.graph import saved_tensors_hooks
 from torch.func import functional_call
 
 import gradscope as gs
-from gradscope._stderr import LineFilter
+from gradscope._base.stderr import LineFilter
 
 # Newer profilers write a start and a stop line to fd 2 for every run whatever KINETO_LOG_LEVEL
 # says: dropped here (every other line passes), so that the table stays readable.

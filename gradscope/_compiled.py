@@ -3,7 +3,7 @@
 A compiled region runs as one ``CompiledFunctionBackward`` node whose saves arrive as
 ``saved_tensors[i]``: the operations that made them are inside the compiled program. While a block
 records, :class:`Observer` watches AOTAutograd partition each graph compiled inside the block (see
-NOTE [ observing compiled saves ] in :mod:`gradscope._compat`) and keeps, for each saved output of
+NOTE [ observing compiled saves ] in :mod:`gradscope._base.compat`) and keeps, for each saved output of
 the forward graph, the op that produced it and the module and source line of that op and of the
 forward ops whose gradients read it (the backward graph's users of the save). At the end the
 regions are matched with the recording's ``CompiledFunctionBackward`` nodes by their saves' shapes
@@ -30,8 +30,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gradscope import _compat
-from gradscope.errors import GradscopeError
+from gradscope._base import compat as _compat
+from gradscope._base.errors import GradscopeError
 
 __all__ = ["MODES", "CompiledSave", "Observer", "compiled_bytes_by_module", "compiled_saves",
            "saved_bytes_by_module"]

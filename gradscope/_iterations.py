@@ -30,9 +30,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gradscope._growth import SiteGrowth
-from gradscope._series import Interner
-from gradscope._trace import (
+from gradscope._base.series import Interner
+from gradscope._base.trace import (
     C_REL,
     C_ROOT,
     C_T0,
@@ -45,6 +44,7 @@ from gradscope._trace import (
     S_SEQ,
     Trace,
 )
+from gradscope._growth import SiteGrowth
 from gradscope.recording import Growth, Iteration, Table
 
 __all__ = ["HEAD", "KEEP_LAST", "Carry", "Rows", "iterations_pass", "site_label"]

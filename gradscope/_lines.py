@@ -3,7 +3,7 @@
 NOTE [ where lines come from ]: a node is made while its op runs, and the op packs the node's saves
 right then: inside the pack hook the user's frame is on the Python stack. So each save is given
 the line of the innermost frame that is not folded (see NOTE [ folded frames ] in
-:mod:`gradscope._frames`), and a node the line of its first save. The walk out of folded frames
+:mod:`gradscope._base.frames`), and a node the line of its first save. The walk out of folded frames
 is decided once per code object and the line interned once per (code object, line): a pack hook
 that finds the node of the previous save (same sequence number) reuses its line without looking
 at the stack at all (the compiled pack hook keeps the same caches in C++, keyed by code object and
@@ -27,8 +27,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from gradscope._frames import is_folded_file
-from gradscope._trace import Trace
+from gradscope._base.frames import is_folded_file
+from gradscope._base.trace import Trace
 from gradscope.recording import SourceLine
 
 __all__ = ["LineTable", "cell_of", "lines_enabled", "lines_pass", "node_lines"]

@@ -22,7 +22,7 @@ from typing import Any
 
 from torch import nn
 
-from gradscope.errors import GradscopeError
+from gradscope._base.errors import GradscopeError
 
 __all__ = ["code_path", "full_name", "modules_arg", "names_in_frame", "parameter_names", "root_prefixes"]
 

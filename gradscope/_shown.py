@@ -1,5 +1,5 @@
 """The views layer, imported whole: importing this module registers every view of every result
-type (NOTE [ one registry of views ] in ``gradscope._views``). The package's top imports it, so a
+type (NOTE [ one registry of views ] in ``gradscope._base.registry``). The package's top imports it, so a
 result finds its views whichever of its methods is called first.
 
 Each module below registers the views it defines, beside their code: text (:mod:`gradscope.report`,
@@ -8,7 +8,7 @@ Each module below registers the views it defines, beside their code: text (:mod:
 (:mod:`gradscope.report`).
 
 Example:
-    >>> from gradscope._views import ViewKind, find
+    >>> from gradscope._base.registry import ViewKind, find
     >>> from gradscope.diagnose.report import Diagnosis
     >>> find(ViewKind.TEXT, Diagnosis).__name__
     'diagnosis_text'

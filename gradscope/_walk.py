@@ -35,8 +35,8 @@ from typing import Any
 
 import torch
 
-from gradscope._compat import ACC_SEQ, is_view, node_seq, tensor_version
-from gradscope.errors import GradscopeError
+from gradscope._base.compat import ACC_SEQ, is_view, node_seq, tensor_version
+from gradscope._base.errors import GradscopeError
 
 __all__ = ["keys_of", "node_key", "node_name", "plain_pack", "plain_unpack", "release", "roots_of", "walk"]
 
@@ -154,7 +154,7 @@ def plain_pack(t: torch.Tensor) -> Any:
     data (detached: see NOTE [ pack a detached tensor ] in :mod:`gradscope.capture.saves`) and its
     version, checked when unpacked as PyTorch checks saves without hooks. What gradscope
     registers on a save a torch <= 2.8 only lets it inspect by registering a pair
-    (see :func:`gradscope._compat.probe_saved`)."""
+    (see :func:`gradscope._base.compat.probe_saved`)."""
     return (t.detach(), tensor_version(t))
 
 

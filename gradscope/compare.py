@@ -56,8 +56,8 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from gradscope import _views
-from gradscope.errors import GradscopeError
+from gradscope._base import registry as _views
+from gradscope._base.errors import GradscopeError
 from gradscope.figures import saved_activation_bytes
 from gradscope.recording import Recording, atomic_write_text
 
@@ -313,7 +313,7 @@ class Comparison:
     def to_html(self, path: str | os.PathLike[str] | None = None) -> str:
         """One self-contained HTML page of the comparison. With ``path``, writes it there and
         returns the path; without, returns the page's text."""
-        html = str(_views.render(_views.ViewKind.HTML, self))  # NOTE [ one registry of views ] in _views
+        html = str(_views.render(_views.ViewKind.HTML, self))  # NOTE [ one registry of views ] in gradscope._base.registry
         if path is None:
             return html
         atomic_write_text(os.fspath(path), html)

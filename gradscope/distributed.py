@@ -32,8 +32,9 @@ from typing import Any
 
 import torch
 
-from gradscope import _compat, _views
-from gradscope.errors import GradscopeError
+from gradscope._base import compat as _compat
+from gradscope._base import registry as _views
+from gradscope._base.errors import GradscopeError
 from gradscope.jobs.data import Job, RankEntry, RankStatus
 from gradscope.recording import Recording
 
@@ -439,7 +440,7 @@ def predict_job(
     world = len(per_rank)
     if units is not None and strategy != "fsdp":
         raise GradscopeError("gradscope: predict_job(units=...) is for strategy='fsdp'.")
-    from gradscope._units import parse_size
+    from gradscope._base.units import parse_size
 
     cap = parse_size(budget)
     cache: dict[Any, RankPrediction] = {}

@@ -9,9 +9,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from gradscope import _compat, _names
+from gradscope import _names
+from gradscope._base import compat as _compat
+from gradscope._base.errors import GradscopeError
 from gradscope._walk import node_name, plain_pack, plain_unpack, walk
-from gradscope.errors import GradscopeError
 from gradscope.recording import Edge, Kind, Node, Recording, SavedTensor, Where
 
 __all__ = ["graph"]

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from gradscope._page import _inline_json, _inline_script, document
+from gradscope._base.errors import GradscopeError
+from gradscope._base.page import _inline_json, _inline_script, document
+from gradscope._base.registry import ViewKind, register
 from gradscope._snapshot.data import SnapshotRecording
-from gradscope._views import ViewKind, register
 from gradscope.compare import Comparison
-from gradscope.errors import GradscopeError
 from gradscope.jobs.data import Job
 from gradscope.jobs.page import fragment_html
 from gradscope.recording import Recording

@@ -51,8 +51,8 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from gradscope._units import parse_size
-from gradscope.errors import GradscopeError, MemoryBudgetExceeded
+from gradscope._base.errors import GradscopeError, MemoryBudgetExceeded
+from gradscope._base.units import parse_size
 from gradscope.memory import MemoryKind
 from gradscope.recording import Recording, format_bytes
 
@@ -583,7 +583,7 @@ def _oom_off(shell: Any, st: _State) -> None:
 
 
 def _cell_step(shell: Any, cell: str) -> dict[str, Any] | None:
-    """A cell's code as the recording's step (``extra["step"]``, see ``gradscope._source``): IPython's
+    """A cell's code as the recording's step (``extra["step"]``, see ``gradscope._base.source``): IPython's
     own syntax (magics, ``!cmd``) turned into Python, as the cell runs."""
     try:
         source = shell.transform_cell(cell)

@@ -34,8 +34,8 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gradscope._base.errors import GradscopeError
 from gradscope._layered import layered, sink_layers
-from gradscope.errors import GradscopeError
 from gradscope.recording import Recording
 
 __all__ = [

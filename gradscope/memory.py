@@ -12,21 +12,21 @@
 
 A user names a source as a string; :meth:`MemoryKind.resolve` reads it once into a
 :class:`MemoryKind`, whose capabilities are all the recorder and the passes ask. Every source
-implements :class:`MemorySource` and hands over a :class:`~gradscope._trace.MemoryTrace`.
+implements :class:`MemorySource` and hands over a :class:`~gradscope._base.trace.MemoryTrace`.
 
 This module is a face: each name below is defined in the module it is imported from.
 """
 
 from __future__ import annotations
 
+from gradscope._base.memory_kind import MemoryKind
+from gradscope._base.units import parse_size
 from gradscope._memory.counter import CounterSource
 from gradscope._memory.cuda import CudaSource, CudaStats, cuda_stats, nvml_device_totals
-from gradscope._memory.kind import MemoryKind
 from gradscope._memory.make import make_source
 from gradscope._memory.profiler import ProfilerSource
 from gradscope._memory.source import AllocEvent, EvalScope, MemorySource
 from gradscope._memory.tracker import TrackerSource
-from gradscope._units import parse_size
 
 __all__ = [
     "AllocEvent",

@@ -42,11 +42,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from gradscope._base.errors import GradscopeError
 from gradscope._predict.allocator import AllocatorEstimate, estimate_cuda_allocator
 from gradscope._predict.copies import _batch_dim, _make, _module_names, _resident_bytes, _resize, _to_meta
 from gradscope._predict.kernels import _TARGET, _autocast_message, _kernel_choices
 from gradscope._predict.on_meta import _AsOnTheDevice, _count_cpu, _optimizer_steps_on
-from gradscope.errors import GradscopeError
 from gradscope.memory import parse_size
 from gradscope.recording import Recording, Where, format_bytes
 

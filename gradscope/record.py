@@ -20,9 +20,9 @@ This module is also the face of the two public functions that act on what a bloc
 compiled: :func:`gradscope.release` (defined in :mod:`gradscope._walk`, beside the walk whose node
 objects it lets go of) and :func:`gradscope.compiled_saves` (defined in :mod:`gradscope._compiled`).
 
-The hooks only append rows to a :class:`~gradscope._trace.Trace`; the passes of
+The hooks only append rows to a :class:`~gradscope._base.trace.Trace`; the passes of
 :mod:`gradscope._passes` turn it into the recording the first time it is asked for (see NOTE
-[ capture apart from analysis ] in :mod:`gradscope._trace` and NOTE [ analysis on first look ]).
+[ capture apart from analysis ] in :mod:`gradscope._base.trace` and NOTE [ analysis on first look ]).
 
 NOTE [ which node saved a tensor ]: a node's sequence number is taken from the thread's counter
 before the op saves its inputs/outputs, so in the pack hook the counter minus one is the
@@ -69,24 +69,26 @@ import torch
 from torch import nn
 from torch.autograd.graph import saved_tensors_hooks
 
-from gradscope import _compat, _compiled, _iterations, _names, _native, _passes
-from gradscope._compiled import compiled_saves
-from gradscope._gc import paused
-from gradscope._lines import LineTable, lines_enabled
-from gradscope._memory.counter import CounterSource
-from gradscope._memory.cuda import CudaSource
-from gradscope._memory.kind import MemoryKind
-from gradscope._memory.make import make_source
-from gradscope._memory.profiler import ProfilerSource
-from gradscope._memory.source import MemorySource
-from gradscope._source import OWN_FILES as _OWN_FILES
-from gradscope._trace import (
+from gradscope import _compiled, _iterations, _names, _native, _passes
+from gradscope._base import compat as _compat
+from gradscope._base.errors import GradscopeError, MemoryBudgetExceeded
+from gradscope._base.gc import paused
+from gradscope._base.memory_kind import MemoryKind
+from gradscope._base.source import OWN_FILES as _OWN_FILES
+from gradscope._base.trace import (
     C_SEQ1,
     C_T1,
     EV_POST,
     Trace,
 )
-from gradscope._units import format_bytes, parse_size
+from gradscope._base.units import format_bytes, parse_size
+from gradscope._compiled import compiled_saves
+from gradscope._lines import LineTable, lines_enabled
+from gradscope._memory.counter import CounterSource
+from gradscope._memory.cuda import CudaSource
+from gradscope._memory.make import make_source
+from gradscope._memory.profiler import ProfilerSource
+from gradscope._memory.source import MemorySource
 from gradscope._walk import release
 from gradscope.capture.discover import GraphDiscovery
 from gradscope.capture.engine import EngineInterception, EngineRoute
@@ -101,7 +103,6 @@ from gradscope.capture.modules import (
 from gradscope.capture.patches import _active
 from gradscope.capture.saves import SavedTensors
 from gradscope.capture.state import Block, _new_state
-from gradscope.errors import GradscopeError, MemoryBudgetExceeded
 from gradscope.recording import Loop, Recording
 
 __all__ = ["compiled_saves", "record", "release"]
@@ -173,7 +174,7 @@ class record:  # noqa: N801 - as torch.no_grad
         self._analysis: tuple[bool, str | None] | None = None  # (complete, error) until analysed
         self._analysis_lock = threading.Lock()  # two threads' first looks analyse once
         self._entered = False
-        # the block's code for the diagnosis (see gradscope._source); the notebook magic gives its cell
+        # the block's code for the diagnosis (see gradscope._base.source); the notebook magic gives its cell
         self.given_step: dict[str, Any] | None = None
         self._step_at: tuple[str, int] | None = None
 
@@ -228,7 +229,7 @@ class record:  # noqa: N801 - as torch.no_grad
         error = None
         if exc_type is not None:
             error = f"{exc_type.__name__}: {exc}"
-        # where the block is; its source is read when a diagnosis asks (gradscope._source), so that a
+        # where the block is; its source is read when a diagnosis asks (gradscope._base.source), so that a
         # recording costs no file reading or parsing (a notebook cell gives its source itself)
         trace.step = self.given_step
         if trace.step is None and self._step_at is not None and not self._step_at[0].startswith(_OWN_FILES):

@@ -14,7 +14,7 @@ method, with a label and a one-line definition in :data:`gradscope.figures.FIGUR
 registry, which names these methods) that views show beside it (tooltips), so
 the summary, the widget, the page and the diagnosis cannot disagree on what a number means.
 This module imports no view: ``summary``, ``to_html``, ``to_dot`` and ``_repr_mimebundle_`` ask
-the view registry (NOTE [ one registry of views ] in ``gradscope._views``).
+the view registry (NOTE [ one registry of views ] in ``gradscope._base.registry``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gradscope import _views
+from gradscope._base import registry as _views
+from gradscope._base.errors import GradscopeError
+from gradscope._base.units import format_bytes
 from gradscope._recording.files import (
     _FORMAT,
     SCHEMA_VERSION,
@@ -67,8 +69,6 @@ from gradscope._recording.rows import (
     Where,
 )
 from gradscope._recording.table import Table
-from gradscope._units import format_bytes
-from gradscope.errors import GradscopeError
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -500,7 +500,7 @@ class Recording:
                 loop=_loop(d.get("loop"), cls),
             )
             _check_links(rec)
-            return _views.typed(rec)  # a saved snapshot loads as its own type (NOTE [ saved types ] in _views)
+            return _views.typed(rec)  # a saved snapshot loads as its own type (NOTE [ saved types ] in gradscope._base.registry)
         except GradscopeError:
             raise
         except (KeyError, TypeError, ValueError, AttributeError) as e:

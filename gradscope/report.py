@@ -1,20 +1,20 @@
 """The text views of a :class:`~gradscope.Recording` (a CUDA snapshot's too) and of a
 :class:`~gradscope.compare.Comparison`, exact and deterministic apart from times, and a
 recording's graphviz graph; registered for their types (NOTE [ one registry of views ] in
-``gradscope._views``): ``rec.summary()``, ``cmp.summary()``, ``rec.to_dot()`` (a
+``gradscope._base.registry``): ``rec.summary()``, ``cmp.summary()``, ``rec.to_dot()`` (a
 ``graphviz.Digraph``: what torchviz's ``make_dot(show_saved=True)`` shows, plus bytes)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from gradscope._base.errors import GradscopeError
+from gradscope._base.registry import ViewKind, register
 from gradscope._compiled import compiled_bytes_by_module
 from gradscope._snapshot.data import SnapshotRecording
 from gradscope._snapshot.frames import group_of
 from gradscope._snapshot.queries import bytes_by_line
-from gradscope._views import ViewKind, register
 from gradscope.compare import SPREAD_LIMIT, Comparison, saved_total
-from gradscope.errors import GradscopeError
 from gradscope.figures import (
     ALIVE_AT_PEAK,
     GROWTH,

@@ -21,14 +21,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gradscope import _views
 from gradscope import figures as F
-from gradscope._series import Interner, downsample
+from gradscope._base import registry as _views
+from gradscope._base.errors import GradscopeError
+from gradscope._base.registry import ViewKind, WidgetUnavailable, register
+from gradscope._base.series import Interner, downsample
 from gradscope._snapshot.data import SnapshotRecording
 from gradscope._snapshot.payload import snapshot_payload as _snapshot_payload
-from gradscope._views import ViewKind, WidgetUnavailable, register
 from gradscope.compare import SPREAD_LIMIT, Comparison
-from gradscope.errors import GradscopeError
 from gradscope.jobs.data import Job
 from gradscope.jobs.payload import job_payload as _job_payload
 from gradscope.layout import GraphLayout, layout_levels
@@ -360,7 +360,7 @@ LIVE_INTERVAL_S = 0.5  # how often a running cell's widget gets the iterations e
 def iterations_columns(cols: dict[str, list[Any]], limit: int = MAX_ITERATION_POINTS) -> dict[str, list[Any]]:
     """Iteration rows as the front end's chart takes them (``index, duration, peak, start, end,
     saved``; -1 or None: not measured), thinned to about ``limit`` keeping each stretch's highest
-    and lowest peak (see NOTE [ downsampling keeps the peak ] in gradscope._series)."""
+    and lowest peak (see NOTE [ downsampling keeps the peak ] in gradscope._base.series)."""
     peak = [(-1 if v is None else v) for v in cols["peak"]]
     keep = downsample(peak, limit) if peak else []
     return {
@@ -505,7 +505,7 @@ def job_payload(job: Job) -> dict[str, Any]:
     return _job_payload(job, recording_payload=recording_payload, version=PAYLOAD_VERSION)
 
 
-# The PAYLOAD views, one per result type (NOTE [ one registry of views ] in gradscope._views); each
+# The PAYLOAD views, one per result type (NOTE [ one registry of views ] in gradscope._base.registry); each
 # takes the result and how to fold a recording's graph (only a recording's own graph is folded: its
 # view is recording_payload, above).
 @register(ViewKind.PAYLOAD, SnapshotRecording)
@@ -890,7 +890,7 @@ def show(obj: Any, *, collapse: bool | int | str = "auto") -> Any:
 
 
 def mimebundle(obj: Any) -> dict[str, Any]:
-    """What a Recording, Comparison or Job shows as a cell's value (:func:`gradscope._views.display`):
+    """What a Recording, Comparison or Job shows as a cell's value (:func:`gradscope._base.registry.display`):
     the widget when the widget stack and the bundle are available, otherwise the text summary and
     the self-contained HTML page."""
     return _views.display(obj)

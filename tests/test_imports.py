@@ -73,8 +73,8 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 # module or a package (a package's modules are in its layer unless named in another).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base: units, errors, the view registry, PyTorch's private APIs, the raw trace",
-     ("gradscope._error", "gradscope._units", "gradscope.errors", "gradscope._memory.kind", "gradscope._views", "gradscope._stderr", "gradscope._source",
-      "gradscope._compat", "gradscope._trace", "gradscope._frames", "gradscope._series", "gradscope._page", "gradscope._gc")),
+     ("gradscope._base", "gradscope._base.errors", "gradscope._base.error", "gradscope._base.units", "gradscope.errors", "gradscope._base.memory_kind", "gradscope._base.registry", "gradscope._base.stderr", "gradscope._base.source",
+      "gradscope._base.compat", "gradscope._base.trace", "gradscope._base.frames", "gradscope._base.series", "gradscope._base.page", "gradscope._base.gc")),
     ("data model: the Recording and what its numbers mean",
      ("gradscope.recording", "gradscope._recording", "gradscope.figures", "gradscope._held", "gradscope._names", "gradscope._lines",
       "gradscope.jobs.data", "gradscope._growth")),
@@ -144,7 +144,7 @@ def test_layers_point_one_way() -> None:
     assert len(model) > 1 and all(graph[m] - model <= base for m in model)
     assert not graph["gradscope._passes"] & (views | capture)
     assert not graph["gradscope._held"] & (views | capture)
-    assert not graph["gradscope._trace"] & (views | capture | {"gradscope._passes"})
+    assert not graph["gradscope._base.trace"] & (views | capture | {"gradscope._passes"})
 
 
 # PyTorch's private touchpoints gradscope uses (attributes, names and the names it patches).
@@ -186,10 +186,10 @@ def _private_uses(path: Path) -> list[str]:
 
 def test_private_torch_apis_only_in_compat() -> None:
     """Every private PyTorch touchpoint of the package (subpackages included) lives in
-    gradscope._compat."""
-    offenders = [u for p in sorted(PKG.rglob("*.py")) if p.name != "_compat.py" for u in _private_uses(p)]
+    gradscope._base.compat."""
+    offenders = [u for p in sorted(PKG.rglob("*.py")) if p != PKG / "_base" / "compat.py" for u in _private_uses(p)]
     assert offenders == []
-    assert len(_private_uses(PKG / "_compat.py")) > 20  # the checker does see them where they are
+    assert len(_private_uses(PKG / "_base" / "compat.py")) > 20  # the checker does see them where they are
 
 
 def _faces() -> dict[str, str]:

@@ -19,7 +19,7 @@ from torch import nn
 
 import gradscope as gs
 from gradscope import _native
-from gradscope._frames import is_folded_file
+from gradscope._base.frames import is_folded_file
 from gradscope._lines import cell_of, node_lines
 from gradscope.recording import Recording, SourceLine
 from gradscope.widget import recording_payload

@@ -20,7 +20,7 @@ from torch import nn
 
 import gradscope as gs
 from gradscope import _native
-from gradscope._trace import S_PTR, S_SEQ, S_SKEY, S_T
+from gradscope._base.trace import S_PTR, S_SEQ, S_SKEY, S_T
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPILER = shutil.which("c++") or shutil.which("g++")

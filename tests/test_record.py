@@ -212,7 +212,7 @@ def test_on_the_op_db_saves_belong_to_nodes_that_hold_them_and_learnt_names_equa
     import importlib
 
     pytest.importorskip("expecttest")
-    from gradscope import _compat
+    from gradscope._base import compat as _compat
 
     if not _compat.capabilities().saved_data:
         pytest.skip("this torch cannot show what a pack hook returned for a raw saved variable")

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import gradscope as gs
-from gradscope import _compat
+from gradscope._base import compat as _compat
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -26,7 +26,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.nn.modules import module as nn_module
 
 import gradscope as gs
-import gradscope._compat as gcompat
+import gradscope._base.compat as gcompat
 import gradscope._passes as gpasses
 import gradscope.memory as gmem
 

@@ -19,7 +19,7 @@ from torch import nn
 
 import gradscope as gs
 import gradscope._recording.files as grecording
-from gradscope import _views
+from gradscope._base import registry as _views
 from gradscope.recording import Recording
 
 

@@ -10,8 +10,8 @@ import pytest
 from _recordings import tiny_recording
 
 import gradscope as gs
-from gradscope import _views
-from gradscope._views import ViewKind, render
+from gradscope._base import registry as _views
+from gradscope._base.registry import ViewKind, render
 from gradscope.html import recording_html
 from gradscope.report import summary_text
 from gradscope.snapshot import SnapshotRecording

@@ -12,8 +12,8 @@ from _recordings import HOSTILE, hostile_recording, layered_recording, tiny_reco
 
 import gradscope as gs
 import gradscope.widget as W
-from gradscope._series import downsample as _decimate
-from gradscope._views import ViewKind, register
+from gradscope._base.registry import ViewKind, register
+from gradscope._base.series import downsample as _decimate
 from gradscope.errors import GradscopeError
 from gradscope.widget import (
     ComparisonWidget,

@@ -1,6 +1,6 @@
 """The memory sources behind :mod:`gradscope.memory` (its public face), one module each.
 
-- :mod:`~gradscope._memory.kind`: :class:`MemoryKind`, what each kind of source can do (the base
+- :mod:`~gradscope._base.memory_kind`: :class:`MemoryKind`, what each kind of source can do (the base
   layer: the raw trace records which kind measured it, and the passes ask it).
 - :mod:`~gradscope._memory.source`: the protocol every source implements and the rows they hand over.
 - :mod:`~gradscope._memory.profiler`: ``cpu``, the profiler's allocation events.

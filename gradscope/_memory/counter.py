@@ -12,10 +12,10 @@ from typing import Any
 
 import torch
 
-from gradscope._memory.kind import MemoryKind
+from gradscope._base.memory_kind import MemoryKind
+from gradscope._base.stderr import LineFilter
+from gradscope._base.trace import MemoryTrace
 from gradscope._memory.source import AllocEvent
-from gradscope._stderr import LineFilter
-from gradscope._trace import MemoryTrace
 
 __all__ = ["CounterSource"]
 
@@ -38,7 +38,7 @@ class CounterSource:
 
     def start(self) -> None:
         self._counter.start()
-        self._noise.start()  # see NOTE [ the profiler's free warning ] in gradscope._stderr
+        self._noise.start()  # see NOTE [ the profiler's free warning ] in gradscope._base.stderr
         self._watch_takeover()
 
     def _watch_takeover(self) -> None:

@@ -13,10 +13,10 @@ from typing import Any, Protocol
 
 import torch
 
-from gradscope import _compat
-from gradscope._memory.kind import MemoryKind
+from gradscope._base import compat as _compat
+from gradscope._base.memory_kind import MemoryKind
+from gradscope._base.trace import MemoryTrace
 from gradscope._memory.source import AllocEvent, _inside_only, _no_context
-from gradscope._trace import MemoryTrace
 
 __all__ = ["CudaSource", "CudaStats", "cuda_stats", "nvml_device_totals"]
 
@@ -54,7 +54,7 @@ class _TorchCudaStats:
         torch.cuda.reset_peak_memory_stats(device)
 
     def memory_allocated(self, device: Any) -> int:
-        return self.current(device)[0]  # see NOTE [ reading the allocator's figures ] in gradscope._compat
+        return self.current(device)[0]  # see NOTE [ reading the allocator's figures ] in gradscope._base.compat
 
     def max_memory_allocated(self, device: Any) -> int:
         return int(torch.cuda.max_memory_allocated(device))
@@ -67,7 +67,7 @@ class _TorchCudaStats:
 
     def current(self, device: Any) -> tuple[int, int]:
         """(allocated, reserved) now, read once (see NOTE [ reading the allocator's figures ] in
-        gradscope._compat)."""
+        gradscope._base.compat)."""
         index = device if isinstance(device, int) else torch.device(device).index
         return _compat.cuda_allocated_reserved(index or 0)
 

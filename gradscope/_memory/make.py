@@ -6,12 +6,12 @@ from collections.abc import Callable
 
 import torch
 
+from gradscope._base.errors import GradscopeError
+from gradscope._base.memory_kind import MemoryKind
 from gradscope._memory.cuda import CudaSource
-from gradscope._memory.kind import MemoryKind
 from gradscope._memory.profiler import ProfilerSource
 from gradscope._memory.source import MemorySource
 from gradscope._memory.tracker import TrackerSource
-from gradscope.errors import GradscopeError
 
 __all__ = ["make_source"]
 
@@ -21,7 +21,7 @@ def make_source(kind: MemoryKind, *, budget: int | None = None, device_type: str
                 ) -> MemorySource | None:
     """The source of a resolved kind (None for one that measures nothing). ``context`` returns the
     recorder's (step event position, module call) at any moment, for online sources. A new kind of
-    source is added here, in :mod:`~gradscope._memory.kind` (its capabilities) and in a module of its own."""
+    source is added here, in :mod:`~gradscope._base.memory_kind` (its capabilities) and in a module of its own."""
     if kind is MemoryKind.CPU:
         return ProfilerSource()
     if kind is MemoryKind.TRACKER:

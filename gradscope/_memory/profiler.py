@@ -17,12 +17,12 @@ from typing import Any
 
 import torch
 
-from gradscope import _compat
-from gradscope._memory.kind import MemoryKind
+from gradscope._base import compat as _compat
+from gradscope._base.errors import GradscopeError
+from gradscope._base.memory_kind import MemoryKind
+from gradscope._base.stderr import LineFilter
+from gradscope._base.trace import MemoryTrace
 from gradscope._memory.source import AllocEvent, EvalScope, _inside_only
-from gradscope._stderr import LineFilter
-from gradscope._trace import MemoryTrace
-from gradscope.errors import GradscopeError
 
 __all__ = ["ProfilerSource"]
 
@@ -46,7 +46,7 @@ class ProfilerSource:
     allocate internally. The running sum of those events from the block's start is the block's
     live memory; frees of memory allocated before the block come without a size and are ignored,
     so pre-existing tensors never count toward ``peak_bytes``. The profiler runs lean (see NOTE
-    [ a lean profiler ] in :mod:`gradscope._compat`).
+    [ a lean profiler ] in :mod:`gradscope._base.compat`).
 
     NOTE [ profiler marks ]: the recorder opens a profiler scope per module call and per backward
     pass (``gradscope.module#3``, ``gradscope.backward#0``), so that each allocation knows its
@@ -84,7 +84,7 @@ class ProfilerSource:
                 self._ops = _in_distributed_job()
                 _compat.start_node_profiler(ops=self._ops)
             self._running = True
-            self._noise.start()  # see NOTE [ the profiler's free warning ] in gradscope._stderr
+            self._noise.start()  # see NOTE [ the profiler's free warning ] in gradscope._base.stderr
             # NOTE [ profiler clock ]: the profiler stamps events with its own clock; a scope
             # opened between two time.time_ns() readings gives the offset to ours, to within the
             # time between them. A thread preempted there (a busy machine) would shift every event
@@ -259,7 +259,7 @@ class ProfilerSource:
 
 
 # NOTE [ collectives in a recording ]: in a distributed job the profiler records op scopes with
-# their inputs' shapes (see NOTE [ a lean profiler ] in gradscope._compat), and communication is
+# their inputs' shapes (see NOTE [ a lean profiler ] in gradscope._base.compat), and communication is
 # among them: c10d's operators, called on the thread that runs the user's code
 # (``c10d::allreduce_`` from DDP's reducer, ``c10d::_allgather_base_`` and
 # ``c10d::_reduce_scatter_base_`` from FSDP, ``_c10d_functional::*``), and the backends' own scopes
@@ -313,7 +313,7 @@ def _clock_offset(roots: Any, clock: list[tuple[int, int]]) -> int:
 
 def _in_distributed_job() -> bool:
     """Whether this process is a rank of a ``torch.distributed`` job (see NOTE [ a lean profiler ]
-    in :mod:`gradscope._compat`)."""
+    in :mod:`gradscope._base.compat`)."""
     dist = torch.distributed
     return bool(dist.is_available() and dist.is_initialized())
 

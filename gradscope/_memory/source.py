@@ -1,7 +1,7 @@
 """What every memory source implements and the rows they hand over (see :mod:`gradscope.memory`).
 
 Every source implements :class:`MemorySource` and hands over a
-:class:`~gradscope._trace.MemoryTrace` (the same :class:`AllocEvent` rows for all of them), so the
+:class:`~gradscope._base.trace.MemoryTrace` (the same :class:`AllocEvent` rows for all of them), so the
 recorder and the passes never ask which source they have, only what its kind can do. Sources keep
 no tensors alive: only sizes, addresses and weak references.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple, Protocol
 
-from gradscope._memory.kind import MemoryKind
-from gradscope._trace import MemoryTrace
+from gradscope._base.memory_kind import MemoryKind
+from gradscope._base.trace import MemoryTrace
 
 __all__ = ["AllocEvent", "EvalScope", "MemorySource"]
 
@@ -62,7 +62,7 @@ class EvalScope(NamedTuple):
 class MemorySource(Protocol):
     """What the recorder asks of a memory source, and nothing more.
 
-    ``kind`` says what it can do (see :class:`~gradscope._memory.kind.MemoryKind`): the recorder
+    ``kind`` says what it can do (see :class:`~gradscope._base.memory_kind.MemoryKind`): the recorder
     calls :meth:`call_enter` / :meth:`call_exit` at module calls and backward passes where the
     kind ``marks_calls``, :meth:`mark` at step boundaries where it ``marks_steps``, and hooks
     every node where it wants ``node_hooks``; between two backward steps it calls :meth:`boundary`

@@ -15,11 +15,11 @@ from typing import Any
 
 import torch
 
-from gradscope import _compat
-from gradscope._memory.kind import MemoryKind
+from gradscope._base import compat as _compat
+from gradscope._base.errors import BudgetRefusal, MemoryBudgetExceeded
+from gradscope._base.memory_kind import MemoryKind
+from gradscope._base.trace import MemoryTrace
 from gradscope._memory.source import AllocEvent, _no_context
-from gradscope._trace import MemoryTrace
-from gradscope.errors import BudgetRefusal, MemoryBudgetExceeded
 
 __all__ = ["TrackerSource"]
 
@@ -65,7 +65,7 @@ def _make_tracker_mode(source: TrackerSource) -> Any:
                 the mode as one never to compile (torch 2.6, measured: a compiled Linear called in
                 the block ran eagerly afterwards, and so did every other compiled Linear and a
                 compiled function called there); there the tracker sets torch.compile's stance to
-                "force_eager" for the block (see eager_compile_stance in gradscope._compat), so
+                "force_eager" for the block (see eager_compile_stance in gradscope._base.compat), so
                 compiled code runs eagerly inside it without Dynamo seeing a frame, and compiled
                 again after it; the recording says that compiled code ran eagerly."""
                 return True
@@ -134,7 +134,7 @@ class TrackerSource:
         self._orphans: set[int] = set()
         self.failures: list[str] = []  # errors while observing (the first 10), for the notes
         self.failed_at: int | None = None  # events recorded when the budget refused an allocation
-        self.refused: BudgetRefusal | None = None  # that allocation (see NOTE [ one refusal ] in gradscope.errors)
+        self.refused: BudgetRefusal | None = None  # that allocation (see NOTE [ one refusal ] in gradscope._base.errors)
         self.zero_tangents = False  # see MemoryTrace.zero_tangents
         # a second device type whose outputs count while it is set (gradscope.predict for a CPU
         # step: the optimizers' step counters are real CPU tensors among the meta ones)

@@ -76,7 +76,7 @@ from typing import Any
 
 import torch
 
-from gradscope.errors import GradscopeError
+from gradscope._base.errors import GradscopeError
 
 __all__ = ["build", "build_or_say", "building", "cache_dir", "counter", "hooks", "status", "wait"]
 

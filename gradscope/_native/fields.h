@@ -16,7 +16,7 @@
 
 // The Walker's tables: FIELD(name, the type it must be or nullptr), all owned objects.
 #define GRADSCOPE_WALKER_FIELDS(FIELD) \
-  FIELD(index, &PyDict_Type) /* node key -> node index (gradscope._trace) */ \
+  FIELD(index, &PyDict_Type) /* node key -> node index (gradscope._base.trace) */ \
   FIELD(nodes, &PyList_Type) /* list of node rows */ \
   FIELD(edge_keys, &PyList_Type) /* the edges' source keys */ \
   FIELD(edge_dst, &PyList_Type) /* the edges' destination indices */ \
@@ -30,7 +30,7 @@
   FIELD(name_node, nullptr) /* callable(fn, key, attributes, absent bits, ours): the saves read in Python */ \
   FIELD(hook, nullptr) /* callable(fn, index, name, post) */ \
   FIELD(leaf_row, nullptr) /* callable(fn, index, key, name, custom, hooking, hook_all) */ \
-  FIELD(saves, &PyList_Type) /* save rows (gradscope._trace): ``packed`` counts them */ \
+  FIELD(saves, &PyList_Type) /* save rows (gradscope._base.trace): ``packed`` counts them */ \
   FIELD(acc_vars, &PyDict_Type) /* AccumulateGrad node index -> weak reference to its leaf */ \
   FIELD(leaf_key, nullptr) /* callable(leaf tensor) -> its AccumulateGrad node's key */ \
 

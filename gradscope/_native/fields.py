@@ -31,7 +31,7 @@ STATE: tuple[tuple[str, str], ...] = (
 
 # (name, the Python type it must be, or "" for any object, what it is): the compiled walk's tables
 WALKER: tuple[tuple[str, str, str], ...] = (
-    ("index", "dict", "node key -> node index (gradscope._trace)"),
+    ("index", "dict", "node key -> node index (gradscope._base.trace)"),
     ("nodes", "list", "list of node rows"),
     ("edge_keys", "list", "the edges' source keys"),
     ("edge_dst", "list", "the edges' destination indices"),
@@ -45,7 +45,7 @@ WALKER: tuple[tuple[str, str, str], ...] = (
     ("name_node", "", "callable(fn, key, attributes, absent bits, ours): the saves read in Python"),
     ("hook", "", "callable(fn, index, name, post)"),
     ("leaf_row", "", "callable(fn, index, key, name, custom, hooking, hook_all)"),
-    ("saves", "list", "save rows (gradscope._trace): ``packed`` counts them"),
+    ("saves", "list", "save rows (gradscope._base.trace): ``packed`` counts them"),
     ("acc_vars", "dict", "AccumulateGrad node index -> weak reference to its leaf"),
     ("leaf_key", "", "callable(leaf tensor) -> its AccumulateGrad node's key"),
 )

@@ -108,7 +108,7 @@ int frame_offset(PyFrameObject* f) {
 // ------------------------------------------------------------------ the hooks
 struct Hooks {
   PyObject_HEAD
-  PyObject* saves;          // list of rows (see gradscope._trace)
+  PyObject* saves;          // list of rows (see gradscope._base.trace)
   PyObject* versions;       // list: each save's version when packed
   PyObject* info;           // dict: id of the packed value -> save index
   PyObject* weak;           // list of weak handles, or None when frees are not checked by handle
@@ -119,7 +119,7 @@ struct Hooks {
   PyObject* check_frees;    // callable, or None where frees are checked once a pass
   PyObject* inplace_error;  // callable(tensor, expected version) -> the exception to raise
   PyObject* watch;          // callable(packed alias), or None: a memory source that follows each alias
-  PyObject* lines;          // list: each save's line index (gradscope._trace), or None: no lines
+  PyObject* lines;          // list: each save's line index (gradscope._base.trace), or None: no lines
   PyObject* line_table;     // gradscope._lines.LineTable, or None
   PyObject* storages;       // dict: storage key -> (its first save, weak handle): NOTE [ a storage's identity in a block ]
   PyObject* storage_ids;    // list: each save's storage identity (the storage's first save)
@@ -649,7 +649,7 @@ PyTypeObject HooksType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 struct ModHooks {
   PyObject_HEAD
   State* state;
-  PyObject* calls;         // list of call rows (gradscope._trace)
+  PyObject* calls;         // list of call rows (gradscope._base.trace)
   PyObject* module_paths;  // list, per root module: dict id(module) -> its path
   PyObject* root_of;       // callable(module) -> the root's index
   PyObject* roots;         // list of weak references to results that may root a graph
@@ -800,7 +800,7 @@ PyObject* mod_post(ModHooks* self, PyObject* const* args, Py_ssize_t nargs) {
       Py_XDECREF(m);
       return mod_failed(self);
     }
-    // the row's seq1 and t1 (gradscope._trace C_SEQ1, C_T1)
+    // the row's seq1 and t1 (gradscope._base.trace C_SEQ1, C_T1)
     bool failed = !PyList_Check(call) || PyList_GET_SIZE(call) < 6;
     if (failed) PyErr_SetString(PyExc_TypeError, "gradscope: a module call's row is a list");
     PyObject* seq = failed ? nullptr : seq_now();

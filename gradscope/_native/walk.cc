@@ -252,7 +252,7 @@ bool count_packed(Walker* self) {
       PyErr_SetString(PyExc_TypeError, "gradscope: a save's row is a tuple");
       return false;
     }
-    PyObject* seq = PyTuple_GET_ITEM(row, 0);  // gradscope._trace S_SEQ
+    PyObject* seq = PyTuple_GET_ITEM(row, 0);  // gradscope._base.trace S_SEQ
     PyObject* had = PyDict_GetItemWithError(self->packed, seq);
     if (had == nullptr && PyErr_Occurred()) return false;
     long long was = had == nullptr ? 0 : PyLong_AsLongLong(had);

@@ -1,4 +1,4 @@
-"""Named, pure passes that turn a :class:`~gradscope._trace.Trace` into a :class:`Recording`.
+"""Named, pure passes that turn a :class:`~gradscope._base.trace.Trace` into a :class:`Recording`.
 
 Each pass reads the trace (and what earlier passes returned) and returns plain values; none of
 them touches torch, a hook or a live object, so each can be run on a trace written by hand (see
@@ -22,6 +22,7 @@ they make; each pass lives in the module of what it makes:
 from __future__ import annotations
 
 from gradscope import _lines
+from gradscope._base.trace import N_KEY, N_SEQ, Trace
 from gradscope._passes.allocations import Memory, memory_pass
 from gradscope._passes.module_paths import leaf_name, modules_pass
 from gradscope._passes.nodes import (
@@ -53,7 +54,6 @@ from gradscope._passes.tables import (
     saved_table,
     step_table,
 )
-from gradscope._trace import N_KEY, N_SEQ, Trace
 from gradscope.recording import Recording
 
 __all__ = [

@@ -9,11 +9,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gradscope._passes.nodes import UNSEEN_NODE, Graph, call_path
-from gradscope._passes.saved_tensors import Saves
-from gradscope._passes.steps import Steps
-from gradscope._series import downsample
-from gradscope._trace import (
+from gradscope._base.series import downsample
+from gradscope._base.trace import (
     C_T0,
     C_T1,
     N_NAME,
@@ -23,6 +20,9 @@ from gradscope._trace import (
     S_T,
     Trace,
 )
+from gradscope._passes.nodes import UNSEEN_NODE, Graph, call_path
+from gradscope._passes.saved_tensors import Saves
+from gradscope._passes.steps import Steps
 from gradscope.recording import (
     Allocation,
     Category,

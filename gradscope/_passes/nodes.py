@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gradscope import _names
-from gradscope._trace import (
+from gradscope._base.trace import (
     C_ROOT,
     N_KEY,
     N_NAME,

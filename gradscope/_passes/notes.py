@@ -5,15 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from gradscope import _compat
-from gradscope._passes.nodes import UNSEEN_NODE, Graph
-from gradscope._passes.saved_tensors import Saves
-from gradscope._passes.steps import Steps
-from gradscope._trace import (
+from gradscope._base import compat as _compat
+from gradscope._base.trace import (
     N_CUSTOM,
     N_NAME,
     Trace,
 )
+from gradscope._passes.nodes import UNSEEN_NODE, Graph
+from gradscope._passes.saved_tensors import Saves
+from gradscope._passes.steps import Steps
 from gradscope.recording import (
     BackwardCall,
 )

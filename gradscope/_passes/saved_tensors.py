@@ -7,14 +7,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from gradscope import _names
-from gradscope._passes.nodes import _INNER_NODE, Graph
-from gradscope._series import Interner
-from gradscope._trace import (
+from gradscope._base.series import Interner
+from gradscope._base.trace import (
     S_LEAFISH,
     S_SEQ,
     S_SKEY,
     Trace,
 )
+from gradscope._passes.nodes import _INNER_NODE, Graph
 from gradscope.recording import (
     Kind,
 )

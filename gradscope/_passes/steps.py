@@ -9,9 +9,8 @@ import heapq
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gradscope import _compat
-from gradscope._passes.nodes import Graph
-from gradscope._trace import (
+from gradscope._base import compat as _compat
+from gradscope._base.trace import (
     EV_LIVE,
     EV_POST,
     EV_PRE,
@@ -22,6 +21,7 @@ from gradscope._trace import (
     BackwardRow,
     Trace,
 )
+from gradscope._passes.nodes import Graph
 
 
 # ----------------------------------------------------------------------------------- steps

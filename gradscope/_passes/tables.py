@@ -8,12 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gradscope import _held
-from gradscope._passes.allocations import _CLOCK_SLACK_NS, Memory
-from gradscope._passes.module_paths import leaf_name
-from gradscope._passes.nodes import Graph
-from gradscope._passes.saved_tensors import Saves, _dtype
-from gradscope._passes.steps import Steps
-from gradscope._trace import (
+from gradscope._base.trace import (
     N_KEY,
     N_LEAF,
     N_LEAF_SHAPE,
@@ -24,6 +19,11 @@ from gradscope._trace import (
     S_T,
     Trace,
 )
+from gradscope._passes.allocations import _CLOCK_SLACK_NS, Memory
+from gradscope._passes.module_paths import leaf_name
+from gradscope._passes.nodes import Graph
+from gradscope._passes.saved_tensors import Saves, _dtype
+from gradscope._passes.steps import Steps
 from gradscope.recording import (
     HeldMemory,
     Kind,

@@ -13,9 +13,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from gradscope import _compat
-from gradscope._compat import storage_key as _storage_key
-from gradscope.errors import GradscopeError
+from gradscope._base import compat as _compat
+from gradscope._base.compat import storage_key as _storage_key
+from gradscope._base.errors import GradscopeError
 
 
 # ----------------------------------------------------------------------------------------------
@@ -118,7 +118,7 @@ def _to_meta(args: Any) -> tuple[Any, dict[int, Any]]:
 def copied_schedulers(originals: Any, memo: Mapping[int, Any]) -> None:
     """After ``copy.deepcopy(originals, memo)``: each copied optimizer whose LR scheduler was copied
     with it wrapped as that scheduler wraps it (see NOTE [ a copied optimizer and its LR scheduler ]
-    in gradscope._compat)."""
+    in gradscope._base.compat)."""
     found: dict[int, Any] = {}
     stack, seen = [originals], set()
     while stack:

@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from gradscope import _compat
-from gradscope.errors import GradscopeError
+from gradscope._base import compat as _compat
+from gradscope._base.errors import GradscopeError
 
 
 @contextlib.contextmanager

@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
-from gradscope import _compat
+from gradscope._base import compat as _compat
+from gradscope._base.errors import GradscopeError
 from gradscope._predict.copies import _flat
-from gradscope.errors import GradscopeError
 
 
 class _AsOnTheDevice(_compat.torch_dispatch_mode()):  # type: ignore[misc]

@@ -9,8 +9,8 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-from gradscope._memory.kind import MemoryKind
-from gradscope.errors import BudgetRefusal
+from gradscope._base.errors import BudgetRefusal
+from gradscope._base.memory_kind import MemoryKind
 
 
 class Kind(str, enum.Enum):
@@ -220,7 +220,7 @@ class SourceLine:
     """A line of the user's code that made nodes, saved tensors or allocations (a row of
     :attr:`Recording.lines`): the innermost frame that is not PyTorch's, gradscope's, the
     standard library's or an installed library's (see NOTE [ folded frames ] in
-    :mod:`gradscope._frames`).
+    :mod:`gradscope._base.frames`).
 
     Attributes:
         file: the code's file name as Python knows it.
@@ -370,7 +370,7 @@ class HeldMemory:
 class OomInfo(BudgetRefusal):
     """A simulated out-of-memory that stopped the block: the budget's refusal (``requested`` bytes
     asked for with ``live`` bytes live of a ``budget``; ``where`` the op: see NOTE [ one refusal ] in
-    gradscope.errors). In a notebook budget run, ``budget`` is the whole simulated device,
+    gradscope._base.errors). In a notebook budget run, ``budget`` is the whole simulated device,
     ``cell_budget`` what was left for the cell and ``resident`` what earlier cells held on it."""
 
     cell_budget: int | None = None

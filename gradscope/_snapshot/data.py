@@ -19,12 +19,12 @@ from typing import Any
 
 import torch
 
-from gradscope import _views
-from gradscope._series import downsample
+from gradscope._base import registry as _views
+from gradscope._base.errors import GradscopeError
+from gradscope._base.series import downsample
 from gradscope._snapshot import replay as _replay
 from gradscope._snapshot.frames import Frame, Oom, TraceAllocation, _label_of
 from gradscope._snapshot.replay import Annotation, EndBlock, EndSegment
-from gradscope.errors import GradscopeError
 from gradscope.recording import MemoryPoint, Peak, Phase, Recording, Where, format_bytes
 
 __all__ = [
@@ -383,7 +383,7 @@ def _decode(text: Any) -> array:
 # Recording's timeline, peak, where, notes and error, and every generic reader of those (compare,
 # jobs, save, the figures that are empty without a graph) keeps working unchanged; what differs
 # is found by type: its views are registered for this class (NOTE [ one registry of views ] in
-# gradscope._views) and gs.diagnose tests isinstance. Nothing reads where.memory_source to decide, and
+# gradscope._base.registry) and gs.diagnose tests isinstance. Nothing reads where.memory_source to decide, and
 # nothing keys data by id(): the data travels with the object through copy.copy,
 # dataclasses.replace and deepcopy (SnapshotData is immutable, so copies share it). In a file the
 # data is the JSON of SnapshotData under extra[EXTRA_KEY] (the same layout as before this type, so
@@ -451,7 +451,7 @@ def from_saved(recording: Recording) -> SnapshotRecording:
     return SnapshotRecording(**{**fields, "extra": extra}, data=data, timeline_at=tuple(at))
 
 
-_views.declare_saved(EXTRA_KEY, from_saved)  # NOTE [ saved types ] in gradscope._views
+_views.declare_saved(EXTRA_KEY, from_saved)  # NOTE [ saved types ] in gradscope._base.registry
 
 
 def snapshot_data(recording: Recording) -> SnapshotData:

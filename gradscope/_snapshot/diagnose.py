@@ -56,7 +56,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gradscope import _views
+from gradscope._base import registry as _views
 from gradscope._snapshot.data import SnapshotData, snapshot_data
 from gradscope._snapshot.frames import Frame, group_of, is_user_frame
 from gradscope._snapshot.queries import (

@@ -13,8 +13,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from gradscope._frames import is_folded_file, is_python_file, is_pytorch_file
-from gradscope.errors import GradscopeError
+from gradscope._base.errors import GradscopeError
+from gradscope._base.frames import is_folded_file, is_python_file, is_pytorch_file
 
 __all__ = [
     "GROUPS",
@@ -95,13 +95,13 @@ class Oom:
 # ----- frames and groups -------------------------------------------------------------------
 def is_pytorch_frame(frame: Frame) -> bool:
     """Whether a frame is PyTorch's own code (or not Python at all: C++ frames); the rule is
-    :func:`gradscope._frames.is_pytorch_file` (see NOTE [ folded frames ] there)."""
+    :func:`gradscope._base.frames.is_pytorch_file` (see NOTE [ folded frames ] there)."""
     return is_pytorch_file(frame.filename)
 
 
 def is_user_frame(frame: Frame) -> bool:
     """Whether a frame is the user's code: Python outside PyTorch, the standard library and
-    installed packages (:func:`gradscope._frames.is_folded_file`, also for another machine's
+    installed packages (:func:`gradscope._base.frames.is_folded_file`, also for another machine's
     paths); never a C++ frame."""
     return is_python_file(frame.filename) and not is_folded_file(frame.filename)
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from gradscope._series import Interner
+from gradscope._base.series import Interner
 from gradscope._snapshot.data import SnapshotData, snapshot_data
 from gradscope._snapshot.diagnose import diagnose_snapshot
 from gradscope._snapshot.frames import group_of, is_user_frame

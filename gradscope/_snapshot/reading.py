@@ -13,13 +13,13 @@ from typing import Any
 
 import torch
 
-from gradscope._gc import paused
+from gradscope._base.errors import GradscopeError
+from gradscope._base.gc import paused
 from gradscope._snapshot import replay as _replay
 from gradscope._snapshot.data import SnapshotData, SnapshotRecording, to_recording
 from gradscope._snapshot.frames import Frame, Oom
 from gradscope._snapshot.replay import Annotation
 from gradscope._snapshot.unpickle import load_plain
-from gradscope.errors import GradscopeError
 from gradscope.recording import format_bytes
 
 __all__ = [

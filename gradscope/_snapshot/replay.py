@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from gradscope.errors import GradscopeError
+from gradscope._base.errors import GradscopeError
 
 __all__ = [
     "ACTIONS",

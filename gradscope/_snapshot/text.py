@@ -1,14 +1,14 @@
 """A CUDA snapshot's diagnosis as text (``str(d)``, ``d.text()``) and as a block of HTML (what a
 notebook shows for ``gs.diagnose(gs.load_snapshot(path))``), registered for
 :class:`~gradscope._snapshot.diagnose.SnapshotDiagnosis` (NOTE [ one registry of views ] in
-``gradscope._views``). Text from the file is data: no newline or control character of it reaches
+``gradscope._base.registry``). Text from the file is data: no newline or control character of it reaches
 the terminal."""
 
 from __future__ import annotations
 
+from gradscope._base.registry import ViewKind, register
 from gradscope._snapshot.diagnose import SnapshotDiagnosis, _size
 from gradscope._snapshot.roles import TracePass
-from gradscope._views import ViewKind, register
 from gradscope.diagnose.text import text_html
 from gradscope.recording import format_bytes
 

@@ -15,8 +15,8 @@ import pickle
 import stat
 from typing import IO, Any, cast
 
-from gradscope._gc import paused
-from gradscope.errors import GradscopeError
+from gradscope._base.errors import GradscopeError
+from gradscope._base.gc import paused
 
 __all__ = ["load_plain"]
 

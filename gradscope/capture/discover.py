@@ -14,18 +14,18 @@ from typing import Any
 
 import torch
 
-from gradscope import _compat
-from gradscope._native.fields import WalkerTables
-from gradscope._trace import (
+from gradscope._base import compat as _compat
+from gradscope._base.errors import MemoryBudgetExceeded
+from gradscope._base.trace import (
     EV_LIVE,
     EV_POST,
     EV_PRE,
     S_SEQ,
 )
+from gradscope._native.fields import WalkerTables
 from gradscope._walk import _leaf_key, node_key, node_name, walk
 from gradscope.capture.saves import SavedTensors
 from gradscope.capture.state import Block
-from gradscope.errors import MemoryBudgetExceeded
 
 # Per node class: (name, saved tensor attributes, custom Function?, its one attribute if it has
 # exactly one non-list saved tensor, learnt from the first node of the class whose saves we read).

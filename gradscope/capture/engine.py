@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-from gradscope import _compat
-from gradscope._trace import (
+from gradscope._base import compat as _compat
+from gradscope._base.trace import (
     EV_PRE,
     BackwardRow,
 )

@@ -14,7 +14,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from gradscope import _compat, _names
+from gradscope import _names
+from gradscope._base import compat as _compat
 from gradscope.capture.discover import GraphDiscovery
 from gradscope.capture.state import Block
 

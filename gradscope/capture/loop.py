@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gradscope import _iterations
-from gradscope._trace import Trace
-from gradscope.errors import GradscopeError
+from gradscope._base.errors import GradscopeError
+from gradscope._base.trace import Trace
 
 __all__ = ["CONFIRM", "LoopTracking", "Piece", "parse_keep"]
 

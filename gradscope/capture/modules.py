@@ -15,8 +15,9 @@ import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
 
-from gradscope import _compat, _names
-from gradscope._trace import (
+from gradscope import _names
+from gradscope._base import compat as _compat
+from gradscope._base.trace import (
     C_SEQ1,
     C_T1,
 )
@@ -136,7 +137,7 @@ class ModuleTracking:
     def _mod_pre(self, module: nn.Module, args: Any) -> None:
         b = self.b
         if _compat.is_compiling() or threading.get_ident() != b.tid:
-            return  # see NOTE [ hooks inside compiled modules ] in gradscope._compat
+            return  # see NOTE [ hooks inside compiled modules ] in gradscope._base.compat
         try:
             st = b.state
             calls = b.trace.calls
@@ -162,7 +163,7 @@ class ModuleTracking:
     def _mod_post(self, module: nn.Module, args: Any, output: Any) -> None:
         b = self.b
         if _compat.is_compiling() or threading.get_ident() != b.tid:
-            return  # see NOTE [ hooks inside compiled modules ] in gradscope._compat
+            return  # see NOTE [ hooks inside compiled modules ] in gradscope._base.compat
         try:
             st = b.state
             src = b.source

@@ -9,7 +9,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from gradscope import _compat
+from gradscope._base import compat as _compat
 
 _active = threading.local()
 

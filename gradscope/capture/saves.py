@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from gradscope import _compat
-from gradscope._trace import (
+from gradscope._base import compat as _compat
+from gradscope._base.trace import (
     EV_FREED,
     EV_UNPACK,
     S_SEQ,
@@ -52,7 +52,7 @@ class SavedTensors:
     def _make_pack(self) -> tuple[Callable[[torch.Tensor], Any], Callable[[Any], torch.Tensor]]:
         """The pack/unpack pair, built once per block with everything it needs bound locally:
         they run for every saved tensor (see NOTE [ capture apart from analysis ] in
-        :mod:`gradscope._trace`)."""
+        :mod:`gradscope._base.trace`)."""
         b = self.b
         trace, st = b.trace, b.state
         saves, events = trace.saves, trace.events

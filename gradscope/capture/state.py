@@ -13,16 +13,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from gradscope._compat import Capabilities
-from gradscope._lines import LineTable
-from gradscope._memory.kind import MemoryKind
-from gradscope._memory.source import MemorySource
-from gradscope._native.fields import STATE_SLOTS
-from gradscope._trace import (
+from gradscope._base.compat import Capabilities
+from gradscope._base.errors import MemoryBudgetExceeded
+from gradscope._base.memory_kind import MemoryKind
+from gradscope._base.trace import (
     BackwardRow,
     Trace,
 )
-from gradscope.errors import MemoryBudgetExceeded
+from gradscope._lines import LineTable
+from gradscope._memory.source import MemorySource
+from gradscope._native.fields import STATE_SLOTS
 
 
 class _State:
@@ -76,7 +76,7 @@ class Block:
     history: bool  # CUDA: the caching allocator's event history is recorded
     native: Any  # the compiled hooks' module; None: the Python pair records (see NOTE [ compiled hooks ])
     caps: Capabilities
-    trace: Trace  # the rows the hooks append (see NOTE [ capture apart from analysis ] in gradscope._trace)
+    trace: Trace  # the rows the hooks append (see NOTE [ capture apart from analysis ] in gradscope._base.trace)
     state: _State  # what the hooks read and change (the compiled hooks read it too)
     line_table: LineTable | None  # see NOTE [ where lines come from ] in gradscope._lines
     source: MemorySource | None = None  # the memory source, once started

@@ -62,6 +62,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from gradscope._base.errors import GradscopeError
 from gradscope.diagnose.facts import MIN_SAVING, Context, IndexedRecording, held_order
 from gradscope.diagnose.fixes import REGISTRY, inplace_cut
 from gradscope.diagnose.measure import (
@@ -76,7 +77,6 @@ from gradscope.diagnose.measure import (
 from gradscope.diagnose.report import Diagnosis, Finding, GraphHolder, LiveTensor
 from gradscope.diagnose.step import compose, shape_of
 from gradscope.diagnose.toolbox import TOOLBOX
-from gradscope.errors import GradscopeError
 from gradscope.jobs.analysis import JobDiagnosis, diagnose_job
 from gradscope.jobs.data import Job
 from gradscope.recording import Recording, format_bytes

@@ -10,11 +10,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from gradscope import _compat
-from gradscope._source import step_source
+from gradscope._base import compat as _compat
+from gradscope._base.errors import BudgetRefusal
+from gradscope._base.source import step_source
 from gradscope.diagnose.report import KIND_NAMES, GraphHolder, LiveTensor
 from gradscope.diagnose.step import inline
-from gradscope.errors import BudgetRefusal
 from gradscope.recording import Allocation, BackwardCall, Category, Kind, Phase, Recording
 
 _MAX_ITEMS = 10_000  # items looked at per container variable
@@ -80,7 +80,7 @@ def caught_oom(rec: Recording) -> BudgetRefusal | None:
     torch.OutOfMemoryError: continue``, in a backward call or outside one) and did not fail itself:
     the diagnosis treats it as the block's failure, at the block's peak (the budget refused what
     would have crossed it, so the peak is the most the block held). The tracker's own refusal,
-    kept as ``extra["caught_budget"]`` (see NOTE [ one refusal ] in gradscope.errors). None otherwise."""
+    kept as ``extra["caught_budget"]`` (see NOTE [ one refusal ] in gradscope._base.errors). None otherwise."""
     if rec.oom is not None or rec.error:
         return None
     caught = rec.extra.get("caught_budget") if isinstance(rec.extra, Mapping) else None

@@ -21,10 +21,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from gradscope import _compat
+from gradscope._base import compat as _compat
+from gradscope._base.errors import MemoryBudgetExceeded
 from gradscope.diagnose.facts import MIN_SAVING
 from gradscope.diagnose.step import free_names, statements
-from gradscope.errors import MemoryBudgetExceeded
 from gradscope.recording import format_bytes
 
 # NOTE [ measuring a strategy's own peak ]: a fix that runs the model another way (forward AD,
@@ -151,7 +151,7 @@ def hypergradient_proxy(a_shape: tuple[int, ...], x_shape: tuple[int, ...], step
 # run ]) where the step is small or meta cannot run it (code that reads values, ``.item()``; autocast,
 # which casts only real tensors). Only a fix that is worth showing by its memory then runs for real,
 # once, on a copy of the user's objects at full size (on CPU copies, the run that measured it), next to
-# the user's own step (the block's source, see ``gradscope._source``) on another copy from the same
+# the user's own step (the block's source, see ``gradscope._base.source``) on another copy from the same
 # state and the same random state (see NOTE [ results where randomness allows ]). Parameters, gradients,
 # buffers (batch-norm statistics) and optimizer state must agree; variables that differ are named in
 # the finding. The saving shown is the user's step's peak minus the fix's, both measured the same

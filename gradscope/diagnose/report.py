@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gradscope import _views
+from gradscope._base import registry as _views
 
 __all__ = ["Diagnosis", "Finding", "GraphHolder", "KIND_NAMES", "LiveTensor"]
 

@@ -1,13 +1,13 @@
 """The diagnosis's views: its report as plain text (``str(d)``, ``d.text()``) and as a block of HTML
 (what a notebook shows for ``gs.diagnose(...)``), registered for :class:`Diagnosis` (NOTE [ one
-registry of views ] in ``gradscope._views``)."""
+registry of views ] in ``gradscope._base.registry``)."""
 
 from __future__ import annotations
 
 import html
 from typing import Any
 
-from gradscope._views import ViewKind, register, render
+from gradscope._base.registry import ViewKind, register, render
 from gradscope.diagnose.report import KIND_NAMES, Diagnosis
 from gradscope.recording import format_bytes
 

@@ -29,8 +29,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gradscope import _views
-from gradscope._series import downsample
+from gradscope._base import registry as _views
+from gradscope._base.series import downsample
 from gradscope.jobs.data import Job, RankEntry, RankStatus
 from gradscope.recording import Kind, Recording, format_bytes
 
@@ -500,7 +500,7 @@ def diagnose_job(job: Job, budget: int | str | None = None, *,
         >>> [(f.rank, f.pattern) for f in diagnose_job(job).findings]
         [(1, 'imbalance')]
     """
-    from gradscope._units import parse_size
+    from gradscope._base.units import parse_size
 
     cap = parse_size(budget)
     complete = {e.rank: e.recording for e in job.ranks

@@ -8,7 +8,7 @@ A :class:`Job` comes from :func:`gradscope.gather` on the destination rank, from
 shows and the job's diagnosis are functions of the job (:func:`gradscope.jobs.analysis.job_view`,
 ``gs.diagnose(job)``); its text, page and notebook display are views, which :meth:`Job.summary`,
 :meth:`Job.to_html` and the notebook display ask the view registry for (NOTE [ one registry of
-views ] in ``gradscope._views``).
+views ] in ``gradscope._base.registry``).
 
 Example:
     >>> from gradscope.recording import Recording
@@ -30,8 +30,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from gradscope import _views
-from gradscope.errors import GradscopeError
+from gradscope._base import registry as _views
+from gradscope._base.errors import GradscopeError
 from gradscope.recording import Recording, atomic_write_text, load
 
 __all__ = ["JOB_SCHEMA_VERSION", "MANIFEST", "Job", "RankEntry", "RankStatus", "load_ranks"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import html as _html
 
-from gradscope._page import document
+from gradscope._base.page import document
 from gradscope.figures import BASELINE, MODULE_SAVED, PEAK, SAVED_ALL
 from gradscope.jobs.analysis import JobView, job_view
 from gradscope.jobs.data import Job

@@ -1,7 +1,7 @@
 """A job's text: the per-rank table, the imbalance and the communication, in words, and the text of
 its diagnosis and of a job's prediction. Registered for :class:`~gradscope.jobs.data.Job`,
 :class:`~gradscope.jobs.analysis.JobDiagnosis` and :class:`~gradscope.distributed.JobPrediction`
-(kind TEXT, NOTE [ one registry of views ] in ``gradscope._views``): ``Job.summary()``,
+(kind TEXT, NOTE [ one registry of views ] in ``gradscope._base.registry``): ``Job.summary()``,
 ``str(gs.diagnose(job))``, ``gs.predict_job(...).summary()``.
 
 Example:
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 
-from gradscope._views import ViewKind, register
+from gradscope._base.registry import ViewKind, register
 from gradscope.distributed import JobPrediction
 from gradscope.figures import BASELINE, MODULE_SAVED, PEAK, SAVED_ALL
 from gradscope.jobs.analysis import JobDiagnosis, JobView, job_view

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from gradscope.errors import GradscopeError
+from gradscope._base.errors import GradscopeError
 
 __all__: list[str] = []
 

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from gradscope import _compat
+from gradscope._base import compat as _compat
 
 __all__: list[str] = []
 

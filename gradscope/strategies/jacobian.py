@@ -47,8 +47,8 @@ import torch
 from torch import nn
 from torch.func import jacfwd, jacrev, jvp, vjp, vmap
 
-from gradscope import _compat
-from gradscope.errors import GradscopeError
+from gradscope._base import compat as _compat
+from gradscope._base.errors import GradscopeError
 from gradscope.strategies._checks import _fail, _need_callable, _need_method
 from gradscope.strategies._modules import modules_run, with_submodules
 

@@ -16,7 +16,7 @@ Row layouts (tuples, fields by position; the constants below name them):
 - ``saves``: one per tensor our pack hook packed: ``(seq, skey, ptr, nbytes, shape, dtype,
   device, t_ns, leafish)``. ``seq`` is the autograd sequence counter minus one at pack time (the
   saving node's number, see NOTE [ which node saved a tensor ] in :mod:`gradscope.record`),
-  ``skey`` the storage's key (:func:`gradscope._compat.storage_key`), ``ptr`` its data address,
+  ``skey`` the storage's key (:func:`gradscope._base.compat.storage_key`), ``ptr`` its data address,
   ``nbytes`` the whole storage's bytes, ``leafish`` whether the tensor had no ``grad_fn``.
 - ``nodes``: one per autograd node found by a walk: ``(key, seq, name, leaf, leaf_shape,
   custom)``; ``key`` is the sequence number, or ``("acc", id(leaf tensor))`` for
@@ -41,8 +41,8 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gradscope._memory.kind import MemoryKind
-from gradscope.errors import BudgetRefusal
+from gradscope._base.errors import BudgetRefusal
+from gradscope._base.memory_kind import MemoryKind
 
 __all__ = ["BackwardRow", "MemoryTrace", "Trace"]
 
@@ -112,7 +112,7 @@ class MemoryTrace:
     # events recorded when the source refused an allocation (a budget); what came after is
     # the exception unwinding (see NOTE [ what is live at the failing moment ] in gradscope._held)
     failed_at: int | None = None
-    refused: BudgetRefusal | None = None  # the first allocation a budget refused (NOTE [ one refusal ] in gradscope.errors)
+    refused: BudgetRefusal | None = None  # the first allocation a budget refused (NOTE [ one refusal ] in gradscope._base.errors)
     # the tracker saw forward-mode AD's zero tangents of tensors without a tangent (PyTorch then
     # uses efficient zero tensors; without a dispatch mode it materializes them: see tracker_note)
     zero_tangents: bool = False
@@ -142,7 +142,7 @@ class Trace:
     t1_ns: int = 0
     seq0: int = 0
     seq1: int = 0
-    step: dict[str, Any] | None = None  # the block's source (see gradscope._source)
+    step: dict[str, Any] | None = None  # the block's source (see gradscope._base.source)
     saves: list[tuple[Any, ...]] = field(default_factory=list)
     # by save index: the user's line it was packed at (an index into line_table.rows, -1: none);
     # empty when lines are not recorded (see NOTE [ where lines come from ] in gradscope._lines)

@@ -17,7 +17,7 @@ from typing import Any
 
 __all__ = ["OWN_FILES", "block_source", "step_source"]
 
-_OWN = OWN_FILES = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_OWN = OWN_FILES = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # the package, above _base
 
 
 # (file, line, the lines' identity and length) -> the block's source: a loop that records the same

@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from gradscope.errors import GradscopeError
+from gradscope._base.errors import GradscopeError
 
 __all__ = ["MemoryKind", "USER_NAMES"]
 

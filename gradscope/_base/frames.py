@@ -30,7 +30,7 @@ def _torch_dir() -> str:
 _TORCH_DIR = _torch_dir()
 _OWN_PATH = re.compile(r"[/\\](?:site|dist)-packages[/\\](?:torch|functorch|triton)[/\\]|torchinductor_")
 _PYTORCH_CACHE: dict[str, bool] = {}
-_GRADSCOPE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_GRADSCOPE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # the package, above _base
 _LIBRARY_PATH = re.compile(r"[/\\](?:site|dist)-packages[/\\]")
 # another machine's standard library: lib/python3.X/ (conda, pyenv, uv, /usr/lib) or Windows' Lib\
 _OTHER_STDLIB = re.compile(r"[/\\]lib(?:64)?[/\\]python\d+(?:\.\d+)?[/\\]|^[A-Za-z]:\\.*\\Lib\\")

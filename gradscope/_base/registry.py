@@ -38,7 +38,7 @@ import enum
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from gradscope.errors import GradscopeError
+from gradscope._base.errors import GradscopeError
 
 __all__: list[str] = []
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gradscope._error import GradscopeError
+from gradscope._base.error import GradscopeError
 
 __all__ = ["format_bytes", "parse_size"]
 
