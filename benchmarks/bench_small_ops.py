@@ -14,7 +14,7 @@ _detaching_hook), and ``memory="off"`` recorded by gradscope's Python hooks and 
 compiled ones (see _python_hooks).
 
 The cost of source lines (``gs.record(lines=...)``, see NOTE [ where lines come from ] in
-gradscope._lines) is measured in the same run: each recording variant again with ``lines=False``,
+gradscope._model.lines) is measured in the same run: each recording variant again with ``lines=False``,
 and the last columns print lines on / lines off (``--lines`` runs only those variants).
 
     python benchmarks/bench_small_ops.py [--repeats 9] [--clock cpu|wall] [--only tanh,lstm] [--lines]

@@ -63,10 +63,10 @@ from gradscope import _shown  # noqa: E402,F401
 
 _LAZY = {
     "Comparison": "gradscope.compare",
-    "Job": "gradscope.jobs.data",
+    "Job": "gradscope.job",
     "gather": "gradscope.distributed",
     "job": "gradscope.job",  # the module: every public name of a job, its views included
-    "load_ranks": "gradscope.jobs.data",
+    "load_ranks": "gradscope.job",
     "predict_job": "gradscope.distributed",
     "load_snapshot": "gradscope.snapshot",
     "show": "gradscope.widget",
@@ -77,7 +77,7 @@ if TYPE_CHECKING:
     from gradscope.compare import Comparison, compare
     from gradscope.diagnose import diagnose
     from gradscope.distributed import gather, predict_job
-    from gradscope.jobs.data import Job, load_ranks
+    from gradscope.job import Job, load_ranks
     from gradscope.predict import predict
     from gradscope.snapshot import load_snapshot
     from gradscope.widget import show

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from gradscope.recording import atomic_write_text, format_bytes
+from gradscope._model.recording import atomic_write_text, format_bytes
 
 __all__ = ["demo", "main", "setup"]
 

@@ -58,8 +58,8 @@ from torch.overrides import TorchFunctionMode
 
 from gradscope._base import registry as _views
 from gradscope._base.errors import GradscopeError
-from gradscope.figures import saved_activation_bytes
-from gradscope.recording import Recording, atomic_write_text
+from gradscope._model.figures import saved_activation_bytes
+from gradscope._model.recording import Recording, atomic_write_text
 
 __all__ = ["SPREAD_LIMIT", "Comparison", "Row", "compare", "saved_total", "tolerance"]
 

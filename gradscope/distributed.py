@@ -35,8 +35,8 @@ import torch
 from gradscope._base import compat as _compat
 from gradscope._base import registry as _views
 from gradscope._base.errors import GradscopeError
-from gradscope.jobs.data import Job, RankEntry, RankStatus
-from gradscope.recording import Recording
+from gradscope._model.job import Job, RankEntry, RankStatus
+from gradscope._model.recording import Recording
 
 __all__ = ["JobPrediction", "RankPrediction", "gather", "predict_job"]
 

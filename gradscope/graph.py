@@ -9,11 +9,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from gradscope import _names
 from gradscope._base import compat as _compat
 from gradscope._base.errors import GradscopeError
+from gradscope._model import names as _names
+from gradscope._model.recording import Edge, Kind, Node, Recording, SavedTensor, Where
 from gradscope._walk import node_name, plain_pack, plain_unpack, walk
-from gradscope.recording import Edge, Kind, Node, Recording, SavedTensor, Where
 
 __all__ = ["graph"]
 

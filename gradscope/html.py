@@ -15,11 +15,11 @@ from typing import Any
 from gradscope._base.errors import GradscopeError
 from gradscope._base.page import _inline_json, _inline_script, document
 from gradscope._base.registry import ViewKind, register
+from gradscope._model.job import Job
+from gradscope._model.recording import Recording
 from gradscope._snapshot.data import SnapshotRecording
 from gradscope.compare import Comparison
-from gradscope.jobs.data import Job
 from gradscope.jobs.page import fragment_html
-from gradscope.recording import Recording
 from gradscope.widget import (
     bundle_text,
     comparison_payload,

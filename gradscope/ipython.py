@@ -53,8 +53,8 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from gradscope._base.errors import GradscopeError, MemoryBudgetExceeded
 from gradscope._base.units import parse_size
+from gradscope._model.recording import Recording, format_bytes
 from gradscope.memory import MemoryKind
-from gradscope.recording import Recording, format_bytes
 
 __all__ = [
     "RECORDING_NAME",

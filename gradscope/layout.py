@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 from gradscope._base.errors import GradscopeError
 from gradscope._layered import layered, sink_layers
-from gradscope.recording import Recording
+from gradscope._model.recording import Recording
 
 __all__ = [
     "COLLAPSE_MIN_NODES",

@@ -47,7 +47,7 @@ __all__ = [
 # NOTE [ a long loop's memory ]: ``memory="cpu"`` reads the profiler's allocation events, which
 # the profiler keeps until it stops (about 6 KB a step of a small MLP: 600 MB over 100,000 steps).
 # A loop's head is recorded with it as any block is; from the first cut on (see NOTE [ iterations ]
-# in gradscope._iterations) the allocator's counter of the compiled hooks takes its place (see NOTE
+# in gradscope._passes.iterations) the allocator's counter of the compiled hooks takes its place (see NOTE
 # [ the allocator's counter ] in hooks.cc): the same reports of the CPU allocator
 # (every allocation and free, its bytes and address), stamped with our own clock and the autograd
 # sequence counter, drained at each iteration's end, so its memory is the iteration's events. The

@@ -43,12 +43,12 @@ import torch
 from torch import nn
 
 from gradscope._base.errors import GradscopeError
+from gradscope._model.recording import Recording, Where, format_bytes
 from gradscope._predict.allocator import AllocatorEstimate, estimate_cuda_allocator
 from gradscope._predict.copies import _batch_dim, _make, _module_names, _resident_bytes, _resize, _to_meta
 from gradscope._predict.kernels import _TARGET, _autocast_message, _kernel_choices
 from gradscope._predict.on_meta import _AsOnTheDevice, _count_cpu, _optimizer_steps_on
 from gradscope.memory import parse_size
-from gradscope.recording import Recording, Where, format_bytes
 
 __all__ = ["AllocatorEstimate", "BatchResult", "Prediction", "estimate_cuda_allocator", "predict"]
 

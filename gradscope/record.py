@@ -69,7 +69,7 @@ import torch
 from torch import nn
 from torch.autograd.graph import saved_tensors_hooks
 
-from gradscope import _compiled, _iterations, _names, _native, _passes
+from gradscope import _compiled, _native, _passes
 from gradscope._base import compat as _compat
 from gradscope._base.errors import GradscopeError, MemoryBudgetExceeded
 from gradscope._base.gc import paused
@@ -83,12 +83,15 @@ from gradscope._base.trace import (
 )
 from gradscope._base.units import format_bytes, parse_size
 from gradscope._compiled import compiled_saves
-from gradscope._lines import LineTable, lines_enabled
 from gradscope._memory.counter import CounterSource
 from gradscope._memory.cuda import CudaSource
 from gradscope._memory.make import make_source
 from gradscope._memory.profiler import ProfilerSource
 from gradscope._memory.source import MemorySource
+from gradscope._model import names as _names
+from gradscope._model.lines import LineTable, lines_enabled
+from gradscope._model.recording import Loop, Recording
+from gradscope._passes import iterations as _iterations
 from gradscope._walk import release
 from gradscope.capture.discover import GraphDiscovery
 from gradscope.capture.engine import EngineInterception, EngineRoute
@@ -103,7 +106,6 @@ from gradscope.capture.modules import (
 from gradscope.capture.patches import _active
 from gradscope.capture.saves import SavedTensors
 from gradscope.capture.state import Block, _new_state
-from gradscope.recording import Loop, Recording
 
 __all__ = ["compiled_saves", "record", "release"]
 
@@ -118,13 +120,13 @@ class record:  # noqa: N801 - as torch.no_grad
         label: a name for the recording.
         modules: a module or ``{"name": module}`` to name the roots of module paths. By default
             a root module is named by the variable that holds it where the block ends (see NOTE
-            [ naming roots ] in :mod:`gradscope._names`).
+            [ naming roots ] in :mod:`gradscope._model.names`).
         max_events: bound on timeline points kept (the peak is always exact and kept).
         history: on CUDA, also record the caching allocator's event history for the timeline.
         tracker_device: the device type the tracker counts (``"meta"`` when predicting).
         lines: record the user's source line of every node, saved tensor and allocation
             (:attr:`~gradscope.Recording.lines`; see NOTE [ where lines come from ] in
-            :mod:`gradscope._lines`). None: on unless the environment sets ``GRADSCOPE_LINES=0``.
+            :mod:`gradscope._model.lines`). None: on unless the environment sets ``GRADSCOPE_LINES=0``.
         compiled: ``"attribute"`` (attribute each tensor a ``torch.compile``'d region compiled inside
             the block saves to its module and line: :func:`gradscope.compiled_saves`), ``"eager"``
             (run the block with torch.compile set aside: every op is shown, the compiled program's
@@ -132,7 +134,7 @@ class record:  # noqa: N801 - as torch.no_grad
         keep: a loop's iterations whose full detail to keep besides the first, the last, the one
             with the highest peak and the one that failed (an int or an iterable of ints:
             ``keep=[537]``), or ``"all"`` (every iteration's: memory grows with the loop). See NOTE
-            [ iterations ] in :mod:`gradscope._iterations`.
+            [ iterations ] in :mod:`gradscope._passes.iterations`.
         progress: print a line to stderr every ``progress`` iterations of a loop (its time, memory
             and saves), as the loop runs.
 
@@ -283,7 +285,7 @@ class record:  # noqa: N801 - as torch.no_grad
 
     def _finalize(self, complete: bool, error: str | None) -> Recording:
         """Everything after capture: the passes (see :mod:`gradscope._passes`); a loop's rows, what
-        grows, and the pieces kept (see NOTE [ iterations ] in gradscope._iterations)."""
+        grows, and the pieces kept (see NOTE [ iterations ] in gradscope._passes.iterations)."""
         loop = self._loop
         trace = self._block.trace
         trace.memory_trace.resolve()
@@ -323,7 +325,7 @@ class record:  # noqa: N801 - as torch.no_grad
             + (f"-{main.last}" if main.last > main.first else "")
             + f"'s ({'the failing one' if self._failed else 'the highest peak'}); "
             f"{len(parts)} other part(s) kept (rec.recording.loop.parts), every iteration's row in "
-            "rec.recording.iterations (see NOTE [ iterations ] in gradscope._iterations).",)
+            "rec.recording.iterations (see NOTE [ iterations ] in gradscope._passes.iterations).",)
         assert head.loop is not None
         return self._compiled.attach(dataclasses.replace(
             head, iterations=rows, growth=growth, notes=notes,
@@ -356,7 +358,7 @@ class record:  # noqa: N801 - as torch.no_grad
                 self._block.roots.append(weakref.ref(t))
 
     def iterations_so_far(self, start: int = 0) -> tuple[int, dict[str, list[Any]]]:
-        """A loop's iterations while it runs (see NOTE [ iterations ] in gradscope._iterations): how
+        """A loop's iterations while it runs (see NOTE [ iterations ] in gradscope._passes.iterations): how
         many have ended, and the rows made from ``start`` on, as columns (memory figures -1 where
         not read yet: ``memory="cpu"`` reads its first ten iterations' when the tenth ends). Any
         thread may ask; before the block, ``(0, {})``."""
@@ -407,7 +409,7 @@ class record:  # noqa: N801 - as torch.no_grad
 
     def _parts(self, b: Block) -> None:
         """A piece's parts (the block's first, or the next after a cut: see NOTE [ iterations ] in
-        gradscope._iterations), made current."""
+        gradscope._passes.iterations), made current."""
         b.ended = self._ended
         self._block = b
         self._saves = SavedTensors(b, self._storages)
@@ -433,7 +435,7 @@ class record:  # noqa: N801 - as torch.no_grad
 
     # ------------------------------------------------------------------ a loop's iterations
     def _ended(self, kind: str, row: Any) -> None:
-        """A backward pass or an optimizer step ended (see NOTE [ iterations ] in gradscope._iterations):
+        """A backward pass or an optimizer step ended (see NOTE [ iterations ] in gradscope._passes.iterations):
         an iteration's end is marked, its row made where the source reads memory as the loop runs,
         and past the head the capture is cut."""
         b = self._block
@@ -457,7 +459,7 @@ class record:  # noqa: N801 - as torch.no_grad
 
     def _cut(self) -> bool:
         """End the current piece of the capture and begin the next (see NOTE [ iterations ] in
-        gradscope._iterations): what was made for the piece (its trace, hooks state, saved-tensor pair,
+        gradscope._passes.iterations): what was made for the piece (its trace, hooks state, saved-tensor pair,
         walk, module hooks) is handed over, new ones are put in place of those the block installed
         (the same places: the saved-tensor hooks' top, the module hooks' entry, the engine's route),
         and the finished piece's rows are made. Only between iterations outside any module call,
@@ -621,7 +623,7 @@ class record:  # noqa: N801 - as torch.no_grad
 
 class _ProgressLines:
     """``gs.record(progress=N)``: a line on stderr each ``N`` iterations (see NOTE [ iterations ] in
-    gradscope._iterations), from the rows made since the last one."""
+    gradscope._passes.iterations), from the rows made since the last one."""
 
     def __init__(self, every: int, t0_ns: int) -> None:
         self.every = every

@@ -11,11 +11,7 @@ from typing import Any
 from gradscope._base.errors import GradscopeError
 from gradscope._base.registry import ViewKind, register
 from gradscope._compiled import compiled_bytes_by_module
-from gradscope._snapshot.data import SnapshotRecording
-from gradscope._snapshot.frames import group_of
-from gradscope._snapshot.queries import bytes_by_line
-from gradscope.compare import SPREAD_LIMIT, Comparison, saved_total
-from gradscope.figures import (
+from gradscope._model.figures import (
     ALIVE_AT_PEAK,
     GROWTH,
     ITERATION_PEAK,
@@ -32,7 +28,11 @@ from gradscope.figures import (
     saved_activations_by_module,
     step_number,
 )
-from gradscope.recording import Kind, Recording, format_bytes
+from gradscope._model.recording import Kind, Recording, format_bytes
+from gradscope._snapshot.data import SnapshotRecording
+from gradscope._snapshot.frames import group_of
+from gradscope._snapshot.queries import bytes_by_line
+from gradscope.compare import SPREAD_LIMIT, Comparison, saved_total
 
 __all__ = ["comparison_text", "snapshot_summary_text", "summary_text"]
 
@@ -46,7 +46,7 @@ _HELD_NAMES = {
 
 
 def _loop_lines(rec: Recording) -> list[str]:
-    """A loop's iterations (see NOTE [ iterations ] in gradscope._iterations): how many, their time,
+    """A loop's iterations (see NOTE [ iterations ] in gradscope._passes.iterations): how many, their time,
     whether memory grows, and which iterations the detail below is."""
     its = rec.iterations
     if len(its) < 2:

@@ -21,18 +21,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gradscope import figures as F
 from gradscope._base import registry as _views
 from gradscope._base.errors import GradscopeError
 from gradscope._base.registry import ViewKind, WidgetUnavailable, register
 from gradscope._base.series import Interner, downsample
+from gradscope._model import figures as F
+from gradscope._model.job import Job
+from gradscope._model.recording import Phase, Recording, format_bytes
 from gradscope._snapshot.data import SnapshotRecording
 from gradscope._snapshot.payload import snapshot_payload as _snapshot_payload
 from gradscope.compare import SPREAD_LIMIT, Comparison
-from gradscope.jobs.data import Job
 from gradscope.jobs.payload import job_payload as _job_payload
 from gradscope.layout import GraphLayout, layout_levels
-from gradscope.recording import Phase, Recording, format_bytes
 
 __all__ = [
     "LIVE_INTERVAL_S",
@@ -296,7 +296,7 @@ def recording_payload(
         "alive_at_peak": None if alive_mods is None else [alive_mods.get(m, 0) for m in names],
         "saved_activations": [act_mods.get(m, 0) for m in names],
     }
-    # the user's lines (see NOTE [ where lines come from ] in gradscope._lines): the table, and the
+    # the user's lines (see NOTE [ where lines come from ] in gradscope._model.lines): the table, and the
     # "by line" figures beside the modules'
     lines = {"label": [S(x.label) for x in rec.lines], "stack": [S(x.format_stack()) for x in rec.lines]}
     saved_lines = rec.saved_bytes_by_line()

@@ -306,7 +306,7 @@ def test_a_loaded_recording_keeps_the_diagnosis_data(tmp_path) -> None:  # type:
 def test_smaller_live_tensors_are_summed_not_listed(monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 
-    monkeypatch.setattr(sys.modules["gradscope._held"], "_MAX_ROWS", 5)
+    monkeypatch.setattr(sys.modules["gradscope._model.held_at_peak"], "_MAX_ROWS", 5)
     model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 1))
     losses = []
     with pytest.raises(gs.MemoryBudgetExceeded) as info:

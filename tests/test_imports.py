@@ -76,11 +76,11 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
      ("gradscope._base", "gradscope._base.errors", "gradscope._base.error", "gradscope._base.units", "gradscope.errors", "gradscope._base.memory_kind", "gradscope._base.registry", "gradscope._base.stderr", "gradscope._base.source",
       "gradscope._base.compat", "gradscope._base.trace", "gradscope._base.frames", "gradscope._base.series", "gradscope._base.page", "gradscope._base.gc")),
     ("data model: the Recording and what its numbers mean",
-     ("gradscope.recording", "gradscope._recording", "gradscope.figures", "gradscope._held", "gradscope._names", "gradscope._lines",
-      "gradscope.jobs.data", "gradscope._growth")),
+     ("gradscope.recording", "gradscope._model", "gradscope.figures", "gradscope._model.held_at_peak", "gradscope._model.names", "gradscope._model.lines",
+      "gradscope._model.job", "gradscope._model.growth")),
     ("capture: hooks, memory sources, the passes that make a Recording",
      ("gradscope._native", "gradscope._walk", "gradscope._passes", "gradscope.memory", "gradscope._memory", "gradscope._compiled",
-      "gradscope.capture", "gradscope.record", "gradscope._iterations")),
+      "gradscope.capture", "gradscope.record", "gradscope._passes.iterations")),
     ("analyses: strategies, snapshots, prediction, comparison, diagnosis, jobs",
      ("gradscope.strategies", "gradscope._snapshot", "gradscope.snapshot", "gradscope.predict", "gradscope._predict",
       "gradscope.compare", "gradscope.graph", "gradscope.diagnose", "gradscope.jobs", "gradscope.distributed")),
@@ -140,10 +140,10 @@ def test_layers_point_one_way() -> None:
     capture = {"gradscope.record", "gradscope.memory"}
     base = set(LAYERS[0][1])
     # the data model (its face and its private parts) asks the view registry, never a view
-    model = {m for m in graph if m == "gradscope.recording" or m.startswith("gradscope._recording")}
+    model = {m for m in graph if m == "gradscope.recording" or m.startswith("gradscope._model")}
     assert len(model) > 1 and all(graph[m] - model <= base for m in model)
     assert not graph["gradscope._passes"] & (views | capture)
-    assert not graph["gradscope._held"] & (views | capture)
+    assert not graph["gradscope._model.held_at_peak"] & (views | capture)
     assert not graph["gradscope._base.trace"] & (views | capture | {"gradscope._passes"})
 
 

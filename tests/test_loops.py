@@ -20,8 +20,9 @@ from torch.autograd.graph import saved_tensors_hooks
 from torch.utils.checkpoint import checkpoint
 
 import gradscope as gs
-from gradscope import _iterations, _native
+from gradscope import _native
 from gradscope._passes import UNSEEN_NODE
+from gradscope._passes import iterations as _iterations
 from gradscope.recording import format_bytes
 
 MODES = ["off", "cpu", "tracker"]
@@ -159,7 +160,7 @@ def test_one_object_saved_twice_is_checked_for_in_place_changes_per_save(pair: s
 
 
 # ----------------------------------------------------------------------------------------------
-# iterations (see NOTE [ iterations ] in gradscope._iterations)
+# iterations (see NOTE [ iterations ] in gradscope._passes.iterations)
 # ----------------------------------------------------------------------------------------------
 N_LONG = _iterations.HEAD + 2 * _iterations.KEEP_LAST + 4  # past the head: the loop is cut
 
@@ -424,7 +425,7 @@ def test_a_loop_without_optimizer_steps_is_cut_at_each_backward_once_it_is_known
 def test_frees_after_an_iterations_end_are_kept_across_a_cut() -> None:
     """An AdamW loop frees memory after the optimizer step's end (the mark of an iteration) and before
     the cut: those frees belong to the next iteration (see NOTE [ what a piece leaves after its last
-    iteration ] in gradscope._iterations). Dropped, the tracker's memory at each iteration's end
+    iteration ] in gradscope._passes.iterations). Dropped, the tracker's memory at each iteration's end
     wandered and grew (and CUDA's samples grew by 1 KiB an iteration on a real GPU): every end here
     equals the first, and the loop is steady."""
     torch.manual_seed(0)

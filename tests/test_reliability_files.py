@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 import gradscope as gs
-import gradscope._recording.files as grecording
+import gradscope._model.files as grecording
 from gradscope._base import registry as _views
 from gradscope.recording import Recording
 

@@ -114,7 +114,7 @@ def _train(memory: str, max_events: int | None) -> gs.Recording:
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     data = torch.randn(60, 16, 32)
-    # keep="all": one timeline over the whole loop (see NOTE [ iterations ] in gradscope._iterations)
+    # keep="all": one timeline over the whole loop (see NOTE [ iterations ] in gradscope._passes.iterations)
     with gs.record(memory=memory, max_events=max_events, keep="all") as rec:
         for k, xb in enumerate(data):
             opt.zero_grad(set_to_none=True)

@@ -47,6 +47,8 @@ class MemoryBudgetExceeded(torch.OutOfMemoryError):
     recording when it was asked for, ``budget`` the limit, ``where`` the operator.
     """
 
+    __module__ = "gradscope.errors"  # its public face, as the root error's (tracebacks name it there)
+
     def __init__(self, requested: int | BudgetRefusal, live: int = 0, budget: int = 0, where: str = "") -> None:
         refusal = (requested if isinstance(requested, BudgetRefusal)
                    else BudgetRefusal(int(requested), int(live), int(budget), str(where)))

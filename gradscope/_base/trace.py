@@ -53,7 +53,7 @@ N_KEY, N_SEQ, N_NAME, N_LEAF, N_LEAF_SHAPE, N_CUSTOM = range(6)
 # module calls
 C_ROOT, C_REL, C_SEQ0, C_SEQ1, C_T0, C_T1 = range(6)
 
-# Trace.marks: the end of one iteration of a loop (see NOTE [ iterations ] in gradscope._iterations):
+# Trace.marks: the end of one iteration of a loop (see NOTE [ iterations ] in gradscope._passes.iterations):
 # the time, and the saves, backward calls and optimizer steps made by then
 M_T, M_SAVES, M_BACKWARDS, M_OPT = range(4)
 
@@ -110,7 +110,7 @@ class MemoryTrace:
     # kind) rows (see NOTE [ collectives in a recording ] in gradscope._memory.profiler)
     collectives: list[tuple[str, int, int, int, str]] = field(default_factory=list)
     # events recorded when the source refused an allocation (a budget); what came after is
-    # the exception unwinding (see NOTE [ what is live at the failing moment ] in gradscope._held)
+    # the exception unwinding (see NOTE [ what is live at the failing moment ] in gradscope._model.held_at_peak)
     failed_at: int | None = None
     refused: BudgetRefusal | None = None  # the first allocation a budget refused (NOTE [ one refusal ] in gradscope._base.errors)
     # the tracker saw forward-mode AD's zero tangents of tensors without a tangent (PyTorch then
@@ -145,12 +145,12 @@ class Trace:
     step: dict[str, Any] | None = None  # the block's source (see gradscope._base.source)
     saves: list[tuple[Any, ...]] = field(default_factory=list)
     # by save index: the user's line it was packed at (an index into line_table.rows, -1: none);
-    # empty when lines are not recorded (see NOTE [ where lines come from ] in gradscope._lines)
+    # empty when lines are not recorded (see NOTE [ where lines come from ] in gradscope._model.lines)
     save_lines: list[int] = field(default_factory=list)
     # by save index: its storage's identity in the block, the index of the storage's first save (see
     # NOTE [ a storage's identity in a block ] in gradscope.capture.saves); empty: by ``skey``
     save_storage: list[int] = field(default_factory=list)
-    line_table: Any = None  # gradscope._lines.LineTable, or None
+    line_table: Any = None  # gradscope._model.lines.LineTable, or None
     save_attr: dict[int, str] = field(default_factory=dict)  # save index -> attribute
     seq_attr: dict[int, str] = field(default_factory=dict)  # node seq -> its one attribute
     # node seq -> the attributes of its saves in pack order (see NOTE [ pack order ] in record)
@@ -189,7 +189,7 @@ class Trace:
     world_size: int | None = None
     failed_oom: bool = False  # the block ended with an out-of-memory (real or simulated)
     deep_graph_trap: bool = False  # node objects persist: see gradscope._walk.release
-    # a loop (see NOTE [ iterations ] in gradscope._iterations): the end of each iteration in this
+    # a loop (see NOTE [ iterations ] in gradscope._passes.iterations): the end of each iteration in this
     # trace, and the block's saves before this piece of it (its save_storage identities count them)
     marks: list[tuple[int, int, int, int]] = field(default_factory=list)
     save_base: int = 0

@@ -187,7 +187,7 @@ class CudaSource:
         return self.stats.memory_allocated(self.device) - self.baseline
 
     def cut(self) -> MemoryTrace:
-        """The samples since the last cut (see NOTE [ iterations ] in gradscope._iterations); not with
+        """The samples since the last cut (see NOTE [ iterations ] in gradscope._passes.iterations); not with
         the allocator's history, which is read once, when the block ends."""
         self.mark("end of piece")
         events, self.events = self.events, []

@@ -26,7 +26,7 @@ class AllocEvent(NamedTuple):
     events when it happened; ``call`` the module call running; ``hint`` ``"optimizer"`` or
     ``"other"`` when the source saw it inside an optimizer step or a ``zero_grad``. ``line`` is
     the user's line on the stack when it was made (the tracker; an index into the recorder's line
-    table, -1 or None: none; see NOTE [ where lines come from ] in :mod:`gradscope._lines`).
+    table, -1 or None: none; see NOTE [ where lines come from ] in :mod:`gradscope._model.lines`).
     """
 
     t_ns: int

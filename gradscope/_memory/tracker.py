@@ -144,7 +144,7 @@ class TrackerSource:
         self._stance: Any = None  # torch.compile's stance to put back (see eager_compile_stance)
         self._call: int | None = None
         self.stopped = False
-        # the recorder's line finder (gradscope._lines.LineTable.here), or None: no lines
+        # the recorder's line finder (gradscope._model.lines.LineTable.here), or None: no lines
         self.line_of: Callable[[], int] | None = None
 
     def start(self) -> None:
@@ -184,7 +184,7 @@ class TrackerSource:
 
     def cut(self) -> MemoryTrace:
         """The events since the last cut, as a piece of a loop's capture hands them over (see NOTE
-        [ iterations ] in gradscope._iterations); the source goes on."""
+        [ iterations ] in gradscope._passes.iterations); the source goes on."""
         self._drain()
         events, self.events = self.events, []
         return MemoryTrace(source=self.kind, device=self.device_type, online=True, key_kind="storage",

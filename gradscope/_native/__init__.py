@@ -13,7 +13,7 @@ machine, into gradscope's cache directory
 cannot be built (no compiler, an unknown platform) the Python pair records the same rows, more
 slowly; :func:`status` says which pair is in use and why. ``GRADSCOPE_NATIVE=0`` always uses the
 Python pair, ``GRADSCOPE_NATIVE=1`` makes a failed build an error. The compiled pack hook also gives each save
-the user's line, as the Python one does (see NOTE [ where lines come from ] in gradscope._lines),
+the user's line, as the Python one does (see NOTE [ where lines come from ] in gradscope._model.lines),
 reading the interpreter's frames in C++ and calling back only for a code object or line not met
 before.
 

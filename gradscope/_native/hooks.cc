@@ -79,7 +79,7 @@ bool is_true(PyObject* o) {
 }
 
 // ------------------------------------------------------------------ the user's lines
-// See NOTE [ where lines come from ] in gradscope/_lines.py: whether each code object's frames are
+// See NOTE [ where lines come from ] in gradscope/_model/lines.py: whether each code object's frames are
 // folded, and the line index of each (code object, instruction offset) met, so that a save made
 // where one was made before walks a few frames and reads two tables, without calling Python.
 // Every code object in ``folded`` holds a reference (keys of ``at`` are among them).
@@ -120,7 +120,7 @@ struct Hooks {
   PyObject* inplace_error;  // callable(tensor, expected version) -> the exception to raise
   PyObject* watch;          // callable(packed alias), or None: a memory source that follows each alias
   PyObject* lines;          // list: each save's line index (gradscope._base.trace), or None: no lines
-  PyObject* line_table;     // gradscope._lines.LineTable, or None
+  PyObject* line_table;     // gradscope._model.lines.LineTable, or None
   PyObject* storages;       // dict: storage key -> (its first save, weak handle): NOTE [ a storage's identity in a block ]
   PyObject* storage_ids;    // list: each save's storage identity (the storage's first save)
   PyObject* sweep;          // callable: lets go of the entries of storages that died

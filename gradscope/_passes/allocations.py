@@ -20,10 +20,7 @@ from gradscope._base.trace import (
     S_T,
     Trace,
 )
-from gradscope._passes.nodes import UNSEEN_NODE, Graph, call_path
-from gradscope._passes.saved_tensors import Saves
-from gradscope._passes.steps import Steps
-from gradscope.recording import (
+from gradscope._model.recording import (
     Allocation,
     Category,
     MemoryPoint,
@@ -31,6 +28,9 @@ from gradscope.recording import (
     Phase,
     Table,
 )
+from gradscope._passes.nodes import UNSEEN_NODE, Graph, call_path
+from gradscope._passes.saved_tensors import Saves
+from gradscope._passes.steps import Steps
 
 _CLOCK_SLACK_NS = 200_000  # the profiler's clock against time.time_ns(): see saves_to_allocations
 _REGION_MARGIN_NS = 20_000  # a marked region that began this long after a pack began after it
@@ -59,7 +59,7 @@ def memory_pass(trace: Trace, graph: Graph, prefixes: Sequence[str], steps: Step
     The memory source's events are read as columns: each event gets its step, phase, module and
     label, allocations are paired with their frees (by key), saves are matched with allocations
     and categories assigned; only then is the timeline built (see NOTE [ tables are columns ] in
-    :mod:`gradscope._recording.table`)."""
+    :mod:`gradscope._model.table`)."""
     mt = trace.memory_trace
     events = mt.events
     n = len(events)
@@ -74,7 +74,7 @@ def memory_pass(trace: Trace, graph: Graph, prefixes: Sequence[str], steps: Step
         bw_l, hint_l, line_l = _counter_context(trace, graph, node_line, t_l, seq_l)
     ev_step = _event_steps(trace, steps, scope_l, bw_l, stamp_l, t_l)
     # each event's line: in backward the running node's, else what the source saw (see NOTE [ where
-    # lines come from ] in gradscope._lines)
+    # lines come from ] in gradscope._model.lines)
     ev_line: list[int | None] = (
         [node_line[steps.node[st]] if st is not None else (ln if ln is not None and ln >= 0 else None)
          for st, ln in zip(ev_step, line_l, strict=True)] if node_line else [None] * n)

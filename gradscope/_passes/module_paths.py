@@ -6,7 +6,6 @@ import bisect
 from collections.abc import Sequence
 from typing import Any
 
-from gradscope import _names
 from gradscope._base.trace import (
     C_SEQ0,
     C_SEQ1,
@@ -15,6 +14,7 @@ from gradscope._base.trace import (
     N_SEQ,
     Trace,
 )
+from gradscope._model import names as _names
 from gradscope._passes.nodes import Graph, call_path
 from gradscope._passes.steps import Steps
 

@@ -11,12 +11,12 @@ from gradscope._base.trace import (
     N_NAME,
     Trace,
 )
+from gradscope._model.recording import (
+    BackwardCall,
+)
 from gradscope._passes.nodes import UNSEEN_NODE, Graph
 from gradscope._passes.saved_tensors import Saves
 from gradscope._passes.steps import Steps
-from gradscope.recording import (
-    BackwardCall,
-)
 
 _DEEP_GRAPH = 40_000  # nodes above which freeing may crash PyTorch: see NOTE [ freeing deep graphs ]
 # Backward formulas PyTorch picks differently under any Python dispatch mode (see tracker_note).

@@ -6,7 +6,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gradscope import _names
 from gradscope._base.series import Interner
 from gradscope._base.trace import (
     S_LEAFISH,
@@ -14,10 +13,11 @@ from gradscope._base.trace import (
     S_SKEY,
     Trace,
 )
-from gradscope._passes.nodes import _INNER_NODE, Graph
-from gradscope.recording import (
+from gradscope._model import names as _names
+from gradscope._model.recording import (
     Kind,
 )
+from gradscope._passes.nodes import _INNER_NODE, Graph
 
 
 # ----------------------------------------------------------------------------------- saves

@@ -22,10 +22,10 @@ import torch
 from gradscope._base import registry as _views
 from gradscope._base.errors import GradscopeError
 from gradscope._base.series import downsample
+from gradscope._model.recording import MemoryPoint, Peak, Phase, Recording, Where, format_bytes
 from gradscope._snapshot import replay as _replay
 from gradscope._snapshot.frames import Frame, Oom, TraceAllocation, _label_of
 from gradscope._snapshot.replay import Annotation, EndBlock, EndSegment
-from gradscope.recording import MemoryPoint, Peak, Phase, Recording, Where, format_bytes
 
 __all__ = [
     "EXTRA_KEY",

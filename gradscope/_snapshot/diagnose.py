@@ -57,6 +57,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gradscope._base import registry as _views
+from gradscope._model.recording import Recording, format_bytes
 from gradscope._snapshot.data import SnapshotData, snapshot_data
 from gradscope._snapshot.frames import Frame, group_of, is_user_frame
 from gradscope._snapshot.queries import (
@@ -85,7 +86,6 @@ from gradscope._snapshot.roles import (
     trace_steps,
     unused_graph,
 )
-from gradscope.recording import Recording, format_bytes
 
 __all__ = [
     "LARGE_PAGE",

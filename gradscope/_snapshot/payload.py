@@ -24,12 +24,12 @@ import math
 from typing import Any
 
 from gradscope._base.series import Interner
+from gradscope._model.recording import Recording
 from gradscope._snapshot.data import SnapshotData, snapshot_data
 from gradscope._snapshot.diagnose import diagnose_snapshot
 from gradscope._snapshot.frames import group_of, is_user_frame
 from gradscope._snapshot.queries import GroupTimeline, bytes_by_line, largest_live_blocks, memory_by_group
 from gradscope._snapshot.roles import allocation_role, memory_by_role
-from gradscope.recording import Recording
 
 __all__ = ["SNAPSHOT_GROUPS", "snapshot_payload"]
 

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 import torch
 
 from gradscope._base.errors import GradscopeError
+from gradscope._model.recording import format_bytes
 from gradscope._snapshot import replay as _replay
 from gradscope._snapshot.data import SnapshotData, _cols, _group_label, _live_mask, _t_of
 from gradscope._snapshot.frames import Frame, TraceAllocation, _check_group, line_frame
-from gradscope.recording import format_bytes
 
 __all__ = [
     "Fragmentation",

@@ -15,12 +15,12 @@ import torch
 
 from gradscope._base.errors import GradscopeError
 from gradscope._base.gc import paused
+from gradscope._model.recording import format_bytes
 from gradscope._snapshot import replay as _replay
 from gradscope._snapshot.data import SnapshotData, SnapshotRecording, to_recording
 from gradscope._snapshot.frames import Frame, Oom
 from gradscope._snapshot.replay import Annotation
 from gradscope._snapshot.unpickle import load_plain
-from gradscope.recording import format_bytes
 
 __all__ = [
     "load_snapshot",

@@ -33,11 +33,11 @@ import torch
 
 from gradscope._base.errors import GradscopeError
 from gradscope._base.frames import is_folded_file, is_python_file, is_pytorch_file
+from gradscope._model.recording import format_bytes
 from gradscope._snapshot import replay as _replay
 from gradscope._snapshot.data import SnapshotData, _cols, _group_label, _live_mask
 from gradscope._snapshot.frames import Frame, _check_group, _is_engine_frame
 from gradscope._snapshot.queries import GroupTimeline, _stack_groups, timeline_of_groups
-from gradscope.recording import format_bytes
 
 __all__ = [
     "Accumulation",

@@ -7,10 +7,10 @@ the terminal."""
 from __future__ import annotations
 
 from gradscope._base.registry import ViewKind, register
+from gradscope._model.recording import format_bytes
 from gradscope._snapshot.diagnose import SnapshotDiagnosis, _size
 from gradscope._snapshot.roles import TracePass
 from gradscope.diagnose.text import text_html
-from gradscope.recording import format_bytes
 
 __all__ = ["snapshot_diagnosis_text"]
 

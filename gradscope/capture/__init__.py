@@ -15,5 +15,5 @@ cycles through the recorder ] in ``saves``).
 - ``held``: the graphs the program still holds at the block's end;
 - ``loop``: a loop's iterations, where its capture is cut into pieces and which pieces are kept
   (a piece is a Block and parts of its own, put in place of the last one's at a cut: see NOTE
-  [ iterations ] in ``gradscope._iterations``).
+  [ iterations ] in ``gradscope._passes.iterations``).
 """

@@ -35,7 +35,7 @@ from gradscope.capture.state import Block
 class EngineRoute:
     """What the shared patches call for a block (see NOTE [ shared patches ]): its current engine
     interception, which a loop's capture replaces at each cut (see NOTE [ iterations ] in
-    gradscope._iterations)."""
+    gradscope._passes.iterations)."""
 
     __slots__ = ("engine",)
 
@@ -209,7 +209,7 @@ class EngineInterception:
                     self._gradient_keys(index, row, result)
                 except Exception as e:
                     b.internal(e)
-            if done and b.ended is not None:  # see NOTE [ iterations ] in gradscope._iterations
+            if done and b.ended is not None:  # see NOTE [ iterations ] in gradscope._passes.iterations
                 try:
                     b.ended("backward", row)
                 except Exception as e:

@@ -14,8 +14,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from gradscope import _names
 from gradscope._base import compat as _compat
+from gradscope._model import names as _names
 from gradscope.capture.discover import GraphDiscovery
 from gradscope.capture.state import Block
 
@@ -128,7 +128,7 @@ class HeldGraphs:
 
     # ------------------------------------------------------------------ end of a piece, of the block
     def _at_cut(self) -> None:
-        """A piece of a loop's capture ends (see NOTE [ iterations ] in gradscope._iterations): the
+        """A piece of a loop's capture ends (see NOTE [ iterations ] in gradscope._passes.iterations): the
         graphs its module outputs still hold (a generator's output the next iteration
         backpropagates through) are walked into it, as the block's end walks them (the program's
         variables are not read: the loop goes on)."""

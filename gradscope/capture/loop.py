@@ -1,11 +1,11 @@
 """A loop recorded in one block: where its iterations end, when its capture is cut, and which
-pieces are kept for their detail (see NOTE [ iterations ] in gradscope._iterations).
+pieces are kept for their detail (see NOTE [ iterations ] in gradscope._passes.iterations).
 
 The recorder (:mod:`gradscope.record`) calls :meth:`LoopTracking.ended` when a backward pass or an
 optimizer step ends; it marks the iteration's end in the current piece's trace and says whether the
 recorder should cut. After a cut, :meth:`LoopTracking.piece_done` takes the finished piece (its trace
 complete, its memory events resolved), makes its rows and decides whether its trace is kept: the
-head always, the last :data:`~gradscope._iterations.KEEP_LAST` pieces (a ring), the one with the
+head always, the last :data:`~gradscope._passes.iterations.KEEP_LAST` pieces (a ring), the one with the
 highest peak among those pushed out of the ring, any holding an iteration the user named; every
 other piece's trace is dropped once its rows are made, which bounds a loop's memory to the pieces
 kept and one row of numbers per iteration.
@@ -18,9 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gradscope import _iterations
 from gradscope._base.errors import GradscopeError
 from gradscope._base.trace import Trace
+from gradscope._passes import iterations as _iterations
 
 __all__ = ["CONFIRM", "LoopTracking", "Piece", "parse_keep"]
 
@@ -87,7 +87,7 @@ class LoopTracking:
         iteration ended (a mark is added to ``trace``) and its row may be made.
 
         Before the block's first optimizer step, a backward's end is an iteration's end only
-        tentatively (see NOTE [ iterations ] in gradscope._iterations): a loop that accumulates
+        tentatively (see NOTE [ iterations ] in gradscope._passes.iterations): a loop that accumulates
         gradients over several backward passes per step makes its first step after them, and then
         they were one iteration; the first optimizer step takes back the tentative ends (no row is
         made for them until :data:`CONFIRM` of them came without an optimizer step)."""
@@ -117,7 +117,7 @@ class LoopTracking:
     def rows(self, trace: Trace, events: Any, *, last: bool = False, failed: bool = False, deltas: bool = False) -> None:
         """Rows of the current piece's iterations ended since the last call (``events``: the piece's
         memory events so far, None where the source reads them at the end only; ``deltas``: see
-        :func:`gradscope._iterations.iterations_pass`)."""
+        :func:`gradscope._passes.iterations.iterations_pass`)."""
         made, self.events_done = _iterations.iterations_pass(
             trace, self.carry, events, last=last, failed=failed, mark_from=self.rows_done,
             event_from=self.events_done, deltas=deltas)
@@ -129,7 +129,7 @@ class LoopTracking:
         """A piece ended at a cut: its last rows, then whether its trace is kept."""
         first = self.first_in_piece
         self.rows(trace, events, deltas=deltas)
-        # see NOTE [ what a piece leaves after its last iteration ] in gradscope._iterations
+        # see NOTE [ what a piece leaves after its last iteration ] in gradscope._passes.iterations
         _iterations.absorb(trace, self.carry, events, self.events_done, deltas=deltas)
         last = len(self.carry.rows) - 1
         self.first_in_piece = last + 1

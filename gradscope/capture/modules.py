@@ -15,12 +15,12 @@ import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
 
-from gradscope import _names
 from gradscope._base import compat as _compat
 from gradscope._base.trace import (
     C_SEQ1,
     C_T1,
 )
+from gradscope._model import names as _names
 from gradscope.capture.state import Block
 
 
@@ -92,7 +92,7 @@ class _ModuleHooks:
 
     def replace(self, pre: Callable[..., Any], post: Callable[..., Any]) -> None:
         """The block's hooks from now on (a loop's next piece: see NOTE [ iterations ] in
-        gradscope._iterations), in the same place among the active blocks'."""
+        gradscope._passes.iterations), in the same place among the active blocks'."""
         entry = (pre, post)
         with _MODULE_HOOKS_LOCK:
             for i, e in enumerate(_MODULE_HOOKS):
@@ -215,7 +215,7 @@ class ModuleTracking:
         if threading.get_ident() == b.tid and b.trace.optimizer_steps:
             row = b.trace.optimizer_steps[-1]
             row[2], row[4] = time.time_ns(), _compat.sequence_nr()
-            if b.ended is not None:  # see NOTE [ iterations ] in gradscope._iterations
+            if b.ended is not None:  # see NOTE [ iterations ] in gradscope._passes.iterations
                 try:
                     b.ended("optimizer", row)
                 except Exception as e:

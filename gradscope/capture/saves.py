@@ -84,7 +84,7 @@ class SavedTensors:
         packed_info = self.packed_info  # the packed value's id -> its save's index
         versions: list[int] = []  # by save index: the saved tensor's version when packed
         versions_append = versions.append
-        table = b.line_table  # see NOTE [ where lines come from ] in gradscope._lines
+        table = b.line_table  # see NOTE [ where lines come from ] in gradscope._model.lines
         save_lines = trace.save_lines
         lines_append = save_lines.append
         here = table.find if table is not None else None
@@ -106,7 +106,7 @@ class SavedTensors:
         storage_ids = trace.save_storage
         storage_append = storage_ids.append
         sweep_at = [max(_STORAGE_SWEEP, 2 * len(storages))]
-        base = trace.save_base  # the block's saves before this piece of it (see NOTE [ iterations ] in gradscope._iterations)
+        base = trace.save_base  # the block's saves before this piece of it (see NOTE [ iterations ] in gradscope._passes.iterations)
 
         def sweep() -> None:
             dead = [k for k, (_, h) in storages.items() if expired(h)]

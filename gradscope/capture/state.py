@@ -20,8 +20,8 @@ from gradscope._base.trace import (
     BackwardRow,
     Trace,
 )
-from gradscope._lines import LineTable
 from gradscope._memory.source import MemorySource
+from gradscope._model.lines import LineTable
 from gradscope._native.fields import STATE_SLOTS
 
 
@@ -78,14 +78,14 @@ class Block:
     caps: Capabilities
     trace: Trace  # the rows the hooks append (see NOTE [ capture apart from analysis ] in gradscope._base.trace)
     state: _State  # what the hooks read and change (the compiled hooks read it too)
-    line_table: LineTable | None  # see NOTE [ where lines come from ] in gradscope._lines
+    line_table: LineTable | None  # see NOTE [ where lines come from ] in gradscope._model.lines
     source: MemorySource | None = None  # the memory source, once started
     walker: Any = None  # the compiled walk (see NOTE [ compiled walk ]); None: Python walks, or the block ended
     hooking: bool = True  # False for the walk at the block's end, which only reads
     handles: list[Any] = field(default_factory=list)  # hook handles, removed when the block ends
     undo: list[Callable[[], None]] = field(default_factory=list)  # what else the block's end undoes
     # hooks on the piece's graph nodes, removed when it ends (a piece of a loop's capture ends at a
-    # cut: see NOTE [ iterations ] in gradscope._iterations; the block's handles and undo go on)
+    # cut: see NOTE [ iterations ] in gradscope._passes.iterations; the block's handles and undo go on)
     node_handles: list[Any] = field(default_factory=list)
     # the recorder's: an iteration may have ended ("backward": a pass with the row given, "optimizer")
     ended: Callable[[str, Any], None] | None = None

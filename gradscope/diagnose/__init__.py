@@ -1,7 +1,7 @@
 """``gs.diagnose``: who held memory at the failing moment (or the peak), and what to change.
 
 The recording says what was live then (see NOTE [ what is live at the failing moment ] in
-``gradscope._held``): saved tensors with their node, module and order; gradients; what backward
+``gradscope._model.held_at_peak``): saved tensors with their node, module and order; gradients; what backward
 made; forward results nobody saved. The user's namespace (by default the caller's variables; the
 notebook passes its user namespace) adds what only the live objects know: which variable holds
 this recording's graphs, which optimizer owns which state, which models still require grad
@@ -63,6 +63,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from gradscope._base.errors import GradscopeError
+from gradscope._model.job import Job
+from gradscope._model.recording import Recording, format_bytes
 from gradscope.diagnose.facts import MIN_SAVING, Context, IndexedRecording, held_order
 from gradscope.diagnose.fixes import REGISTRY, inplace_cut
 from gradscope.diagnose.measure import (
@@ -78,8 +80,6 @@ from gradscope.diagnose.report import Diagnosis, Finding, GraphHolder, LiveTenso
 from gradscope.diagnose.step import compose, shape_of
 from gradscope.diagnose.toolbox import TOOLBOX
 from gradscope.jobs.analysis import JobDiagnosis, diagnose_job
-from gradscope.jobs.data import Job
-from gradscope.recording import Recording, format_bytes
 
 __all__ = ["Diagnosis", "Finding", "GraphHolder", "LiveTensor", "diagnose"]
 

@@ -13,9 +13,9 @@ from torch import nn
 from gradscope._base import compat as _compat
 from gradscope._base.errors import BudgetRefusal
 from gradscope._base.source import step_source
+from gradscope._model.recording import Allocation, BackwardCall, Category, Kind, Phase, Recording
 from gradscope.diagnose.report import KIND_NAMES, GraphHolder, LiveTensor
 from gradscope.diagnose.step import inline
-from gradscope.recording import Allocation, BackwardCall, Category, Kind, Phase, Recording
 
 _MAX_ITEMS = 10_000  # items looked at per container variable
 

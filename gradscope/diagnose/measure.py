@@ -23,9 +23,9 @@ from torch import nn
 
 from gradscope._base import compat as _compat
 from gradscope._base.errors import MemoryBudgetExceeded
+from gradscope._model.recording import format_bytes
 from gradscope.diagnose.facts import MIN_SAVING
 from gradscope.diagnose.step import free_names, statements
-from gradscope.recording import format_bytes
 
 # NOTE [ measuring a strategy's own peak ]: a fix that runs the model another way (forward AD,
 # two passes, micro-batches, an unrolled inner loop) has a peak of its own, which the replay of the

@@ -8,8 +8,8 @@ import html
 from typing import Any
 
 from gradscope._base.registry import ViewKind, register, render
+from gradscope._model.recording import format_bytes
 from gradscope.diagnose.report import KIND_NAMES, Diagnosis
-from gradscope.recording import format_bytes
 
 __all__ = ["diagnosis_text", "text_html"]
 

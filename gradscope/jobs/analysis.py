@@ -2,13 +2,13 @@
 (:func:`job_view`: per-rank rows, the imbalance between ranks, downsampled timelines, the
 communication), and which ranks ran out of memory and why (:func:`diagnose_job`).
 
-The job's data is :mod:`gradscope.jobs.data`; its views (text, payload, pages) read
+The job's data is :mod:`gradscope._model.job`; its views (text, payload, pages) read
 :func:`job_view` and live in the views layer (:mod:`gradscope.jobs.text`,
 :mod:`gradscope.jobs.payload`, :mod:`gradscope.jobs.page`).
 
 Example:
     >>> import torch, gradscope as gs
-    >>> from gradscope.jobs.data import Job, RankEntry, RankStatus
+    >>> from gradscope._model.job import Job, RankEntry, RankStatus
     >>> def run(batch):
     ...     torch.manual_seed(0)
     ...     fnet = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Tanh(), torch.nn.Linear(256, 1))
@@ -31,8 +31,8 @@ from typing import Any
 
 from gradscope._base import registry as _views
 from gradscope._base.series import downsample
-from gradscope.jobs.data import Job, RankEntry, RankStatus
-from gradscope.recording import Kind, Recording, format_bytes
+from gradscope._model.job import Job, RankEntry, RankStatus
+from gradscope._model.recording import Kind, Recording, format_bytes
 
 __all__ = [
     "CollectiveSpan",
@@ -484,7 +484,7 @@ def diagnose_job(job: Job, budget: int | str | None = None, *,
 
     Example:
         >>> import torch, gradscope as gs
-        >>> from gradscope.jobs.data import Job, RankEntry, RankStatus
+        >>> from gradscope._model.job import Job, RankEntry, RankStatus
         >>> def run(batch):
         ...     net = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.Tanh(), torch.nn.Linear(512, 1))
         ...     x = torch.randn(batch, 64)

@@ -4,7 +4,7 @@ notebook display (the HTML view of a job with ``script=False``), the ``<noscript
 ``Job.to_html`` writes, and :func:`job_html`, a page of its own.
 
 Example:
-    >>> from gradscope.jobs.data import Job, RankEntry, RankStatus
+    >>> from gradscope._model.job import Job, RankEntry, RankStatus
     >>> page = job_html(Job((RankEntry(0, RankStatus.MISSING, message="<no file>"),)))
     >>> "<script" in page, "&lt;no file&gt;" in page
     (False, True)
@@ -15,10 +15,10 @@ from __future__ import annotations
 import html as _html
 
 from gradscope._base.page import document
-from gradscope.figures import BASELINE, MODULE_SAVED, PEAK, SAVED_ALL
+from gradscope._model.figures import BASELINE, MODULE_SAVED, PEAK, SAVED_ALL
+from gradscope._model.job import Job
+from gradscope._model.recording import format_bytes
 from gradscope.jobs.analysis import JobView, job_view
-from gradscope.jobs.data import Job
-from gradscope.recording import format_bytes
 
 __all__ = ["fragment_html", "job_html"]
 

@@ -1,9 +1,9 @@
-"""A job's payload: what the notebook widget and the page draw for a :class:`~gradscope.jobs.data.Job`,
+"""A job's payload: what the notebook widget and the page draw for a :class:`~gradscope._model.job.Job`,
 read from :func:`~gradscope.jobs.analysis.job_view`. The widget (``gradscope.widget.job_payload``,
 a job's PAYLOAD view) calls it with its own ``recording_payload`` for each rank's graph.
 
 Example:
-    >>> from gradscope.jobs.data import Job, RankEntry, RankStatus
+    >>> from gradscope._model.job import Job, RankEntry, RankStatus
     >>> p = job_payload(Job((RankEntry(0, RankStatus.MISSING, message="no file"),)))
     >>> p["kind"], p["rows"][0]["status"], p["recordings"]
     ('job', 'missing', None)
@@ -14,9 +14,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from gradscope.figures import figures_payload
+from gradscope._model.figures import figures_payload
+from gradscope._model.job import Job
 from gradscope.jobs.analysis import diagnose_job, job_view
-from gradscope.jobs.data import Job
 
 __all__ = ["MAX_RANKS_WITH_GRAPHS", "job_payload"]
 

@@ -1,11 +1,11 @@
 """A job's text: the per-rank table, the imbalance and the communication, in words, and the text of
-its diagnosis and of a job's prediction. Registered for :class:`~gradscope.jobs.data.Job`,
+its diagnosis and of a job's prediction. Registered for :class:`~gradscope._model.job.Job`,
 :class:`~gradscope.jobs.analysis.JobDiagnosis` and :class:`~gradscope.distributed.JobPrediction`
 (kind TEXT, NOTE [ one registry of views ] in ``gradscope._base.registry``): ``Job.summary()``,
 ``str(gs.diagnose(job))``, ``gs.predict_job(...).summary()``.
 
 Example:
-    >>> from gradscope.jobs.data import Job, RankEntry, RankStatus
+    >>> from gradscope._model.job import Job, RankEntry, RankStatus
     >>> lines = summary_text(Job((RankEntry(0, RankStatus.MISSING, message="no file"),), label="step 3")).splitlines()
     >>> print(lines[0]); print(lines[2])
     gradscope job step 3: 1 rank (1 missing)
@@ -17,11 +17,11 @@ from __future__ import annotations
 import re
 
 from gradscope._base.registry import ViewKind, register
+from gradscope._model.figures import BASELINE, MODULE_SAVED, PEAK, SAVED_ALL
+from gradscope._model.job import Job, RankStatus
+from gradscope._model.recording import format_bytes
 from gradscope.distributed import JobPrediction
-from gradscope.figures import BASELINE, MODULE_SAVED, PEAK, SAVED_ALL
 from gradscope.jobs.analysis import JobDiagnosis, JobView, job_view
-from gradscope.jobs.data import Job, RankStatus
-from gradscope.recording import format_bytes
 
 __all__ = ["job_diagnosis_text", "job_prediction_text", "summary_text"]
 
@@ -37,7 +37,7 @@ def _summary_text(job: Job, v: JobView) -> str:
     head = f"gradscope job{' ' + job.label if job.label else ''}: {job.world_size} rank" + (
         "s" if job.world_size != 1 else "")
     lines = [head + " (" + ", ".join(f"{n} {k}" for k, n in counts.items()) + ")"]
-    # columns titled by the figure registry (NOTE [ one definition per figure ] in gradscope.figures)
+    # columns titled by the figure registry (NOTE [ one definition per figure ] in gradscope._model.figures)
     wp, wb, ws = (max(10, len(f.label)) for f in (PEAK, BASELINE, SAVED_ALL))
     lines.append(f"{'rank':>4}  {'status':<10} {PEAK.label:>{wp}} {BASELINE.label:>{wb}} {SAVED_ALL.label:>{ws}} "
                  f"{'time':>8}  peak at")

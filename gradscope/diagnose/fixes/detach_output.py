@@ -1,9 +1,9 @@
 from __future__ import annotations
 
+from gradscope._model.recording import Category
 from gradscope.diagnose.facts import Context, replay, top_of
 from gradscope.diagnose.report import Finding, GraphHolder
 from gradscope.diagnose.step import detached_calls
-from gradscope.recording import Category
 
 
 # ----- gradients computed for a model whose optimizer does not step --------------------------------

@@ -1,10 +1,10 @@
 from __future__ import annotations
 
+from gradscope._model.recording import Category, format_bytes
 from gradscope.diagnose.facts import GRAPH_CATEGORIES, MIN_SAVING, Context, replay
 from gradscope.diagnose.measure import mixed_grad_proxy, proxy_peak
 from gradscope.diagnose.report import Finding, GraphHolder
 from gradscope.diagnose.step import input_grads, plain_derivatives
-from gradscope.recording import Category, format_bytes
 
 
 # ----- create_graph through a frozen model: forward AD ------------------------------------------

@@ -1,9 +1,9 @@
 from __future__ import annotations
 
+from gradscope._model.recording import Category, format_bytes
 from gradscope.diagnose.facts import Context, replay
 from gradscope.diagnose.report import Finding, GraphHolder
 from gradscope.diagnose.step import under_no_grad
-from gradscope.recording import Category, format_bytes
 
 
 # ----- a model that requires grad but is not trained ------------------------------------------

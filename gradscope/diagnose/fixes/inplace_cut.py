@@ -1,9 +1,9 @@
 from __future__ import annotations
 
+from gradscope._model.recording import format_bytes
 from gradscope.diagnose.facts import Context, top_of
 from gradscope.diagnose.measure import hypergradient_proxy, proxy_peak
 from gradscope.diagnose.report import Finding, GraphHolder
-from gradscope.recording import format_bytes
 
 
 # ----- the block raised: a differentiated tensor cut out of the graph ---------------------------

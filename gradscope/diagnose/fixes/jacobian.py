@@ -1,10 +1,10 @@
 from __future__ import annotations
 
+from gradscope._model.recording import format_bytes
 from gradscope.diagnose.facts import GRAPH_CATEGORIES, Context, numel
 from gradscope.diagnose.measure import jacobian_proxy, proxy_peak
 from gradscope.diagnose.report import Finding, GraphHolder
 from gradscope.diagnose.step import create_graph_dropped
-from gradscope.recording import format_bytes
 
 # the suggestion names gradscope.strategies.jacobian, which the rewriting (retain_graph instead of
 # create_graph) does not run: where the rewriting saves nothing, the suggestion stays, unrun

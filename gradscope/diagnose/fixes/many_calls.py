@@ -3,11 +3,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from gradscope._model.recording import format_bytes
 from gradscope.diagnose.facts import GRAPH_CATEGORIES, LINEAR_MERGES, Context
 from gradscope.diagnose.measure import micro_batch_proxy, proxy_peak, two_pass_proxy
 from gradscope.diagnose.report import Finding, GraphHolder
 from gradscope.diagnose.toolbox.checkpoint import wrapped_forwards
-from gradscope.recording import format_bytes
 
 
 # ----- one model called on many inputs, one loss --------------------------------------------------

@@ -1,9 +1,9 @@
 from __future__ import annotations
 
+from gradscope._model.recording import format_bytes
 from gradscope.diagnose.facts import Context, replay
 from gradscope.diagnose.report import Finding, GraphHolder
 from gradscope.diagnose.step import under_no_grad
-from gradscope.recording import format_bytes
 
 
 def propose(ctx: Context, holders: list[GraphHolder]) -> list[Finding]:

@@ -1,8 +1,8 @@
 from __future__ import annotations
 
+from gradscope._model.recording import format_bytes
 from gradscope.diagnose.facts import Context
 from gradscope.diagnose.report import Finding, GraphHolder
-from gradscope.recording import format_bytes
 
 
 # ----- penalties branching off a trunk ----------------------------------------------------------

@@ -2,10 +2,10 @@ from __future__ import annotations
 
 import torch
 
+from gradscope._model.recording import Category
 from gradscope.diagnose.facts import Context, replay
 from gradscope.diagnose.report import Finding, GraphHolder
 from gradscope.diagnose.step import without_retain_graph
-from gradscope.recording import Category
 
 
 # ----- retain_graph=True that nothing reuses ---------------------------------------------------

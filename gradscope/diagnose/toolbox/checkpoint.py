@@ -10,13 +10,13 @@ from typing import Any
 
 from torch import nn
 
-from gradscope._names import code_path
+from gradscope._model.names import code_path
+from gradscope._model.recording import Category
 from gradscope.diagnose.facts import Context
 from gradscope.diagnose.measure import Bench, Room
 from gradscope.diagnose.report import Finding
 from gradscope.diagnose.step import Shape, compose
 from gradscope.diagnose.toolbox._common import has_batch_norm, models
-from gradscope.recording import Category
 
 _KEEP_BN = (
     "class KeepBatchNormStats:  # the recompute must not move the running statistics a second time\n"

@@ -63,7 +63,7 @@ class Node:
             when the node's first save was packed (the op running on the user's stack); a node
             that saved nothing of ours gets the line of the nearest node made before it that has
             one (after it, when none was made before), and ``AccumulateGrad`` nodes have none
-            (see NOTE [ where lines come from ] in :mod:`gradscope._lines`).
+            (see NOTE [ where lines come from ] in :mod:`gradscope._model.lines`).
     """
 
     id: int
@@ -380,7 +380,7 @@ class OomInfo(BudgetRefusal):
 @dataclass(frozen=True, slots=True)
 class Iteration:
     """One iteration of a loop recorded in one block (a row of :attr:`Recording.iterations`; see
-    NOTE [ iterations ] in :mod:`gradscope._iterations`).
+    NOTE [ iterations ] in :mod:`gradscope._passes.iterations`).
 
     Attributes:
         index: 0, 1, ... in the block.
@@ -414,7 +414,7 @@ class Iteration:
 @dataclass(frozen=True, slots=True)
 class Growth:
     """Memory that grows from iteration to iteration (see NOTE [ growth across iterations ] in
-    :mod:`gradscope._growth`): the allocations ``site`` made that were still alive at each
+    :mod:`gradscope._model.growth`): the allocations ``site`` made that were still alive at each
     iteration's end added ``grown_bytes`` from iteration ``first`` to ``last``; ``live_bytes`` is
     what they held at the end of the last iteration. ``site`` is the user's line
     (``train.py:57 in train``), else the module, else what made them; ``""`` is the block's memory

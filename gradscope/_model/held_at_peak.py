@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from gradscope.recording import (
+from gradscope._model.recording import (
     Allocation,
     Category,
     HeldAllocation,

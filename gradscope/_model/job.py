@@ -32,7 +32,7 @@ from typing import Any
 
 from gradscope._base import registry as _views
 from gradscope._base.errors import GradscopeError
-from gradscope.recording import Recording, atomic_write_text, load
+from gradscope._model.recording import Recording, atomic_write_text, load
 
 __all__ = ["JOB_SCHEMA_VERSION", "MANIFEST", "Job", "RankEntry", "RankStatus", "load_ranks"]
 
@@ -280,7 +280,7 @@ def _put(by_rank: dict[int, RankEntry], origin: dict[int, str], rank: int, entry
 
 
 def _load_manifest(path: str) -> Job:
-    """See NOTE [ files are data ] in gradscope.recording: the manifest is checked field by field,
+    """See NOTE [ files are data ] in gradscope._model.recording: the manifest is checked field by field,
     and it may only name plain files beside itself."""
     try:
         st = os.stat(path)

@@ -29,12 +29,12 @@ from typing import Any
 
 from gradscope._base.frames import is_folded_file
 from gradscope._base.trace import Trace
-from gradscope.recording import SourceLine
+from gradscope._model.recording import SourceLine
 
 __all__ = ["LineTable", "cell_of", "lines_enabled", "lines_pass", "node_lines"]
 
 MAX_STACK = 64
-_OWN = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_OWN = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # the package, above _model
 _CELL_NAME = re.compile(r"<ipython-input-(\d+)-")
 
 

@@ -44,8 +44,8 @@ from gradscope._base.trace import (
     S_SEQ,
     Trace,
 )
-from gradscope._growth import SiteGrowth
-from gradscope.recording import Growth, Iteration, Table
+from gradscope._model.growth import SiteGrowth
+from gradscope._model.recording import Growth, Iteration, Table
 
 __all__ = ["HEAD", "KEEP_LAST", "Carry", "Rows", "iterations_pass", "site_label"]
 
@@ -352,7 +352,7 @@ def _feed_growth(carry: Carry, index: int) -> None:
 
 
 def growth_rows(carry: Carry, labels: Sequence[str]) -> tuple[Growth, ...]:
-    """What grows, largest first (see NOTE [ growth across iterations ] in gradscope._growth):
+    """What grows, largest first (see NOTE [ growth across iterations ] in gradscope._model.growth):
     each site that does, and the block's memory as a whole (site ``""``)."""
     out = []
     got = carry.total_growth.growth()

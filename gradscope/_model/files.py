@@ -17,8 +17,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gradscope._base.errors import GradscopeError
-from gradscope._recording.rows import Category, HeldAllocation, HeldMemory, Kind, Phase, SourceLine
-from gradscope._recording.table import Table
+from gradscope._model.rows import Category, HeldAllocation, HeldMemory, Kind, Phase, SourceLine
+from gradscope._model.table import Table
 
 SCHEMA_VERSION = 2
 _FORMAT = "gradscope.recording"
