@@ -139,8 +139,8 @@ def _recorded(memory: str, look: bool = False, lines: bool = True) -> Iterator[N
 @contextlib.contextmanager
 def _python_hooks(lines: bool = True) -> Iterator[None]:
     """``memory="off"`` recorded by the Python hooks and walk, as where no compiler is (see NOTE
-    [ compiled hooks ] in gradscope._native): printed beside the targets, not part of them."""
-    from gradscope import _native
+    [ compiled hooks ] in gradscope._capture.native): printed beside the targets, not part of them."""
+    from gradscope._capture import native as _native
 
     compiled = _native.hooks
     _native.hooks = lambda: None  # type: ignore[assignment]

@@ -135,13 +135,13 @@ def setup() -> int:
     """``python -m gradscope setup``: compile the fast saved-tensor hooks for this PyTorch now (or wait
     for the builder at work), say how long it took and where the build went (a first recording
     would otherwise build them in the background; see NOTE [ first use never waits for the
-    compiler ] in gradscope._native).
+    compiler ] in gradscope._capture.native).
 
     Returns:
         The process exit status: 0 when built, cached or skipped (``GRADSCOPE_NATIVE=0``), 1 when
         the build failed (said on stderr; the Python hooks then record).
     """
-    from gradscope import _native
+    from gradscope._capture import native as _native
 
     if _native._mode() == "0":
         print("gradscope: GRADSCOPE_NATIVE=0: the Python hooks record; nothing built")

@@ -338,7 +338,7 @@ class Comparison:
                 self._state.restore_original()
 
     def _measure(self, name: str) -> None:
-        from gradscope.record import record
+        from gradscope._capture.record import record
 
         fn = self._candidates[name]
         state = self._state

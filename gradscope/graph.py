@@ -11,9 +11,9 @@ from torch import nn
 
 from gradscope._base import compat as _compat
 from gradscope._base.errors import GradscopeError
+from gradscope._capture.walk import node_name, plain_pack, plain_unpack, walk
 from gradscope._model import names as _names
 from gradscope._model.recording import Edge, Kind, Node, Recording, SavedTensor, Where
-from gradscope._walk import node_name, plain_pack, plain_unpack, walk
 
 __all__ = ["graph"]
 
@@ -135,7 +135,7 @@ def _saved_tensors(fn: Any, counts: dict[str, int]) -> list[tuple[str, torch.Ten
             hook = _compat.unpack_hook_of(raw)
             if hook is _compat.NOT_VISIBLE:
                 if ours is None:
-                    from gradscope.capture.patches import packed_here
+                    from gradscope._capture.patches import packed_here
 
                     ours = packed_here(fn)
                 if ours:

@@ -170,7 +170,7 @@ class GradscopeMagics(Magics):
             raise UsageError("gradscope: --cell-only goes with --budget SIZE (it says what the budget counts).")
         if args.output is not None and not args.output.isidentifier():
             raise UsageError(f"gradscope: -o takes a variable name, got {args.output!r}.")
-        from gradscope.record import record
+        from gradscope._capture.record import record
 
         kind = _memory_kind(args.memory, budget)
         cell_budget, resident, held = _cell_budget(budget, kind, shell.user_ns, args.cell_only)
@@ -603,7 +603,7 @@ def _make_pre(shell: Any) -> Any:
             ("%gradscope", "%unload_ext")
         ):
             return  # it records on its own, or changes the extension itself
-        from gradscope.record import record
+        from gradscope._capture.record import record
 
         try:
             cell_budget, resident, held = _cell_budget(
@@ -632,7 +632,7 @@ def _users_recording(value: BaseException, ns: dict[str, Any]) -> tuple[str, Rec
     """For a cell that recorded on its own (``with gs.record(budget=...) as rec``): the
     recording in the user's variables that ended with this very exception, and how the user
     reaches it (``rec.recording``)."""
-    from gradscope.record import record
+    from gradscope._capture.record import record
 
     error = f"{type(value).__name__}: {value}"
     for name, v in sorted(ns.items()):

@@ -2,13 +2,13 @@
 
 - ``cpu``: PyTorch's profiler allocation events. They come from the CPU allocator itself, so they
   include memory that kernels allocate internally (CPU convolution's temporaries), which a tracker
-  of operator outputs cannot see (:mod:`gradscope._memory.profiler`).
+  of operator outputs cannot see (:mod:`gradscope._capture.memory.profiler`).
 - ``tracker``: a dispatch mode that follows every operator's output storages with weak references.
   It is online (it knows the live total at every moment), so it enforces a simulated budget
   (:class:`~gradscope.errors.MemoryBudgetExceeded`) and works on the meta device for prediction;
-  it misses kernel-internal temporaries (:mod:`gradscope._memory.tracker`).
+  it misses kernel-internal temporaries (:mod:`gradscope._capture.memory.tracker`).
 - ``cuda``: the caching allocator's statistics (allocated, reserved; with ``history=True`` its
-  event history) and NVML totals through ``nvidia-ml-py`` when present (:mod:`gradscope._memory.cuda`).
+  event history) and NVML totals through ``nvidia-ml-py`` when present (:mod:`gradscope._capture.memory.cuda`).
 
 A user names a source as a string; :meth:`MemoryKind.resolve` reads it once into a
 :class:`MemoryKind`, whose capabilities are all the recorder and the passes ask. Every source
@@ -21,12 +21,12 @@ from __future__ import annotations
 
 from gradscope._base.memory_kind import MemoryKind
 from gradscope._base.units import parse_size
-from gradscope._memory.counter import CounterSource
-from gradscope._memory.cuda import CudaSource, CudaStats, cuda_stats, nvml_device_totals
-from gradscope._memory.make import make_source
-from gradscope._memory.profiler import ProfilerSource
-from gradscope._memory.source import AllocEvent, EvalScope, MemorySource
-from gradscope._memory.tracker import TrackerSource
+from gradscope._capture.memory.counter import CounterSource
+from gradscope._capture.memory.cuda import CudaSource, CudaStats, cuda_stats, nvml_device_totals
+from gradscope._capture.memory.make import make_source
+from gradscope._capture.memory.profiler import ProfilerSource
+from gradscope._capture.memory.source import AllocEvent, EvalScope, MemorySource
+from gradscope._capture.memory.tracker import TrackerSource
 
 __all__ = [
     "AllocEvent",

@@ -357,7 +357,7 @@ def _run(
     label: str,
     names: dict[int, str] | None = None,
 ) -> tuple[Recording, dict[str, Any]]:
-    from gradscope.record import record
+    from gradscope._capture.record import record
 
     meta_args, memo = _to_meta(args)
     # module paths start with the caller's names for the models it passed (``G.1``)

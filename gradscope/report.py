@@ -10,7 +10,7 @@ from typing import Any
 
 from gradscope._base.errors import GradscopeError
 from gradscope._base.registry import ViewKind, register
-from gradscope._compiled import compiled_bytes_by_module
+from gradscope._capture.compiled import compiled_bytes_by_module
 from gradscope._model.figures import (
     ALIVE_AT_PEAK,
     GROWTH,
@@ -186,7 +186,7 @@ def summary_text(rec: Recording, top: int = 5) -> str:
         lines.append(f"top lines, {LINE_SAVED.label} ({LINE_SAVED.definition}):")
         for i, (k, b) in enumerate(list(by_line.items())[:top], 1):
             lines.append(f"  {i}. {format_bytes(b):>10}  {_one_line(rec.lines[k].label, 120)}")
-    compiled = compiled_bytes_by_module(rec)  # see gradscope._compiled
+    compiled = compiled_bytes_by_module(rec)  # see gradscope._capture.compiled
     if compiled:
         lines.append("compiled regions, saved bytes by module (from AOTAutograd's graphs):")
         for i, (m, b) in enumerate(list(compiled.items())[:top], 1):

@@ -1,5 +1,5 @@
 """The counter of the CPU allocator's bytes that measures the diagnosis's runs of a step on copies (a run's
-count of NOTE [ the allocator's counter ] in gradscope/_native/hooks.cc, NOTE [ the CPU allocator counts a run ]
+count of NOTE [ the allocator's counter ] in gradscope/_capture/native/hooks.cc, NOTE [ the CPU allocator counts a run ]
 in gradscope.diagnose.measure): its count against the allocator's reports as a recording with ``memory="cpu"``
 reads them and the budget's (the tracker's) on steps users write; nothing of it left in the thread's profiler
 slot after a run that raised; what a fix that fits as it counts does under the budget; the diagnosis with it
@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 import gradscope as gs
-from gradscope import _native
+from gradscope._capture import native as _native
 
 measure = importlib.import_module("gradscope.diagnose.measure")
 pytestmark = pytest.mark.skipif(

@@ -15,7 +15,7 @@ from conftest import mlp
 
 import gradscope as gs
 from gradscope import memory
-from gradscope._memory import cuda as memory_cuda
+from gradscope._capture.memory import cuda as memory_cuda
 from gradscope.recording import Phase
 
 

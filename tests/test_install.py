@@ -22,7 +22,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BUNDLE = ROOT / "gradscope" / "static" / "widget.js"
-NATIVE_SOURCES = ("gradscope/_native/hooks.cc", "gradscope/_native/walk.cc", "gradscope/_native/native.h")
+NATIVE_SOURCES = ("gradscope/_capture/native/hooks.cc", "gradscope/_capture/native/walk.cc", "gradscope/_capture/native/native.h")
 RANGE_VENVS = {v: ROOT / ".venvs" / f"torch-{v}" for v in ("2.6.0", "2.15.0")}
 
 
@@ -113,7 +113,8 @@ def test_building_from_source_without_node_says_what_to_do(tmp_path: Path) -> No
 _STEP = """
 import sys, torch, gradscope as gs
 from pathlib import Path
-from gradscope import widget, _native
+from gradscope import widget
+from gradscope._capture import native as _native
 torch.manual_seed(0)
 lin = torch.nn.Linear(8, 4)
 x = torch.randn(2, 8)

@@ -535,11 +535,11 @@ def test_an_oom_traceback_shows_the_users_frames_and_folds_the_rest(
         *lines[13:],
     ]
     assert re.fullmatch(r"Cell In\[\d+\], line 3", lines[1])
-    assert "site-packages" not in shown and "torch/nn" not in shown and "gradscope/_memory/tracker.py" not in shown
+    assert "site-packages" not in shown and "torch/nn" not in shown and "gradscope/_capture/memory/tracker.py" not in shown
     # the whole traceback is one command away
     ip.run_line_magic("gradscope", "tb")
     whole = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().out)
-    assert "torch/nn/modules/module.py" in whole and "gradscope/_memory/tracker.py" in whole
+    assert "torch/nn/modules/module.py" in whole and "gradscope/_capture/memory/tracker.py" in whole
     assert f"{helper}:7" in whole
     assert whole.rstrip().splitlines()[-1].startswith("MemoryBudgetExceeded: gradscope: simulated device out of memory")
     for name in ("xs", "run", "gs_user_helper"):

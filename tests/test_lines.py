@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 import gradscope as gs
-from gradscope import _native
 from gradscope._base.frames import is_folded_file
+from gradscope._capture import native as _native
 from gradscope._model.lines import cell_of, node_lines
 from gradscope.recording import Recording, SourceLine
 from gradscope.widget import recording_payload

@@ -3,7 +3,7 @@ what a block over several iterations holds.
 
 Saved bytes are checked against a bare ``saved_tensors_hooks`` pack hook that keeps every storage
 it is given alive until the end, so that each storage is one object and no address names two (see
-NOTE [ a storage's identity in a block ] in gradscope.capture.saves); the objects handed back to
+NOTE [ a storage's identity in a block ] in gradscope._capture.saves); the objects handed back to
 the program against the program run without gradscope.
 """
 
@@ -20,7 +20,7 @@ from torch.autograd.graph import saved_tensors_hooks
 from torch.utils.checkpoint import checkpoint
 
 import gradscope as gs
-from gradscope import _native
+from gradscope._capture import native as _native
 from gradscope._passes import UNSEEN_NODE
 from gradscope._passes import iterations as _iterations
 from gradscope.recording import format_bytes
@@ -410,7 +410,7 @@ def test_a_loop_without_optimizer_steps_is_cut_at_each_backward_once_it_is_known
     """word_language_model updates its parameters by hand: after CONFIRM backward passes with no
     optimizer step, each backward's end ends an iteration (before, they are taken back by a first
     optimizer step: see LoopTracking.ended), and past the head each iteration is a piece of its own."""
-    from gradscope.capture.loop import CONFIRM
+    from gradscope._capture.loop import CONFIRM
 
     lm = _loops.make_word_language_model("GRU")
     with gs.record(memory="tracker") as rec:

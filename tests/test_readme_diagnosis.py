@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gradscope import _native
+from gradscope._capture import native as _native
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "diagnosis.md"  # the page tests/test_docs_examples.py leaves this example to

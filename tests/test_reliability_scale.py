@@ -85,7 +85,7 @@ def test_deep_graph_records_in_linear_memory(memory: str, kib_per_node: int, tmp
     grown = _rss() - rss0
     r = rec.recording
     assert r.complete and "internal error" not in "\n".join(r.notes)
-    if gs._base.compat.capabilities().nodes_persist:  # see NOTE [ freeing deep graphs ] in gradscope._walk
+    if gs._base.compat.capabilities().nodes_persist:  # see NOTE [ freeing deep graphs ] in gradscope._capture.walk
         assert any("gs.release(result)" in n for n in r.notes)
     assert len(r.nodes) == nodes and len(r.steps) == nodes
     assert all(n.executed == 1 for n in r.nodes)

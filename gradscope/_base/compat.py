@@ -12,7 +12,7 @@ NOTE [ supported range ]: torch 2.6 through the newest release. Measured gaps in
 ``SavedTensor.unpack_hook`` and ``SavedTensor.data`` are absent on 2.8 and older,
 ``_top_saved_tensors_default_hooks`` on 2.6, ``TorchDispatchMode.ignore_compile_internals`` on
 2.8; from 2.13 on a node's Python object lives as long as the node (see NOTE [ freeing deep
-graphs ] in :mod:`gradscope._walk`), before that it is recreated whenever nobody holds it.
+graphs ] in :mod:`gradscope._capture.walk`), before that it is recreated whenever nobody holds it.
 """
 
 from __future__ import annotations
@@ -434,7 +434,7 @@ def start_node_profiler(ops: bool = False) -> None:
     In a process of a ``torch.distributed`` job, op scopes are recorded too, with their inputs'
     shapes: communication ops (``c10d::_allgather_base_`` ...) then label the memory they allocate,
     and their tensors' sizes give the bytes each collective moves (see NOTE [ collectives in a
-    recording ] in :mod:`gradscope._memory.profiler`).
+    recording ] in :mod:`gradscope._capture.memory.profiler`).
     """
     from torch._C._profiler import (
         ProfilerActivity,
@@ -554,7 +554,7 @@ _MODULE_HOOK_KEY = -0x6773  # gradscope's one key in torch's global module-hook 
 def add_global_module_hooks(pre: Callable[..., Any], post: Callable[..., Any]) -> None:
     """Put ``pre`` and ``post`` (called also when the forward raises) among torch's global module
     forward hooks under gradscope's fixed key (see NOTE [ one key for module hooks ] in
-    gradscope.capture.modules); where this torch keeps them otherwise, registered the public way."""
+    gradscope._capture.modules); where this torch keeps them otherwise, registered the public way."""
     from torch.nn.modules import module as m
 
     pres = getattr(m, "_global_forward_pre_hooks", None)
@@ -740,7 +740,7 @@ TRACE_ACTION, TRACE_SIZE, TRACE_ADDR, TRACE_TIME_US, TRACE_FRAMES = "action", "s
 
 # The operator through which tensors made outside the dispatcher (``torch.tensor(data)``,
 # ``torch.as_tensor``, ``torch.asarray``, ``new_tensor``, ...) enter it (see NOTE [ tensors made
-# outside dispatch ] in gradscope._memory.tracker); None where this torch lacks it.
+# outside dispatch ] in gradscope._capture.memory.tracker); None where this torch lacks it.
 LIFT_FRESH_OP: Any = getattr(getattr(torch.ops.aten, "lift_fresh", None), "default", None)
 
 
@@ -825,7 +825,7 @@ def _probe_nodes_persist() -> bool:
     """Whether a node's Python object lives as long as the node once created (PyTorch keeps it
     in the node, as it does for tensors): then ``id()`` of node objects is stable, and a walked
     graph frees recursively (see :func:`gradscope.release` and NOTE [ freeing deep graphs ] in
-    :mod:`gradscope._walk`)."""
+    :mod:`gradscope._capture.walk`)."""
     try:
         x = torch.ones(1, requires_grad=True)
         y = x.exp()

@@ -85,7 +85,7 @@ class MemoryKind(enum.StrEnum):
     our_clock: bool
     unscoped: bool
     history: bool
-    steps_by_unpack: bool  # steps are seen when a node unpacks a save: see NOTE [ how steps are seen ] in gradscope.record
+    steps_by_unpack: bool  # steps are seen when a node unpacks a save: see NOTE [ how steps are seen ] in gradscope._capture.record
     _keys: str
 
     def __new__(cls, name: str, can: _Can) -> MemoryKind:

@@ -9,18 +9,18 @@ NOTE [ capture apart from analysis ]: a small op costs PyTorch a few microsecond
 that looks anything up costs as much again. So a hook appends one tuple of numbers it already has
 (the sequence counter, a storage's address, a time) and returns; node identity, naming and every
 cross-reference are resolved once, after the block (on the first look at the recording: see NOTE
-[ analysis on first look ] in :mod:`gradscope.record`), in passes that touch each row once.
+[ analysis on first look ] in :mod:`gradscope._capture.record`), in passes that touch each row once.
 
 Row layouts (tuples, fields by position; the constants below name them):
 
 - ``saves``: one per tensor our pack hook packed: ``(seq, skey, ptr, nbytes, shape, dtype,
   device, t_ns, leafish)``. ``seq`` is the autograd sequence counter minus one at pack time (the
-  saving node's number, see NOTE [ which node saved a tensor ] in :mod:`gradscope.record`),
+  saving node's number, see NOTE [ which node saved a tensor ] in :mod:`gradscope._capture.record`),
   ``skey`` the storage's key (:func:`gradscope._base.compat.storage_key`), ``ptr`` its data address,
   ``nbytes`` the whole storage's bytes, ``leafish`` whether the tensor had no ``grad_fn``.
 - ``nodes``: one per autograd node found by a walk: ``(key, seq, name, leaf, leaf_shape,
   custom)``; ``key`` is the sequence number, or ``("acc", id(leaf tensor))`` for
-  ``AccumulateGrad`` (see NOTE [ node identity ] in :mod:`gradscope._walk`); ``leaf`` is
+  ``AccumulateGrad`` (see NOTE [ node identity ] in :mod:`gradscope._capture.walk`); ``leaf`` is
   ``(root, path in root)`` for a parameter of a root module, ``"input"`` for other leaves, None
   for other nodes.
 - ``edges``: ``(src, dst)`` node indices, ``src`` being one of ``dst``'s ``next_functions``;
@@ -107,7 +107,7 @@ class MemoryTrace:
     total: int | None = None
     failures: list[str] = field(default_factory=list)
     # collectives seen by the profiler source in a distributed job: (op, t0_ns, t1_ns, bytes,
-    # kind) rows (see NOTE [ collectives in a recording ] in gradscope._memory.profiler)
+    # kind) rows (see NOTE [ collectives in a recording ] in gradscope._capture.memory.profiler)
     collectives: list[tuple[str, int, int, int, str]] = field(default_factory=list)
     # events recorded when the source refused an allocation (a budget); what came after is
     # the exception unwinding (see NOTE [ what is live at the failing moment ] in gradscope._model.held_at_peak)
@@ -117,7 +117,7 @@ class MemoryTrace:
     # uses efficient zero tensors; without a dispatch mode it materializes them: see tracker_note)
     zero_tangents: bool = False
     # a source whose events are read after the block (the profiler's): fills the rows above when
-    # the analysis starts (see NOTE [ analysis on first look ] in gradscope.record)
+    # the analysis starts (see NOTE [ analysis on first look ] in gradscope._capture.record)
     pending: Callable[[MemoryTrace], None] | None = None
 
     def __post_init__(self) -> None:
@@ -148,7 +148,7 @@ class Trace:
     # empty when lines are not recorded (see NOTE [ where lines come from ] in gradscope._model.lines)
     save_lines: list[int] = field(default_factory=list)
     # by save index: its storage's identity in the block, the index of the storage's first save (see
-    # NOTE [ a storage's identity in a block ] in gradscope.capture.saves); empty: by ``skey``
+    # NOTE [ a storage's identity in a block ] in gradscope._capture.saves); empty: by ``skey``
     save_storage: list[int] = field(default_factory=list)
     line_table: Any = None  # gradscope._model.lines.LineTable, or None
     save_attr: dict[int, str] = field(default_factory=dict)  # save index -> attribute
@@ -188,7 +188,7 @@ class Trace:
     rank: int | None = None  # under torch.distributed
     world_size: int | None = None
     failed_oom: bool = False  # the block ended with an out-of-memory (real or simulated)
-    deep_graph_trap: bool = False  # node objects persist: see gradscope._walk.release
+    deep_graph_trap: bool = False  # node objects persist: see gradscope._capture.walk.release
     # a loop (see NOTE [ iterations ] in gradscope._passes.iterations): the end of each iteration in this
     # trace, and the block's saves before this piece of it (its save_storage identities count them)
     marks: list[tuple[int, int, int, int]] = field(default_factory=list)

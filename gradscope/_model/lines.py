@@ -106,7 +106,7 @@ def _finder(rows: list[SourceLine], index: dict[tuple[Any, int], int], at: dict[
             folded_all: dict[Any, bool]) -> Callable[[Any], int]:
     """``find(frame)``: the line of the innermost frame from ``frame`` outwards that is not folded,
     -1 when every one is. It refers to the table's contents, never to the table that holds it (see
-    NOTE [ no cycles through the recorder ] in gradscope.capture.saves)."""
+    NOTE [ no cycles through the recorder ] in gradscope._capture.saves)."""
     folded_get, at_get = folded_all.get, at.get
 
     def find(frame: Any) -> int:

@@ -235,7 +235,7 @@ def _counter_context(trace: Trace, graph: Graph, node_line: Sequence[int | None]
     which carry our clock's time and the sequence counter: the backward pass each happened in (by
     time), ``"optimizer"`` inside an optimizer step, and a forward allocation's line, its node's
     (the node numbered one below the counter, as for a save: see NOTE [ which node saved a tensor ]
-    in gradscope.record)."""
+    in gradscope._capture.record)."""
     passes = sorted((b.t0_ns, b.t1_ns, i) for i, b in enumerate(trace.backwards) if b.observed)
     starts = [p[0] for p in passes]
     opt = sorted((o[1], o[2] or trace.t1_ns) for o in trace.optimizer_steps)

@@ -1,6 +1,6 @@
 """Iterations of a loop recorded in one block: a row per iteration, what grows across them, and the
 bookkeeping a long loop needs to record in bounded memory (pure passes over traces, as
-:mod:`gradscope._passes`; the recorder's side is :mod:`gradscope.capture.loop`).
+:mod:`gradscope._passes`; the recorder's side is :mod:`gradscope._capture.loop`).
 
 NOTE [ iterations ]: a block that trains for many steps is a loop, and its unit is the iteration:
 what runs up to and including an optimizer step, or, in a block that has made no optimizer step,
@@ -18,7 +18,7 @@ iterations only: the first ones (the block's head, up to :data:`HEAD` iterations
 piece, as a block of that many iterations is), the last ones, the one with the highest peak, the
 one that failed and any the user names (``gs.record(keep=...)``); after the head each iteration's
 capture is a piece of its own, analysed as a block of one iteration would be, and those not kept
-are dropped once their row is made (see :mod:`gradscope.capture.loop`). A block of at most
+are dropped once their row is made (see :mod:`gradscope._capture.loop`). A block of at most
 :data:`HEAD` iterations is recorded as it always was.
 """
 

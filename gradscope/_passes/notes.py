@@ -84,7 +84,7 @@ def notes_pass(trace: Trace, graph: Graph, saves: Saves, steps: Steps, unseen: i
         )
 
     if len(graph.rows) > _DEEP_GRAPH and trace.deep_graph_trap:
-        # See NOTE [ freeing deep graphs ] in gradscope._walk.
+        # See NOTE [ freeing deep graphs ] in gradscope._capture.walk.
         notes.append(
             f"{len(graph.rows)} nodes: this torch frees a graph that Python has walked recursively, and "
             "a chain this deep can overflow the stack (a crash) when its last tensor is dropped. Free "
@@ -155,7 +155,7 @@ def caught_budget_pass(trace: Trace) -> dict[str, Any]:
 def collectives_pass(trace: Trace) -> dict[str, Any]:
     """``extra["collectives"]``: the communication the memory source saw (a distributed job under
     the profiler source), one row per collective, seconds from the block's start like the
-    timeline (see NOTE [ collectives in a recording ] in :mod:`gradscope._memory.profiler`). Empty when
+    timeline (see NOTE [ collectives in a recording ] in :mod:`gradscope._capture.memory.profiler`). Empty when
     there was none."""
     rows = trace.memory_trace.collectives
     if not rows:

@@ -164,7 +164,7 @@ def _module_names(args: Sequence[Any], frame: Any) -> dict[int, str]:
         local_ns = frame.f_locals
         scopes = [dict(local_ns), frame.f_globals]
         if sys.version_info < (3, 13) and frame.f_code.co_flags & 0x1 and local_ns is not frame.f_globals:
-            # see NOTE [ f_locals keeps tensors alive ] in gradscope.capture.held: drop the snapshot
+            # see NOTE [ f_locals keeps tensors alive ] in gradscope._capture.held_graphs: drop the snapshot
             local_ns.clear()
     except Exception:
         scopes = []

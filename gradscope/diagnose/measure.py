@@ -42,8 +42,8 @@ MAX_COPY_BYTES = 256 * 1024 * 1024
 def proxy_peak(proxy: Any, model: nn.Module, *args: Any) -> int | None:
     if proxy is None:
         return None
+    from gradscope._capture.record import record
     from gradscope.predict import predict
-    from gradscope.record import record
 
     params = list(model.parameters())
     size = sum(p.numel() * p.element_size() for p in params)
@@ -848,7 +848,7 @@ class _AllocatorCount:
         self.counter: Any = None
 
     def start(self) -> None:
-        from gradscope import _native
+        from gradscope._capture import native as _native
 
         self.counter = _native.counter(run=True)
         self.counter.start()
@@ -869,7 +869,7 @@ def _counter(device: str) -> _TrackerCount | _AllocatorCount:
     """What counts a run of a copy on ``device`` (``"cpu"``: the allocator's counter where the compiled
     hooks are in use, else the tracker)."""
     if device == "cpu":
-        from gradscope import _native
+        from gradscope._capture import native as _native
 
         if _native.counter(run=True) is not None:
             return _AllocatorCount()

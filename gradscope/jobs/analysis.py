@@ -158,7 +158,7 @@ class CollectiveSpan:
     ``duration_s``, ``bytes``, ``kind``): c10d's calls (``c10d::allreduce_`` of DDP's buckets,
     ``c10d::_allgather_base_`` and ``c10d::_reduce_scatter_base_`` of FSDP) and the backend's work
     (``gloo:all_reduce`` ...), with the bytes each moved (see NOTE [ collectives in a recording ]
-    in :mod:`gradscope._memory.profiler`). Those are read first (``source`` "captured", ``bytes`` moved).
+    in :mod:`gradscope._capture.memory.profiler`). Those are read first (``source`` "captured", ``bytes`` moved).
     A recording without them (another memory source, an older file) still has its timeline: with
     ``memory="cpu"`` every point is labelled with the innermost profiler range running, and
     PyTorch names its communication ranges ``c10d::...``, ``gloo:...``, ``nccl:...``,

@@ -19,7 +19,7 @@ from gradscope._base import compat as _compat
 from gradscope._base.errors import BudgetRefusal, MemoryBudgetExceeded
 from gradscope._base.memory_kind import MemoryKind
 from gradscope._base.trace import MemoryTrace
-from gradscope._memory.source import AllocEvent, _no_context
+from gradscope._capture.memory.source import AllocEvent, _no_context
 
 __all__ = ["TrackerSource"]
 

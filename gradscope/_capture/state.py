@@ -1,5 +1,5 @@
 """What the hooks read and change while a block runs (``_State``: the same fields as the
-compiled hooks' State, NOTE [ one definition of the shared state ] in gradscope._native.fields),
+compiled hooks' State, NOTE [ one definition of the shared state ] in gradscope._capture.native.fields),
 what the recorder's parts share (:class:`Block`), and the collector switched off while rows are
 made."""
 
@@ -20,9 +20,9 @@ from gradscope._base.trace import (
     BackwardRow,
     Trace,
 )
-from gradscope._memory.source import MemorySource
+from gradscope._capture.memory.source import MemorySource
+from gradscope._capture.native.fields import STATE_SLOTS
 from gradscope._model.lines import LineTable
-from gradscope._native.fields import STATE_SLOTS
 
 
 class _State:
@@ -69,9 +69,9 @@ def _note_internal(notes: list[str], e: BaseException) -> None:
 @dataclass(slots=True, eq=False)
 class Block:
     """What the recorder's parts share while one block runs (one per block, made as it is entered;
-    see :mod:`gradscope.capture`). Each part keeps the rest of its state itself."""
+    see :mod:`gradscope._capture`). Each part keeps the rest of its state itself."""
 
-    tid: int  # the thread recorded (see NOTE [ threads ] in gradscope.record)
+    tid: int  # the thread recorded (see NOTE [ threads ] in gradscope._capture.record)
     memory: MemoryKind  # the memory source's kind, resolved: capture asks its capabilities
     history: bool  # CUDA: the caching allocator's event history is recorded
     native: Any  # the compiled hooks' module; None: the Python pair records (see NOTE [ compiled hooks ])

@@ -1,5 +1,5 @@
 """Engine interception: the autograd engine's entry point (backward and autograd.grad) seen by
-the block, a pass's start and end (see NOTE [ how steps are seen ] in gradscope.record)."""
+the block, a pass's start and end (see NOTE [ how steps are seen ] in gradscope._capture.record)."""
 
 from __future__ import annotations
 
@@ -17,10 +17,9 @@ from gradscope._base.trace import (
     EV_PRE,
     BackwardRow,
 )
-from gradscope._walk import keys_of, node_key, roots_of
-from gradscope.capture import discover as _discovery  # its tables, read where patched
-from gradscope.capture.discover import GraphDiscovery
-from gradscope.capture.patches import (
+from gradscope._capture import discover as _discovery  # its tables, read where patched
+from gradscope._capture.discover import GraphDiscovery
+from gradscope._capture.patches import (
     _engine_dispatch,
     _func_guard,
     _join_patches,
@@ -28,8 +27,9 @@ from gradscope.capture.patches import (
     _pair_enter,
     _pair_exit,
 )
-from gradscope.capture.saves import SavedTensors
-from gradscope.capture.state import Block
+from gradscope._capture.saves import SavedTensors
+from gradscope._capture.state import Block
+from gradscope._capture.walk import keys_of, node_key, roots_of
 
 
 class EngineRoute:

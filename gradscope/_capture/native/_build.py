@@ -1,6 +1,6 @@
 """The builder of the compiled hooks: one process per cache that compiles them with
 ``torch.utils.cpp_extension``, outliving the process that started it (see NOTE [ one builder per
-cache ] in gradscope._native).
+cache ] in gradscope._capture.native).
 
 ``python _build.py SETTINGS_JSON`` is the builder. It takes the cache's lock (``native/.lock``):
 where another builder holds it, it ends at once (``"wait": true``: it waits for that one, as
@@ -99,8 +99,8 @@ def compile_into(s: dict[str, Any], out: Path) -> Path:
     shutil.move(str(built), target)
     import torch  # noqa: F401  # the module links against it
 
-    loader = importlib.machinery.ExtensionFileLoader("gradscope._native._hooks", str(target))
-    spec = importlib.util.spec_from_file_location("gradscope._native._hooks", str(target), loader=loader)
+    loader = importlib.machinery.ExtensionFileLoader("gradscope._capture.native._hooks", str(target))
+    spec = importlib.util.spec_from_file_location("gradscope._capture.native._hooks", str(target), loader=loader)
     assert spec is not None
     loader.exec_module(importlib.util.module_from_spec(spec))
     return target

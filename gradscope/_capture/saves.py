@@ -1,6 +1,6 @@
-"""The saved-tensor hooks: the pack/unpack pair (Python, or the compiled pair of gradscope._native),
+"""The saved-tensor hooks: the pack/unpack pair (Python, or the compiled pair of gradscope._capture.native),
 frees checked by weak handle, other pairs of hooks (see NOTE [ which node saved a tensor ] in
-gradscope.record)."""
+gradscope._capture.record)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from gradscope._base.trace import (
     S_SEQ,
     S_SKEY,
 )
-from gradscope.capture.state import Block, _note_internal
+from gradscope._capture.state import Block, _note_internal
 
 
 class SavedTensors:

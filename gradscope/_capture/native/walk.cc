@@ -1,6 +1,6 @@
 // gradscope's graph walk at a backward's start, compiled: the rows of capture/discover.py's Python walk
 // (``record._discover``), made over the C++ nodes without a Python object per node (see NOTE
-// [ compiled walk ] in gradscope/_native/__init__.py).
+// [ compiled walk ] in gradscope/_capture/native/__init__.py).
 //
 // A node gets a Python object only where Python code must read it: the first node of a class
 // (its name and saved attributes are learnt in Python), a custom Function's node (its Python
@@ -302,7 +302,7 @@ bool drop_dead_leaves(Walker* self) {
 }
 
 // One walk's working set: the nodes it reached (held until it ends, as the Python walk holds their
-// objects: see NOTE [ node identity ] in gradscope/_walk.py), the Python objects it made, and the
+// objects: see NOTE [ node identity ] in gradscope/_capture/walk.py), the Python objects it made, and the
 // keys of the AccumulateGrad nodes it met.
 struct Walk {
   Walker* w;
@@ -324,7 +324,7 @@ struct Walk {
     return o.get();
   }
 
-  // A node's key (new reference): see node_key in gradscope/_walk.py.
+  // A node's key (new reference): see node_key in gradscope/_capture/walk.py.
   PyObject* key(const NodePtr& n) {
     uint64_t seq = n->sequence_nr();
     if (seq != kAccSeq) return PyLong_FromUnsignedLongLong(seq);
@@ -830,7 +830,7 @@ PyMethodDef walker_methods[] = {
     {"pass_end", reinterpret_cast<PyCFunction>(walker_pass_end), METH_VARARGS,
      "What a backward's end needs, in one call (see NOTE [ a pass in two calls ])."},
     {"roots", reinterpret_cast<PyCFunction>(walker_roots), METH_VARARGS,
-     "The graph nodes behind values and their keys (gradscope._walk's roots_of and keys_of)."},
+     "The graph nodes behind values and their keys (gradscope._capture.walk's roots_of and keys_of)."},
     {"count_packed", reinterpret_cast<PyCFunction>(walker_count_packed), METH_NOARGS,
      "Count the saves made since the last count by their node number (record._packed)."},
     {"discover", reinterpret_cast<PyCFunction>(walker_discover), METH_VARARGS,
@@ -847,9 +847,9 @@ PyTypeObject WalkerType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
 int gradscope_add_walker(PyObject* module) {
   using gradscope_native::ready_type;
-  if (ready_type(WalkerType, "gradscope._native._hooks.Walker", Py_TPFLAGS_DEFAULT, walker_methods,
+  if (ready_type(WalkerType, "gradscope._capture.native._hooks.Walker", Py_TPFLAGS_DEFAULT, walker_methods,
                  WalkerRefs::traverse, WalkerRefs::clear, WalkerRefs::dealloc, walker_init) < 0 ||
-      ready_type(PassHooksType, "gradscope._native._hooks.PassHooks", Py_TPFLAGS_DEFAULT, pass_methods,
+      ready_type(PassHooksType, "gradscope._capture.native._hooks.PassHooks", Py_TPFLAGS_DEFAULT, pass_methods,
                  pass_traverse, pass_clear, pass_dealloc) < 0)
     return -1;
   return gradscope_native::add_type(module, "Walker", WalkerType);

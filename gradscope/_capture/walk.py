@@ -151,7 +151,7 @@ def walk(roots: Iterable[Any], stop: Any = None,
 
 def plain_pack(t: torch.Tensor) -> Any:
     """With :func:`plain_unpack`, a saved-tensor hooks pair that behaves as no hooks at all: the
-    data (detached: see NOTE [ pack a detached tensor ] in :mod:`gradscope.capture.saves`) and its
+    data (detached: see NOTE [ pack a detached tensor ] in :mod:`gradscope._capture.saves`) and its
     version, checked when unpacked as PyTorch checks saves without hooks. What gradscope
     registers on a save a torch <= 2.8 only lets it inspect by registering a pair
     (see :func:`gradscope._base.compat.probe_saved`)."""

@@ -15,7 +15,7 @@ import torch
 from gradscope._base.memory_kind import MemoryKind
 from gradscope._base.stderr import LineFilter
 from gradscope._base.trace import MemoryTrace
-from gradscope._memory.source import AllocEvent
+from gradscope._capture.memory.source import AllocEvent
 
 __all__ = ["CounterSource"]
 
@@ -28,7 +28,7 @@ class CounterSource:
     kind = MemoryKind.COUNTER
 
     def __init__(self, counter: Any) -> None:
-        self._counter = counter  # a new one of gradscope._native.counter()
+        self._counter = counter  # a new one of gradscope._capture.native.counter()
         self._noise = LineFilter()
         self.events: list[AllocEvent] = []
         self.peak = 0  # the most live bytes since the last cut

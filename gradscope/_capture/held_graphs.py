@@ -15,9 +15,9 @@ import torch
 from torch import nn
 
 from gradscope._base import compat as _compat
+from gradscope._capture.discover import GraphDiscovery
+from gradscope._capture.state import Block
 from gradscope._model import names as _names
-from gradscope.capture.discover import GraphDiscovery
-from gradscope.capture.state import Block
 
 # NOTE [ the block's nodes ]: a notebook keeps earlier cells' results alive (an ``out`` whose graph
 # is still there, a list of losses), and a script's globals hold the last step's graph while the

@@ -22,7 +22,7 @@ from gradscope._base.errors import GradscopeError
 from gradscope._base.memory_kind import MemoryKind
 from gradscope._base.stderr import LineFilter
 from gradscope._base.trace import MemoryTrace
-from gradscope._memory.source import AllocEvent, EvalScope, _inside_only
+from gradscope._capture.memory.source import AllocEvent, EvalScope, _inside_only
 
 __all__ = ["ProfilerSource"]
 
@@ -158,7 +158,7 @@ class ProfilerSource:
             return out
         ops, clock = self._ops, self._clock
 
-        def read(trace: MemoryTrace) -> None:  # see NOTE [ analysis on first look ] in gradscope.record
+        def read(trace: MemoryTrace) -> None:  # see NOTE [ analysis on first look ] in gradscope._capture.record
             roots = _compat.results_event_tree(results)
             trace.events, trace.scopes = self._parse(roots)
             if ops:

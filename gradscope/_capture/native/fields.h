@@ -1,4 +1,4 @@
-// Generated from gradscope/_native/fields.py (python -m gradscope._native.fields): do not edit.
+// Generated from gradscope/_capture/native/fields.py (python -m gradscope._capture.native.fields): do not edit.
 // See NOTE [ one definition of the shared state ] there.
 #pragma once
 

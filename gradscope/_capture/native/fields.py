@@ -6,7 +6,7 @@ one argument) are listed here, once. ``fields.h`` is generated from these lists
 (:func:`render_header`; tests/test_native.py checks that the committed file is its output), and the
 C++ structs, their attribute tables, collector functions and the walker's argument parsing are
 X-macros over it; the Python side takes its ``__slots__`` from the same lists. A field added here,
-then the header regenerated (``python -m gradscope._native.fields``), appears on both sides.
+then the header regenerated (``python -m gradscope._capture.native.fields``), appears on both sides.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ _C_TYPES = {"dict": "&PyDict_Type", "list": "&PyList_Type", "set": "&PySet_Type"
 def render_header() -> str:
     """``fields.h``'s text, made from :data:`STATE` and :data:`WALKER`."""
     lines = [
-        "// Generated from gradscope/_native/fields.py (python -m gradscope._native.fields): do not edit.",
+        "// Generated from gradscope/_capture/native/fields.py (python -m gradscope._capture.native.fields): do not edit.",
         "// See NOTE [ one definition of the shared state ] there.",
         "#pragma once",
         "",

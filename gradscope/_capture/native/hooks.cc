@@ -1,5 +1,5 @@
 // gradscope's saved-tensor hooks, compiled: the same rows as the Python pair in capture/saves.py, made
-// without a Python frame per save (see NOTE [ compiled hooks ] in gradscope/_native/__init__.py).
+// without a Python frame per save (see NOTE [ compiled hooks ] in gradscope/_capture/native/__init__.py).
 //
 // Every tensor this file does not know how to read exactly (a subclass, a tensor without a plain
 // storage, anything that throws) is handed to the Python pack hook, so the rows are the Python
@@ -1023,14 +1023,14 @@ PyMODINIT_FUNC PyInit__hooks(void) {
   using gradscope_native::ready_type;
   StateType.tp_members = state_members;
   StateType.tp_new = PyType_GenericNew;
-  if (ready_type(StateType, "gradscope._native._hooks.State", Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE, nullptr,
+  if (ready_type(StateType, "gradscope._capture.native._hooks.State", Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE, nullptr,
                  state_traverse, state_clear, state_dealloc) < 0 ||
-      ready_type(HooksType, "gradscope._native._hooks.Hooks", Py_TPFLAGS_DEFAULT, hooks_methods,
+      ready_type(HooksType, "gradscope._capture.native._hooks.Hooks", Py_TPFLAGS_DEFAULT, hooks_methods,
                  HooksRefs::traverse, HooksRefs::clear, hooks_dealloc, hooks_init) < 0 ||
-      ready_type(ModHooksType, "gradscope._native._hooks.ModHooks", Py_TPFLAGS_DEFAULT, mod_methods,
+      ready_type(ModHooksType, "gradscope._capture.native._hooks.ModHooks", Py_TPFLAGS_DEFAULT, mod_methods,
                  ModRefs::traverse, ModRefs::clear, ModRefs::dealloc, mod_init) < 0)
     return nullptr;
-  CounterType.tp_name = "gradscope._native._hooks.Counter";
+  CounterType.tp_name = "gradscope._capture.native._hooks.Counter";
   CounterType.tp_basicsize = sizeof(Counter);
   CounterType.tp_flags = Py_TPFLAGS_DEFAULT;
   CounterType.tp_methods = counter_methods;

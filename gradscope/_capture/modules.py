@@ -20,8 +20,8 @@ from gradscope._base.trace import (
     C_SEQ1,
     C_T1,
 )
+from gradscope._capture.state import Block
 from gradscope._model import names as _names
-from gradscope.capture.state import Block
 
 
 def _quiet_global_hook_warning() -> Callable[[], None]:

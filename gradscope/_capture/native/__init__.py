@@ -277,8 +277,8 @@ def build_or_say() -> None:
 
 
 def _load(path: Path) -> ModuleType:
-    loader = importlib.machinery.ExtensionFileLoader("gradscope._native._hooks", str(path))
-    spec = importlib.util.spec_from_file_location("gradscope._native._hooks", str(path), loader=loader)
+    loader = importlib.machinery.ExtensionFileLoader("gradscope._capture.native._hooks", str(path))
+    spec = importlib.util.spec_from_file_location("gradscope._capture.native._hooks", str(path), loader=loader)
     assert spec is not None
     module = importlib.util.module_from_spec(spec)
     loader.exec_module(module)

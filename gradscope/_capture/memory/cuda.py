@@ -16,7 +16,7 @@ import torch
 from gradscope._base import compat as _compat
 from gradscope._base.memory_kind import MemoryKind
 from gradscope._base.trace import MemoryTrace
-from gradscope._memory.source import AllocEvent, _inside_only, _no_context
+from gradscope._capture.memory.source import AllocEvent, _inside_only, _no_context
 
 __all__ = ["CudaSource", "CudaStats", "cuda_stats", "nvml_device_totals"]
 
@@ -226,7 +226,7 @@ def nvml_device_totals(index: int = 0) -> dict[str, int] | None:
     None when NVML is not installed or no NVIDIA driver is present: normal on CPU machines. A
     driver library found missing once is not looked for again: each try makes a new ctypes
     library object, whose function-pointer class is cyclic garbage (see NOTE [ no cycles through
-    the recorder ] in :mod:`gradscope.capture.saves`).
+    the recorder ] in :mod:`gradscope._capture.saves`).
     """
     global _nvml_missing
     if _nvml_missing:

@@ -22,10 +22,10 @@ from gradscope._base.trace import (
     EV_PRE,
     S_SEQ,
 )
-from gradscope._native.fields import WalkerTables
-from gradscope._walk import _leaf_key, node_key, node_name, walk
-from gradscope.capture.saves import SavedTensors
-from gradscope.capture.state import Block
+from gradscope._capture.native.fields import WalkerTables
+from gradscope._capture.saves import SavedTensors
+from gradscope._capture.state import Block
+from gradscope._capture.walk import _leaf_key, node_key, node_name, walk
 
 # Per node class: (name, saved tensor attributes, custom Function?, its one attribute if it has
 # exactly one non-list saved tensor, learnt from the first node of the class whose saves we read).
@@ -142,7 +142,7 @@ class GraphDiscovery:
         hooking = self.b.hooking
         walker = self.b.walker
         acc_known: Any = NotImplemented
-        if walker is not None and since is None:  # see NOTE [ compiled walk ] in gradscope._native: the whole of this
+        if walker is not None and since is None:  # see NOTE [ compiled walk ] in gradscope._capture.native: the whole of this
             live = roots if keys is not None else [r for r in roots if r is not None]
             acc_known = walker.discover(live, keys if keys is not None else [node_key(r) for r in live], hooking,
                                         hook_all, trace.seq0, _TYPES, _ORDERS)
@@ -184,7 +184,7 @@ class GraphDiscovery:
         seq_attr, seq_order = trace.seq_attr, trace.seq_order
         types, orders = _TYPES, _ORDERS
         acc, seq_of = _compat.ACC_SEQ, _compat.node_seq
-        # The walk of gradscope._walk.walk, inlined (a generator's resume per node costs as much
+        # The walk of gradscope._capture.walk.walk, inlined (a generator's resume per node costs as much
         # as the rest of a node's row): depth first, every node object held until the end (see
         # NOTE [ node identity ] there), nodes walked before (in ``index``) not walked again.
         held: list[Any] = []
@@ -481,7 +481,7 @@ class GraphDiscovery:
         self._packed(-1)
         packed, hooked, leaf_hooks = self.packed_seqs, self.hooked, self.leaf_hooks
         walker = self.b.walker
-        if walker is not None:  # see NOTE [ compiled walk ] in gradscope._native
+        if walker is not None:  # see NOTE [ compiled walk ] in gradscope._capture.native
             if self.b.source is None and self.saves.frees_once_a_pass:  # see NOTE [ compiled pass hooks ] in walk.cc
                 found = walker.hook_pass(roots, keys, stop, self.b.state, self.b.trace.events)
                 if found is not NotImplemented:

@@ -8,10 +8,10 @@ import torch
 
 from gradscope._base.errors import GradscopeError
 from gradscope._base.memory_kind import MemoryKind
-from gradscope._memory.cuda import CudaSource
-from gradscope._memory.profiler import ProfilerSource
-from gradscope._memory.source import MemorySource
-from gradscope._memory.tracker import TrackerSource
+from gradscope._capture.memory.cuda import CudaSource
+from gradscope._capture.memory.profiler import ProfilerSource
+from gradscope._capture.memory.source import MemorySource
+from gradscope._capture.memory.tracker import TrackerSource
 
 __all__ = ["make_source"]
 

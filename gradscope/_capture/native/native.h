@@ -10,7 +10,7 @@
 
 namespace gradscope_native {
 
-// What the hooks read and change while a block runs; gradscope.capture.state's _State derives from it, so that
+// What the hooks read and change while a block runs; gradscope._capture.state's _State derives from it, so that
 // the Python code reads and sets the same fields (see _State there for their meaning). Its fields
 // are fields.py's STATE (see NOTE [ one definition of the shared state ] there).
 #define GRADSCOPE_OBJECT_FIELD(name) PyObject* name;
