@@ -59,7 +59,7 @@ for _name, _module in (("compare", "gradscope.compare"), ("diagnose", "gradscope
 
 # Every view registered for its result's type before a result asks for one (NOTE [ one registry
 # of views ] in gradscope._base.registry): the views layer, imported whole.
-from gradscope import _shown  # noqa: E402,F401
+from gradscope._views import shown as _shown  # noqa: E402,F401
 
 _LAZY = {
     "Comparison": "gradscope.compare",

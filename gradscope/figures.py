@@ -1,7 +1,7 @@
 """One definition per figure: what each number in the summary, the widget, the page and the
 comparison means, written once, with the function that computes it from a :class:`Recording`.
 
-This module is a face: each name below is defined in :mod:`gradscope._model.figures`.
+This module is a face: each name below is defined in the module it is imported from.
 """
 
 from __future__ import annotations

@@ -1,12 +1,14 @@
 """The data model: one immutable :class:`Recording` that every view reads.
 
-This module is a face: each name below is defined in :mod:`gradscope._model.recording`.
+This module is a face: each name below is defined in the module it is imported from.
 """
 
 from __future__ import annotations
 
-from gradscope._model.recording import (
-    SCHEMA_VERSION,
+from gradscope._base.units import format_bytes
+from gradscope._model.files import SCHEMA_VERSION
+from gradscope._model.recording import Loop, Recording, load
+from gradscope._model.rows import (
     Allocation,
     BackwardCall,
     Category,
@@ -16,21 +18,17 @@ from gradscope._model.recording import (
     HeldMemory,
     Iteration,
     Kind,
-    Loop,
     MemoryPoint,
     Node,
     OomInfo,
     Peak,
     Phase,
-    Recording,
     SavedTensor,
     SourceLine,
     Step,
-    Table,
     Where,
-    format_bytes,
-    load,
 )
+from gradscope._model.table import Table
 
 __all__ = [
     "SCHEMA_VERSION",

@@ -473,7 +473,7 @@ class _RecycledNode:
 def test_the_graph_walk_holds_its_node_objects_so_ids_are_never_reused() -> None:
     import sys
 
-    walk = sys.modules["gradscope.diagnose.facts"].saved_storages
+    walk = sys.modules["gradscope._analyses.diagnose.facts"].saved_storages
     chain = [torch.zeros(10 + i) for i in range(50)]
     try:
         found = walk([_RecycledNode(0, chain)], lambda t: int(t.untyped_storage().data_ptr()))
@@ -589,7 +589,7 @@ def test_a_loss_summed_over_a_loop_is_differentiated_in_each_iteration() -> None
     "for x in xs:\n    loss = f(x)\n    loss.backward()\n",  # already one backward per iteration
 ])
 def test_backward_per_iteration_leaves_loops_it_cannot_rewrite_exactly(step: str) -> None:
-    from gradscope.diagnose.step import backward_per_iteration, shape_of
+    from gradscope._analyses.diagnose.step import backward_per_iteration, shape_of
 
     shape = shape_of(step)
     assert shape is not None and backward_per_iteration(shape) is None
@@ -602,7 +602,7 @@ def test_the_progress_line_comes_only_after_a_second_and_is_cleared(
     here, so that the machine's load decides nothing.)"""
     import time
 
-    progress = importlib.import_module("gradscope.diagnose")._Progress
+    progress = importlib.import_module("gradscope._analyses.diagnose")._Progress
     torch.manual_seed(0)
     layers = nn.Sequential(*[nn.Sequential(nn.Linear(64, 64), nn.Tanh()) for _ in range(3)])
     x = torch.randn(256, 64)
@@ -621,13 +621,13 @@ def test_the_progress_line_comes_only_after_a_second_and_is_cleared(
         shown.append(threading.current_thread().name)
 
     monkeypatch.setattr(progress, "_say", say)
-    real_run = importlib.import_module("gradscope.diagnose.measure").Bench._run_once
+    real_run = importlib.import_module("gradscope._analyses.diagnose.measure").Bench._run_once
 
     def slow(self: object, *args: object, **kwargs: object) -> object:
         time.sleep(0.1)  # a run longer than the wait: the timer's line comes during it
         return real_run(self, *args, **kwargs)
 
-    monkeypatch.setattr(importlib.import_module("gradscope.diagnose.measure").Bench, "_run_once", slow)
+    monkeypatch.setattr(importlib.import_module("gradscope._analyses.diagnose.measure").Bench, "_run_once", slow)
     d = gs.diagnose(rec.recording, namespace=ns, toolbox=True, progress=True)
     err = capsys.readouterr().err
     assert d.findings and "gradscope: trying fixes on copies of your objects:" in err and "run for real" in err
@@ -640,8 +640,8 @@ def test_a_block_that_ran_out_is_run_again_only_up_to_a_bound() -> None:
     on copies would go on for all 1,000 iterations (1.5 GB here; 20 GB and past ten minutes for a larger
     model before this bound). The
     runs of copies stop at 16 times the block's budget, at least 256 MiB (see NOTE [ a bound on runs of copies ] in
-    gradscope.diagnose.measure): the diagnosis ends, says so, and still names the list."""
-    measure = importlib.import_module("gradscope.diagnose.measure")
+    gradscope._analyses.diagnose.measure): the diagnosis ends, says so, and still names the list."""
+    measure = importlib.import_module("gradscope._analyses.diagnose.measure")
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 512), nn.GELU(), nn.Linear(512, 10))
     losses: list[torch.Tensor] = []

@@ -235,7 +235,7 @@ def _open_notebook(browser: Any, base: str, token: str, name: str, run: bool) ->
 @pytest.mark.browser
 @pytest.mark.skipif(not Path("/usr/bin/chromium").exists(), reason="needs /usr/bin/chromium")
 def test_a_saved_notebook_grows_by_its_data_and_opens_anywhere(wheel: Path, tmp_path: Path) -> None:
-    """NOTE [ the script once per environment ] in gradscope.widget, with a real JupyterLab and
+    """NOTE [ the script once per environment ] in gradscope._views.widget, with a real JupyterLab and
     Chromium, as pip alone leaves things: gradscope from the wheel in a fresh virtualenv, JupyterLab
     serving the bundle the wheel installed. A notebook with three widget outputs, saved with their
     state, holds their data and a loader of a few kilobytes each, not the 1.2 MB script each; opened

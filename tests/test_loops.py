@@ -338,7 +338,7 @@ def test_a_profiler_started_inside_a_long_loop_runs() -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# as the loop runs (see NOTE [ a live loop ] in gradscope.widget)
+# as the loop runs (see NOTE [ a live loop ] in gradscope._views.widget)
 # ----------------------------------------------------------------------------------------------
 def test_progress_lines_say_each_stretch_of_iterations(capsys: pytest.CaptureFixture[str]) -> None:
     """gs.record(progress=N): a line on stderr every N iterations, as the loop runs, with the last

@@ -7,7 +7,7 @@ imports a view. Each view is a function in the views layer, registered there for
 and a :class:`ViewKind` (``@register(ViewKind.TEXT, Recording)``); a subclass gets its base's
 views unless it registers its own (a ``SnapshotRecording`` has its own text, page, payload and
 widget), because :func:`view` walks the type's MRO. The package's
-top imports the views layer (``gradscope._shown``), so every view is registered before a result
+top imports the views layer (``gradscope._views.shown``), so every view is registered before a result
 asks for one. What Jupyter calls on the object (``_repr_mimebundle_``, ``_repr_html_``) and the
 results' ``summary()``, ``text()``, ``to_html()``, ``to_dot()`` are one-line delegations to
 :func:`render` (or to :func:`display`, the notebook's display data). Analyses are functions
@@ -35,6 +35,7 @@ Example:
 from __future__ import annotations
 
 import enum
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -87,13 +88,25 @@ def find(kind: ViewKind, cls: type) -> Callable[..., Any] | None:
     return None
 
 
+def _public_name(cls: type) -> str:
+    """A class's dotted name where users import it: the public module (a face, ``gradscope.x``) that
+    lists it in its ``__all__``, else the module that defines it."""
+    for name in sorted(sys.modules):
+        parts = name.split(".")
+        if len(parts) == 2 and parts[0] == "gradscope" and not parts[1].startswith("_"):
+            module = sys.modules[name]
+            if cls.__name__ in getattr(module, "__all__", ()) and getattr(module, cls.__name__, None) is cls:
+                return f"{name}.{cls.__qualname__}"
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
 def view(kind: ViewKind, cls: type) -> Callable[..., Any]:
     """The ``kind`` view of ``cls`` (see :func:`find`); a GradscopeError naming both when none."""
     fn = find(kind, cls)
     if fn is None:
-        known = sorted({f"{c.__module__}.{c.__qualname__}" for k, c in _VIEWS if k is kind})
+        known = sorted({_public_name(c) for k, c in _VIEWS if k is kind})
         raise GradscopeError(
-            f"gradscope: there is no {kind.value} view of {cls.__module__}.{cls.__qualname__} (views exist for "
+            f"gradscope: there is no {kind.value} view of {_public_name(cls)} (views exist for "
             f"{', '.join(known) or 'no type'}); register one in the views layer with "
             f"@register(ViewKind.{kind.name}, {cls.__qualname__})."
         )

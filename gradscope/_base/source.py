@@ -1,7 +1,7 @@
 """The source of a recorded block: the body of the ``with gs.record(...)`` statement it ran in.
 
 The diagnosis runs its fixes on copies of the user's objects with the block's own code (see
-:mod:`gradscope.diagnose.measure`), so a recording keeps that code: ``extra["step"]`` is
+:mod:`gradscope._analyses.diagnose.measure`), so a recording keeps that code: ``extra["step"]`` is
 ``{"source": ..., "file": ..., "line": ...}`` (the body dedented; the file and line of the ``with``).
 Read at the block's end from ``linecache`` (scripts, modules and IPython cells are all there),
 parsed once per file version. A notebook's ``%%gradscope`` cell gives its cell instead.

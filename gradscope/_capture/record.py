@@ -374,7 +374,7 @@ class record:  # noqa: N801 - as torch.no_grad
     def memory_source(self) -> MemorySource | None:
         """The block's memory source while it runs (None before the block starts): ``gs.predict``
         counts into it the bytes no operator output holds (NOTE [ bytes no operator output holds ]
-        in gradscope.predict)."""
+        in gradscope._analyses.predict.predictor)."""
         b = getattr(self, "_block", None)  # set as the block starts
         return None if b is None else b.source
 

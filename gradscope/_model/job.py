@@ -5,7 +5,7 @@ A :class:`Job` comes from :func:`gradscope.gather` on the destination rank, from
 (a directory written by :meth:`Job.save`, or per-rank files saved independently), or from
 :func:`gradscope.predict_job`. This module is the jobs' data: it imports nothing from
 ``torch.distributed`` (a saved job opens on a laptop), no analysis and no view. What a job view
-shows and the job's diagnosis are functions of the job (:func:`gradscope.jobs.analysis.job_view`,
+shows and the job's diagnosis are functions of the job (:func:`gradscope._analyses.jobs.job_view`,
 ``gs.diagnose(job)``); its text, page and notebook display are views, which :meth:`Job.summary`,
 :meth:`Job.to_html` and the notebook display ask the view registry for (NOTE [ one registry of
 views ] in ``gradscope._base.registry``).
@@ -124,7 +124,7 @@ class Job:
         """One self-contained page (script and data inline, no network): the job view of the
         notebook widget (per-rank table, imbalance, overlaid timelines, communication, each rank's
         graph), and where scripts do not run, the table and timelines of
-        :func:`~gradscope.jobs.page.job_html`.
+        :func:`~gradscope._views.job_page.job_html`.
         With ``path``, writes it there and returns the path; without, returns the page's text."""
         page = str(_views.render(_views.ViewKind.HTML, self))
         if path is None:
@@ -155,7 +155,7 @@ class Job:
 
     def _repr_html_(self) -> str:
         """The script-free table and timelines (NOTE [ the job's script-free view ] in
-        :mod:`gradscope.jobs.page`)."""
+        :mod:`gradscope._views.job_page`)."""
         return str(_views.render(_views.ViewKind.HTML, self, script=False))
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
