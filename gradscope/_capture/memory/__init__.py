@@ -1,7 +1,5 @@
 """The memory sources behind :mod:`gradscope.memory` (its public face), one module each.
 
-- :mod:`~gradscope._base.memory_kind`: :class:`MemoryKind`, what each kind of source can do (the base
-  layer: the raw trace records which kind measured it, and the passes ask it).
 - :mod:`~gradscope._capture.memory.source`: the protocol every source implements and the rows they hand over.
 - :mod:`~gradscope._capture.memory.profiler`: ``cpu``, the profiler's allocation events.
 - :mod:`~gradscope._capture.memory.tracker`: ``tracker``, the dispatch mode that follows storages (budgets).
@@ -9,5 +7,6 @@
 - :mod:`~gradscope._capture.memory.counter`: the allocator's counter a long loop continues with.
 - :mod:`~gradscope._capture.memory.make`: a kind's source, made.
 
-This package's ``__init__`` imports nothing, so that the base layer can import the kind alone.
+What each kind of source can do, :class:`MemoryKind`, is in the base layer
+(:mod:`gradscope._base.memory_kind`): the raw trace records which kind measured it, and the passes ask it.
 """
