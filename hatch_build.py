@@ -11,7 +11,7 @@ GRADSCOPE_SKIP_JS=1 skips the front end (recording, text and JSON still work; th
 HTML pages need the bundle).
 
 NOTE [ the wheel installs the script for the Jupyter server ]: a widget's own module is a small
-loader (js/src/loader.js; see NOTE [ the script once per environment ] in gradscope.widget) that imports the
+loader (js/src/loader.js; see NOTE [ the script once per environment ] in gradscope._views.widget) that imports the
 bundle from the Jupyter server. So a wheel also installs the bundle, as shared data, at
 share/jupyter/labextensions/gradscope/static/widget-<id>.js under the environment's prefix, where
 JupyterLab and Notebook 7 serve extensions' files; <id> is the first 16 hex digits of the bundle's

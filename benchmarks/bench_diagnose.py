@@ -9,7 +9,7 @@ of the objects, median of 15 after one warm-up), the recorded block that ran out
 many runs of a step the diagnosis measured on meta and ran for real. Prints the ratio diagnosis / step
 for four variants, interleaved: ``tracker`` counts every run on CPU copies with the tracker and runs
 every fix twice (the diagnosis before its speed-ups: see NOTE [ the CPU allocator counts a run ] and
-NOTE [ runs a fix needs ] in gradscope.diagnose.measure), ``allocator`` counts them with the allocator's
+NOTE [ runs a fix needs ] in gradscope._analyses.diagnose.measure), ``allocator`` counts them with the allocator's
 counter of the compiled hooks, ``before`` runs each fix only as often as what it shows needs (the
 diagnosis of 2026-11-28 before its copies and comparisons were made cheaper: copies by ``copy.deepcopy``
 alone, results cloned and compared a tensor at a time, a micro-batched step run with dropout on before
@@ -17,7 +17,7 @@ it is compared with dropout off), ``diagnosis`` is the diagnosis as it is (see N
 containers copied ahead ] and ``Bench.verify``). The first three have the copies and comparisons of ``before``. Times are the main thread's CPU time (other work on the machine moves wall times
 by up to 2x). The issue's target: at most 5x on the docs' example. Collections run outside the timed
 regions. The third example's block allocates over SMALL_STEP_ALLOCATED, so its fixes are measured on
-meta (see NOTE [ meta or a CPU copy ] in gradscope.diagnose.measure): the counter does not count
+meta (see NOTE [ meta or a CPU copy ] in gradscope._analyses.diagnose.measure): the counter does not count
 there, and its variants differ only by the runs left out.
 """
 
@@ -90,9 +90,10 @@ def _timed(fn: Any) -> float:
 @contextlib.contextmanager
 def _variant(name: str) -> Any:
     """The diagnosis as it was before its speed-ups, part by part (see the module's docstring)."""
-    from gradscope import _compat, _native
+    from gradscope._base import compat as _compat
+    from gradscope._capture import native as _native
 
-    measure = importlib.import_module("gradscope.diagnose.measure")
+    measure = importlib.import_module("gradscope._analyses.diagnose.measure")
     saved = (_native.counter, measure.Bench.measure, measure.Bench.least)
     before = (measure._containers_ahead, _compat.largest_differences, measure._results, measure.Bench.run)
     try:
@@ -160,7 +161,7 @@ def main() -> None:
                 pass
             recorded = time.thread_time() - t0
             rec = ns["rec"].recording
-            module = sys.modules["gradscope.diagnose"]
+            module = sys.modules["gradscope._analyses.diagnose"]
             seen: dict[str, int] = {}
             original = module._Progress.__call__
 

@@ -1,4 +1,4 @@
-"""Layout engines side by side (NOTE [ a layered layout of our own ] in gradscope._layered): for
+"""Layout engines side by side (NOTE [ a layered layout of our own ] in gradscope._views.layered): for
 each graph, every node drawn, the time each engine takes, and what a reader sees of the result:
 crossings of the straight edges the page draws, their total length, the drawing's size. Ratios are
 gradscope's layered engine over Graphviz's dot (where it is installed) and igraph's Sugiyama.

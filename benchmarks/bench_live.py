@@ -1,4 +1,4 @@
-"""The live widget of a ``%%gradscope`` cell (see NOTE [ a live loop ] in gradscope.widget): how often its
+"""The live widget of a ``%%gradscope`` cell (see NOTE [ a live loop ] in gradscope._views.widget): how often its
 chart gets new iterations while the loop runs, and what that costs the loop.
 
 A real IPython kernel (started with jupyter_client, as a notebook server starts one) runs the same

@@ -1,5 +1,5 @@
 """A training loop recorded in one block, 100 to 100,000 iterations: what recording costs per step and
-what the block keeps (see NOTE [ iterations ] in gradscope._iterations).
+what the block keeps (see NOTE [ iterations ] in gradscope._passes.iterations).
 
 A tiny model (Linear 8->16, ReLU, Linear 16->2, SGD, batch 4) trains N steps plain and recorded, side
 by side in one run (the plain loop runs before each recorded one). For each N: the recorded loop's time

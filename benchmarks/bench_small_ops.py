@@ -14,7 +14,7 @@ _detaching_hook), and ``memory="off"`` recorded by gradscope's Python hooks and 
 compiled ones (see _python_hooks).
 
 The cost of source lines (``gs.record(lines=...)``, see NOTE [ where lines come from ] in
-gradscope._lines) is measured in the same run: each recording variant again with ``lines=False``,
+gradscope._model.lines) is measured in the same run: each recording variant again with ``lines=False``,
 and the last columns print lines on / lines off (``--lines`` runs only those variants).
 
     python benchmarks/bench_small_ops.py [--repeats 9] [--clock cpu|wall] [--only tanh,lstm] [--lines]
@@ -40,7 +40,7 @@ from torch.autograd.graph import saved_tensors_hooks
 from torch.func import functional_call
 
 import gradscope as gs
-from gradscope._stderr import LineFilter
+from gradscope._base.stderr import LineFilter
 
 # Newer profilers write a start and a stop line to fd 2 for every run whatever KINETO_LOG_LEVEL
 # says: dropped here (every other line passes), so that the table stays readable.
@@ -139,8 +139,8 @@ def _recorded(memory: str, look: bool = False, lines: bool = True) -> Iterator[N
 @contextlib.contextmanager
 def _python_hooks(lines: bool = True) -> Iterator[None]:
     """``memory="off"`` recorded by the Python hooks and walk, as where no compiler is (see NOTE
-    [ compiled hooks ] in gradscope._native): printed beside the targets, not part of them."""
-    from gradscope import _native
+    [ compiled hooks ] in gradscope._capture.native): printed beside the targets, not part of them."""
+    from gradscope._capture import native as _native
 
     compiled = _native.hooks
     _native.hooks = lambda: None  # type: ignore[assignment]

@@ -137,7 +137,7 @@ _CHILD = r"""
 import json, resource, sys, time
 mode, path = sys.argv[1], sys.argv[2]
 if mode == "gradscope":
-    import gradscope._snapshot.data as gsdata
+    import gradscope._analyses.snapshot.data as gsdata
     import gradscope.snapshot as gsnap
 else:
     import pickle

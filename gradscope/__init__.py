@@ -58,15 +58,15 @@ for _name, _module in (("compare", "gradscope.compare"), ("diagnose", "gradscope
             raise
 
 # Every view registered for its result's type before a result asks for one (NOTE [ one registry
-# of views ] in gradscope._views): the views layer, imported whole.
-from gradscope import _shown  # noqa: E402,F401
+# of views ] in gradscope._base.registry): the views layer, imported whole.
+from gradscope._views import shown as _shown  # noqa: E402,F401
 
 _LAZY = {
     "Comparison": "gradscope.compare",
-    "Job": "gradscope.jobs.data",
+    "Job": "gradscope.job",
     "gather": "gradscope.distributed",
     "job": "gradscope.job",  # the module: every public name of a job, its views included
-    "load_ranks": "gradscope.jobs.data",
+    "load_ranks": "gradscope.job",
     "predict_job": "gradscope.distributed",
     "load_snapshot": "gradscope.snapshot",
     "show": "gradscope.widget",
@@ -77,7 +77,7 @@ if TYPE_CHECKING:
     from gradscope.compare import Comparison, compare
     from gradscope.diagnose import diagnose
     from gradscope.distributed import gather, predict_job
-    from gradscope.jobs.data import Job, load_ranks
+    from gradscope.job import Job, load_ranks
     from gradscope.predict import predict
     from gradscope.snapshot import load_snapshot
     from gradscope.widget import show

@@ -161,7 +161,7 @@ def no_gradscope_left() -> list[str]:
     from torch.nn.modules import module as mod
 
     left = []
-    from gradscope import _compat
+    from gradscope._base import compat as _compat
 
     top = _compat.top_saved_tensors_hooks()
     if (top is not None and top is not _compat.NOT_VISIBLE) or saved_tensors_hooks_active():

@@ -26,7 +26,7 @@ from conftest import no_gradscope_left
 import gradscope as gs
 from gradscope.recording import BackwardCall, Category, Recording
 
-grec = importlib.import_module("gradscope.record")
+grec = importlib.import_module("gradscope._capture.record")
 DATA = Path(__file__).parent / "data"
 MEMORY = ["off", "cpu", "tracker"]
 Env = dict[str, Any]

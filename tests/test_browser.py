@@ -22,7 +22,7 @@ import pytest
 from _lab import chromium, jupyterlab, notebook, shot
 from _recordings import HOSTILE, hostile_recording, layered_recording
 
-import gradscope.widget as W
+import gradscope._views.widget as W
 from gradscope.recording import format_bytes
 
 pytestmark = [
@@ -1189,7 +1189,7 @@ def test_a_cell_over_budget_in_jupyterlab_shows_diagnosis_trimmed_traceback_and_
         tb = next(i for i, o in enumerate(texts)
                   if not o["widget"] and ("OutOfMemoryError" in o["text"] or "MemoryBudgetExceeded" in o["text"]))
         widget = next(i for i, o in enumerate(texts) if o["widget"])
-        # the widget shows as the cell starts (see NOTE [ a live loop ] in gradscope.widget): above the
+        # the widget shows as the cell starts (see NOTE [ a live loop ] in gradscope._views.widget): above the
         # diagnosis and the traceback, the partial recording's once the cell failed
         assert widget < diag <= tb, [(o["text"][:60], o["widget"]) for o in texts]
         d, t = texts[diag]["text"], texts[tb]["text"]
@@ -1197,7 +1197,7 @@ def test_a_cell_over_budget_in_jupyterlab_shows_diagnosis_trimmed_traceback_and_
         assert "frames in" in t and "torch" in t  # the library frames folded into one line
         assert "out = model(input_ids=ids, labels=ids)" in t  # the cell's own line
         # the traceback names the cell by the number JupyterLab shows for it (NOTE [ the recorded cell
-        # keeps its number ] in gradscope.ipython): "Cell In[2]" beside the prompt [2]
+        # keeps its number ] in gradscope._notebook.ipython): "Cell In[2]" beside the prompt [2]
         shown = re.search(r"\[(\d+)\]", cell.locator(".jp-InputArea-prompt").inner_text())
         assert shown is not None and re.findall(r"Cell In\[(\d+)\]", t) == [shown.group(1)], t
         assert "site-packages/transformers" not in t and "site-packages/torch" not in t

@@ -1,6 +1,6 @@
 """A ``%%gradscope`` cell that trains for many steps, in a real JupyterLab in Chromium: the widget
 shows as the cell starts and its per-iteration memory chart grows while the loop runs (see NOTE [ a
-live loop ] in gradscope.widget), at least once a second; when the cell ends the recording replaces
+live loop ] in gradscope._views.widget), at least once a second; when the cell ends the recording replaces
 it, its chart holding every iteration. Screenshots (while running, and after) go to test-artifacts/."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from _lab import ROOT, chromium, jupyterlab, notebook, open_notebook, shot
 
-import gradscope.widget as W
+import gradscope._views.widget as W
 
 pytestmark = [
     pytest.mark.browser,

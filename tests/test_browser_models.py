@@ -5,7 +5,7 @@ blocks folded as one repeat box, labels shortened from the box around them (neve
 left), forward-down order. Screenshots go to test-artifacts/models_<model>_<width>*.png.
 
 The pages as a pip-only install makes them (no Graphviz ``dot`` on PATH, NOTE [ layout engine
-thresholds ] in gradscope.layout): the same page as with dot; the first screen of a 1000 x 800
+thresholds ] in gradscope._views.layout): the same page as with dot; the first screen of a 1000 x 800
 window shows the whole folded model with its loss (NOTE [ the graph takes the window's height ] in
 js/src/app.js); *Fit* and *Whole graph* do what they say, folded and with every node shown.
 Screenshots: test-artifacts/layout_<model>_<width>_<state>.png.
@@ -21,7 +21,7 @@ import pytest
 from test_browser import _open, _shot, browser  # noqa: F401  (browser is a fixture)
 from test_layout import _tiny_transformer
 
-import gradscope.widget as W
+import gradscope._views.widget as W
 
 NAMES = 0.5  # js/src/lod.js: the least scale at which a box's name is drawn
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from _lab import ARTIFACTS, CHROMIUM_ARGS
 
-import gradscope.widget as W
+import gradscope._views.widget as W
 from gradscope.recording import format_bytes
 
 pytestmark = [
@@ -53,7 +53,7 @@ def truth() -> dict[str, Any]:
     reference's memory by category at its peak (running sums of each category's changes), its
     baseline, and the module ranking."""
     import gradscope as gs
-    from gradscope.__main__ import _problem
+    from gradscope._notebook.cli import _problem
     from gradscope.figures import (
         CATEGORY_LABELS,
         alive_at_peak_by_module,

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import gradscope as gs
-from gradscope import _views
+from gradscope._base import registry as _views
 from gradscope.compare import Comparison, Row, tolerance
 from gradscope.errors import GradscopeError
 from gradscope.strategies import mixed_grad

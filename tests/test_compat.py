@@ -1,4 +1,4 @@
-"""Each private PyTorch touchpoint in gradscope._compat, checked on a tiny tensor against what
+"""Each private PyTorch touchpoint in gradscope._base.compat, checked on a tiny tensor against what
 PyTorch computes another way; each capability probe against the behaviour it stands for. Runs
 on every supported torch (2.6 through 2.15): where a capability is absent, the test checks the
 fallback the recorder relies on (a sentinel, a note), not a skip."""
@@ -15,7 +15,7 @@ import torch.autograd.graph as agg
 from torch.utils.checkpoint import checkpoint
 
 import gradscope as gs
-from gradscope import _compat as C
+from gradscope._base import compat as C
 
 CAPS = C.capabilities()
 

@@ -17,7 +17,8 @@ import torch
 from torch import nn
 
 import gradscope as gs
-from gradscope import _compat, _compiled
+from gradscope._base import compat as _compat
+from gradscope._capture import compiled as _compiled
 from gradscope.recording import Recording
 from gradscope.report import summary_text
 

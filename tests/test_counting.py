@@ -1,6 +1,6 @@
 """The counter of the CPU allocator's bytes that measures the diagnosis's runs of a step on copies (a run's
-count of NOTE [ the allocator's counter ] in gradscope/_native/hooks.cc, NOTE [ the CPU allocator counts a run ]
-in gradscope.diagnose.measure): its count against the allocator's reports as a recording with ``memory="cpu"``
+count of NOTE [ the allocator's counter ] in gradscope/_capture/native/hooks.cc, NOTE [ the CPU allocator counts a run ]
+in gradscope._analyses.diagnose.measure): its count against the allocator's reports as a recording with ``memory="cpu"``
 reads them and the budget's (the tracker's) on steps users write; nothing of it left in the thread's profiler
 slot after a run that raised; what a fix that fits as it counts does under the budget; the diagnosis with it
 and without it; and the bound that spares a fix its run (NOTE [ runs a fix needs ])."""
@@ -19,9 +19,9 @@ import torch
 from torch import nn
 
 import gradscope as gs
-from gradscope import _native
+from gradscope._capture import native as _native
 
-measure = importlib.import_module("gradscope.diagnose.measure")
+measure = importlib.import_module("gradscope._analyses.diagnose.measure")
 pytestmark = pytest.mark.skipif(
     (shutil.which("c++") or shutil.which("g++")) is None or os.environ.get("GRADSCOPE_NATIVE") == "0",
     reason="no C++ compiler here (or GRADSCOPE_NATIVE=0): the diagnosis counts with the tracker",
@@ -282,8 +282,8 @@ def _layer_norm_net(ns: dict[str, Any]) -> str:  # the peak in the forward, Adam
 def test_the_least_a_fix_not_run_would_hold_is_never_above_what_it_holds(make: Any) -> None:
     """The bound that spares the optimizer step in backward its run (NOTE [ runs a fix needs ]) against the
     fix run anyway, on the same copies: the fix never holds less than the bound says."""
-    sib = importlib.import_module("gradscope.diagnose.toolbox.step_in_backward")
-    shape_of = importlib.import_module("gradscope.diagnose.step").shape_of
+    sib = importlib.import_module("gradscope._analyses.diagnose.toolbox.step_in_backward")
+    shape_of = importlib.import_module("gradscope._analyses.diagnose.step").shape_of
 
     torch.manual_seed(0)
     ns: dict[str, Any] = {"nn": nn}

@@ -1,5 +1,5 @@
 """A dropped recording is freed at once: no reference cycles between the recorder, its hooks, its
-memory source and the recording (see NOTE [ no cycles through the recorder ] in gradscope.capture.saves).
+memory source and the recording (see NOTE [ no cycles through the recorder ] in gradscope._capture.saves).
 
 Each test runs a scenario once to warm caches, then again with the cyclic collector switched off
 (so that no automatic pass hides a cycle) and counts what one ``gc.collect()`` finds afterwards,
@@ -26,9 +26,9 @@ from torch.utils.checkpoint import checkpoint
 
 import gradscope as gs
 import gradscope.memory as gmem
-from gradscope import _native
+from gradscope._capture import native as _native
 
-grec = importlib.import_module("gradscope.record")  # the module (``gs.record`` is the recorder)
+grec = importlib.import_module("gradscope._capture.record")  # the module (``gs.record`` is the recorder)
 
 MEMORY = ["off", "cpu", "tracker", "budget"]
 BUDGET = 1 << 30  # never crossed by these steps

@@ -306,7 +306,7 @@ def test_a_loaded_recording_keeps_the_diagnosis_data(tmp_path) -> None:  # type:
 def test_smaller_live_tensors_are_summed_not_listed(monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 
-    monkeypatch.setattr(sys.modules["gradscope._held"], "_MAX_ROWS", 5)
+    monkeypatch.setattr(sys.modules["gradscope._model.held_at_peak"], "_MAX_ROWS", 5)
     model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 1))
     losses = []
     with pytest.raises(gs.MemoryBudgetExceeded) as info:
@@ -473,7 +473,7 @@ class _RecycledNode:
 def test_the_graph_walk_holds_its_node_objects_so_ids_are_never_reused() -> None:
     import sys
 
-    walk = sys.modules["gradscope.diagnose.facts"].saved_storages
+    walk = sys.modules["gradscope._analyses.diagnose.facts"].saved_storages
     chain = [torch.zeros(10 + i) for i in range(50)]
     try:
         found = walk([_RecycledNode(0, chain)], lambda t: int(t.untyped_storage().data_ptr()))
@@ -589,7 +589,7 @@ def test_a_loss_summed_over_a_loop_is_differentiated_in_each_iteration() -> None
     "for x in xs:\n    loss = f(x)\n    loss.backward()\n",  # already one backward per iteration
 ])
 def test_backward_per_iteration_leaves_loops_it_cannot_rewrite_exactly(step: str) -> None:
-    from gradscope.diagnose.step import backward_per_iteration, shape_of
+    from gradscope._analyses.diagnose.step import backward_per_iteration, shape_of
 
     shape = shape_of(step)
     assert shape is not None and backward_per_iteration(shape) is None
@@ -602,7 +602,7 @@ def test_the_progress_line_comes_only_after_a_second_and_is_cleared(
     here, so that the machine's load decides nothing.)"""
     import time
 
-    progress = importlib.import_module("gradscope.diagnose")._Progress
+    progress = importlib.import_module("gradscope._analyses.diagnose")._Progress
     torch.manual_seed(0)
     layers = nn.Sequential(*[nn.Sequential(nn.Linear(64, 64), nn.Tanh()) for _ in range(3)])
     x = torch.randn(256, 64)
@@ -621,13 +621,13 @@ def test_the_progress_line_comes_only_after_a_second_and_is_cleared(
         shown.append(threading.current_thread().name)
 
     monkeypatch.setattr(progress, "_say", say)
-    real_run = importlib.import_module("gradscope.diagnose.measure").Bench._run_once
+    real_run = importlib.import_module("gradscope._analyses.diagnose.measure").Bench._run_once
 
     def slow(self: object, *args: object, **kwargs: object) -> object:
         time.sleep(0.1)  # a run longer than the wait: the timer's line comes during it
         return real_run(self, *args, **kwargs)
 
-    monkeypatch.setattr(importlib.import_module("gradscope.diagnose.measure").Bench, "_run_once", slow)
+    monkeypatch.setattr(importlib.import_module("gradscope._analyses.diagnose.measure").Bench, "_run_once", slow)
     d = gs.diagnose(rec.recording, namespace=ns, toolbox=True, progress=True)
     err = capsys.readouterr().err
     assert d.findings and "gradscope: trying fixes on copies of your objects:" in err and "run for real" in err
@@ -640,8 +640,8 @@ def test_a_block_that_ran_out_is_run_again_only_up_to_a_bound() -> None:
     on copies would go on for all 1,000 iterations (1.5 GB here; 20 GB and past ten minutes for a larger
     model before this bound). The
     runs of copies stop at 16 times the block's budget, at least 256 MiB (see NOTE [ a bound on runs of copies ] in
-    gradscope.diagnose.measure): the diagnosis ends, says so, and still names the list."""
-    measure = importlib.import_module("gradscope.diagnose.measure")
+    gradscope._analyses.diagnose.measure): the diagnosis ends, says so, and still names the list."""
+    measure = importlib.import_module("gradscope._analyses.diagnose.measure")
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 512), nn.GELU(), nn.Linear(512, 10))
     losses: list[torch.Tensor] = []
@@ -682,10 +682,10 @@ class _Tied(nn.Module):
 
 def test_a_replica_is_what_deepcopy_makes_of_the_objects() -> None:
     """The copies the diagnosis runs fixes on (see NOTE [ a module's containers copied ahead ] in
-    gradscope.diagnose.measure) against ``copy.deepcopy`` of the same objects: the same modules with the same
+    gradscope._analyses.diagnose.measure) against ``copy.deepcopy`` of the same objects: the same modules with the same
     attributes, tied weights tied, hooks kept, the same results and optimizer steps, gradients copied too,
     nothing shared with the user's objects."""
-    measure = importlib.import_module("gradscope.diagnose.measure")
+    measure = importlib.import_module("gradscope._analyses.diagnose.measure")
     torch.manual_seed(0)
     model = _Tied()
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
@@ -723,11 +723,11 @@ def test_a_replica_is_what_deepcopy_makes_of_the_objects() -> None:
 
 @pytest.mark.parametrize("foreach", [True, False], ids=["foreach", "one_at_a_time"])
 def test_a_results_difference_is_the_largest_relative_one(foreach: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A result's difference (``_difference`` in gradscope.diagnose.measure) against one worked out in float64
+    """A result's difference (``_difference`` in gradscope._analyses.diagnose.measure) against one worked out in float64
     tensor by tensor here, with PyTorch's foreach operators and without them: each tensor's largest difference
     relative to its largest value, parameters scaled (NOTE [ parameters after an optimizer's step ]), NaN and inf
     the same only at the same places, integers equal or not."""
-    measure = importlib.import_module("gradscope.diagnose.measure")
+    measure = importlib.import_module("gradscope._analyses.diagnose.measure")
     if not foreach:
         monkeypatch.setattr(measure._compat, "largest_differences", lambda xs, ys: None)
     torch.manual_seed(0)
@@ -756,10 +756,10 @@ def test_a_results_difference_is_the_largest_relative_one(foreach: bool, monkeyp
 
 def test_micro_batches_measured_on_meta_are_compared_with_dropout_off_without_a_run_with_it_on() -> None:
     """Micro-batches draw dropout's masks slice by slice, in another order than the step: their results are
-    compared with dropout off (see NOTE [ results where randomness allows ] in gradscope.diagnose.measure). Where
+    compared with dropout off (see NOTE [ results where randomness allows ] in gradscope._analyses.diagnose.measure). Where
     their memory was measured on meta, they are not run for real with dropout on first: three real runs (the
     user's step with dropout on and off, the fix with it off) where four ran before, and the same comparison."""
-    measure = importlib.import_module("gradscope.diagnose.measure")
+    measure = importlib.import_module("gradscope._analyses.diagnose.measure")
     source = "out = model(x)\nout.square().mean().backward()\nopt.step()\nopt.zero_grad()\n"
     micro = ("for start in range(0, 256, 128):\n"
              "    out = model(x[start:start + 128])\n"
@@ -792,7 +792,7 @@ def test_a_fix_that_ran_out_of_memory_on_copies_names_what_the_variables_hold() 
     the copies the fixes run on share that GPU, and checkpointing (277 MiB on its own) failed beside
     it with PyTorch's whole message as the note. The note now names what holds the most, largest
     first, and what to do."""
-    from gradscope.diagnose import _oom_on_copies_note
+    from gradscope._analyses.diagnose import _oom_on_copies_note
     from gradscope.recording import format_bytes
 
     error = ("OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity of "

@@ -173,7 +173,7 @@ def test_seed002_an_out_of_memory_caught_in_the_block_is_diagnosed_as_a_failure(
                          [(16384, 53516, 68156, "aten::addmm"), (1, 0, 1, ""), (3 << 30, 5 << 30, 8 << 30, "aten::mm")])
 def test_a_budget_refusal_is_one_value(requested: int, live: int, budget: int, where: str) -> None:
     """One BudgetRefusal (gradscope.errors) is the exception's numbers and the saved form's (NOTE [ one refusal ] in
-    gradscope.errors): nothing reads them back from the error's words, which are free to change."""
+    gradscope._base.errors): nothing reads them back from the error's words, which are free to change."""
     from gradscope.errors import BudgetRefusal
 
     refusal = BudgetRefusal(requested, live, budget, where)
@@ -188,7 +188,7 @@ def test_a_budget_refusal_is_one_value(requested: int, live: int, budget: int, w
 def test_the_trackers_refusal_reaches_the_diagnosis_unchanged() -> None:
     """The refusal the tracker made is the caught exception's, the recording's and the diagnosis's:
     a 64x64 float32 product is 16384 bytes; the second one crosses a 20000-byte budget."""
-    from gradscope.diagnose.facts import caught_oom
+    from gradscope._analyses.diagnose.facts import caught_oom
     from gradscope.errors import BudgetRefusal
 
     x = torch.randn(64, 64)

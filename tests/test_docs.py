@@ -24,6 +24,6 @@ def test_docstring_examples(name: str) -> None:
 
 def test_examples_exist_for_the_public_api() -> None:
     attempted = 0
-    for name in ("gradscope.record", "gradscope.graph", "gradscope.recording", "gradscope"):
+    for name in ("gradscope._capture.record", "gradscope._analyses.graph", "gradscope._model.recording", "gradscope"):
         attempted += doctest.testmod(importlib.import_module(name)).attempted
     assert attempted >= 6

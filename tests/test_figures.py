@@ -12,7 +12,7 @@ from _recordings import tiny_recording
 
 import gradscope as gs
 from gradscope import figures as F
-from gradscope._series import Interner, bucket_width, downsample
+from gradscope._base.series import Interner, bucket_width, downsample
 from gradscope.recording import Category, Kind, MemoryPoint, Node, Phase, Recording, SavedTensor
 from gradscope.widget import recording_payload
 

@@ -1,5 +1,5 @@
 """First use: a fresh cache never makes a recording wait for the compiler (see NOTE [ first use never
-waits for the compiler ] in gradscope._native), and gradscope's global module hooks cause no
+waits for the compiler ] in gradscope._capture.native), and gradscope's global module hooks cause no
 PyTorch warning about ``torch.compile``d modules."""
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def _run(code: str, **env: str) -> subprocess.CompletedProcess[str]:
 SEQUENCE = """
     import json, torch, gradscope as gs
     from torch import nn
-    from gradscope import _native
+    from gradscope._capture import native as _native
 
     def step():
         torch.manual_seed(0)
@@ -73,7 +73,7 @@ PYTHON_PAIR = SEQUENCE.replace("_native.wait()", "pass")
 # A script as a user writes one: one block, then it exits (no wait for anything).
 SCRIPT = """
     import json, torch, gradscope as gs
-    from gradscope import _native
+    from gradscope._capture import native as _native
     torch.manual_seed(0)
     lin = torch.nn.Linear(8, 4)
     with gs.record(memory="off") as rec:
@@ -116,7 +116,7 @@ def _said(stderr: str) -> list[str]:
                     reason="a C++ compiler and Linux's /proc (to see every process of the build)")
 def test_first_use_never_waits_and_scripts_get_the_compiled_hooks(tmp_path: Path) -> None:
     """NOTE [ first use never waits for the compiler ] and NOTE [ one builder per cache ] in
-    gradscope._native, from an empty cache, with one build: a script that records one block and exits
+    gradscope._capture.native, from an empty cache, with one build: a script that records one block and exits
     starts the builder, which a signal stops cleanly (no compiler, ninja or directory left); the next
     process starts it again and records its first block with the Python pair, the same rows, while a
     process started meanwhile finds the builder at work and starts none; once built, a later block of
@@ -191,7 +191,7 @@ def test_first_use_never_waits_and_scripts_get_the_compiled_hooks(tmp_path: Path
         assert "gradscope:" not in again.stderr
         # a build's message from now on says the time this one took
         assert f"the last build here took {max(1, seconds)} s" in _run(
-            "from gradscope import _native; print(_native._time_text())", GRADSCOPE_CACHE=str(cache)).stdout
+            "from gradscope._capture import native as _native; print(_native._time_text())", GRADSCOPE_CACHE=str(cache)).stdout
     finally:
         for pid in _ours(cache):  # a failed assertion leaves nothing running either
             with contextlib.suppress(OSError):

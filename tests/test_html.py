@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from _recordings import HOSTILE, hostile_recording, tiny_recording
 
-from gradscope.html import _inline_json, _inline_script, comparison_html, recording_html
+from gradscope._views.html import _inline_json, _inline_script, comparison_html, recording_html
 from gradscope.widget import bundle_path
 
 pytestmark = pytest.mark.skipif(

@@ -1,6 +1,6 @@
-"""The shape of the package: gradscope's modules import each other without a cycle (capture ->
-passes -> data model <- views), the data model imports no view and no hook, and PyTorch's private
-APIs are touched in one module only."""
+"""The shape of the package: its layers are its folders, gradscope's modules import each other
+without a cycle and only down the layers (capture -> passes -> data model <- views), the public
+modules are faces over the layers, and PyTorch's private APIs are touched in one module only."""
 
 from __future__ import annotations
 
@@ -31,8 +31,11 @@ def _imports(path: Path, top_level_only: bool) -> set[str]:
         if isinstance(node, ast.Import):
             out |= {a.name for a in node.names if a.name.startswith("gradscope")}
         elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("gradscope"):
-            out.add(node.module)
-            out |= {f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in modules}
+            subs = {f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in modules}
+            # ``from gradscope import _passes`` imports a module, ``from gradscope import record`` the package's top
+            if node.module != "gradscope" or len(subs) < len(node.names):
+                out.add(node.module)
+            out |= subs
     return out & modules
 
 
@@ -40,7 +43,7 @@ def _graph(top_level_only: bool) -> dict[str, set[str]]:
     graph = {}
     for p in sorted(PKG.rglob("*.py")):
         name = _module_name(p)
-        graph[name] = _imports(p, top_level_only) - {name, "gradscope"}
+        graph[name] = _imports(p, top_level_only) - {name}
     return graph
 
 
@@ -68,46 +71,48 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-# The package's layers, lowest first: a module imports only modules of its own layer or of a
-# lower one (function-local imports included), and the whole graph has no circle. A name is a
-# module or a package (a package's modules are in its layer unless named in another).
-LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("base: units, errors, the view registry, PyTorch's private APIs, the raw trace",
-     ("gradscope._error", "gradscope._units", "gradscope.errors", "gradscope._memory.kind", "gradscope._views", "gradscope._stderr", "gradscope._source",
-      "gradscope._compat", "gradscope._trace", "gradscope._frames", "gradscope._series", "gradscope._page", "gradscope._gc")),
-    ("data model: the Recording and what its numbers mean",
-     ("gradscope.recording", "gradscope._recording", "gradscope.figures", "gradscope._held", "gradscope._names", "gradscope._lines",
-      "gradscope.jobs.data", "gradscope._growth")),
-    ("capture: hooks, memory sources, the passes that make a Recording",
-     ("gradscope._native", "gradscope._walk", "gradscope._passes", "gradscope.memory", "gradscope._memory", "gradscope._compiled",
-      "gradscope.capture", "gradscope.record", "gradscope._iterations")),
-    ("analyses: strategies, snapshots, prediction, comparison, diagnosis, jobs",
-     ("gradscope.strategies", "gradscope._snapshot", "gradscope.snapshot", "gradscope.predict", "gradscope._predict",
-      "gradscope.compare", "gradscope.graph", "gradscope.diagnose", "gradscope.jobs", "gradscope.distributed")),
-    ("views: text, layout, widget payloads, pages",
-     ("gradscope.report", "gradscope.layout", "gradscope._layered", "gradscope._simplex", "gradscope.widget", "gradscope._snapshot.payload", "gradscope.html",
-      "gradscope.jobs.text", "gradscope.jobs.payload", "gradscope.jobs.page", "gradscope.job",
-      "gradscope.diagnose.text", "gradscope._snapshot.text", "gradscope._shown")),
-    ("notebook and the package's top",
-     ("gradscope.ipython", "gradscope.__main__", "gradscope")),
+# The package's layers, lowest first, one folder each: a module's layer is the folder under
+# gradscope/ it lives in. A module imports only modules of its own layer or of a lower one
+# (function-local imports included), and the whole graph has no circle.
+LAYERS: list[tuple[str, str]] = [
+    ("_base", "base: the root error, units, errors, the memory kind, the view registry, PyTorch's private APIs, the raw trace"),
+    ("_model", "data model: the Recording and what its numbers mean"),
+    ("_passes", "passes: the pure passes that make a Recording of a raw trace"),
+    ("_capture", "capture: hooks, memory sources, the recorder"),
+    ("_analyses", "analyses: diagnosis, prediction, comparison, snapshots, jobs, strategies"),
+    ("_views", "views: text, layout, widget payloads, pages"),
+    ("_notebook", "notebook: the IPython extension, the command line"),
 ]
+# Above every layer: the faces (the public modules at the package's top, gradscope/*.py, each
+# importing the names it shows from the layers) and the package's own module. They may import any
+# layer; no layer imports them.
+TOP = len(LAYERS)
 # Edges allowed to run up a layer, each with its reason (at most two).
 ALLOWED_UP: dict[tuple[str, str], str] = {}
 
 
 def _layer(module: str) -> int | None:
-    best: tuple[int, int] | None = None
-    for i, (_, names) in enumerate(LAYERS):
-        for name in names:
-            if (module == name or module.startswith(name + ".")) and (best is None or len(name) > best[1]):
-                best = (i, len(name))
-    return None if best is None else best[0]
+    """The layer of a module: its folder's, or TOP for a face and the package; None for a module
+    that lives in no layer's folder."""
+    parts = module.split(".")
+    if parts == ["gradscope"]:
+        return TOP
+    folders = [folder for folder, _ in LAYERS]
+    if parts[1] in folders:
+        return folders.index(parts[1])
+    if len(parts) == 2 and (PKG / f"{parts[1]}.py").is_file():
+        return TOP
+    return None
+
+
+def _layer_name(i: int) -> str:
+    return "faces" if i == TOP else LAYERS[i][1].split(":")[0]
 
 
 def test_import_graph_has_no_cycle() -> None:
     # every import counts, those inside functions too: a lazy import is still an arrow
     graph = _graph(top_level_only=False)
-    assert "gradscope.record" in graph and "gradscope._passes" in graph
+    assert "gradscope._capture.record" in graph and "gradscope._passes" in graph
     assert _cycle(graph) is None, _cycle(graph)
 
 
@@ -116,36 +121,73 @@ def test_cycle_finder_finds_a_cycle() -> None:
     assert _cycle({"a": {"b"}, "b": set()}) is None
 
 
+def test_the_folders_are_the_layers() -> None:
+    """Every folder of the package that holds Python is a layer (a new folder is placed in LAYERS)."""
+    folders = {p.relative_to(PKG).parts[0] for p in PKG.rglob("*.py") if len(p.relative_to(PKG).parts) > 1}
+    assert folders == {folder for folder, _ in LAYERS}
+
+
 def test_every_import_points_down_the_layers() -> None:
     graph = _graph(top_level_only=False)
     unplaced = sorted(m for m in graph if _layer(m) is None)
-    assert unplaced == [], f"place these modules in LAYERS: {unplaced}"
+    assert unplaced == [], f"move these modules into a layer's folder: {unplaced}"
     up = sorted((m, d) for m, deps in graph.items() for d in deps
                 if (_layer(d) or 0) > (_layer(m) or 0) and (m, d) not in ALLOWED_UP)
     assert up == [], "imports that run up a layer: " + ", ".join(
-        f"{m} ({LAYERS[_layer(m) or 0][0].split(':')[0]}) -> {d} ({LAYERS[_layer(d) or 0][0].split(':')[0]})"
-        for m, d in up)
+        f"{m} ({_layer_name(_layer(m) or 0)}) -> {d} ({_layer_name(_layer(d) or 0)})" for m, d in up)
     assert len(ALLOWED_UP) <= 2
     # the checker sees an upward import where there is one
-    assert _layer("gradscope.recording") == 1 and _layer("gradscope.widget") == 4
-    assert _layer("gradscope._snapshot.payload") == 4 and _layer("gradscope._snapshot.replay") == 3
+    assert _layer("gradscope._model.recording") == 1 and _layer("gradscope._views.widget") == 5
+    assert _layer("gradscope._views.snapshot_payload") == 5 and _layer("gradscope._analyses.snapshot.replay") == 4
+    assert _layer("gradscope.widget") == _layer("gradscope") == TOP and _layer("gradscope.capture.x") is None
 
 
 def test_layers_point_one_way() -> None:
-    """capture (record, memory) -> passes -> data model; the data model and the passes import no
-    view, no hook and no memory source."""
+    """capture (the recorder, the memory sources) -> passes -> data model; the data model and the
+    passes import no view, no hook and no memory source."""
     graph = _graph(top_level_only=False)
-    views = {"gradscope.report", "gradscope.html", "gradscope.widget", "gradscope.layout", "gradscope.compare",
-             "gradscope.diagnose", "gradscope.ipython"}
-    capture = {"gradscope.record", "gradscope.memory"}
-    base = set(LAYERS[0][1])
-    # the data model (its face and its private parts) asks the view registry, never a view
-    model = {m for m in graph if m == "gradscope.recording" or m.startswith("gradscope._recording")}
-    assert len(model) > 1 and all(graph[m] - model <= base for m in model)
-    assert not graph["gradscope._passes"] & (views | capture)
-    assert not graph["gradscope._held"] & (views | capture)
-    assert not graph["gradscope._trace"] & (views | capture | {"gradscope._passes"})
+    views = {m for m in graph if _layer(m) in (5, 6, TOP)}
+    capture = {m for m in graph if _layer(m) == 3}
+    model = {m for m in graph if _layer(m) == 1}
+    # the data model asks the view registry, never a view
+    assert len(model) > 1 and all(_layer(d) in (0, 1) for m in model for d in graph[m])
+    assert "gradscope._base.registry" in set().union(*(graph[m] for m in model))
+    passes = {m for m in graph if _layer(m) == 2}
+    assert passes and not set().union(*(graph[m] for m in passes)) & (views | capture)
+    assert not graph["gradscope._model.held_at_peak"] & (views | capture)
+    assert not graph["gradscope._base.trace"] & (views | capture | passes)
 
+
+def test_faces_only_show_names() -> None:
+    """A face (a public module at the package's top) holds no code of its own: imports, ``__all__``
+    (and ``python -m gradscope``'s one call), and each class or function it imports is defined in the
+    module it names (or says the face is its home, as the errors do)."""
+    import importlib
+    import inspect
+
+    wrong = []
+    for path in sorted(PKG.glob("*.py")):
+        if path.name == "__init__.py":
+            continue
+        face = f"gradscope.{path.stem}"
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in tree.body[1:]:
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("gradscope._"):
+                module = importlib.import_module(node.module or "")
+                for a in node.names:
+                    obj = getattr(module, a.name, None)
+                    if (a.name != "*" and (inspect.isclass(obj) or inspect.isfunction(obj))
+                            and obj.__module__ not in (node.module, face)):
+                        wrong.append(f"{face}: {a.name} is defined in {obj.__module__}, not {node.module}")
+            elif isinstance(node, ast.ImportFrom) and node.module == "__future__":
+                continue
+            elif isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["__all__"]:
+                continue
+            elif path.stem == "__main__" and isinstance(node, ast.If):
+                continue
+            else:
+                wrong.append(f"{face}:{node.lineno}: {ast.dump(node)[:60]}")
+    assert wrong == []
 
 # PyTorch's private touchpoints gradscope uses (attributes, names and the names it patches).
 _PRIVATE = {
@@ -186,10 +228,10 @@ def _private_uses(path: Path) -> list[str]:
 
 def test_private_torch_apis_only_in_compat() -> None:
     """Every private PyTorch touchpoint of the package (subpackages included) lives in
-    gradscope._compat."""
-    offenders = [u for p in sorted(PKG.rglob("*.py")) if p.name != "_compat.py" for u in _private_uses(p)]
+    gradscope._base.compat."""
+    offenders = [u for p in sorted(PKG.rglob("*.py")) if p != PKG / "_base" / "compat.py" for u in _private_uses(p)]
     assert offenders == []
-    assert len(_private_uses(PKG / "_compat.py")) > 20  # the checker does see them where they are
+    assert len(_private_uses(PKG / "_base" / "compat.py")) > 20  # the checker does see them where they are
 
 
 def _faces() -> dict[str, str]:

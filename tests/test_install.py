@@ -22,7 +22,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BUNDLE = ROOT / "gradscope" / "static" / "widget.js"
-NATIVE_SOURCES = ("gradscope/_native/hooks.cc", "gradscope/_native/walk.cc", "gradscope/_native/native.h")
+NATIVE_SOURCES = ("gradscope/_capture/native/hooks.cc", "gradscope/_capture/native/walk.cc", "gradscope/_capture/native/native.h")
 RANGE_VENVS = {v: ROOT / ".venvs" / f"torch-{v}" for v in ("2.6.0", "2.15.0")}
 
 
@@ -113,7 +113,8 @@ def test_building_from_source_without_node_says_what_to_do(tmp_path: Path) -> No
 _STEP = """
 import sys, torch, gradscope as gs
 from pathlib import Path
-from gradscope import widget, _native
+from gradscope import widget
+from gradscope._capture import native as _native
 torch.manual_seed(0)
 lin = torch.nn.Linear(8, 4)
 x = torch.randn(2, 8)
@@ -234,7 +235,7 @@ def _open_notebook(browser: Any, base: str, token: str, name: str, run: bool) ->
 @pytest.mark.browser
 @pytest.mark.skipif(not Path("/usr/bin/chromium").exists(), reason="needs /usr/bin/chromium")
 def test_a_saved_notebook_grows_by_its_data_and_opens_anywhere(wheel: Path, tmp_path: Path) -> None:
-    """NOTE [ the script once per environment ] in gradscope.widget, with a real JupyterLab and
+    """NOTE [ the script once per environment ] in gradscope._views.widget, with a real JupyterLab and
     Chromium, as pip alone leaves things: gradscope from the wheel in a fresh virtualenv, JupyterLab
     serving the bundle the wheel installed. A notebook with three widget outputs, saved with their
     state, holds their data and a loader of a few kilobytes each, not the 1.2 MB script each; opened

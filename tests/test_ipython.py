@@ -12,7 +12,7 @@ from IPython.core.error import UsageError
 from IPython.testing import globalipapp
 
 import gradscope as gs
-from gradscope import ipython as gsi
+from gradscope._notebook import ipython as gsi
 from gradscope.recording import format_bytes
 
 _MODEL = (
@@ -535,11 +535,11 @@ def test_an_oom_traceback_shows_the_users_frames_and_folds_the_rest(
         *lines[13:],
     ]
     assert re.fullmatch(r"Cell In\[\d+\], line 3", lines[1])
-    assert "site-packages" not in shown and "torch/nn" not in shown and "gradscope/_memory/tracker.py" not in shown
+    assert "site-packages" not in shown and "torch/nn" not in shown and "gradscope/_capture/memory/tracker.py" not in shown
     # the whole traceback is one command away
     ip.run_line_magic("gradscope", "tb")
     whole = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().out)
-    assert "torch/nn/modules/module.py" in whole and "gradscope/_memory/tracker.py" in whole
+    assert "torch/nn/modules/module.py" in whole and "gradscope/_capture/memory/tracker.py" in whole
     assert f"{helper}:7" in whole
     assert whole.rstrip().splitlines()[-1].startswith("MemoryBudgetExceeded: gradscope: simulated device out of memory")
     for name in ("xs", "run", "gs_user_helper"):
@@ -623,7 +623,7 @@ def test_a_gpt2_over_budget_in_a_real_kernel() -> None:
     assert len(tb) == 11
     assert not [line for line in tb if "site-packages" in line or "/torch/" in line or "transformers/" in line]
     # the widget shows as the cell starts (its loop chart grows while it runs: see NOTE [ a live loop ] in
-    # gradscope.widget), and is the partial recording's when the cell has failed
+    # gradscope._views.widget), and is the partial recording's when the cell has failed
     widget = [o for o in outs[2] if o.output_type == "display_data"]
     assert kinds[0] == "display_data" and len(widget) == 1
     assert "application/vnd.jupyter.widget-view+json" in widget[0].data

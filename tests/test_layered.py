@@ -1,4 +1,4 @@
-"""gradscope's own layered layout (NOTE [ a layered layout of our own ] in gradscope._layered) and
+"""gradscope's own layered layout (NOTE [ a layered layout of our own ] in gradscope._views.layered) and
 the network simplex under it: least costs against brute force, geometry checked on the output
 coordinates, and readability measured against Graphviz's dot on the same graphs."""
 
@@ -12,8 +12,8 @@ import pytest
 from _recordings import layered_recording
 from test_layout import _create_graph_recording, _tiny_transformer
 
-from gradscope._layered import NODE_SEP, RANK_SEP, layered
-from gradscope._simplex import network_simplex
+from gradscope._views.layered import NODE_SEP, RANK_SEP, layered
+from gradscope._views.simplex import network_simplex
 from gradscope.layout import layout_recording
 
 

@@ -1,5 +1,5 @@
 """The user's source lines of nodes, saved tensors and allocations (see NOTE [ where lines come from ]
-in gradscope._lines): checked against this file's own lines, found by their ``# L:name`` markers."""
+in gradscope._model.lines): checked against this file's own lines, found by their ``# L:name`` markers."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ import torch
 from torch import nn
 
 import gradscope as gs
-from gradscope import _native
-from gradscope._frames import is_folded_file
-from gradscope._lines import cell_of, node_lines
+from gradscope._base.frames import is_folded_file
+from gradscope._capture import native as _native
+from gradscope._model.lines import cell_of, node_lines
 from gradscope.recording import Recording, SourceLine
 from gradscope.widget import recording_payload
 

@@ -3,7 +3,7 @@ what a block over several iterations holds.
 
 Saved bytes are checked against a bare ``saved_tensors_hooks`` pack hook that keeps every storage
 it is given alive until the end, so that each storage is one object and no address names two (see
-NOTE [ a storage's identity in a block ] in gradscope.capture.saves); the objects handed back to
+NOTE [ a storage's identity in a block ] in gradscope._capture.saves); the objects handed back to
 the program against the program run without gradscope.
 """
 
@@ -20,8 +20,9 @@ from torch.autograd.graph import saved_tensors_hooks
 from torch.utils.checkpoint import checkpoint
 
 import gradscope as gs
-from gradscope import _iterations, _native
+from gradscope._capture import native as _native
 from gradscope._passes import UNSEEN_NODE
+from gradscope._passes import iterations as _iterations
 from gradscope.recording import format_bytes
 
 MODES = ["off", "cpu", "tracker"]
@@ -159,7 +160,7 @@ def test_one_object_saved_twice_is_checked_for_in_place_changes_per_save(pair: s
 
 
 # ----------------------------------------------------------------------------------------------
-# iterations (see NOTE [ iterations ] in gradscope._iterations)
+# iterations (see NOTE [ iterations ] in gradscope._passes.iterations)
 # ----------------------------------------------------------------------------------------------
 N_LONG = _iterations.HEAD + 2 * _iterations.KEEP_LAST + 4  # past the head: the loop is cut
 
@@ -337,7 +338,7 @@ def test_a_profiler_started_inside_a_long_loop_runs() -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# as the loop runs (see NOTE [ a live loop ] in gradscope.widget)
+# as the loop runs (see NOTE [ a live loop ] in gradscope._views.widget)
 # ----------------------------------------------------------------------------------------------
 def test_progress_lines_say_each_stretch_of_iterations(capsys: pytest.CaptureFixture[str]) -> None:
     """gs.record(progress=N): a line on stderr every N iterations, as the loop runs, with the last
@@ -409,7 +410,7 @@ def test_a_loop_without_optimizer_steps_is_cut_at_each_backward_once_it_is_known
     """word_language_model updates its parameters by hand: after CONFIRM backward passes with no
     optimizer step, each backward's end ends an iteration (before, they are taken back by a first
     optimizer step: see LoopTracking.ended), and past the head each iteration is a piece of its own."""
-    from gradscope.capture.loop import CONFIRM
+    from gradscope._capture.loop import CONFIRM
 
     lm = _loops.make_word_language_model("GRU")
     with gs.record(memory="tracker") as rec:
@@ -424,7 +425,7 @@ def test_a_loop_without_optimizer_steps_is_cut_at_each_backward_once_it_is_known
 def test_frees_after_an_iterations_end_are_kept_across_a_cut() -> None:
     """An AdamW loop frees memory after the optimizer step's end (the mark of an iteration) and before
     the cut: those frees belong to the next iteration (see NOTE [ what a piece leaves after its last
-    iteration ] in gradscope._iterations). Dropped, the tracker's memory at each iteration's end
+    iteration ] in gradscope._passes.iterations). Dropped, the tracker's memory at each iteration's end
     wandered and grew (and CUDA's samples grew by 1 KiB an iteration on a real GPU): every end here
     equals the first, and the loop is steady."""
     torch.manual_seed(0)

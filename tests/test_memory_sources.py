@@ -21,7 +21,7 @@ from conftest import OpLog, no_gradscope_left, profiler_peak
 from torch import nn
 
 import gradscope as gs
-from gradscope import _compat
+from gradscope._base import compat as _compat
 
 # ------------------------------------------------------------------ tensors made outside dispatch
 _ARRAY = np.arange(500, dtype=np.float32)

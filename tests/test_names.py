@@ -113,7 +113,7 @@ def test_note_pointers_name_the_module_that_holds_the_note() -> None:
                 continue
             name = m["name"]
             holders = _holders(defined, name)
-            if m["path"] is not None:  # ``in gradscope/_lines.py``, as C++ comments write it
+            if m["path"] is not None:  # ``in gradscope/_model/lines.py``, as C++ comments write it
                 target = _module_name(PKG.parent / m["path"])
             elif m["file"] is not None:  # ``in walk.cc``
                 target = m["file"]

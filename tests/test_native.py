@@ -1,5 +1,5 @@
 """gradscope's compiled saved-tensor hooks and graph walk (see NOTE [ compiled hooks ] and NOTE
-[ compiled walk ] in gradscope._native): the same rows, events, frees, graph rows and recordings as
+[ compiled walk ] in gradscope._capture.native): the same rows, events, frees, graph rows and recordings as
 the Python pair and walk, on the graphs users write; the build, its cache and its failure paths."""
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import torch
 from torch import nn
 
 import gradscope as gs
-from gradscope import _native
-from gradscope._trace import S_PTR, S_SEQ, S_SKEY, S_T
+from gradscope._base.trace import S_PTR, S_SEQ, S_SKEY, S_T
+from gradscope._capture import native as _native
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPILER = shutil.which("c++") or shutil.which("g++")
@@ -288,7 +288,7 @@ def test_compiled_walk_learns_as_the_python_walk_in_a_fresh_process(name: str, m
     """With nothing learnt yet (node classes, pack orders: as in a new process) the compiled walk
     hands each node it cannot read to the same Python code, and learns the same: the same rows
     on a first and a second block, and the same tables after them."""
-    rec_mod = importlib.import_module("gradscope.capture.discover")  # the learnt tables
+    rec_mod = importlib.import_module("gradscope._capture.discover")  # the learnt tables
     step = GRAPHS[name]
     tables = ("_TYPES", "_LISTS", "_ORDERS", "_ORDER_SEEN", "_NO_ORDER")
 
@@ -356,7 +356,7 @@ def test_compiled_module_hooks_write_the_python_hooks_calls(monkeypatch: pytest.
 
     def step() -> None:
         # (the block's own pre hook, behind gradscope's one global pair: NOTE [ one key for module hooks ])
-        used.append(type(importlib.import_module("gradscope.capture.modules")._MODULE_HOOKS[-1][0]).__name__)
+        used.append(type(importlib.import_module("gradscope._capture.modules")._MODULE_HOOKS[-1][0]).__name__)
         out = model(x)
         with pytest.raises(ValueError, match="mid-forward"):
             failing(x)
@@ -474,7 +474,7 @@ def _run(code: str, **env: str) -> subprocess.CompletedProcess[str]:
 
 RECORD_AND_SAY = """
     import torch, gradscope as gs
-    from gradscope import _native
+    from gradscope._capture import native as _native
     x = torch.randn(4, requires_grad=True)
     with gs.record(memory="off") as rec:
         x.exp().sum().backward()
@@ -502,10 +502,10 @@ def test_without_the_compiled_hooks_the_python_pair_records(tmp_path: Path) -> N
 def test_the_shared_state_has_one_definition() -> None:
     """NOTE [ one definition of the shared state ]: fields.h is fields.py's output, the compiled
     State has the Python _State's fields, and the Walker reads its one argument by those names."""
-    from gradscope._native import fields
+    from gradscope._capture.native import fields
 
     assert (Path(fields.__file__).with_name("fields.h")).read_text() == fields.render_header()
-    rec_mod = importlib.import_module("gradscope.capture.state")
+    rec_mod = importlib.import_module("gradscope._capture.state")
     native = _native.hooks()
     assert native is not None, _native.status()
     state = rec_mod._new_state(native)

@@ -23,7 +23,7 @@ from _snapshots import FakeAllocator, MiB, Oom, frames, snapshot, write
 from IPython.testing import globalipapp
 
 import gradscope as gs
-from gradscope._memory import cuda as memory_cuda
+from gradscope._capture.memory import cuda as memory_cuda
 
 CELL = "/tmp/ipykernel_4242/1234567.py"
 

@@ -18,8 +18,17 @@ from typing import Any
 import pytest
 
 from gradscope import _passes as P
-from gradscope._compat import ACC_SEQ
-from gradscope._trace import EV_FREED, EV_LIVE, EV_POST, EV_PRE, EV_UNPACK, BackwardRow, MemoryTrace, Trace
+from gradscope._base.compat import ACC_SEQ
+from gradscope._base.trace import (
+    EV_FREED,
+    EV_LIVE,
+    EV_POST,
+    EV_PRE,
+    EV_UNPACK,
+    BackwardRow,
+    MemoryTrace,
+    Trace,
+)
 from gradscope.errors import BudgetRefusal
 from gradscope.memory import AllocEvent, EvalScope, MemoryKind
 from gradscope.recording import Allocation, BackwardCall, Category, Edge, Kind, Phase

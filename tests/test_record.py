@@ -171,7 +171,7 @@ def test_learnt_pack_orders_name_saves_as_reading_every_node_does(monkeypatch: p
     gradients, the names must be those a read of every node's saved variables gives."""
     import importlib
 
-    rec_mod = importlib.import_module("gradscope.capture.discover")
+    rec_mod = importlib.import_module("gradscope._capture.discover")
 
     def run() -> list[tuple[str, str, tuple[int, ...]]]:
         torch.manual_seed(0)
@@ -212,11 +212,11 @@ def test_on_the_op_db_saves_belong_to_nodes_that_hold_them_and_learnt_names_equa
     import importlib
 
     pytest.importorskip("expecttest")
-    from gradscope import _compat
+    from gradscope._base import compat as _compat
 
     if not _compat.capabilities().saved_data:
         pytest.skip("this torch cannot show what a pack hook returned for a raw saved variable")
-    rec_mod = importlib.import_module("gradscope.capture.discover")
+    rec_mod = importlib.import_module("gradscope._capture.discover")
     cases = []
     for op in op_db_cases():
         if torch.float64 in op.supported_dtypes("cpu"):
@@ -741,7 +741,7 @@ def test_first_looks_from_two_threads_analyse_once(monkeypatch: pytest.MonkeyPat
     import threading
     import time
 
-    grec = importlib.import_module("gradscope.record")
+    grec = importlib.import_module("gradscope._capture.record")
     calls: list[int] = []
     real = grec.record._finalize
 
@@ -771,7 +771,7 @@ def test_the_profiler_clock_offset_comes_from_the_tightest_pair_of_readings() ->
     two readings are closest, at their midpoint."""
     from types import SimpleNamespace
 
-    from gradscope._memory import profiler as gmem
+    from gradscope._capture.memory import profiler as gmem
 
     def scope(k: int, start: int) -> Any:
         return SimpleNamespace(name=f"{gmem._CLOCK}{k}", start_time_ns=start)

@@ -1,4 +1,4 @@
-"""Deep graphs: see NOTE [ freeing deep graphs ] in gradscope._walk. A 200,000-node chain that a
+"""Deep graphs: see NOTE [ freeing deep graphs ] in gradscope._capture.walk. A 200,000-node chain that a
 recording walked is freed safely by ``gs.release``; dropping it the plain way crashes PyTorch (on a
 torch whose node objects persist), which is why the recording says so. Each case runs in its own
 process, so a crash fails the test rather than the suite."""
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import gradscope as gs
-from gradscope import _compat
+from gradscope._base import compat as _compat
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -26,18 +26,18 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.nn.modules import module as nn_module
 
 import gradscope as gs
-import gradscope._compat as gcompat
+import gradscope._base.compat as gcompat
 import gradscope._passes as gpasses
 import gradscope.memory as gmem
 
 # `gradscope.record` the attribute is the function; the module is reached through importlib.
-grec = importlib.import_module("gradscope.record")
-gpatches = importlib.import_module("gradscope.capture.patches")
-gdisc = importlib.import_module("gradscope.capture.discover")  # the recorder's learnt tables, graph discovery
-gsaves = importlib.import_module("gradscope.capture.saves")  # the recorder's parts (see gradscope.capture)
-gmods = importlib.import_module("gradscope.capture.modules")
-gheld = importlib.import_module("gradscope.capture.held")
-gengine = importlib.import_module("gradscope.capture.engine")
+grec = importlib.import_module("gradscope._capture.record")
+gpatches = importlib.import_module("gradscope._capture.patches")
+gdisc = importlib.import_module("gradscope._capture.discover")  # the recorder's learnt tables, graph discovery
+gsaves = importlib.import_module("gradscope._capture.saves")  # the recorder's parts (see gradscope._capture)
+gmods = importlib.import_module("gradscope._capture.modules")
+gheld = importlib.import_module("gradscope._capture.held_graphs")
+gengine = importlib.import_module("gradscope._capture.engine")
 
 # The originals, taken before any test records anything.
 _ORIGINAL = {
@@ -267,7 +267,7 @@ def _failing_counter(exc: type[BaseException]) -> Callable[..., Any]:
 #   "ok":        the user's code runs to the end with exact gradients; the fault is a note
 #   "gradscope": the block's code ran with exact gradients, then the exit raises GradscopeError
 #   "analysis":  the block ends normally; the first look at the recording raises GradscopeError
-#                (see NOTE [ analysis on first look ] in gradscope.record), later looks give an
+#                (see NOTE [ analysis on first look ] in gradscope._capture.record), later looks give an
 #                incomplete recording that says why
 #   "analysis_raises": the first look raises that exception; the next look analyses again
 #   "enter":     gs.record's __enter__ raises (nothing of the user's code ran)

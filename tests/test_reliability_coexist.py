@@ -19,7 +19,7 @@ from torch.func import functional_call, grad, jacrev, vmap
 from torch.utils.checkpoint import checkpoint
 
 import gradscope as gs
-from gradscope import _compat
+from gradscope._base import compat as _compat
 
 # Whether this torch shows who packed a saved variable (SavedTensor.unpack_hook, torch >= 2.9).
 _SEES_HOOKS = _compat.capabilities().saved_hook

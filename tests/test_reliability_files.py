@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 import gradscope as gs
-import gradscope._recording.files as grecording
-from gradscope import _views
+import gradscope._model.files as grecording
+from gradscope._base import registry as _views
 from gradscope.recording import Recording
 
 

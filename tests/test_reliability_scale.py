@@ -85,7 +85,7 @@ def test_deep_graph_records_in_linear_memory(memory: str, kib_per_node: int, tmp
     grown = _rss() - rss0
     r = rec.recording
     assert r.complete and "internal error" not in "\n".join(r.notes)
-    if gs._compat.capabilities().nodes_persist:  # see NOTE [ freeing deep graphs ] in gradscope._walk
+    if gs._base.compat.capabilities().nodes_persist:  # see NOTE [ freeing deep graphs ] in gradscope._capture.walk
         assert any("gs.release(result)" in n for n in r.notes)
     assert len(r.nodes) == nodes and len(r.steps) == nodes
     assert all(n.executed == 1 for n in r.nodes)
@@ -114,7 +114,7 @@ def _train(memory: str, max_events: int | None) -> gs.Recording:
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     data = torch.randn(60, 16, 32)
-    # keep="all": one timeline over the whole loop (see NOTE [ iterations ] in gradscope._iterations)
+    # keep="all": one timeline over the whole loop (see NOTE [ iterations ] in gradscope._passes.iterations)
     with gs.record(memory=memory, max_events=max_events, keep="all") as rec:
         for k, xb in enumerate(data):
             opt.zero_grad(set_to_none=True)

@@ -845,7 +845,7 @@ def _ranges_reference(ops: list[tuple[str, int, int, int, bool]]) -> list[list[i
 def test_reserved_ranges_match_a_plain_replay() -> None:
     """The allocator's reserved ranges (segments, pages mapped into expandable segments), kept
     sorted and cut by bisection, agree with a plain replay over random adds and removes."""
-    from gradscope._snapshot.replay import Ranges
+    from gradscope._analyses.snapshot.replay import Ranges
 
     rng = random.Random(7)
     for _ in range(200):

@@ -1,4 +1,4 @@
-"""A snapshot is its own type (NOTE [ a snapshot is its own type ] in gradscope._snapshot.data): its
+"""A snapshot is its own type (NOTE [ a snapshot is its own type ] in gradscope._analyses.snapshot.data): its
 data travels with the object, and nothing decides by the ``memory_source`` string."""
 
 from __future__ import annotations

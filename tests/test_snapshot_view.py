@@ -13,7 +13,7 @@ import pytest
 from _snapshots import FakeAllocator, MiB, Oom, frames, snapshot, training_snapshot
 
 import gradscope as gs
-from gradscope._snapshot.payload import SNAPSHOT_GROUPS
+from gradscope._views.snapshot_payload import SNAPSHOT_GROUPS
 from gradscope.snapshot import (
     allocation_role,
     bytes_by_line,

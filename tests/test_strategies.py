@@ -11,7 +11,7 @@ from conftest import count_packs, saved_tensors_hooks_active
 from torch import nn
 from torch.func import functional_call
 
-from gradscope import _compat
+from gradscope._base import compat as _compat
 from gradscope.errors import GradscopeError
 from gradscope.strategies import (
     JACOBIAN_METHODS,

@@ -12,9 +12,9 @@ from torch import nn
 from torch.autograd import forward_ad
 from torch.profiler import ProfilerActivity, profile
 
+from gradscope._analyses.strategies._tangents import frozen_operand_tangents
 from gradscope.errors import GradscopeError
 from gradscope.strategies import grad_of_input_grads, many_inputs_backward, mixed_grad
-from gradscope.strategies._tangents import frozen_operand_tangents
 
 
 def _cpu_peak(fn) -> int:
@@ -346,7 +346,7 @@ def test_two_pass_state_check_finds_modules_a_plain_function_runs():
 
 
 def test_state_snapshot_ignores_equal_values_and_sees_data_writes():
-    from gradscope.strategies._modules import StateSnapshot, with_submodules
+    from gradscope._analyses.strategies._modules import StateSnapshot, with_submodules
 
     bn = nn.BatchNorm1d(3)
     snap = StateSnapshot(with_submodules([("bn", bn)]))
@@ -563,7 +563,7 @@ class _FakeLeaf(_FakeNode):
 
 
 def test_branch_walk_holds_nodes_so_reused_ids_cannot_hide_leaves():
-    from gradscope.strategies.penalties import _walk_branch
+    from gradscope._analyses.strategies.penalties import _walk_branch
 
     edges: dict[str, list[str]] = {"penalty": [f"a{i}" for i in range(40)]}
     leaves: dict[str, torch.Tensor] = {}

@@ -10,8 +10,8 @@ import pytest
 from _recordings import tiny_recording
 
 import gradscope as gs
-from gradscope import _views
-from gradscope._views import ViewKind, render
+from gradscope._base import registry as _views
+from gradscope._base.registry import ViewKind, render
 from gradscope.html import recording_html
 from gradscope.report import summary_text
 from gradscope.snapshot import SnapshotRecording
@@ -36,7 +36,7 @@ def test_a_subclass_is_shown_by_its_base_and_a_snapshot_by_its_own_views() -> No
 def test_a_missing_view_names_the_type_and_the_kind() -> None:
     d = gs.diagnose(tiny_recording(), namespace={})
     assert str(d) == d.text() == render(ViewKind.TEXT, d)  # a result's text is its TEXT view
-    with pytest.raises(gs.GradscopeError, match=r"no dot view of gradscope\.diagnose\.report\.Diagnosis \(views "
+    with pytest.raises(gs.GradscopeError, match=r"no dot view of gradscope\.diagnose\.Diagnosis \(views "
                                                 r"exist for gradscope\.recording\.Recording\)"):
         render(ViewKind.DOT, d)
     with pytest.raises(gs.GradscopeError, match=r"no widget view of builtins\.int"):

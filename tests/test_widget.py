@@ -11,9 +11,9 @@ import torch
 from _recordings import HOSTILE, hostile_recording, layered_recording, tiny_recording
 
 import gradscope as gs
-import gradscope.widget as W
-from gradscope._series import downsample as _decimate
-from gradscope._views import ViewKind, register
+import gradscope._views.widget as W
+from gradscope._base.registry import ViewKind, register
+from gradscope._base.series import downsample as _decimate
 from gradscope.errors import GradscopeError
 from gradscope.widget import (
     ComparisonWidget,
@@ -170,7 +170,7 @@ def test_recording_widget_state_from_the_front_end():
 def test_a_live_widget_carries_the_bundle_only_while_its_cell_runs():
     """A widget shown as its cell starts (``RecordingWidget.live``) has the bundle in its state while
     the loop runs, since a busy kernel answers no request for it; stop() empties it, so a notebook
-    saved after the cell keeps the loader only (see NOTE [ a live loop's script ] in gradscope.widget)."""
+    saved after the cell keeps the loader only (see NOTE [ a live loop's script ] in gradscope._views.widget)."""
     model = torch.nn.Linear(4, 2)
     rec = gs.record(memory="off")
     with rec:

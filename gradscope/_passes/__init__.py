@@ -1,4 +1,4 @@
-"""Named, pure passes that turn a :class:`~gradscope._trace.Trace` into a :class:`Recording`.
+"""Named, pure passes that turn a :class:`~gradscope._base.trace.Trace` into a :class:`Recording`.
 
 Each pass reads the trace (and what earlier passes returned) and returns plain values; none of
 them touches torch, a hook or a live object, so each can be run on a trace written by hand (see
@@ -11,17 +11,19 @@ they make; each pass lives in the module of what it makes:
   pass created), ``orders``;
 - :mod:`gradscope._passes.module_paths`: ``modules``;
 - :mod:`gradscope._passes.saved_tensors`: ``saves``;
-- :mod:`gradscope._lines`: ``lines`` (each node's and save's user line);
+- :mod:`gradscope._model.lines`: ``lines`` (each node's and save's user line);
 - :mod:`gradscope._passes.allocations`: ``memory`` (allocation table, categories, timeline, peak);
 - :mod:`gradscope._passes.tables`: the node, saved-tensor and step tables, the baseline, ``held``
-  (what was alive at the peak or the failure, by :mod:`gradscope._held`);
+  (what was alive at the peak or the failure, by :mod:`gradscope._model.held_at_peak`);
 - :mod:`gradscope._passes.notes`: ``backward_calls``, ``notes``, ``collectives``,
   ``caught_budget``.
 """
 
 from __future__ import annotations
 
-from gradscope import _lines
+from gradscope._base.trace import N_KEY, N_SEQ, Trace
+from gradscope._model import lines as _lines
+from gradscope._model.recording import Recording
 from gradscope._passes.allocations import Memory, memory_pass
 from gradscope._passes.module_paths import leaf_name, modules_pass
 from gradscope._passes.nodes import (
@@ -53,8 +55,6 @@ from gradscope._passes.tables import (
     saved_table,
     step_table,
 )
-from gradscope._trace import N_KEY, N_SEQ, Trace
-from gradscope.recording import Recording
 
 __all__ = [
     "UNSEEN_NODE",
@@ -85,7 +85,7 @@ __all__ = [
 
 def build(trace: Trace, *, complete: bool = True, error: str | None = None) -> Recording:
     """Run every pass over ``trace``, in order, and assemble the :class:`Recording` (its big tables
-    handed over as columns: see NOTE [ tables are columns ] in :mod:`gradscope._recording.table`)."""
+    handed over as columns: see NOTE [ tables are columns ] in :mod:`gradscope._model.table`)."""
     mt = trace.memory_trace
     mt.resolve()
     graph = graph_pass(trace)

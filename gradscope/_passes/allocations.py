@@ -9,11 +9,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gradscope._passes.nodes import UNSEEN_NODE, Graph, call_path
-from gradscope._passes.saved_tensors import Saves
-from gradscope._passes.steps import Steps
-from gradscope._series import downsample
-from gradscope._trace import (
+from gradscope._base.series import downsample
+from gradscope._base.trace import (
     C_T0,
     C_T1,
     N_NAME,
@@ -23,7 +20,7 @@ from gradscope._trace import (
     S_T,
     Trace,
 )
-from gradscope.recording import (
+from gradscope._model.recording import (
     Allocation,
     Category,
     MemoryPoint,
@@ -31,6 +28,9 @@ from gradscope.recording import (
     Phase,
     Table,
 )
+from gradscope._passes.nodes import UNSEEN_NODE, Graph, call_path
+from gradscope._passes.saved_tensors import Saves
+from gradscope._passes.steps import Steps
 
 _CLOCK_SLACK_NS = 200_000  # the profiler's clock against time.time_ns(): see saves_to_allocations
 _REGION_MARGIN_NS = 20_000  # a marked region that began this long after a pack began after it
@@ -59,7 +59,7 @@ def memory_pass(trace: Trace, graph: Graph, prefixes: Sequence[str], steps: Step
     The memory source's events are read as columns: each event gets its step, phase, module and
     label, allocations are paired with their frees (by key), saves are matched with allocations
     and categories assigned; only then is the timeline built (see NOTE [ tables are columns ] in
-    :mod:`gradscope._recording.table`)."""
+    :mod:`gradscope._model.table`)."""
     mt = trace.memory_trace
     events = mt.events
     n = len(events)
@@ -74,7 +74,7 @@ def memory_pass(trace: Trace, graph: Graph, prefixes: Sequence[str], steps: Step
         bw_l, hint_l, line_l = _counter_context(trace, graph, node_line, t_l, seq_l)
     ev_step = _event_steps(trace, steps, scope_l, bw_l, stamp_l, t_l)
     # each event's line: in backward the running node's, else what the source saw (see NOTE [ where
-    # lines come from ] in gradscope._lines)
+    # lines come from ] in gradscope._model.lines)
     ev_line: list[int | None] = (
         [node_line[steps.node[st]] if st is not None else (ln if ln is not None and ln >= 0 else None)
          for st, ln in zip(ev_step, line_l, strict=True)] if node_line else [None] * n)
@@ -235,7 +235,7 @@ def _counter_context(trace: Trace, graph: Graph, node_line: Sequence[int | None]
     which carry our clock's time and the sequence counter: the backward pass each happened in (by
     time), ``"optimizer"`` inside an optimizer step, and a forward allocation's line, its node's
     (the node numbered one below the counter, as for a save: see NOTE [ which node saved a tensor ]
-    in gradscope.record)."""
+    in gradscope._capture.record)."""
     passes = sorted((b.t0_ns, b.t1_ns, i) for i, b in enumerate(trace.backwards) if b.observed)
     starts = [p[0] for p in passes]
     opt = sorted((o[1], o[2] or trace.t1_ns) for o in trace.optimizer_steps)

@@ -6,10 +6,7 @@ import bisect
 from collections.abc import Sequence
 from typing import Any
 
-from gradscope import _names
-from gradscope._passes.nodes import Graph, call_path
-from gradscope._passes.steps import Steps
-from gradscope._trace import (
+from gradscope._base.trace import (
     C_SEQ0,
     C_SEQ1,
     N_KEY,
@@ -17,6 +14,9 @@ from gradscope._trace import (
     N_SEQ,
     Trace,
 )
+from gradscope._model import names as _names
+from gradscope._passes.nodes import Graph, call_path
+from gradscope._passes.steps import Steps
 
 
 # ----------------------------------------------------------------------------------- modules

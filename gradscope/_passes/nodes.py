@@ -8,8 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gradscope import _names
-from gradscope._trace import (
+from gradscope._base.trace import (
     C_ROOT,
     N_KEY,
     N_NAME,
@@ -17,7 +16,8 @@ from gradscope._trace import (
     S_SEQ,
     Trace,
 )
-from gradscope.recording import (
+from gradscope._model import names as _names
+from gradscope._model.recording import (
     Edge,
     Table,
 )
@@ -128,7 +128,7 @@ def unseen_nodes_pass(trace: Trace, graph: Graph) -> int:
             continue
         moved = moves_get(seq)
         if moved is not None:
-            seq = moved[0]  # see NOTE [ saves packed under another number ] in gradscope.capture.discover
+            seq = moved[0]  # see NOTE [ saves packed under another number ] in gradscope._capture.discover
             if seq in by_seq:
                 continue
         missing[seq] = None
@@ -147,7 +147,7 @@ def unseen_nodes_pass(trace: Trace, graph: Graph) -> int:
 
 # ----------------------------------------------------------------------------------- naming
 def naming_pass(trace: Trace) -> list[str]:
-    """The name of each root module: see NOTE [ naming roots ] in :mod:`gradscope._names`."""
+    """The name of each root module: see NOTE [ naming roots ] in :mod:`gradscope._model.names`."""
     return _names.root_prefixes(trace.roots, trace.root_names, trace.modules_given)
 
 

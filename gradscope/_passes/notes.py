@@ -5,18 +5,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from gradscope import _compat
-from gradscope._passes.nodes import UNSEEN_NODE, Graph
-from gradscope._passes.saved_tensors import Saves
-from gradscope._passes.steps import Steps
-from gradscope._trace import (
+from gradscope._base import compat as _compat
+from gradscope._base.trace import (
     N_CUSTOM,
     N_NAME,
     Trace,
 )
-from gradscope.recording import (
+from gradscope._model.recording import (
     BackwardCall,
 )
+from gradscope._passes.nodes import UNSEEN_NODE, Graph
+from gradscope._passes.saved_tensors import Saves
+from gradscope._passes.steps import Steps
 
 _DEEP_GRAPH = 40_000  # nodes above which freeing may crash PyTorch: see NOTE [ freeing deep graphs ]
 # Backward formulas PyTorch picks differently under any Python dispatch mode (see tracker_note).
@@ -84,7 +84,7 @@ def notes_pass(trace: Trace, graph: Graph, saves: Saves, steps: Steps, unseen: i
         )
 
     if len(graph.rows) > _DEEP_GRAPH and trace.deep_graph_trap:
-        # See NOTE [ freeing deep graphs ] in gradscope._walk.
+        # See NOTE [ freeing deep graphs ] in gradscope._capture.walk.
         notes.append(
             f"{len(graph.rows)} nodes: this torch frees a graph that Python has walked recursively, and "
             "a chain this deep can overflow the stack (a crash) when its last tensor is dropped. Free "
@@ -155,7 +155,7 @@ def caught_budget_pass(trace: Trace) -> dict[str, Any]:
 def collectives_pass(trace: Trace) -> dict[str, Any]:
     """``extra["collectives"]``: the communication the memory source saw (a distributed job under
     the profiler source), one row per collective, seconds from the block's start like the
-    timeline (see NOTE [ collectives in a recording ] in :mod:`gradscope._memory.profiler`). Empty when
+    timeline (see NOTE [ collectives in a recording ] in :mod:`gradscope._capture.memory.profiler`). Empty when
     there was none."""
     rows = trace.memory_trace.collectives
     if not rows:

@@ -6,18 +6,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gradscope import _names
-from gradscope._passes.nodes import _INNER_NODE, Graph
-from gradscope._series import Interner
-from gradscope._trace import (
+from gradscope._base.series import Interner
+from gradscope._base.trace import (
     S_LEAFISH,
     S_SEQ,
     S_SKEY,
     Trace,
 )
-from gradscope.recording import (
+from gradscope._model import names as _names
+from gradscope._model.recording import (
     Kind,
 )
+from gradscope._passes.nodes import _INNER_NODE, Graph
 
 
 # ----------------------------------------------------------------------------------- saves
@@ -51,7 +51,7 @@ def _dtype(d: Any) -> str:
 
 def saves_pass(trace: Trace, graph: Graph, prefixes: Sequence[str]) -> Saves:
     """Each save attached to the node that saved it (see NOTE [ which node saved a tensor ] in
-    :mod:`gradscope.record`), with its attribute, its kind and its parameter name."""
+    :mod:`gradscope._capture.record`), with its attribute, its kind and its parameter name."""
     sids: list[int] = []
     nodes: list[int] = []
     attrs: list[str] = []
@@ -68,13 +68,13 @@ def saves_pass(trace: Trace, graph: Graph, prefixes: Sequence[str]) -> Saves:
     input_kind, activation = Kind.INPUT, Kind.ACTIVATION
     moves_get = trace.seq_moves.get
     # a storage's identity: its first save where the recorder gave one (see NOTE [ a storage's
-    # identity in a block ] in gradscope.capture.saves), else its key
+    # identity in a block ] in gradscope._capture.saves), else its key
     identity = trace.save_storage if len(trace.save_storage) == len(trace.saves) else None
     for sid, s in enumerate(trace.saves):
         seq = s[S_SEQ]
         node = by_seq_get(seq)
         attr = save_attr_get(sid)
-        if node is None:  # see NOTE [ saves packed under another number ] in gradscope.capture.discover
+        if node is None:  # see NOTE [ saves packed under another number ] in gradscope._capture.discover
             moved = moves_get(seq)
             if moved is None or (node := by_seq_get(moved[0])) is None:
                 continue
@@ -86,7 +86,7 @@ def saves_pass(trace: Trace, graph: Graph, prefixes: Sequence[str]) -> Saves:
         sids.append(sid)
         nodes.append(node)
         attr = attr or seq_attr_get(seq)
-        if attr is None and seq in seq_order:  # see NOTE [ pack order ] in gradscope.capture.discover
+        if attr is None and seq in seq_order:  # see NOTE [ pack order ] in gradscope._capture.discover
             k = position.get(seq, 0)
             position[seq] = k + 1
             order = seq_order[seq]

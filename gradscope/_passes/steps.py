@@ -9,9 +9,8 @@ import heapq
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gradscope import _compat
-from gradscope._passes.nodes import Graph
-from gradscope._trace import (
+from gradscope._base import compat as _compat
+from gradscope._base.trace import (
     EV_LIVE,
     EV_POST,
     EV_PRE,
@@ -22,6 +21,7 @@ from gradscope._trace import (
     BackwardRow,
     Trace,
 )
+from gradscope._passes.nodes import Graph
 
 
 # ----------------------------------------------------------------------------------- steps
@@ -53,7 +53,7 @@ class Steps:
 def steps_pass(trace: Trace, graph: Graph) -> Steps:
     """Backward steps in engine order, from the trace's step events or, with the profiler as
     memory source, from its node scopes (see NOTE [ how steps are seen ] in
-    :mod:`gradscope.record`).
+    :mod:`gradscope._capture.record`).
 
     NOTE [ a backward that raised ]: a call into the engine that raises (an error of the engine's
     own, a custom Function's backward or a hook that raises, an out-of-memory, a budget crossed)
@@ -166,7 +166,7 @@ def engine_order(graph: Graph, b: BackwardRow) -> list[int]:
     NOTE [ steps nobody saw ]: with ``memory="off"`` a step is seen when its node unpacks a save
     of ours (or, for the few nodes hooked, its pre hook runs); a node that saves nothing runs
     unseen, since hooking every such node would cost as much as the op (see NOTE [ how steps are
-    seen ] in :mod:`gradscope.record`). Its step is given back from the engine's own rule: the
+    seen ] in :mod:`gradscope._capture.record`). Its step is given back from the engine's own rule: the
     nodes a pass runs are those reachable from its roots (with ``inputs=``, those on a path to
     an input; an input itself runs only for ``backward``, which accumulates into it), each runs
     once every node pointing at it has run, and among ready nodes the engine's queue runs the

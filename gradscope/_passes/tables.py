@@ -7,13 +7,7 @@ import socket
 from collections.abc import Sequence
 from typing import Any
 
-from gradscope import _held
-from gradscope._passes.allocations import _CLOCK_SLACK_NS, Memory
-from gradscope._passes.module_paths import leaf_name
-from gradscope._passes.nodes import Graph
-from gradscope._passes.saved_tensors import Saves, _dtype
-from gradscope._passes.steps import Steps
-from gradscope._trace import (
+from gradscope._base.trace import (
     N_KEY,
     N_LEAF,
     N_LEAF_SHAPE,
@@ -24,7 +18,8 @@ from gradscope._trace import (
     S_T,
     Trace,
 )
-from gradscope.recording import (
+from gradscope._model import held_at_peak as _held
+from gradscope._model.recording import (
     HeldMemory,
     Kind,
     Node,
@@ -34,6 +29,11 @@ from gradscope.recording import (
     Table,
     Where,
 )
+from gradscope._passes.allocations import _CLOCK_SLACK_NS, Memory
+from gradscope._passes.module_paths import leaf_name
+from gradscope._passes.nodes import Graph
+from gradscope._passes.saved_tensors import Saves, _dtype
+from gradscope._passes.steps import Steps
 
 _DEVICE: dict[Any, str] = {}
 
@@ -148,7 +148,7 @@ def oom_pass(trace: Trace) -> OomInfo | None:
 
 def held_pass(trace: Trace, nodes: Table[Node], step_rows: Table[Step], saved: Table[SavedTensor], saves: Saves,
               mem: Memory) -> HeldMemory | None:
-    """What was alive at the peak or the failure (:func:`gradscope._held.held_pass` over the
+    """What was alive at the peak or the failure (:func:`gradscope._model.held_at_peak.held_pass` over the
     allocation table, each allocation with the first save it holds); None without allocations."""
     mt = trace.memory_trace
     if mt.key_kind == "none" or not len(mem.allocations):

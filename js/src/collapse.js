@@ -1,7 +1,7 @@
 // Collapse by module: which boxes are drawn and where, given the set of expanded modules.
 // Pure functions over the layout Python computed (gradscope.layout); no DOM.
 //
-// Boxes nest (see NOTE [ nested folding ] in gradscope/layout.py): a box's content holds its own
+// Boxes nest (see NOTE [ nested folding ] in gradscope/_views/layout.py): a box's content holds its own
 // nodes and its child boxes, laid out in Python relative to the content's top-left corner. A
 // collapsed module is one box. Expanding it replaces the box by a frame holding its content and
 // pushes the rest of its parent's content aside: everything below the box moves down by the
@@ -9,7 +9,7 @@
 // top to bottom, innermost contents first, so an open box inside an open box grows its parent.
 
 const GAP = 20;
-const PAD = 24; // room between a frame's border and its content (gradscope.layout._INNER_PAD)
+const PAD = 24; // room between a frame's border and its content (gradscope._views.layout._INNER_PAD)
 export const AUTO_OPEN_MAX = 14; // the first view opens modules while it shows at most this many boxes
 
 function structure(graph) {

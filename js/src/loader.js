@@ -2,7 +2,7 @@
 // bundle, widget.js) once per page, so that a saved notebook keeps each widget's data, not the script:
 // from the Jupyter server, else from a live widget's own state, else from the kernel, else a notice and
 // the figures the widget's data holds.
-// See NOTE [ the script once per environment ] in gradscope/widget.py.
+// See NOTE [ the script once per environment ] in gradscope/_views/widget.py.
 
 const BUNDLE = "__GRADSCOPE_BUNDLE__"; // widget-<id>.js, set by gradscope.widget
 const KERNEL_WAIT_MS = 20000; // a kernel answers once idle: after this, the notice says none did
@@ -46,7 +46,7 @@ async function importText(text, via) {
 }
 
 // A widget shown as its cell starts carries the bundle while the cell runs (the kernel, busy, would
-// not answer a request): see NOTE [ a live loop's script ] in gradscope/widget.py.
+// not answer a request): see NOTE [ a live loop's script ] in gradscope/_views/widget.py.
 async function fromState(model) {
   const text = model.get("_gs_inline");
   return text ? importText(text, "state") : null;

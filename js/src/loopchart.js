@@ -1,4 +1,4 @@
-// A loop's memory per iteration (see NOTE [ iterations ] in gradscope/_iterations.py): each
+// A loop's memory per iteration (see NOTE [ iterations ] in gradscope/_passes/iterations.py): each
 // iteration's peak and the memory alive at its end, iteration by iteration. Drawn in SVG (no Plotly:
 // while a cell runs it is redrawn on every update, about twice a second), at most a few thousand
 // points (the data arrive thinned, peaks kept). Rows arrive as columns; -1 is "not measured".

@@ -1,4 +1,4 @@
-// A CUDA memory snapshot's payload (gradscope._snapshot.payload.snapshot_payload), decoded, and
+// A CUDA memory snapshot's payload (gradscope._views.snapshot_payload.snapshot_payload), decoded, and
 // the questions its view asks about one moment. Pure: no DOM, no Plotly.
 
 /** "/home/u/proj/train.py" -> "train.py" ("pkg/__init__.py" keeps its folder), like Python's _short_file. */
