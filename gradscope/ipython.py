@@ -6,13 +6,8 @@ This module is a face: each name below is defined in the module it is imported f
 
 from __future__ import annotations
 
-from gradscope._notebook.ipython import (
-    RECORDING_NAME,
-    GradscopeMagics,
-    last_diagnosis,
-    load_ipython_extension,
-    unload_ipython_extension,
-)
+from gradscope._notebook.cells import RECORDING_NAME, last_diagnosis
+from gradscope._notebook.ipython import GradscopeMagics, load_ipython_extension, unload_ipython_extension
 
 __all__ = [
     "RECORDING_NAME",

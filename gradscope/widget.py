@@ -6,11 +6,22 @@ This module is a face: each name below is defined in the module it is imported f
 
 from __future__ import annotations
 
-from gradscope._views.widget import (
+from gradscope._views.payloads import (
     LIVE_INTERVAL_S,
     MAX_ITERATION_POINTS,
     MAX_TIMELINE_POINTS,
     PAYLOAD_VERSION,
+    comparison_payload,
+    is_snapshot,
+    iterations_columns,
+    job_payload,
+    loop_payload,
+    payload_json,
+    payload_of,
+    recording_payload,
+    snapshot_payload,
+)
+from gradscope._views.widget import (
     ComparisonWidget,
     JobWidget,
     RecordingWidget,
@@ -19,18 +30,9 @@ from gradscope._views.widget import (
     bundle_name,
     bundle_path,
     bundle_text,
-    comparison_payload,
-    is_snapshot,
-    iterations_columns,
-    job_payload,
     loader_text,
-    loop_payload,
     mimebundle,
-    payload_json,
-    payload_of,
-    recording_payload,
     show,
-    snapshot_payload,
 )
 
 __all__ = [

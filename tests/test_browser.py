@@ -1197,7 +1197,7 @@ def test_a_cell_over_budget_in_jupyterlab_shows_diagnosis_trimmed_traceback_and_
         assert "frames in" in t and "torch" in t  # the library frames folded into one line
         assert "out = model(input_ids=ids, labels=ids)" in t  # the cell's own line
         # the traceback names the cell by the number JupyterLab shows for it (NOTE [ the recorded cell
-        # keeps its number ] in gradscope._notebook.ipython): "Cell In[2]" beside the prompt [2]
+        # keeps its number ] in gradscope._notebook.cells): "Cell In[2]" beside the prompt [2]
         shown = re.search(r"\[(\d+)\]", cell.locator(".jp-InputArea-prompt").inner_text())
         assert shown is not None and re.findall(r"Cell In\[(\d+)\]", t) == [shown.group(1)], t
         assert "site-packages/transformers" not in t and "site-packages/torch" not in t

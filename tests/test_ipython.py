@@ -12,6 +12,7 @@ from IPython.core.error import UsageError
 from IPython.testing import globalipapp
 
 import gradscope as gs
+from gradscope._notebook import cells as gsc
 from gradscope._notebook import ipython as gsi
 from gradscope.recording import format_bytes
 
@@ -114,7 +115,7 @@ def test_cell_magic_shows_the_recording(ip: Any, capsys: Any) -> None:
 
 
 def test_cell_magic_budget_failure_is_recorded_and_diagnosed(ip: Any, capsys: Any) -> None:
-    resident = gsi._resident_cpu_bytes(ip.user_ns)
+    resident = gsc._resident_cpu_bytes(ip.user_ns)
     assert resident >= 644  # the model's parameters, and whatever tensors other tests left
     res = ip.run_cell(
         "%%gradscope --budget 2KiB -o r --no-widget\nxs = [model(torch.randn(64, 8)) for i in range(10)]\n"
@@ -148,9 +149,9 @@ def test_a_budget_smaller_than_the_variables_says_the_least_budget_in_one_line(i
     assert model_bytes == 4 * (8 * 16 + 16 + 16 + 1)
     ip.user_ns["big"] = torch.zeros(3 * 1024 * 1024 // 4)
     try:
-        total = gsi._resident_cpu_bytes(ip.user_ns)
-        assert gsi._resident_by_variable(ip.user_ns)["big"] == 3 * 1024 * 1024
-        assert gsi._resident_by_variable(ip.user_ns)["model"] == model_bytes
+        total = gsc._resident_cpu_bytes(ip.user_ns)
+        assert gsc._resident_by_variable(ip.user_ns)["big"] == 3 * 1024 * 1024
+        assert gsc._resident_by_variable(ip.user_ns)["model"] == model_bytes
         with pytest.raises(UsageError) as e:
             ip.run_cell_magic("gradscope", "--budget 2MiB", "x = 1\n")
         msg = str(e.value)
@@ -181,7 +182,7 @@ def test_a_budget_smaller_than_the_variables_says_the_least_budget_in_one_line(i
         for name in ("big", "x", "y"):
             ip.user_ns.pop(name, None)
     with pytest.raises(UsageError, match=r"budget cannot run this cell: .*\(model \d"):
-        ip.run_cell_magic("gradscope", f"--budget {gsi._resident_cpu_bytes(ip.user_ns)}", "x = 1\n")
+        ip.run_cell_magic("gradscope", f"--budget {gsc._resident_cpu_bytes(ip.user_ns)}", "x = 1\n")
 
 
 def test_the_oom_watch_takes_cell_only_too(ip: Any, capsys: Any) -> None:
@@ -362,7 +363,7 @@ def test_resident_bytes_count_each_storage_once() -> None:
     opt = torch.optim.SGD(lin.parameters(), lr=0.1, momentum=0.9)
     opt.step()  # one momentum buffer per parameter: 80 bytes
     ns = {"lin": lin, "xs": [t, t.view(4, 4)], "d": {"a": t}, "opt": opt, "_hidden": torch.ones(1000)}
-    assert gsi._resident_cpu_bytes(ns) == 80 + 80 + 64 + 80
+    assert gsc._resident_cpu_bytes(ns) == 80 + 80 + 64 + 80
 
 
 # ----- friction: the diagnosis first, the recording named, units, no warnings of ours --------------

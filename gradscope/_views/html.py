@@ -20,13 +20,8 @@ from gradscope._base.registry import ViewKind, register
 from gradscope._model.job import Job
 from gradscope._model.recording import Recording
 from gradscope._views.job_page import fragment_html
-from gradscope._views.widget import (
-    bundle_text,
-    comparison_payload,
-    job_payload,
-    recording_payload,
-    snapshot_payload,
-)
+from gradscope._views.payloads import comparison_payload, job_payload, recording_payload, snapshot_payload
+from gradscope._views.widget import bundle_text
 
 __all__ = ["comparison_html", "document", "job_page_html", "page_html", "recording_html", "snapshot_html"]
 

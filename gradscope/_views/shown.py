@@ -4,7 +4,7 @@ result finds its views whichever of its methods is called first.
 
 Each module below registers the views it defines, beside their code: text (:mod:`gradscope.report`,
 :mod:`gradscope._views.diagnosis_text`, :mod:`gradscope._views.snapshot_text`, :mod:`gradscope._views.job_text`), pages
-(:mod:`gradscope.html`), payloads and widgets (:mod:`gradscope.widget`), the graphviz graph
+(:mod:`gradscope.html`), payloads (:mod:`gradscope._views.payloads`) and widgets (:mod:`gradscope._views.widget`), the graphviz graph
 (:mod:`gradscope.report`).
 
 Example:
@@ -17,11 +17,11 @@ Example:
 from __future__ import annotations
 
 from gradscope._views import diagnosis_text as _diagnosis_text
-from gradscope._views import html, widget
+from gradscope._views import html, payloads, widget
 from gradscope._views import job_text as _job_text
 from gradscope._views import recording_text as report
 from gradscope._views import snapshot_text as _snapshot_text
 
 __all__: list[str] = []
 
-REGISTERING = (report, html, widget, _snapshot_text, _diagnosis_text, _job_text)
+REGISTERING = (report, html, payloads, widget, _snapshot_text, _diagnosis_text, _job_text)
