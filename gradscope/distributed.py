@@ -6,7 +6,8 @@ This module is a face: each name below is defined in the module it is imported f
 
 from __future__ import annotations
 
-from gradscope._analyses.distributed import JobPrediction, RankPrediction, gather, predict_job
+from gradscope._analyses.gather import gather
+from gradscope._analyses.predict_job import JobPrediction, RankPrediction, predict_job
 
 __all__ = [
     "JobPrediction",
