@@ -188,7 +188,7 @@ def test_a_budget_refusal_is_one_value(requested: int, live: int, budget: int, w
 def test_the_trackers_refusal_reaches_the_diagnosis_unchanged() -> None:
     """The refusal the tracker made is the caught exception's, the recording's and the diagnosis's:
     a 64x64 float32 product is 16384 bytes; the second one crosses a 20000-byte budget."""
-    from gradscope._analyses.diagnose.facts import caught_oom
+    from gradscope._analyses.diagnose.moment import caught_oom
     from gradscope.errors import BudgetRefusal
 
     x = torch.randn(64, 64)

@@ -8,6 +8,14 @@ imports plain functions from here. Where a capability is missing, :func:`capabil
 and the recorder writes a note about what it could not see (see :data:`MISSING_NOTES`); no figure
 silently changes.
 
+NOTE [ PyTorch's private APIs in one module ]: this module is longer than the others (about 880
+lines) and stays one piece on purpose: it is a flat list of small wrappers (most under 20 lines),
+one section per part of PyTorch, with no state of its own beyond cached probes; kept whole, one
+file answers "what does gradscope rely on that PyTorch may change" (tests/test_imports.py checks
+that no other module touches a private name), and a new PyTorch release is checked by reading it
+top to bottom. Splitting it by section would spread that answer over several files for no
+separation of concerns (each section is already its own concern, a few wrappers long).
+
 NOTE [ supported range ]: torch 2.6 through the newest release. Measured gaps inside it:
 ``SavedTensor.unpack_hook`` and ``SavedTensor.data`` are absent on 2.8 and older,
 ``_top_saved_tensors_default_hooks`` on 2.6, ``TorchDispatchMode.ignore_compile_internals`` on

@@ -96,6 +96,13 @@ def _type_info(fn: Any) -> tuple[str, tuple[tuple[str, str], ...], bool, str | N
     return info
 
 
+# NOTE [ graph discovery is one piece ]: GraphDiscovery is longer than a class should be (about 450
+# lines) and stays one piece: the walk, the naming of each node's saves and the hooks on nodes all
+# read and fill the same per-block tables (the saves packed per node, the nodes hooked, the leaves'
+# hooks and variables), and the compiled walk (NOTE [ compiled walk ] in gradscope._capture.native) is handed those tables and
+# this class's ``_name_node``, ``_hook`` and ``_leaf_row`` as its callbacks: the Python walk and
+# the compiled one do the same steps on the same tables. Split, the tables would be passed among
+# several objects on every node of every walk.
 class GraphDiscovery:
     """The recorder's graph walk (Python's, or the compiled walk, made here and shared through
     the block) and what it learns of the block's nodes."""
@@ -111,7 +118,7 @@ class GraphDiscovery:
         self.leaf_hooks: dict[int, Any] = {}  # see NOTE [ AccumulateGrad nodes come and go ]
         self.acc_vars: dict[int, weakref.ref[torch.Tensor]] = {}  # AccumulateGrad node -> weak ref to its leaf
         tr = b.trace
-        b.walker = None if b.native is None else b.native.Walker(  # see NOTE [ compiled walk ]
+        b.walker = None if b.native is None else b.native.Walker(  # see NOTE [ compiled walk ] in gradscope._capture.native
             WalkerTables(index=tr.node_index, nodes=tr.nodes, edge_keys=tr.edge_keys, edge_dst=tr.edge_dst,
                          packed=self.packed_seqs, seq_attr=tr.seq_attr, seq_order=tr.seq_order,
                          hooked=self.hooked, leaf_hooks=self.leaf_hooks, type_info=_type_info,

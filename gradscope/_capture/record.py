@@ -111,6 +111,14 @@ from gradscope._passes import iterations as _iterations
 
 __all__ = ["compiled_saves", "record", "release"]
 
+# NOTE [ the recorder is one piece ]: ``record`` is longer than a class should be (about 510 lines)
+# and stays one piece: its parts are already apart (saved-tensor hooks, module tracking, graph
+# discovery, engine interception, what a block leaves held: gradscope._capture's modules, each given
+# the Block), and what is left here is what must mirror itself in one place: ``_install`` puts each
+# hook in its place (the saved-tensor hooks' top, the module hooks' entry, the engine's route),
+# ``_uninstall`` takes each out in the reverse order whatever failed, and a long loop's ``_cut``
+# replaces each in the same place between two pieces; ``_finalize`` turns what they leave into a
+# Recording. Split, the three lists of the same places would live in different files.
 class record:  # noqa: N801 - as torch.no_grad
     """Record the autograd graph, saved tensors, backward steps and memory of a block.
 

@@ -23,6 +23,11 @@ from gradscope._base.trace import (
 from gradscope._capture.state import Block, _note_internal
 
 
+# NOTE [ the saved-tensor hooks are one piece ]: SavedTensors is longer than a class should be
+# (about 355 lines), most of it ``_make_pack``: the pack/unpack pair runs for every saved tensor, so
+# it is built once per block as closures over locals bound there (the trace's lists, the state, the
+# source's callbacks), and the helpers that must see the same locals (``trim``, ``sweep``, the frees
+# checked) are made beside it. Split, each call of pack would go through attribute lookups again.
 class SavedTensors:
     """The recorder's saved-tensor hooks: the pair (``pack``, ``unpack``, made once per block),
     what unpacking reads, the frees checked, and the regions where other hooks saved."""

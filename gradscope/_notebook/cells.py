@@ -241,7 +241,7 @@ def _resident_cpu_bytes(ns: dict[str, Any]) -> int:
 
 def _resident_by_variable(ns: dict[str, Any]) -> dict[str, int]:
     """:func:`_resident_cpu_bytes` by variable (see NOTE [ one budget ] in gradscope._analyses.diagnose.measure)."""
-    from gradscope._analyses.diagnose.facts import resident_by_variable
+    from gradscope._analyses.diagnose.moment import resident_by_variable
 
     return resident_by_variable(ns)
 

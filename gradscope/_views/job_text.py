@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import re
 
-from gradscope._analyses.predict_job import JobPrediction
 from gradscope._analyses.jobs import JobDiagnosis, JobView, job_view
+from gradscope._analyses.predict_job import JobPrediction
 from gradscope._base.registry import ViewKind, register
 from gradscope._model.figures import BASELINE, MODULE_SAVED, PEAK, SAVED_ALL
 from gradscope._model.job import Job, RankStatus

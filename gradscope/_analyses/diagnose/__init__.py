@@ -5,9 +5,9 @@ The recording says what was live then (see NOTE [ what is live at the failing mo
 made; forward results nobody saved. The user's namespace (by default the caller's variables; the
 notebook passes its user namespace) adds what only the live objects know: which variable holds
 this recording's graphs, which optimizer owns which state, which models still require grad
-outside an optimizer (models are matched by identity, see NOTE [ modules by identity ]). All
-recorder data is read through one accessor (see NOTE [ one accessor for what the recording
-held ]). Every finding is one fix with what it saves (see NOTE [ findings are measured fixes ]).
+outside an optimizer (models are matched by identity, see NOTE [ modules by identity ] in
+``gradscope._analyses.diagnose.facts``). All recorder data is read through one accessor (see NOTE [ one
+accessor for what the recording held ] in ``gradscope._analyses.diagnose.moment``). Every finding is one fix with what it saves (see NOTE [ findings are measured fixes ]).
 Patterns found:
 
 - ``differentiated_cut``: a tensor cut out of the graph by an in-place update under no_grad (the
@@ -62,14 +62,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from gradscope._analyses.diagnose.facts import (
-    MIN_SAVING,
-    Context,
-    IndexedRecording,
-    held_order,
-    resident_by_variable,
-)
+from gradscope._analyses.diagnose.facts import Context, held_order
 from gradscope._analyses.diagnose.fixes import REGISTRY, inplace_cut
+from gradscope._analyses.diagnose.indexed import MIN_SAVING, IndexedRecording
 from gradscope._analyses.diagnose.measure import (
     COMPARED_PLAIN,
     RUN_LIMIT_FACTOR,
@@ -79,6 +74,7 @@ from gradscope._analyses.diagnose.measure import (
     quiet_logging,
     worth_showing,
 )
+from gradscope._analyses.diagnose.moment import resident_by_variable
 from gradscope._analyses.diagnose.report import Diagnosis, Finding, GraphHolder, LiveTensor
 from gradscope._analyses.diagnose.step import compose, shape_of
 from gradscope._analyses.diagnose.toolbox import TOOLBOX

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from gradscope._analyses.diagnose.facts import MIN_SAVING
+from gradscope._analyses.diagnose.indexed import MIN_SAVING
 from gradscope._analyses.diagnose.step import free_names, statements
 from gradscope._base import compat as _compat
 from gradscope._base.errors import MemoryBudgetExceeded

@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import torch
 
-from gradscope._analyses.diagnose.facts import Context, replay
+from gradscope._analyses.diagnose.facts import Context
+from gradscope._analyses.diagnose.indexed import replay
 from gradscope._analyses.diagnose.report import Finding, GraphHolder
 from gradscope._analyses.diagnose.step import without_retain_graph
 from gradscope._model.recording import Category
