@@ -94,12 +94,13 @@ def _variant(name: str) -> Any:
     from gradscope._capture import native as _native
 
     measure = importlib.import_module("gradscope._analyses.diagnose.measure")
+    copies = importlib.import_module("gradscope._analyses.diagnose.copies")
     saved = (_native.counter, measure.Bench.measure, measure.Bench.least)
-    before = (measure._containers_ahead, _compat.largest_differences, measure._results, measure.Bench.run)
+    before = (copies._containers_ahead, _compat.largest_differences, measure._results, measure.Bench.run)
     try:
         if name != "diagnosis":  # copies by deepcopy alone, results cloned and compared a tensor at a time,
             # micro-batches compared with dropout on first
-            measure._containers_ahead = lambda objs, memo: None
+            copies._containers_ahead = lambda objs, memo: None
             _compat.largest_differences = lambda xs, ys: None  # type: ignore[assignment]
             measure._results = lambda env, names, clone=True: before[2](env, names)
 
@@ -123,7 +124,7 @@ def _variant(name: str) -> Any:
         yield
     finally:
         _native.counter, measure.Bench.measure, measure.Bench.least = saved
-        measure._containers_ahead, _compat.largest_differences, measure._results, measure.Bench.run = before
+        copies._containers_ahead, _compat.largest_differences, measure._results, measure.Bench.run = before
 
 
 VARIANTS = ("tracker", "allocator", "before", "diagnosis")

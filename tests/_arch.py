@@ -239,7 +239,7 @@ def counted_as_the_diagnosis() -> str:
     """The ``gs.record`` memory source that counts what the diagnosis counts on CPU copies: where the
     compiled hooks are in use, the CPU allocator's bytes (the diagnosis's counter of the allocator's reports; here the
     same reports through the profiler, ``memory="cpu"``: the kernels' own buffers too), else
-    the tracker (see NOTE [ the CPU allocator counts a run ] in gradscope._analyses.diagnose.measure)."""
+    the tracker (see NOTE [ the CPU allocator counts a run ] in gradscope._analyses.diagnose.counts)."""
     from gradscope._capture import native as _native
 
     return "cpu" if os.environ.get("GRADSCOPE_NATIVE") != "0" and _native.counter() is not None else "tracker"

@@ -1,6 +1,6 @@
 """The counter of the CPU allocator's bytes that measures the diagnosis's runs of a step on copies (a run's
 count of NOTE [ the allocator's counter ] in gradscope/_capture/native/hooks.cc, NOTE [ the CPU allocator counts a run ]
-in gradscope._analyses.diagnose.measure): its count against the allocator's reports as a recording with ``memory="cpu"``
+in gradscope._analyses.diagnose.counts): its count against the allocator's reports as a recording with ``memory="cpu"``
 reads them and the budget's (the tracker's) on steps users write; nothing of it left in the thread's profiler
 slot after a run that raised; what a fix that fits as it counts does under the budget; the diagnosis with it
 and without it; and the bound that spares a fix its run (NOTE [ runs a fix needs ])."""

@@ -129,7 +129,7 @@ def test_graphs_kept_in_a_list_are_found_for_a_model_that_is_not_copied(monkeypa
     the peak of every graph at once."""
     import importlib
 
-    measure = importlib.import_module("gradscope._analyses.diagnose.measure")
+    measure = importlib.import_module("gradscope._analyses.diagnose.proxies")
     monkeypatch.setattr(measure, "MAX_COPY_BYTES", 0)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 10))

@@ -640,7 +640,7 @@ def test_a_block_that_ran_out_is_run_again_only_up_to_a_bound() -> None:
     on copies would go on for all 1,000 iterations (1.5 GB here; 20 GB and past ten minutes for a larger
     model before this bound). The
     runs of copies stop at 16 times the block's budget, at least 256 MiB (see NOTE [ a bound on runs of copies ] in
-    gradscope._analyses.diagnose.measure): the diagnosis ends, says so, and still names the list."""
+    gradscope._analyses.diagnose.counts): the diagnosis ends, says so, and still names the list."""
     measure = importlib.import_module("gradscope._analyses.diagnose.measure")
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 512), nn.GELU(), nn.Linear(512, 10))
@@ -682,7 +682,7 @@ class _Tied(nn.Module):
 
 def test_a_replica_is_what_deepcopy_makes_of_the_objects() -> None:
     """The copies the diagnosis runs fixes on (see NOTE [ a module's containers copied ahead ] in
-    gradscope._analyses.diagnose.measure) against ``copy.deepcopy`` of the same objects: the same modules with the same
+    gradscope._analyses.diagnose.copies) against ``copy.deepcopy`` of the same objects: the same modules with the same
     attributes, tied weights tied, hooks kept, the same results and optimizer steps, gradients copied too,
     nothing shared with the user's objects."""
     measure = importlib.import_module("gradscope._analyses.diagnose.measure")
@@ -723,11 +723,11 @@ def test_a_replica_is_what_deepcopy_makes_of_the_objects() -> None:
 
 @pytest.mark.parametrize("foreach", [True, False], ids=["foreach", "one_at_a_time"])
 def test_a_results_difference_is_the_largest_relative_one(foreach: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A result's difference (``_difference`` in gradscope._analyses.diagnose.measure) against one worked out in float64
+    """A result's difference (``_difference`` in gradscope._analyses.diagnose.copies) against one worked out in float64
     tensor by tensor here, with PyTorch's foreach operators and without them: each tensor's largest difference
     relative to its largest value, parameters scaled (NOTE [ parameters after an optimizer's step ]), NaN and inf
     the same only at the same places, integers equal or not."""
-    measure = importlib.import_module("gradscope._analyses.diagnose.measure")
+    measure = importlib.import_module("gradscope._analyses.diagnose.copies")
     if not foreach:
         monkeypatch.setattr(measure._compat, "largest_differences", lambda xs, ys: None)
     torch.manual_seed(0)

@@ -12,7 +12,7 @@ the diagnosis of that block must then hold on the program itself:
 - its results equal the user's step's where the finding says they were compared: both from a fresh set-up
   (the same random state), with dropout off in both where the finding says so; gradients, buffers and
   optimizer state at 1e-4 relative to each tensor's largest value, parameters at 1e-3 (NOTE [ parameters
-  after an optimizer's step ] in gradscope._analyses.diagnose.measure), or the finding's own tolerance.
+  after an optimizer's step ] in gradscope._analyses.diagnose.copies), or the finding's own tolerance.
 
 A library that is not installed skips its program by name (CI installs them on the pinned torch, see
 ``./dev``). timm imports torchvision, which does not import beside a CPU build of torch: a stand-in that
@@ -33,7 +33,8 @@ import pytest
 import torch
 
 import gradscope as gs
-from gradscope._analyses.diagnose.measure import COMPARED_OFF, NOT_COMPARED, PARAMETER_TOLERANCE
+from gradscope._analyses.diagnose.copies import PARAMETER_TOLERANCE
+from gradscope._analyses.diagnose.measure import COMPARED_OFF, NOT_COMPARED
 
 PROGRAMS = Path(__file__).resolve().parent / "programs"
 _NEEDS = {"timm_vit": "timm", "diffusion_ddpm": "diffusers", "peft_lora": "peft", "pyg_gcn": "torch_geometric",

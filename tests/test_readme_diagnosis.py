@@ -38,7 +38,7 @@ def _blocks() -> tuple[str, list[str]]:
 def _mask(line: str, counted: bool = True) -> str:
     """Time factors masked; where the tracker counted the runs (no compiled hooks), the exact bytes of a
     saving too: the page's are those of the counting CPU allocator, which also sees checkpointing's saved
-    random states (5 KB; see NOTE [ the CPU allocator counts a run ] in gradscope._analyses.diagnose.measure)."""
+    random states (5 KB; see NOTE [ the CPU allocator counts a run ] in gradscope._analyses.diagnose.counts)."""
     line = re.sub(r"time x\d+\.\d+", "time x?", line)
     return line if counted else re.sub(r"of the peak \(\d+ bytes\)", "of the peak (? bytes)", line)
 

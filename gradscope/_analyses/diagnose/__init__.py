@@ -62,18 +62,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from gradscope._analyses.diagnose.copies import quiet_logging
+from gradscope._analyses.diagnose.counts import RUN_LIMIT_FACTOR, RUN_LIMIT_FLOOR
 from gradscope._analyses.diagnose.facts import Context, held_order
 from gradscope._analyses.diagnose.fixes import REGISTRY, inplace_cut
 from gradscope._analyses.diagnose.indexed import MIN_SAVING, IndexedRecording
-from gradscope._analyses.diagnose.measure import (
-    COMPARED_PLAIN,
-    RUN_LIMIT_FACTOR,
-    RUN_LIMIT_FLOOR,
-    Bench,
-    Room,
-    quiet_logging,
-    worth_showing,
-)
+from gradscope._analyses.diagnose.measure import COMPARED_PLAIN, Bench, Room, worth_showing
 from gradscope._analyses.diagnose.moment import resident_by_variable
 from gradscope._analyses.diagnose.report import Diagnosis, Finding, GraphHolder, LiveTensor
 from gradscope._analyses.diagnose.step import compose, shape_of
@@ -310,7 +304,7 @@ def _run(self: Context) -> Diagnosis:
 # model with batch-norm statistics is checkpointed only with its statistics kept exact.
 def _run_limit(ctx: Context, source: str) -> int | None:
     """The most a run of a copy may hold before it is stopped, for a block with a loop that ran out of
-    memory (see NOTE [ a bound on runs of copies ] in gradscope._analyses.diagnose.measure); None otherwise."""
+    memory (see NOTE [ a bound on runs of copies ] in gradscope._analyses.diagnose.counts); None otherwise."""
     rec = ctx.rec
     if rec.oom is None and "out of memory" not in (rec.error or "").lower():
         return None

@@ -3,14 +3,8 @@
 from __future__ import annotations
 
 import builtins
-import collections
 import contextlib
-import copy
 import dataclasses
-import logging
-import math
-import random
-import sys
 import time
 import types
 import warnings
@@ -21,134 +15,37 @@ from typing import Any
 import torch
 from torch import nn
 
+from gradscope._analyses.diagnose.copies import (
+    _TOLERANCE,
+    _closure_objects,
+    _compare,
+    _global_reads,
+    _passed_as_is,
+    _Rebuilt,
+    _replica,
+    _results,
+    quiet_logging,
+    resident_bytes,
+)
+from gradscope._analyses.diagnose.counts import (
+    RUN_LIMIT_FACTOR,
+    RUN_LIMIT_FLOOR,
+    _AllocatorCount,
+    _counter,
+    _RandomState,
+    _TrackerCount,
+)
 from gradscope._analyses.diagnose.indexed import MIN_SAVING
 from gradscope._analyses.diagnose.step import free_names, statements
-from gradscope._base import compat as _compat
 from gradscope._base.errors import MemoryBudgetExceeded
 from gradscope._model.recording import format_bytes
 
-# NOTE [ measuring a strategy's own peak ]: a fix that runs the model another way (forward AD,
-# two passes, micro-batches, an unrolled inner loop) has a peak of its own, which the replay of the
-# user's timeline cannot know. It is measured by running that way on a copy of the user's model
-# (``copy.deepcopy``: the user's parameters, batch-norm statistics and gradients are never touched;
-# the RNG is forked) with zero inputs of the recorded shapes, under ``gs.record(memory="cpu")``.
-# Where the model is not on the CPU (or too large to copy) it is predicted on the meta device
-# with ``gs.predict`` instead. The strategy's loss is a stand-in (a sum of squares) of the same
-# shape: its cost is small next to the model's. None when it cannot run (the finding is then not
-# given: a saving that is not known is not claimed).
-MAX_COPY_BYTES = 256 * 1024 * 1024
-
-
-def proxy_peak(proxy: Any, model: nn.Module, *args: Any) -> int | None:
-    if proxy is None:
-        return None
-    from gradscope._analyses.predict.predictor import predict
-    from gradscope._capture.record import record
-
-    params = list(model.parameters())
-    size = sum(p.numel() * p.element_size() for p in params)
-    on_cpu = all(p.device.type == "cpu" for p in params)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            if on_cpu and size <= MAX_COPY_BYTES:
-                twin = copy.deepcopy(model)
-                for p in twin.parameters():
-                    p.grad = None
-                with torch.random.fork_rng(devices=[]):
-                    r = record(memory="cpu")
-                    with r:
-                        proxy(twin, *args)
-                measured = r.recording
-                return None if measured is None else int(measured.peak_bytes)
-            return int(predict(proxy, model, *args, device="cpu").peak_bytes)
-    except Exception:  # a stand-in that does not fit the user's model: no claim
-        return None
-
-
-def mixed_grad_proxy(z_shape: tuple[int, ...], y_shape: tuple[int, ...]) -> Any:
-    from gradscope._analyses.strategies import mixed_grad
-
-    def run(model: nn.Module) -> None:
-        dev = next(iter(model.parameters())).device
-        z = torch.zeros(z_shape, device=dev)
-        y = torch.zeros(y_shape, device=dev, requires_grad=True)
-
-        def f(y: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-            n = min(g.numel(), y.numel())
-            return (g.tanh().reshape(-1)[:n] * y.reshape(-1)[:n]).sum()
-
-        mixed_grad(f, model, z, y, method="forward_ad")
-
-    return run
-
-
-def jacobian_proxy(n_in: int, method: str) -> Any:
-    from gradscope._analyses.strategies import jacobian
-
-    def run(model: nn.Module) -> None:
-        dev = next(iter(model.parameters())).device
-        jacobian(lambda v: model(v.view(1, -1)).view(-1), torch.zeros(n_in, device=dev), method=method)
-
-    return run
-
-
-def _device_of(model: nn.Module) -> torch.device:
-    return next((p.device for p in model.parameters()), torch.device("cpu"))
-
-
-def micro_batch_proxy(xs: Any, n: int) -> Any:
-    def run(model: nn.Module) -> None:
-        dev = _device_of(model)  # the stand-in inputs go where the model is (meta under predict; a GPU)
-        for x in xs:
-            (model(x.to(dev)).float().square().mean() / n).backward()
-
-    return run if isinstance(xs, list | tuple) and xs and all(isinstance(x, torch.Tensor) for x in xs) else None
-
-
-def two_pass_proxy(xs: Any, n: int) -> Any:
-    from gradscope._analyses.strategies import many_inputs_backward
-
-    def run(model: nn.Module) -> None:
-        dev = _device_of(model)
-        many_inputs_backward(model, [x.to(dev) for x in xs], lambda zs: zs.float().square().mean(), method="two_pass")
-
-    return run if isinstance(xs, list | tuple) and xs and all(isinstance(x, torch.Tensor) for x in xs) else None
-
-
-def hypergradient_proxy(a_shape: tuple[int, ...], x_shape: tuple[int, ...], steps: int) -> Any:
-    from torch.func import functional_call
-
-    from gradscope._analyses.strategies import hypergradient
-
-    def run(model: nn.Module) -> None:
-        dev = next(iter(model.parameters())).device
-        A = torch.zeros(a_shape, device=dev, requires_grad=True)  # noqa: N806
-        x = torch.zeros(x_shape, device=dev)
-
-        def train_loss(p: dict[str, torch.Tensor]) -> torch.Tensor:
-            out = functional_call(model, p, (x,)).square()
-            if out.shape[0] == A.numel():
-                return (A.reshape(-1) * out.reshape(out.shape[0], -1).sum(-1)).mean()
-            return out.mean() * A.sum()
-
-        def val_loss(p: dict[str, torch.Tensor]) -> torch.Tensor:
-            return functional_call(model, p, (x,)).square().mean()
-
-        hypergradient(model, A, train_loss, val_loss, steps=steps, optimizer="sgd", lr=0.1)
-
-    return run
-
-
-
-
-# ----------------------------------------------------------------------------------------------
 # NOTE [ nothing shown that was not run ]: a fix's code is shown only after it ran here, verbatim,
 # on copies of the user's objects as the user runs them: the modules' train/eval state as it is,
 # dropout on where the user has it on. Its memory is measured on meta copies (see NOTE [ counted as
 # a budget counts ] in gradscope._analyses.predict.predictor: no data, the tracker's exact bytes, cheap next to a real
 # run), or by runs of a CPU copy (see NOTE [ meta or a CPU copy ] and NOTE [ the CPU allocator counts a
-# run ]) where the step is small or meta cannot run it (code that reads values, ``.item()``; autocast,
+# run ] in gradscope._analyses.diagnose.counts) where the step is small or meta cannot run it (code that reads values, ``.item()``; autocast,
 # which casts only real tensors). Only a fix that is worth showing by its memory then runs for real,
 # once, on a copy of the user's objects at full size (on CPU copies, the run that measured it), next to
 # the user's own step (the block's source, see ``gradscope._base.source``) on another copy from the same
@@ -156,7 +53,6 @@ def hypergradient_proxy(a_shape: tuple[int, ...], x_shape: tuple[int, ...], step
 # buffers (batch-norm statistics) and optimizer state must agree; variables that differ are named in
 # the finding. The saving shown is the user's step's peak minus the fix's, both measured the same
 # way from the objects as they are when the diagnosis runs.
-_TOLERANCE = 1e-4  # largest relative difference of a result counted as equal (float32 reordering)
 # NOTE [ two runs of a step ]: a step's memory is measured twice in a row on the same copies: the
 # first run from the state the block started with, the next with what the first left (optimizer
 # state, gradients, the variables that still hold the last step's output). A peak counts the tensors
@@ -168,7 +64,7 @@ _TOLERANCE = 1e-4  # largest relative difference of a result counted as equal (f
 RUNS = 2
 # NOTE [ meta or a CPU copy ]: meta counts a run's bytes exactly as the tracker counts them (see NOTE
 # [ counted as a budget counts ] in gradscope._analyses.predict.predictor), a CPU copy at least as many (see NOTE [ the CPU
-# allocator counts a run ]). On meta no kernel computes, but every operator still passes the tracker
+# allocator counts a run ] in gradscope._analyses.diagnose.counts). On meta no kernel computes, but every operator still passes the tracker
 # and PyTorch's meta implementations (many in Python): for a step whose objects are small, a real run
 # of a CPU copy costs less (GPT-2 with 2 layers of 64: 3x less under the tracker, 30x less counted by the
 # allocator), and its first run is also the run its results are compared from. So a step whose
@@ -181,15 +77,6 @@ SMALL_STEP_ALLOCATED = 256 * 1024 * 1024
 # code meta cannot count as a real run does: autocast casts only real tensors, and forward AD's zero
 # tangents stay empty under a dispatch mode (see the limits of gs.predict); it runs on CPU copies
 _NOT_ON_META = ("autocast", "forward_ad", "jvp", "jacfwd", "input_grad", "mixed_grad")
-# NOTE [ parameters after an optimizer's step ]: Adam's first step moves each element by about the
-# learning rate whatever its gradient's size (m / sqrt(v)), so an element whose gradient is near
-# epsilon turns a rounding difference of 1e-7 into a move of a few percent of the learning rate; and
-# it would not see a gradient scaled by two at all. Gradients, optimizer state and buffers are
-# compared at 1e-4 (relative to each tensor's largest value); parameters, which the step moved, at
-# 1e-3. A finding's ``tolerance`` says when a fix needs more (autocast).
-PARAMETER_TOLERANCE = 1e-3
-_PARAM = "#parameter"
-_GRAPH = " (with its graph)"
 # NOTE [ results where randomness allows ]: the user's step and a fix run from the same random state
 # (the user's own, as it is when the diagnosis runs; theirs is put back afterwards). A fix that draws
 # the same random numbers in the same order (checkpointing replays dropout's masks; autocast; the
@@ -305,7 +192,7 @@ class Room:
 # checkpointing run twice each, the user's step twice, and micro-batches' results compared with dropout
 # off take two runs: eight runs of the step in all, each of them one that something shown needs (their
 # memory on CPU copies: see NOTE [ meta or a CPU copy ]): 9 of the 10.9 step-times of a profiled
-# diagnosis; the copies of the objects (see NOTE [ a module's containers copied ahead ]), the results
+# diagnosis; the copies of the objects (see NOTE [ a module's containers copied ahead ] in gradscope._analyses.diagnose.copies), the results
 # and their comparisons most of the rest.
 def worth_showing(user: Trial, peak: int, room: Room | None, fits: bool) -> bool:
     """Whether a fix whose first run holds ``peak`` at once is shown next to the user's step, ``fits``
@@ -339,10 +226,18 @@ class _Real:
     seconds: float
     drew: bool
     # timed under the tracker (a first run that measured memory too: 3x a plain run); one the allocator's
-    # counter counted times as a plain run does (see NOTE [ the CPU allocator counts a run ])
+    # counter counted times as a plain run does (see NOTE [ the CPU allocator counts a run ] in gradscope._analyses.diagnose.counts)
     tracked: bool = False
 
 
+# NOTE [ the bench is one piece ]: Bench is longer than a class should be (about 470 lines) and stays
+# one piece: it holds the state every run of a diagnosis shares (the copies made as the block
+# started, the user's step measured once, the fixes whose variables are kept for their next run,
+# the random state every run starts from, the count of runs made) and decides run by run what the
+# next one must be (NOTE [ runs a fix needs ]): a fix's memory, its results against the user's, its
+# next run, each only where what came before allows it. What a run needs and is not that state
+# lives beside it: the copies and the comparison in gradscope._analyses.diagnose.copies, the counting
+# and the bound in gradscope._analyses.diagnose.counts. Split, each run would hand that state over.
 class Bench:
     """The user's step and namespace, and the copies fixes run on (see NOTE [ nothing shown that
     was not run ])."""
@@ -352,7 +247,7 @@ class Bench:
                  progress: Any = None, step_allocated: int = 0,
                  room: Callable[[Trial], Room | None] | None = None, limit: int | None = None) -> None:
         self.source = source
-        self.limit = limit  # see NOTE [ a bound on runs of copies ]
+        self.limit = limit  # see NOTE [ a bound on runs of copies ] in gradscope._analyses.diagnose.counts
         self.ns = namespace
         self.device = device
         # NOTE [ copies start as the block started ]: the objects are copied as they are when the
@@ -402,7 +297,7 @@ class Bench:
     def _split(self, code: str) -> tuple[dict[str, Any], dict[str, Any]]:
         """(objects to copy, objects passed as they are: Python modules, functions, classes,
         numbers). Objects a function of the user's holds in its closure are copied too, under
-        names no code can spell (see NOTE [ the user's functions as they are ]). Worked out once
+        names no code can spell (see NOTE [ the user's functions as they are ] in gradscope._analyses.diagnose.copies). Worked out once
         per code."""
         if code not in self._splits:
             self._splits[code] = self._split_now(code)
@@ -438,7 +333,7 @@ class Bench:
     # ----- memory -------------------------------------------------------------------------------
     def measure(self, code: str, setup: str = "", *, least: int | None = None) -> Trial:
         """The code's memory on copies (see NOTE [ nothing shown that was not run ]): on meta where it
-        runs there, else by runs of a CPU copy (see NOTE [ the CPU allocator counts a run ]). Measured
+        runs there, else by runs of a CPU copy (see NOTE [ the CPU allocator counts a run ] in gradscope._analyses.diagnose.counts). Measured
         once per code: a fix's first run (:meth:`complete` runs its next, :meth:`settled` compares its
         results first; see NOTE [ runs a fix needs ]). ``least``: the least its first run holds at once
         (:meth:`least`); where that keeps it from being shown, it is not run (``Trial.bound``)."""
@@ -464,7 +359,7 @@ class Bench:
         return self._measured[key]
 
     def _over_limit(self, e: MemoryBudgetExceeded) -> str:
-        """What a run stopped by the bound says (see NOTE [ a bound on runs of copies ]), or the
+        """What a run stopped by the bound says (see NOTE [ a bound on runs of copies ] in gradscope._analyses.diagnose.counts), or the
         user's own budget's message where no bound was set."""
         if self.limit is None:
             return f"{type(e).__name__}: {e}"
@@ -628,7 +523,7 @@ class Bench:
         is counted the same way. A step that starts PyTorch's profiler is counted by the tracker: the
         profiler needs the thread's profiler slot, where the allocator's counter sits while it counts."""
         if not self.counted_by:
-            bounded = "profil" in self.source or self.limit is not None  # see NOTE [ a bound on runs of copies ]
+            bounded = "profil" in self.source or self.limit is not None  # see NOTE [ a bound on runs of copies ] in gradscope._analyses.diagnose.counts
             self.counted_by = "tracker" if bounded else _counter(self.device).name
         if self.counted_by == "allocator":
             return _AllocatorCount()
@@ -658,7 +553,7 @@ class Bench:
     def _on_cpu(self, code: str, setup: str) -> Trial:
         """The code's memory by runs of a CPU copy (code meta cannot run, or a small step), counted
         by the CPU allocator where the compiled hooks are in use, else by the tracker (see NOTE [ the
-        CPU allocator counts a run ]). Its first run is also the real run its results are compared
+        CPU allocator counts a run ] in gradscope._analyses.diagnose.counts). Its first run is also the real run its results are compared
         from."""
         copied, kept = self._split(setup + code)
         with self._quiet():
@@ -810,527 +705,3 @@ class Bench:
         with warnings.catch_warnings(), quiet_logging():
             warnings.simplefilter("ignore")
             yield
-
-
-# NOTE [ the CPU allocator counts a run ]: a run of a CPU copy counts its memory with the allocator's
-# counter of the compiled hooks where they are in use (the CPU allocator's own reports of each
-# allocation and free, a run's count: see NOTE [ the allocator's counter ] in hooks.cc), else with the
-# tracker (gradscope.memory.TrackerSource, the budget's own count). The tracker passes every operator
-# through Python (about 40 us each on top of the operator: a run of the docs' GPT-2 step under it
-# takes 3.2 times the plain step); the allocator's reports cost a lookup (1.05 to 1.2 times). Both
-# count a run's own allocations only (``_most_above``; the counter in C++), and the allocator counts
-# every byte the tracker counts: each storage an operator makes is one of the allocator's
-# allocations, from its allocation to its free. It counts more, never less: the kernels' own
-# temporaries (CPU convolution's work buffers; the 0-d tensor PyTorch wraps a Python number in),
-# the allocations of the threads the step's thread hands its work to (autograd's), and storages the
-# tracker skips, where they hold bytes. So a fix
-# whose runs fit as the allocator counts them fits as the budget counts them, and the bytes shown are
-# at least those the budget counts (48 B more on the docs' GPT-2 step; tests/test_diagnose.py compares
-# the two on steps with convolutions, optimizers and tensors made from Python data). The one way the
-# tracker counts more is a storage it sees freed late: one held at the end only by a tensor made
-# outside the dispatcher (autograd's unpacked saves) is counted until the next sweep, which the
-# recorder does at each backward step; that lateness makes the budget stricter, never a fix's count.
-# NOTE [ a bound on runs of copies ]: a block that ran out of memory may have been on its way to
-# far more: a loop appending every step's loss (and graph) to a list stops at the budget or the
-# device, and its step run again on a copy, with nothing to stop it, runs every iteration the loop
-# has (1,000 iterations of a small MLP kept 20 GB on the CPU and ran past ten minutes). So the runs
-# of copies of such a block are counted by the tracker with a budget of RUN_LIMIT_FACTOR times the
-# block's peak or its budget, whichever is more (at least RUN_LIMIT_FLOOR): a run that goes over it
-# stops there, as a run that failed on the copies (nothing shown from it); the allocator's counter
-# counts but cannot stop a run. Only a step with a loop (a for or while statement) is bounded: a step
-# without one holds, run again, what it held, once (the docs' GPT-2 step keeps the allocator's faster
-# count). The bound is generous because the user's whole step must run for its
-# results to be compared with a fix's: a step that failed at its tenth iteration of a hundred needs
-# ten times the budget (tests/test_diagnose.py's gradient penalty through a frozen G).
-RUN_LIMIT_FACTOR = 16
-RUN_LIMIT_FLOOR = 256 << 20
-
-
-class _TrackerCount:
-    """A run's own allocations as the tracker counts them (on meta, or where the compiled hooks are
-    not in use)."""
-
-    name = "tracker"
-
-    def __init__(self, device_type: str, limit: int | None = None) -> None:
-        from gradscope._capture.memory.tracker import TrackerSource
-
-        self.source = TrackerSource(device_type, limit)  # see NOTE [ a bound on runs of copies ]
-        self.first = 0
-
-    def start(self) -> None:
-        self.source.start()
-
-    def begin(self) -> None:
-        self.source.sweep()
-        self.first = len(self.source.events)
-
-    def most(self) -> int:
-        """The most the current run's own allocations held at once so far."""
-        self.source.sweep()
-        return _most_above(self.source.events[self.first:])
-
-    def stop(self) -> None:
-        self.source.stop()
-
-
-class _AllocatorCount:
-    """A run's own allocations as the CPU allocator reports them, counted by the allocator's counter
-    of the compiled hooks (see NOTE [ the CPU allocator counts a run ]): a new one per start."""
-
-    name = "allocator"
-
-    def __init__(self) -> None:
-        self.counter: Any = None
-
-    def start(self) -> None:
-        from gradscope._capture import native as _native
-
-        self.counter = _native.counter(run=True)
-        self.counter.start()
-
-    def begin(self) -> None:
-        self.counter.restart()
-
-    def most(self) -> int:
-        return int(self.counter.read()[1])
-
-    def stop(self) -> None:
-        counter, self.counter = self.counter, None
-        if counter is not None:
-            counter.stop()
-
-
-def _counter(device: str) -> _TrackerCount | _AllocatorCount:
-    """What counts a run of a copy on ``device`` (``"cpu"``: the allocator's counter where the compiled
-    hooks are in use, else the tracker)."""
-    if device == "cpu":
-        from gradscope._capture import native as _native
-
-        if _native.counter(run=True) is not None:
-            return _AllocatorCount()
-    return _TrackerCount(device if device == "cpu" else "cuda")
-
-
-def _most_above(events: Any) -> int:
-    """The most bytes a run of tracker events had allocated at once: its own allocations alive.
-    Frees of what was allocated before it are not counted, as a budget run of the step does not
-    see them (its tracker starts with the step)."""
-    live = most = 0
-    mine: set[int] = set()
-    for e in events:
-        if e.size > 0:
-            mine.add(e.key)
-        elif e.key not in mine:
-            continue
-        live += e.size
-        most = max(most, live)
-    return most
-
-
-class _RandomState:
-    """The random generators' states (PyTorch's CPU and CUDA ones, Python's ``random``, numpy's
-    where it is loaded): every run on copies starts from the same ones, and the user's are put
-    back after it (a diagnosis draws nothing from the user's program's streams)."""
-
-    def __init__(self, cpu: torch.Tensor, cuda: list[torch.Tensor] | None, py: Any, np_state: Any) -> None:
-        self.cpu, self.cuda, self.py, self.np = cpu, cuda, py, np_state
-
-    @staticmethod
-    def now() -> _RandomState:
-        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
-        np = sys.modules.get("numpy")
-        return _RandomState(torch.get_rng_state(), cuda, random.getstate(),
-                            np.random.get_state() if np is not None else None)
-
-    @contextlib.contextmanager
-    def used(self) -> Any:
-        outside = _RandomState.now()
-        self._set()
-        try:
-            yield
-        finally:
-            outside._set()
-
-    def _set(self) -> None:
-        torch.set_rng_state(self.cpu)
-        if self.cuda is not None:
-            torch.cuda.set_rng_state_all(self.cuda)
-        random.setstate(self.py)
-        np = sys.modules.get("numpy")
-        if np is not None and self.np is not None:
-            np.random.set_state(self.np)
-
-
-# NOTE [ the user's functions as they are ]: a step calls the user's functions (``train_step``,
-# ``inner_loss``) that read the user's objects through their module's globals or their closure; on
-# the copies they must read the copies. Only such a function is rebuilt: its code, defaults,
-# keyword-only defaults (``__kwdefaults__``), attributes and name kept, its globals a copy of its
-# module's with the copies in, each closure cell that holds one of the user's objects (or such a
-# function) a new cell holding its copy. Every other function, a library's above all
-# (``torch.func.functional_call``), is passed as it is.
-def _passed_as_is(v: Any) -> bool:
-    return isinstance(v, types.ModuleType | types.FunctionType | types.BuiltinFunctionType | type | int
-                      | float | str | bool | bytes | torch.dtype | torch.device) or v is None
-
-
-def _code_names(code: types.CodeType) -> set[str]:
-    names = set(code.co_names)
-    for c in code.co_consts:
-        if isinstance(c, types.CodeType):
-            names |= _code_names(c)
-    return names
-
-
-def _global_reads(f: types.FunctionType, seen: set[int] | None = None) -> set[str]:
-    """Names ``f`` reads from its globals, and those the functions it reads there read from theirs."""
-    seen = seen if seen is not None else set()
-    if id(f) in seen:
-        return set()
-    seen.add(id(f))
-    names = _code_names(f.__code__) & set(f.__globals__)
-    out = set(names)
-    for n in names:
-        g = f.__globals__.get(n)
-        if isinstance(g, types.FunctionType) and g.__globals__ is f.__globals__:
-            out |= _global_reads(g, seen)
-    return out
-
-
-def _closure_objects(f: types.FunctionType, seen: set[int] | None = None) -> list[Any]:
-    """The objects ``f``'s closure cells hold (and those of the functions there), in order."""
-    seen = seen if seen is not None else set()
-    if id(f) in seen:
-        return []
-    seen.add(id(f))
-    out: list[Any] = []
-    for cell in f.__closure__ or ():
-        try:
-            v = cell.cell_contents
-        except ValueError:  # an empty cell
-            continue
-        if isinstance(v, types.FunctionType):
-            out += _closure_objects(v, seen)
-        else:
-            out.append(v)
-    for n in _code_names(f.__code__) & set(f.__globals__):
-        g = f.__globals__.get(n)
-        if isinstance(g, types.FunctionType) and g.__globals__ is f.__globals__:
-            out += _closure_objects(g, seen)
-    return out
-
-
-class _Rebuilt:
-    """The user's functions rebuilt to read the copies (see NOTE [ the user's functions as they are ])."""
-
-    def __init__(self, twins: Mapping[int, Any]) -> None:
-        self.twins = twins  # id(the user's object) -> its copy
-        self.done: dict[int, types.FunctionType] = {}
-        self.globals: dict[int, dict[str, Any]] = {}
-
-    def needs(self, f: types.FunctionType, seen: set[int] | None = None) -> bool:
-        seen = seen if seen is not None else set()
-        if id(f) in seen:
-            return False
-        seen.add(id(f))
-        g = f.__globals__
-        for n in _code_names(f.__code__) & set(g):
-            v = g[n]
-            if id(v) in self.twins or (isinstance(v, types.FunctionType) and self.needs(v, seen)):
-                return True
-        for cell in f.__closure__ or ():
-            try:
-                v = cell.cell_contents
-            except ValueError:
-                continue
-            if id(v) in self.twins or (isinstance(v, types.FunctionType) and self.needs(v, seen)):
-                return True
-        return False
-
-    def function(self, f: types.FunctionType) -> types.FunctionType:
-        if id(f) in self.done:
-            return self.done[id(f)]
-        if not self.needs(f):
-            return f
-        g = self.globals.get(id(f.__globals__))
-        if g is None:
-            g = dict(f.__globals__)
-            self.globals[id(f.__globals__)] = g
-            for n, v in list(g.items()):
-                if id(v) in self.twins:
-                    g[n] = self.twins[id(v)]
-        closure = None
-        if f.__closure__ is not None:
-            closure = tuple(self._cell(c) for c in f.__closure__)
-        new = types.FunctionType(f.__code__, g, f.__name__, f.__defaults__, closure)
-        self.done[id(f)] = new
-        new.__kwdefaults__ = dict(f.__kwdefaults__) if f.__kwdefaults__ is not None else None
-        new.__qualname__ = f.__qualname__
-        new.__module__ = f.__module__
-        new.__doc__ = f.__doc__
-        new.__annotations__ = dict(getattr(f, "__annotations__", {}) or {})
-        new.__dict__.update(f.__dict__)
-        for n, v in list(g.items()):  # the functions of that module that read the copies
-            if isinstance(v, types.FunctionType) and v.__globals__ is f.__globals__ and v is not f:
-                if self.needs(v):
-                    g[n] = self.function(v)
-        return new
-
-    def _cell(self, cell: Any) -> Any:
-        try:
-            v = cell.cell_contents
-        except ValueError:
-            return cell
-        if id(v) in self.twins:
-            return types.CellType(self.twins[id(v)])
-        if isinstance(v, types.FunctionType) and self.needs(v):
-            return types.CellType(self.function(v))
-        return cell
-
-
-@contextlib.contextmanager
-def quiet_logging() -> Any:
-    """Libraries' log records (transformers: "use_cache=True is incompatible with gradient
-    checkpointing") from runs on copies are not the user's: none reaches their output. Nothing to do
-    inside another (a switch costs a walk over every logger: the diagnosis holds one around its runs)."""
-    before = logging.root.manager.disable
-    if before >= logging.CRITICAL:
-        yield
-        return
-    logging.disable(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        logging.disable(before)
-
-
-def resident_bytes(values: Any) -> int:
-    """Bytes of the distinct storages of the tensors reachable from ``values`` (modules' parameters,
-    buffers and gradients, optimizers' state, tensors in containers)."""
-    from gradscope._analyses.predict.copies import _collect_tensors
-
-    tensors: dict[int, torch.Tensor] = {}
-    _collect_tensors([v for v in values if not isinstance(v, types.ModuleType | types.FunctionType | type)],
-                     tensors, set())
-    for t in list(tensors.values()):
-        if t.is_leaf and t.grad is not None:
-            tensors[id(t.grad)] = t.grad
-    seen: dict[int, int] = {}
-    for t in tensors.values():
-        try:
-            st = t.untyped_storage()
-            key = _compat.storage_key(t)
-            if key is not None:
-                seen[key] = int(st.nbytes())
-        except (RuntimeError, NotImplementedError, TypeError):
-            continue
-    return sum(seen.values())
-
-
-def _replica(objs: Mapping[str, Any], *, dropout: bool = True,
-             tensors: dict[int, torch.Tensor] | None = None) -> dict[str, Any]:
-    """A deep copy of the user's objects on their device, as the user has them (train/eval state,
-    dropout); ``dropout=False``: with dropout off (see NOTE [ results where randomness allows ]).
-    Tensors that are results of autograd (not leaves) are copied detached, as they cannot be
-    deep-copied. ``tensors``: the objects' tensors by id, where they were collected already."""
-    from gradscope._analyses.predict.copies import _collect_tensors, copied_schedulers
-
-    if tensors is None:
-        tensors = {}
-        _collect_tensors(dict(objs), tensors, set())
-    memo: dict[int, Any] = {}
-    storages = collections.Counter(t.untyped_storage().data_ptr() for t in tensors.values() if t.layout == torch.strided)
-    for i, t in tensors.items():
-        if not t.is_leaf:
-            memo[i] = t.detach().clone().requires_grad_(t.requires_grad)
-        elif _clones_as_deepcopy(t, storages):  # (what deepcopy would make, without its Python per tensor)
-            c = t.detach().clone()
-            memo[i] = nn.Parameter(c, t.requires_grad) if type(t) is nn.Parameter else c.requires_grad_(t.requires_grad)
-    _containers_ahead(objs, memo)
-    out = copy.deepcopy(dict(objs), memo)
-    copied_schedulers(dict(objs), memo)
-    for i, t in tensors.items():  # a parameter's deep copy leaves its gradient behind: the copy has it too
-        twin = memo.get(i)
-        if isinstance(twin, torch.Tensor) and t.is_leaf and t.grad is not None and twin.grad is None:
-            twin.grad = t.grad.detach().clone()
-    if not dropout:
-        for v in out.values():
-            if isinstance(v, nn.Module):
-                for m in v.modules():
-                    if isinstance(m, nn.modules.dropout._DropoutNd):
-                        m.p = 0.0
-                    for k, a in list(vars(m).items()):
-                        if "dropout" in k and isinstance(a, float):
-                            setattr(m, k, 0.0)
-    return out
-
-
-# NOTE [ a module's containers copied ahead ]: ``copy.deepcopy`` of a module rebuilds each of its
-# dicts (a dozen per module: parameters, buffers, submodules and every kind of hook) through its
-# ``__reduce_ex__``, most of them empty: three quarters of the Python a copy of the docs' GPT-2 runs.
-# A plain dict, ``OrderedDict`` or set of a module's attributes that is empty, or that holds only
-# tensors already copied (``memo``) or None under names (its parameters, its buffers), is made here and put in
-# deepcopy's memo, as deepcopy would make it: the same type, the copies in the same order. Anything
-# else (a subclass, a container of other things) is left to deepcopy.
-_PLAIN = (dict, collections.OrderedDict, set)
-
-
-def _containers_ahead(objs: Mapping[str, Any], memo: dict[int, Any]) -> None:
-    """See NOTE [ a module's containers copied ahead ]."""
-    for v in objs.values():
-        if not isinstance(v, nn.Module):
-            continue
-        for m in v.modules():
-            for a in vars(m).values():
-                if type(a) not in _PLAIN or id(a) in memo:
-                    continue
-                if not a:
-                    memo[id(a)] = type(a)()
-                elif isinstance(a, dict) and all(type(k) is str and (x is None or id(x) in memo)
-                                                 for k, x in a.items()):
-                    memo[id(a)] = type(a)((k, None if x is None else memo[id(x)]) for k, x in a.items())
-
-
-def _clones_as_deepcopy(t: torch.Tensor, storages: Mapping[int, int]) -> bool:
-    """Whether a leaf tensor's clone is what ``copy.deepcopy`` makes of it: a plain tensor or parameter,
-    dense, no attributes of its own, alone on a storage it fills (deepcopy keeps storages shared; a
-    clone would not)."""
-    if type(t) not in (torch.Tensor, nn.Parameter) or t.layout != torch.strided or t.is_quantized or t.is_meta:
-        return False
-    if t.__dict__ or t.is_conj() or t.is_neg() or t.storage_offset() != 0 or not t.is_contiguous():
-        return False
-    storage = t.untyped_storage()
-    if storage.nbytes() != t.numel() * t.element_size():
-        return False
-    ptr = storage.data_ptr()
-    return ptr != 0 and storages.get(ptr) == 1  # (``storages``: how many of the objects' tensors are on each)
-
-
-def _tensors_of(name: str, v: Any, out: dict[str, torch.Tensor], params: set[str] | None = None) -> None:
-    if isinstance(v, torch.Tensor):
-        out[name] = v
-        if v.is_leaf and v.grad is not None:
-            out[name + ".grad"] = v.grad
-    elif isinstance(v, nn.Module):
-        for k, p in v.named_parameters():
-            out[f"{name}.{k}"] = p
-            if params is not None:
-                params.add(f"{name}.{k}")
-            if p.grad is not None:
-                out[f"{name}.{k}.grad"] = p.grad
-        for k, b in v.named_buffers():
-            out[f"{name}.{k}"] = b
-    elif isinstance(v, torch.optim.Optimizer):
-        for i, st in enumerate(v.state.values()):
-            for k, t in st.items():
-                if isinstance(t, torch.Tensor):
-                    out[f"{name}.state[{i}][{k!r}]"] = t
-    elif isinstance(v, bool):
-        return
-    elif isinstance(v, int | float):  # a number where the step kept a tensor (`losses.append(loss.item())`)
-        out[name] = torch.tensor(float(v), dtype=torch.float64)
-    elif isinstance(v, list | tuple):
-        for i, x in enumerate(v[:10_000]):
-            _tensors_of(f"{name}[{i}]", x, out, params)
-    elif isinstance(v, dict):
-        for i, (k, x) in enumerate(list(v.items())[:10_000]):
-            # a key that is no plain value (a parameter: the optimizer in backward's ``opt_of``) by its place
-            key = repr(k) if isinstance(k, str | int | float | bool | tuple) or k is None else f"<{type(k).__name__} {i}>"
-            _tensors_of(f"{name}[{key}]", x, out, params)
-
-
-def _results(env: Mapping[str, Any], names: set[str], *, clone: bool = True) -> dict[str, dict[str, torch.Tensor]]:
-    """Every tensor the named variables hold (see ``_tensors_of``), detached: copies where the
-    variables run on (``clone``), the tensors themselves where nothing runs in ``env`` again."""
-    out: dict[str, dict[str, torch.Tensor]] = {}
-    for name in names:
-        flat: dict[str, torch.Tensor] = {}
-        params: set[str] = set()
-        _tensors_of(name, env[name], flat, params)
-        # a result that carries a graph (a loss kept for a later backward) differs from one that does
-        # not, whatever its value: the later backward would fail
-        out[name] = {k + (_PARAM if k in params else _GRAPH if t.requires_grad else ""):
-                     t.detach().clone() if clone else t.detach() for k, t in flat.items()}
-    return out
-
-
-def _compare(a: Mapping[str, Any], b: Mapping[str, Any], objects: set[str]) -> tuple[float, str, tuple[str, ...], int]:
-    """The largest relative difference over the user's objects' tensors (parameters, gradients,
-    buffers, optimizer state, inputs), and the other variables whose values differ."""
-    worst, where = 0.0, ""
-    differs: list[str] = []
-    freed = 0
-    for name in sorted(set(a) & set(b)):
-        ta, tb = a[name], b[name]
-        if name in objects:
-            freed += sum(1 for k in set(ta) - set(tb) if k.endswith(".grad"))
-        d = _difference(ta, tb)
-        if name in objects:
-            if d[0] > worst:
-                worst, where = d[0], d[1]
-        elif d[0] > _TOLERANCE:
-            differs.append(name)
-    return worst, where, tuple(differs), freed
-
-
-def _marked(t: torch.Tensor) -> torch.Tensor:
-    """Non-finite values as numbers that ``torch.equal`` compares: NaN 0, inf 1, -inf -1."""
-    return t.nan_to_num(0.0, 1.0, -1.0)
-
-
-def _difference(ta: Mapping[str, torch.Tensor], tb: Mapping[str, torch.Tensor]) -> tuple[float, str]:
-    """Gradients the fix left freed (None) where the step kept them are not a difference: the fix
-    applied them already (the finding says so through ``Trial.freed``). Each tensor's difference is its
-    largest one relative to its largest value (parameters scaled, see NOTE [ parameters after an
-    optimizer's step ]); NaN and inf are the same where both hold them at the same places."""
-    if set(tb) - set(ta) or any(not k.endswith(".grad") for k in set(ta) - set(tb)):
-        return math.inf, ", ".join(sorted(set(ta) ^ set(tb))[:3])
-    found: list[tuple[str, float | None]] = []  # each tensor's difference (None: a float one, worked out below)
-    pairs: list[tuple[torch.Tensor, torch.Tensor]] = []  # the float ones' tensors, in order
-    for k in ta:
-        if k not in tb:
-            continue
-        x, y = ta[k].detach(), tb[k].detach()
-        if x.dim() == 0 and y.dim() == 0 and x.is_floating_point() and y.is_floating_point():
-            x, y = x.double(), y.double()  # a number and a 0-dim tensor of the same value are the same result
-        if x.shape != y.shape or x.dtype != y.dtype:
-            return math.inf, k.removesuffix(_PARAM)
-        if not x.is_floating_point():
-            found.append((k, 0.0 if torch.equal(x, y) else math.inf))
-        elif x.numel() == 0:
-            found.append((k, 0.0))
-        else:
-            if x.dtype not in (torch.float32, torch.float64):
-                x, y = x.float(), y.float()
-            found.append((k, None))
-            pairs.append((x, y))
-    floats = iter(zip(pairs, _largest(pairs), strict=True))
-    worst, where = 0.0, ""
-    for k, d in found:
-        if d is None:
-            (x, y), (scale, most) = next(floats)
-            if not (math.isfinite(scale) and math.isfinite(most)):  # NaN or inf: the same where both have them
-                fx, fy = x.isfinite(), y.isfinite()
-                if not torch.equal(fx, fy) or not torch.equal(_marked(x[~fx]), _marked(y[~fy])):
-                    return math.inf, k.removesuffix(_PARAM)
-                x, y = x.where(fx, 0.0), y.where(fy, 0.0)
-                scale, most = torch.stack([x.abs().max(), (x - y).abs().max()]).double().tolist()
-            d = most / scale if scale > 0 else most
-            if k.endswith(_PARAM):
-                d *= _TOLERANCE / PARAMETER_TOLERANCE  # see NOTE [ parameters after an optimizer's step ]
-        if d > worst:
-            worst, where = d, k.removesuffix(_PARAM)
-    return worst, where
-
-
-def _largest(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[float, float]]:
-    """Each pair's largest absolute value of its first tensor and largest absolute difference: a few
-    operators over all of them at once (the results of the docs' GPT-2 step hold some hundred tensors,
-    and an operator or four for each cost a fifth of the step per comparison), else a pair at a time."""
-    if not pairs:
-        return []
-    found = _compat.largest_differences([x for x, _ in pairs], [y for _, y in pairs])
-    if found is not None:
-        return found
-    return [tuple(torch.stack([x.abs().max(), (x - y).abs().max()]).double().tolist())  # type: ignore[misc]
-            for x, y in pairs]

@@ -849,7 +849,7 @@ PyTypeObject ModHooksType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 // without it, on top of it). Reports come without the GIL, from any thread the state was propagated to.
 //
 // The same counter measures the diagnosis's runs of a step on CPU copies (see NOTE [ the CPU allocator
-// counts a run ] in gradscope/_analyses/diagnose/measure.py), made as ``Counter(True)``: a run's counter keeps no
+// counts a run ] in gradscope/_analyses/diagnose/counts.py), made as ``Counter(True)``: a run's counter keeps no
 // reports, only the sizes of the allocations it counted, and counts the free of those alone (a free of
 // what existed before, a parameter's old gradient, is not the run's), as a budget counts only what a block
 // allocates; ``restart`` begins the next run (live and peak from zero, what came before not counted).
