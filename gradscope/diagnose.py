@@ -6,7 +6,7 @@ This module is a face: each name below is defined in the module it is imported f
 from __future__ import annotations
 
 from gradscope._analyses.diagnose import diagnose
-from gradscope._analyses.diagnose.report import Diagnosis, Finding, GraphHolder, LiveTensor
+from gradscope._analyses.diagnose.result import Diagnosis, Finding, GraphHolder, LiveTensor
 
 __all__ = [
     "Diagnosis",

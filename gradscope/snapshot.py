@@ -39,7 +39,7 @@ from gradscope._analyses.snapshot import queries as _queries
 from gradscope._analyses.snapshot import reading as _reading
 from gradscope._analyses.snapshot import roles as _roles
 from gradscope._analyses.snapshot.data import *  # noqa: F403  (the snapshot's data and its recording, as listed there)
-from gradscope._analyses.snapshot.diagnose import (
+from gradscope._analyses.snapshot.findings import (
            SnapshotDiagnosis,
            SnapshotFinding,
            diagnose_snapshot,

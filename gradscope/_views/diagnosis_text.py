@@ -7,7 +7,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from gradscope._analyses.diagnose.report import KIND_NAMES, Diagnosis
+from gradscope._analyses.diagnose.result import KIND_NAMES, Diagnosis
 from gradscope._base.registry import ViewKind, register, render
 from gradscope._model.recording import format_bytes
 

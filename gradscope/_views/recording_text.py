@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from gradscope._analyses.compare import SPREAD_LIMIT, Comparison, saved_total
+from gradscope._analyses.predict.predictor import Prediction
 from gradscope._analyses.snapshot.data import SnapshotRecording
 from gradscope._analyses.snapshot.frames import group_of
 from gradscope._analyses.snapshot.queries import bytes_by_line
@@ -239,6 +240,35 @@ def _failed_calls_lines(rec: Recording) -> list[str]:
         oom = " [out of memory]" if c.oom else ""
         lines.append(f"  backward {i} ({c.api}) raised{oom}{where}: {_one_line(c.error, 160)}")
     return lines
+
+
+@register(ViewKind.TEXT, Prediction)
+def prediction_text(p: Prediction, top: int = 5) -> str:
+    """The summary printed by :meth:`Prediction.summary`: the prediction's verdict, then the
+    recording's summary."""
+    lines = [f"gradscope prediction for {p.device}:"]
+    lines.append(
+        f"  exact tensor bytes at the peak: {format_bytes(p.peak_bytes)} ({p.peak_bytes} bytes)"
+    )
+    if p.allocated_bytes is not None:
+        lines.append(
+            f"  estimated CUDA allocated peak: {format_bytes(p.allocated_bytes)} "
+            f"({p.allocated_bytes} bytes)"
+        )
+        lines.append(
+            f"  estimated CUDA reserved peak: {format_bytes(p.reserved_bytes)} "
+            f"({p.reserved_bytes} bytes)"
+        )
+    if p.budget is not None:
+        verdict = "fits" if p.fits else "does NOT fit"
+        lines.append(f"  {verdict} in the budget of {format_bytes(p.budget)} ({p.budget} bytes)")
+    for b in p.batches:
+        est = "" if b.reserved is None else f", reserved {format_bytes(b.reserved)}"
+        fit = "" if b.fits is None else ("  fits" if b.fits else "  too big")
+        lines.append(f"  batch {b.batch_size:>6}: tensors {format_bytes(b.peak_bytes)}{est}{fit}")
+    if p.batches and p.budget is not None:
+        lines.append(f"  largest batch that fits: {p.largest_batch}")
+    return "\n".join(lines) + "\n" + summary_text(p, top)
 
 
 @register(ViewKind.TEXT, SnapshotRecording)

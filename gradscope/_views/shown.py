@@ -9,7 +9,7 @@ Each module below registers the views it defines, beside their code: text (:mod:
 
 Example:
     >>> from gradscope._base.registry import ViewKind, find
-    >>> from gradscope._analyses.diagnose.report import Diagnosis
+    >>> from gradscope._analyses.diagnose.result import Diagnosis
     >>> find(ViewKind.TEXT, Diagnosis).__name__
     'diagnosis_text'
 """

@@ -24,7 +24,7 @@ import math
 from typing import Any
 
 from gradscope._analyses.snapshot.data import SnapshotData, snapshot_data
-from gradscope._analyses.snapshot.diagnose import diagnose_snapshot
+from gradscope._analyses.snapshot.findings import diagnose_snapshot
 from gradscope._analyses.snapshot.frames import group_of, is_user_frame
 from gradscope._analyses.snapshot.queries import (
     GroupTimeline,

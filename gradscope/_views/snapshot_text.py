@@ -1,12 +1,12 @@
 """A CUDA snapshot's diagnosis as text (``str(d)``, ``d.text()``) and as a block of HTML (what a
 notebook shows for ``gs.diagnose(gs.load_snapshot(path))``), registered for
-:class:`~gradscope._analyses.snapshot.diagnose.SnapshotDiagnosis` (NOTE [ one registry of views ] in
+:class:`~gradscope._analyses.snapshot.findings.SnapshotDiagnosis` (NOTE [ one registry of views ] in
 ``gradscope._base.registry``). Text from the file is data: no newline or control character of it reaches
 the terminal."""
 
 from __future__ import annotations
 
-from gradscope._analyses.snapshot.diagnose import SnapshotDiagnosis, _size
+from gradscope._analyses.snapshot.findings import SnapshotDiagnosis, _size
 from gradscope._analyses.snapshot.roles import TracePass
 from gradscope._base.registry import ViewKind, register
 from gradscope._model.recording import format_bytes

@@ -69,7 +69,7 @@ from gradscope._analyses.diagnose.fixes import REGISTRY, inplace_cut
 from gradscope._analyses.diagnose.indexed import MIN_SAVING, IndexedRecording
 from gradscope._analyses.diagnose.measure import COMPARED_PLAIN, Bench, Room, worth_showing
 from gradscope._analyses.diagnose.moment import resident_by_variable
-from gradscope._analyses.diagnose.report import Diagnosis, Finding, GraphHolder, LiveTensor
+from gradscope._analyses.diagnose.result import Diagnosis, Finding, GraphHolder, LiveTensor
 from gradscope._analyses.diagnose.step import compose, shape_of
 from gradscope._analyses.diagnose.toolbox import TOOLBOX
 from gradscope._analyses.jobs import JobDiagnosis, diagnose_job
@@ -80,7 +80,7 @@ from gradscope._model.recording import Recording, format_bytes
 __all__ = ["Diagnosis", "Finding", "GraphHolder", "LiveTensor", "diagnose"]
 
 if TYPE_CHECKING:
-    from gradscope._analyses.snapshot.diagnose import SnapshotDiagnosis
+    from gradscope._analyses.snapshot.findings import SnapshotDiagnosis
 
 
 # ----------------------------------------------------------------------------------------------
@@ -139,7 +139,7 @@ def diagnose(
     from gradscope._analyses.snapshot.data import SnapshotRecording
 
     if isinstance(rec, SnapshotRecording):  # allocations with frames, no graph
-        from gradscope._analyses.snapshot.diagnose import diagnose_snapshot
+        from gradscope._analyses.snapshot.findings import diagnose_snapshot
 
         return diagnose_snapshot(rec, top=top)
     if namespace is None:

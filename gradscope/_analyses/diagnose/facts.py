@@ -17,7 +17,7 @@ from gradscope._analyses.diagnose.indexed import (
     top_of,
 )
 from gradscope._analyses.diagnose.moment import MAX_ITEMS, MAX_NODES, MomentRow, read, resident_by_variable
-from gradscope._analyses.diagnose.report import KIND_NAMES, GraphHolder, LiveTensor
+from gradscope._analyses.diagnose.result import KIND_NAMES, GraphHolder, LiveTensor
 from gradscope._analyses.diagnose.step import inline
 from gradscope._base import compat as _compat
 from gradscope._base.source import step_source

@@ -55,7 +55,7 @@ from gradscope._analyses.predict.kernels import _TARGET, _autocast_message, _ker
 from gradscope._analyses.predict.on_meta import _AsOnTheDevice, _count_cpu, _optimizer_steps_on
 from gradscope._base.errors import GradscopeError
 from gradscope._base.units import parse_size
-from gradscope._model.recording import Recording, Where, format_bytes
+from gradscope._model.recording import Recording, Where
 
 __all__ = ["AllocatorEstimate", "BatchResult", "Prediction", "estimate_cuda_allocator", "predict"]
 
@@ -174,32 +174,6 @@ class Prediction(Recording):
     def largest_batch(self) -> int | None:
         """The largest batch size tried that fits the budget, or None."""
         return self._p.get("largest_batch")
-
-    def summary(self, top: int = 5) -> str:
-        """The prediction's verdict, then the recording's summary."""
-        lines = [f"gradscope prediction for {self.device}:"]
-        lines.append(
-            f"  exact tensor bytes at the peak: {format_bytes(self.peak_bytes)} ({self.peak_bytes} bytes)"
-        )
-        if self.allocated_bytes is not None:
-            lines.append(
-                f"  estimated CUDA allocated peak: {format_bytes(self.allocated_bytes)} "
-                f"({self.allocated_bytes} bytes)"
-            )
-            lines.append(
-                f"  estimated CUDA reserved peak: {format_bytes(self.reserved_bytes)} "
-                f"({self.reserved_bytes} bytes)"
-            )
-        if self.budget is not None:
-            verdict = "fits" if self.fits else "does NOT fit"
-            lines.append(f"  {verdict} in the budget of {format_bytes(self.budget)} ({self.budget} bytes)")
-        for b in self.batches:
-            est = "" if b.reserved is None else f", reserved {format_bytes(b.reserved)}"
-            fit = "" if b.fits is None else ("  fits" if b.fits else "  too big")
-            lines.append(f"  batch {b.batch_size:>6}: tensors {format_bytes(b.peak_bytes)}{est}{fit}")
-        if self.batches and self.budget is not None:
-            lines.append(f"  largest batch that fits: {self.largest_batch}")
-        return "\n".join(lines) + "\n" + super().summary(top=top)
 
     def __repr__(self) -> str:
         fit = "" if self.fits is None else (", fits" if self.fits else ", does not fit")

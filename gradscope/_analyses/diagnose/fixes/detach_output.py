@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from gradscope._analyses.diagnose.facts import Context
 from gradscope._analyses.diagnose.indexed import replay, top_of
-from gradscope._analyses.diagnose.report import Finding, GraphHolder
+from gradscope._analyses.diagnose.result import Finding, GraphHolder
 from gradscope._analyses.diagnose.step import detached_calls
 from gradscope._model.recording import Category
 

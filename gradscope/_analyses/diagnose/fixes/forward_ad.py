@@ -3,7 +3,7 @@ from __future__ import annotations
 from gradscope._analyses.diagnose.facts import Context
 from gradscope._analyses.diagnose.indexed import GRAPH_CATEGORIES, MIN_SAVING, replay
 from gradscope._analyses.diagnose.proxies import mixed_grad_proxy, proxy_peak
-from gradscope._analyses.diagnose.report import Finding, GraphHolder
+from gradscope._analyses.diagnose.result import Finding, GraphHolder
 from gradscope._analyses.diagnose.step import input_grads, plain_derivatives
 from gradscope._model.recording import Category, format_bytes
 

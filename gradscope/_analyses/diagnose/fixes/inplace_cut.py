@@ -3,7 +3,7 @@ from __future__ import annotations
 from gradscope._analyses.diagnose.facts import Context
 from gradscope._analyses.diagnose.indexed import top_of
 from gradscope._analyses.diagnose.proxies import hypergradient_proxy, proxy_peak
-from gradscope._analyses.diagnose.report import Finding, GraphHolder
+from gradscope._analyses.diagnose.result import Finding, GraphHolder
 from gradscope._model.recording import format_bytes
 
 

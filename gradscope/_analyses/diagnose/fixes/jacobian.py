@@ -3,7 +3,7 @@ from __future__ import annotations
 from gradscope._analyses.diagnose.facts import Context
 from gradscope._analyses.diagnose.indexed import GRAPH_CATEGORIES, numel
 from gradscope._analyses.diagnose.proxies import jacobian_proxy, proxy_peak
-from gradscope._analyses.diagnose.report import Finding, GraphHolder
+from gradscope._analyses.diagnose.result import Finding, GraphHolder
 from gradscope._analyses.diagnose.step import create_graph_dropped
 from gradscope._model.recording import format_bytes
 

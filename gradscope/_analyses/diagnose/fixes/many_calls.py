@@ -6,7 +6,7 @@ from torch import nn
 from gradscope._analyses.diagnose.facts import Context
 from gradscope._analyses.diagnose.indexed import GRAPH_CATEGORIES, LINEAR_MERGES
 from gradscope._analyses.diagnose.proxies import micro_batch_proxy, proxy_peak, two_pass_proxy
-from gradscope._analyses.diagnose.report import Finding, GraphHolder
+from gradscope._analyses.diagnose.result import Finding, GraphHolder
 from gradscope._analyses.diagnose.toolbox.checkpoint import wrapped_forwards
 from gradscope._model.recording import format_bytes
 

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from gradscope._analyses.diagnose.facts import Context
-from gradscope._analyses.diagnose.report import Finding, GraphHolder
+from gradscope._analyses.diagnose.result import Finding, GraphHolder
 from gradscope._model.recording import format_bytes
 
 

@@ -4,7 +4,7 @@ import torch
 
 from gradscope._analyses.diagnose.facts import Context
 from gradscope._analyses.diagnose.indexed import replay
-from gradscope._analyses.diagnose.report import Finding, GraphHolder
+from gradscope._analyses.diagnose.result import Finding, GraphHolder
 from gradscope._analyses.diagnose.step import without_retain_graph
 from gradscope._model.recording import Category
 

@@ -12,7 +12,7 @@ from torch import nn
 
 from gradscope._analyses.diagnose.facts import Context
 from gradscope._analyses.diagnose.measure import Bench, Room
-from gradscope._analyses.diagnose.report import Finding
+from gradscope._analyses.diagnose.result import Finding
 from gradscope._analyses.diagnose.step import Shape, compose
 from gradscope._analyses.diagnose.toolbox._common import has_batch_norm, models
 from gradscope._model.names import code_path

@@ -11,7 +11,7 @@ from torch import nn
 
 from gradscope._analyses.diagnose.facts import Context
 from gradscope._analyses.diagnose.measure import Bench, Room
-from gradscope._analyses.diagnose.report import Finding
+from gradscope._analyses.diagnose.result import Finding
 from gradscope._analyses.diagnose.step import Shape, under_no_grad
 
 

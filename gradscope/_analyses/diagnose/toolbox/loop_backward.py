@@ -10,7 +10,7 @@ from typing import Any
 
 from gradscope._analyses.diagnose.facts import Context
 from gradscope._analyses.diagnose.measure import Bench, Room
-from gradscope._analyses.diagnose.report import Finding
+from gradscope._analyses.diagnose.result import Finding
 from gradscope._analyses.diagnose.step import Shape, backward_per_iteration
 
 

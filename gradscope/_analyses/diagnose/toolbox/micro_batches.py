@@ -9,7 +9,7 @@ from typing import Any
 
 from gradscope._analyses.diagnose.facts import Context
 from gradscope._analyses.diagnose.measure import Bench, Room
-from gradscope._analyses.diagnose.report import Finding
+from gradscope._analyses.diagnose.result import Finding
 from gradscope._analyses.diagnose.step import Shape, batch_inputs, micro_batched
 from gradscope._analyses.diagnose.toolbox._common import dropouts_in_turn
 

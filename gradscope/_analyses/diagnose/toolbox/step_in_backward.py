@@ -12,7 +12,7 @@ import torch
 
 from gradscope._analyses.diagnose.facts import Context
 from gradscope._analyses.diagnose.measure import Bench, Room
-from gradscope._analyses.diagnose.report import Finding
+from gradscope._analyses.diagnose.result import Finding
 from gradscope._analyses.diagnose.step import Shape, compose, statements, without
 from gradscope._analyses.diagnose.toolbox._common import models
 
