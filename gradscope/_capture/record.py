@@ -90,9 +90,7 @@ from gradscope._capture.engine import EngineInterception, EngineRoute
 from gradscope._capture.held_graphs import HeldGraphs
 from gradscope._capture.loop import LoopTracking, Piece, parse_keep
 from gradscope._capture.memory.counter import CounterSource
-from gradscope._capture.memory.cuda import CudaSource
 from gradscope._capture.memory.make import make_source
-from gradscope._capture.memory.profiler import ProfilerSource
 from gradscope._capture.memory.source import MemorySource
 from gradscope._capture.modules import (
     ModuleTracking,
@@ -461,11 +459,12 @@ class record:  # noqa: N801 - as torch.no_grad
                 loop.can_cut = False
                 self._block.internal(e)
         src = b.source
-        if isinstance(src, CounterSource):
+        if src is not None:
             src.drain()
-        events = None if src is None or isinstance(src, ProfilerSource) else getattr(src, "events", None)
+        # an online source's events are there as the loop runs; samples of totals come as deltas
+        events = getattr(src, "events", None) if src is not None and src.kind.online else None
         if events is not None or src is None:
-            loop.rows(b.trace, events, deltas=isinstance(src, CudaSource) and not src.history)
+            loop.rows(b.trace, events, deltas=src is not None and src.kind.key_kind(b.history) == "none")
 
     def _cut(self) -> bool:
         """End the current piece of the capture and begin the next (see NOTE [ iterations ] in
@@ -481,7 +480,7 @@ class record:  # noqa: N801 - as torch.no_grad
             return False
         src = old.source
         memory = old.memory
-        if isinstance(src, ProfilerSource):  # see NOTE [ a long loop's memory ] in gradscope.memory
+        if src is not None and not src.kind.online:  # see NOTE [ a long loop's memory ] in gradscope.memory
             if old.native is None:
                 self._loop.can_cut = False
                 old.trace.notes.append(
@@ -508,7 +507,7 @@ class record:  # noqa: N801 - as torch.no_grad
         old_saves.sweep()  # the block's storage identities: those that died go (the next pair counts from here)
         old_saves._let_go()
         new_src: MemorySource | None = src
-        if isinstance(src, ProfilerSource):
+        if src is not None and not src.kind.online:  # the profiler: read once, at its stop
             trace.memory_trace = src.stop()
             new_src, memory = None, memory.long_loop  # started once the next piece is in place (below)
         elif src is not None:

@@ -141,6 +141,9 @@ class CudaSource:
         step, _ = self.context()
         self.events.append(AllocEvent(time.time_ns(), delta, 0, label, None, step, reserved, self._call))
 
+    def drain(self) -> None:
+        pass
+
     def boundary(self, done: str | None, following: str | None) -> int:
         """One reading of the allocator between two backward steps: the sample after the step
         that ended, the one before the next (without the history) and the live bytes."""

@@ -167,6 +167,9 @@ class ProfilerSource:
     def mark(self, label: str) -> None:
         pass
 
+    def drain(self) -> None:
+        pass
+
     def boundary(self, done: str | None, following: str | None) -> int | None:
         return None
 

@@ -73,7 +73,8 @@ class MemorySource(Protocol):
     every node where it wants ``node_hooks``; between two backward steps it calls :meth:`boundary`
     once, which marks the step that ended and the one that starts and returns the live bytes from
     one reading (on CUDA each reading of the allocator is a call into it, and a backward pass has
-    a boundary per node).
+    a boundary per node); :meth:`drain` brings in what it was told outside Python (the allocator's
+    counter) before its events are read while the block runs.
     """
 
     kind: MemoryKind
@@ -85,6 +86,7 @@ class MemorySource(Protocol):
     def call_exit(self, token: Any, label: str) -> None: ...
     def mark(self, label: str) -> None: ...
     def boundary(self, done: str | None, following: str | None) -> int | None: ...
+    def drain(self) -> None: ...
 
 
 def _no_context() -> tuple[int | None, int | None]:

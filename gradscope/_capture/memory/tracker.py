@@ -211,6 +211,9 @@ class TrackerSource:
     def mark(self, label: str) -> None:
         self.sweep()
 
+    def drain(self) -> None:
+        self._drain()
+
     def boundary(self, done: str | None, following: str | None) -> int:
         self.sweep()
         return self.live()
