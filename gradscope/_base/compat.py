@@ -8,7 +8,7 @@ imports plain functions from here. Where a capability is missing, :func:`capabil
 and the recorder writes a note about what it could not see (see :data:`MISSING_NOTES`); no figure
 silently changes.
 
-NOTE [ PyTorch's private APIs in one module ]: this module is longer than the others (about 880
+NOTE [ PyTorch's private APIs in one module ]: this module is longer than the others (about 910
 lines) and stays one piece on purpose: it is a flat list of small wrappers (most under 20 lines),
 one section per part of PyTorch, with no state of its own beyond cached probes; kept whole, one
 file answers "what does gradscope rely on that PyTorch may change" (tests/test_imports.py checks

@@ -593,8 +593,8 @@ def _failed_on_copies(ctx: Context, pattern: str, error: str) -> str:
     500 MiB graph its cell's ``out`` kept)."""
     if not error.startswith("OutOfMemoryError"):
         return f"[{pattern}] not shown: its code failed on copies of your objects ({error})."
-    held = dict(resident_by_variable(ctx.ns))
-    for h in getattr(ctx, "holders", None) or ():
+    held = resident_by_variable(ctx.ns, device_type="cuda")  # (the CPU raises no OutOfMemoryError)
+    for h in ctx.holders:
         held[h.variable] = held.get(h.variable, 0) + h.live_bytes
     return _oom_on_copies_note(pattern, error, held)
 

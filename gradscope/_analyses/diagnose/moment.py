@@ -84,17 +84,19 @@ def caught_oom(rec: Recording) -> BudgetRefusal | None:
     return BudgetRefusal.from_dict(caught) if isinstance(caught, Mapping) else None
 
 
-def resident_by_variable(ns: Mapping[str, Any], skip: set[int] | None = None) -> dict[str, int]:
-    """Bytes of the distinct CPU and CUDA storages the user's variables reach (tensors, also inside
-    lists, tuples and dicts; models' parameters, buffers and gradients; optimizers' state), each
-    counted once, for the first variable (in the namespace's order) that reaches it; storages whose
-    key is in ``skip`` are left out. What a notebook's ``--budget`` counts as held before a cell
-    (see NOTE [ one budget ] in gradscope._analyses.diagnose.measure)."""
+def resident_by_variable(ns: Mapping[str, Any], skip: set[int] | None = None,
+                         device_type: str = "cpu") -> dict[str, int]:
+    """Bytes of the distinct storages on ``device_type`` the user's variables reach (tensors, also
+    inside lists, tuples and dicts; models' parameters, buffers and gradients; optimizers' state),
+    each counted once, for the first variable (in the namespace's order) that reaches it; storages
+    whose key is in ``skip`` are left out. On the CPU (the simulated device's tensors): what a
+    notebook's ``--budget`` counts as held before a cell (see NOTE [ one budget ] in
+    gradscope._analyses.diagnose.measure)."""
     seen: dict[int, tuple[str, int]] = {}
     name = ""
 
     def add(t: Any, with_grad: bool = False) -> None:
-        if not isinstance(t, torch.Tensor) or t.device.type != "cpu":  # the simulated device's tensors
+        if not isinstance(t, torch.Tensor) or t.device.type != device_type:
             return
         key = _compat.storage_key(t)
         if key is not None and key not in seen and (skip is None or key not in skip):
