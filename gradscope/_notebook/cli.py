@@ -96,7 +96,7 @@ def demo(out: str = "demo.html", depth: int = 24, width: int = 512, batch: int =
         The process exit status (0).
     """
     from gradscope._analyses.compare import compare
-    from gradscope._analyses.strategies import mixed_grad
+    from gradscope._analyses.strategies.mixed import mixed_grad
     from gradscope._capture.record import record
 
     f, G, z, y = _problem(depth, width, batch)

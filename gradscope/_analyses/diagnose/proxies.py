@@ -50,7 +50,7 @@ def proxy_peak(proxy: Any, model: nn.Module, *args: Any) -> int | None:
 
 
 def mixed_grad_proxy(z_shape: tuple[int, ...], y_shape: tuple[int, ...]) -> Any:
-    from gradscope._analyses.strategies import mixed_grad
+    from gradscope._analyses.strategies.mixed import mixed_grad
 
     def run(model: nn.Module) -> None:
         dev = next(iter(model.parameters())).device
@@ -67,7 +67,7 @@ def mixed_grad_proxy(z_shape: tuple[int, ...], y_shape: tuple[int, ...]) -> Any:
 
 
 def jacobian_proxy(n_in: int, method: str) -> Any:
-    from gradscope._analyses.strategies import jacobian
+    from gradscope._analyses.strategies.jacobian import jacobian
 
     def run(model: nn.Module) -> None:
         dev = next(iter(model.parameters())).device
@@ -90,7 +90,7 @@ def micro_batch_proxy(xs: Any, n: int) -> Any:
 
 
 def two_pass_proxy(xs: Any, n: int) -> Any:
-    from gradscope._analyses.strategies import many_inputs_backward
+    from gradscope._analyses.strategies.many_inputs import many_inputs_backward
 
     def run(model: nn.Module) -> None:
         dev = _device_of(model)
@@ -102,7 +102,7 @@ def two_pass_proxy(xs: Any, n: int) -> Any:
 def hypergradient_proxy(a_shape: tuple[int, ...], x_shape: tuple[int, ...], steps: int) -> Any:
     from torch.func import functional_call
 
-    from gradscope._analyses.strategies import hypergradient
+    from gradscope._analyses.strategies.hyper import hypergradient
 
     def run(model: nn.Module) -> None:
         dev = next(iter(model.parameters())).device
