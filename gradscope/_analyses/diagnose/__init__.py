@@ -373,6 +373,8 @@ def _checked(ctx: Context, fix: Any, f: Finding) -> Finding | None:
             trial = bench.settled(trial)
         if trial.error is None and trial.same is not False:
             break
+    if trial.error is not None and _fails_again(ctx, bench):
+        return _unrun(f)
     if trial.error is not None or trial.same is False:
         why = (f"it failed on copies of your objects ({trial.error})" if trial.error is not None
                else f"it changes a result ({trial.worst_at} differs by {trial.worst:.1e}, relative)")
@@ -476,8 +478,15 @@ def _time_and_differences(user: Any, trial: Any) -> tuple[float | None, str]:
 
 def _raises_later(ctx: Context, f: Finding, user: Any, trial: Any) -> bool:
     """Whether a fix raises the peak of the step's next run (see NOTE [ two runs of a step ]);
-    a note says so."""
-    if trial.later is None or user.later is None or trial.later <= user.later:
+    a note says so. A fix that fits the budget in both its runs does not, whatever the user's step's
+    next run holds (see NOTE [ the user's step's next run ] in gradscope._analyses.diagnose.measure)."""
+    if trial.later is None:
+        return False
+    room = _room(ctx, user)
+    if room is not None and room.fits(trial):
+        return False
+    user = ctx.measured_user = ctx.bench.user_complete()
+    if user.later is None or trial.later <= user.later:
         return False
     ctx.notes.append(f"[{f.pattern}] not shown: on copies of your objects, the step's peak {format_bytes(user.peak)} -> "
                      f"{format_bytes(trial.peak)}, and run again with what it left {format_bytes(user.later)} -> "
@@ -528,8 +537,10 @@ def _toolbox(ctx: Context) -> list[Finding]:
     shape = shape_of(bench.source)
     user = bench.user()
     if shape is None or user.error is not None or user.peak is None:
-        ctx.notes.append(f"your step could not be run on copies of your objects ({user.error}): fixes that "
-                         "rewrite it were not tried.")
+        note = (f"your step could not be run on copies of your objects ({user.error}): fixes that rewrite it were "
+                "not tried.")
+        if note not in ctx.notes:  # (said already where a fix's failure ran it a second time: _fails_again)
+            ctx.notes.append(note)
         return []
     room = _room(ctx, user)
     ctx.measured = (user.peak, user.resident, room)
@@ -547,6 +558,8 @@ def _toolbox(ctx: Context) -> list[Finding]:
     for fix in TOOLBOX:
         for f, trial in fix.propose(ctx, bench, shape, room):
             if trial.error is not None:
+                if _fails_again(ctx, bench):
+                    return []
                 ctx.notes.append(_failed_on_copies(ctx, f.pattern, trial.error))
                 continue
             if trial.bound is not None:  # see NOTE [ runs a fix needs ] in gradscope._analyses.diagnose.measure
@@ -561,6 +574,8 @@ def _toolbox(ctx: Context) -> list[Finding]:
             trial = bench.settled(trial)  # worth showing by its memory: its results compared, its next run
             user = bench.user()
             if trial.error is not None:
+                if _fails_again(ctx, bench):
+                    return []
                 ctx.notes.append(_failed_on_copies(ctx, f.pattern, trial.error))
                 continue
             if trial.same is False:
@@ -583,6 +598,21 @@ def _toolbox(ctx: Context) -> list[Finding]:
                 allocates_before=_most(room, user), allocates_after=_most(room, trial),
                 tolerance=f.tolerance if f.tolerance is not None and f.tolerance > 1e-4 else None))
     return out
+
+
+def _fails_again(ctx: Context, bench: Bench) -> bool:
+    """Where a fix failed on copies: whether the user's own step fails there too, run a second time
+    (see NOTE [ the user's step's next run ] in gradscope._analyses.diagnose.measure): a step that
+    appends its graphs to a list made outside it back-propagates through the first run's again. Then
+    no fix that rewrites the step is shown, and a note (once) says why."""
+    user = bench.user_complete()
+    if user.error is None:
+        return False
+    note = (f"your step could not be run on copies of your objects ({user.error}): fixes that rewrite it were "
+            "not tried.")
+    if note not in ctx.notes:
+        ctx.notes.append(note)
+    return True
 
 
 def _failed_on_copies(ctx: Context, pattern: str, error: str) -> str:

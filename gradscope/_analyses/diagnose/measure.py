@@ -60,7 +60,16 @@ from gradscope._model.recording import format_bytes
 # step's (the saving claimed is the user's minus the fix's); the next run's keeps a fix that helps a
 # first step but raises later ones from being shown, and a fix fits a budget only if both runs do.
 # The results compared are those of the first run: an optimizer like Adam turns rounding
-# differences of a second step into larger ones.
+# differences of a second step into larger ones. Times compare first runs with first runs (each
+# from the same state: an optimizer's first step makes its state).
+# NOTE [ the user's step's next run ]: the user's step runs its next run only where something
+# shown depends on it: where its first run fits the budget (whether it fits at all is then the
+# question), and where a fix whose next run was measured does not fit the budget in both its runs,
+# or there is no budget (``_raises_later`` in gradscope._analyses.diagnose then compares the two
+# next runs; a fix that fits both is shown whatever the user's next run holds), or fails on copies
+# (``_fails_again``: the user's own step may fail so). A step that ran out of memory in its first
+# run, diagnosed under a budget, so runs once (its variables kept for a next run that may yet be
+# wanted).
 RUNS = 2
 # NOTE [ meta or a CPU copy ]: meta counts a run's bytes exactly as the tracker counts them (see NOTE
 # [ counted as a budget counts ] in gradscope._analyses.predict.predictor), a CPU copy at least as many (see NOTE [ the CPU
@@ -181,7 +190,8 @@ class Room:
 # variables its first run left (kept for KEPT fixes; ``Bench.complete``). A size that is tried in turn
 # (the micro-batch, the checkpointed segments) is settled only where its first run fits. A fix left at
 # its first run is noted with that run's numbers. The user's
-# step runs twice at once, statement by statement: what its first run allocates through each of its
+# step's first run runs statement by statement (its next only where wanted: see NOTE [ the user's
+# step's next run ]): what its first run allocates through each of its
 # statements bounds a fix that runs those statements as they are (``Bench.least``): a fix whose set-up
 # makes no tensor allocates there what the user's step allocates, until the first statement whose work
 # the fix changes; the optimizer step in backward runs the backward call itself with at most the
@@ -189,9 +199,9 @@ class Room:
 # makes there only add). Where that bound alone keeps a fix from being shown, it is not run at all and a
 # note gives the bound. GPT-2 of the docs: the optimizer step in backward, whose step allocates 6.3 MiB
 # before its backward and could save at most the 532 KiB of gradients, is not run; micro-batches of 4 and
-# checkpointing run twice each, the user's step twice, and micro-batches' results compared with dropout
-# off take two runs: eight runs of the step in all, each of them one that something shown needs (their
-# memory on CPU copies: see NOTE [ meta or a CPU copy ]): 9 of the 10.9 step-times of a profiled
+# checkpointing run twice each, the user's step once, and micro-batches' results compared with dropout
+# off take two runs: seven runs of the step in all, each of them one that something shown needs (their
+# memory on CPU copies: see NOTE [ meta or a CPU copy ]): 8.4 of the 10.3 step-times of a profiled
 # diagnosis; the copies of the objects (see NOTE [ a module's containers copied ahead ] in gradscope._analyses.diagnose.copies), the results
 # and their comparisons most of the rest.
 def worth_showing(user: Trial, peak: int, room: Room | None, fits: bool) -> bool:
@@ -464,10 +474,10 @@ class Bench:
             first_run(seconds, rng)
         trial = Trial(peak=peak, resident=held, later_resident=held, seconds=seconds,
                       through=through if parts is not None else None)
-        if user or self._complete:
-            later_held, later, again, _ = self._run_once(env, pieces, counter)
-            return dataclasses.replace(trial, later=later, later_resident=later_held, seconds=min(seconds, again))
-        if not self._hopeless(peak):
+        if self._complete:
+            later_held, later, _, _ = self._run_once(env, pieces, counter)
+            return dataclasses.replace(trial, later=later, later_resident=later_held)
+        if user or not self._hopeless(peak):
             self._keep((setup, code), _Pending(env, pieces, _RandomState.now(), meta))
         return trial
 
@@ -488,11 +498,12 @@ class Bench:
         return held, held + counter.most(), seconds, tuple(through)
 
     def _keep(self, key: tuple[str, str], pending: _Pending) -> None:
-        """A fix's variables after its first run, for its next (at most KEPT of them: the oldest
-        goes, and runs both again if it is wanted)."""
+        """A step's variables after its first run, for its next: the user's step's, and at most KEPT
+        fixes' (the oldest goes, and runs both again if it is wanted)."""
         self._pending[key] = pending
-        while len(self._pending) > KEPT:
-            self._pending.pop(next(iter(self._pending)))
+        fixes = [k for k in self._pending if k != ("", self.source)]
+        while len(fixes) > KEPT:
+            self._pending.pop(fixes.pop(0))
 
     def _continue(self, key: tuple[str, str], trial: Trial) -> Trial | None:
         """The next run of a fix whose variables were kept after its first; None where they were not."""
@@ -510,9 +521,7 @@ class Bench:
                     held, later, seconds, _ = self._run_once(pending.env, pending.pieces, counter)
             finally:
                 counter.stop()
-        return dataclasses.replace(trial, later=later, later_resident=held,  # (times on meta are no kernel's)
-                                   seconds=trial.seconds if trial.seconds is None or pending.meta
-                                   else min(trial.seconds, seconds))
+        return dataclasses.replace(trial, later=later, later_resident=held)
 
     def close(self) -> None:
         """Let go of the variables kept for next runs."""
@@ -635,9 +644,18 @@ class Bench:
         if self._user is None:
             self._user = self.measure(self.source)
             self.room = self._room_of(self._user) if self._room_of is not None and self._user.peak is not None else None
+            if self.room is not None and self.room.fits_first(int(self._user.peak or 0)):
+                self._user = self.complete(self._user)  # whether it fits: both runs (see Room.fits)
         ref = self._real.get(True)
         if ref is not None and self._user.seconds is None:  # (measured on meta: its time is that of a real run)
             self._user = dataclasses.replace(self._user, seconds=ref.seconds)
+        return self._user
+
+    def user_complete(self) -> Trial:
+        """The user's step with its next run measured too (see NOTE [ the user's step's next run ])."""
+        user = self.user()
+        if not user.complete:
+            self._user = self.complete(user)
         return self._user
 
     def run(self, code: str, *, setup: str = "", tolerance: float = _TOLERANCE, least: int | None = None,
