@@ -15,6 +15,7 @@ from torch import nn
 
 from gradscope._base import compat as _compat
 from gradscope._base.compat import storage_key as _storage_key
+from gradscope._analyses.predict.values import known_from
 from gradscope._base.errors import GradscopeError
 
 
@@ -102,6 +103,7 @@ def _to_meta(args: Any) -> tuple[Any, dict[int, Any]]:
             memo[i] = t.detach().clone()  # see NOTE [ optimizer steps keep the default device ]
         else:
             memo[i] = _meta_like(t.detach() if not t.is_leaf else t)
+            known_from(t, memo[i])  # see NOTE [ values known on meta ] in gradscope._analyses.predict.values
             if not t.is_leaf and t.requires_grad:
                 memo[i].requires_grad_(True)
     try:

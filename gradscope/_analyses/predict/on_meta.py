@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from gradscope._analyses.predict import values as _values
 from gradscope._analyses.predict.copies import _flat
 from gradscope._base import compat as _compat
 from gradscope._base.errors import GradscopeError
@@ -111,6 +112,20 @@ class _AsOnTheDevice(_compat.torch_dispatch_mode()):  # type: ignore[misc]
                 node.register_hook(_EndAfterBackward(src, key, nbytes))
 
     def _dispatch(self, func: Any, args: Any, kwargs: Any) -> Any:
+        """The op on meta, values kept where they are known (see NOTE [ values known on meta ] in
+        gradscope._analyses.predict.values)."""
+        if func in _READS and _values.any_known():
+            cpu = _on_values(args, kwargs)
+            if cpu is not None:  # a value read of tensors whose values are known: answered from them
+                with _compat.no_dispatch_modes():
+                    return func(*cpu[0], **cpu[1])
+        out = self._dispatch_meta(func, args, kwargs)
+        first = out[0] if isinstance(out, tuple) and out else out
+        if isinstance(first, torch.Tensor) and first.device.type == "meta":
+            _keep_values(func, args, kwargs, out)
+        return out
+
+    def _dispatch_meta(self, func: Any, args: Any, kwargs: Any) -> Any:
         if (
             func is torch.ops.aten.add.Tensor
             and not kwargs
@@ -175,6 +190,83 @@ class _AsOnTheDevice(_compat.torch_dispatch_mode()):  # type: ignore[misc]
             return o
 
         return meta_version(cpu_out)
+
+
+# ops that read a tensor's values into Python (see NOTE [ values known on meta ] in
+# gradscope._analyses.predict.values)
+_READS = frozenset(getattr(torch.ops.aten, n).default for n in ("_local_scalar_dense", "is_nonzero", "equal")
+                   if hasattr(torch.ops.aten, n))
+_WRITES: dict[Any, tuple[tuple[int, str], ...]] = {}  # an op's arguments it writes into, by position and name
+
+
+def _on_values(args: Any, kwargs: Any) -> tuple[list[Any], dict[str, Any]] | None:
+    """``args`` and ``kwargs`` with each meta tensor replaced by its value and each device made the
+    CPU; None where a meta tensor's value is not known."""
+    missing = False
+
+    def cpu(o: Any) -> Any:
+        nonlocal missing
+        if isinstance(o, torch.Tensor):
+            if o.device.type != "meta":
+                return o
+            v = _values.value_of(o)
+            if v is None:
+                missing = True
+            return v
+        if isinstance(o, torch.device) and o.type == "meta":
+            return torch.device("cpu")
+        if isinstance(o, list | tuple):
+            return type(o)(cpu(v) for v in o)
+        return o
+
+    a = [cpu(v) for v in args]
+    k = {n: torch.device("cpu") if n == "device" and v is not None else cpu(v) for n, v in kwargs.items()}
+    return None if missing else (a, k)
+
+
+def _written(func: Any) -> tuple[tuple[int, str], ...]:
+    w = _WRITES.get(func)
+    if w is None:
+        schema = getattr(func, "_schema", None)
+        w = () if schema is None else tuple(
+            (i, a.name) for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write)
+        _WRITES[func] = w
+    return w
+
+
+def _keep_values(func: Any, args: Any, kwargs: Any, out: Any) -> None:
+    """After ``func`` ran on meta: the values of its integer and boolean outputs, computed by the CPU
+    kernel where its meta inputs' values are known; the values of what it wrote into dropped where
+    they are not (see NOTE [ values known on meta ] in gradscope._analyses.predict.values)."""
+    outs = out if isinstance(out, tuple) else (out,)
+    wanted = any(isinstance(t, torch.Tensor) and t.device.type == "meta" and _values.exact(t) for t in outs)
+    written = _written(func)
+    if not wanted and not (written and _values.any_known()):
+        return
+    name = str(getattr(func, "__name__", ""))
+    cpu = None
+    if (wanted and not name.startswith(("empty", "new_empty", "resize", "set_"))
+            and torch.Tag.nondeterministic_seeded not in getattr(func, "tags", ())):
+        cpu = _on_values(args, kwargs)
+    if cpu is None:
+        for i, n in written:
+            t = args[i] if i < len(args) else kwargs.get(n)
+            if isinstance(t, torch.Tensor):
+                _values.forget_storage_of(t)
+        return
+    try:
+        with _compat.no_dispatch_modes(), torch.no_grad():
+            values = func(*cpu[0], **cpu[1])
+    except Exception:  # the CPU kernel takes other inputs than the meta one: no values
+        for t in outs:
+            if isinstance(t, torch.Tensor):
+                _values.forget_storage_of(t)
+        return
+    values = values if isinstance(values, tuple) else (values,)
+    for t, v in zip(outs, values, strict=False):
+        if (isinstance(t, torch.Tensor) and isinstance(v, torch.Tensor) and t.device.type == "meta"
+                and _values.exact(t) and v.shape == t.shape and v.dtype == t.dtype):
+            _values.know(t, v)
 
 
 class _EndAfterBackward:
@@ -331,6 +423,32 @@ def _unseen_on_cpu(func: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) ->
     if packet != base and isinstance(a, torch.Tensor) and a.dtype != common:  # in place
         out.append((a.numel() * common.itemsize, "kernel's copy of an input"))
     return out
+
+
+@contextlib.contextmanager
+def rng_states_counted(rec: Any) -> Iterator[None]:
+    """For ``device="cpu"``: each CPU random state the step takes (``torch.get_rng_state()``: the
+    5,056 bytes of the generator's state that non-reentrant checkpointing keeps for every
+    checkpointed segment until its recomputation) counted from the call until the tensor is freed.
+    PyTorch makes it outside any operator, so no dispatch mode sees it; the CPU allocator does (see
+    NOTE [ bytes no operator output holds ] in gradscope._analyses.predict.predictor)."""
+    original = torch.get_rng_state
+
+    def counted() -> torch.Tensor:
+        state = original()
+        src = rec.memory_source
+        if src is not None and hasattr(src, "count_unseen") and threading.current_thread() is owner:
+            nbytes = state.untyped_storage().nbytes()
+            key = src.count_unseen(nbytes, "torch.get_rng_state (the CPU generator's state)")
+            weakref.finalize(state, src.end_unseen, key, nbytes)
+        return state
+
+    owner = threading.current_thread()
+    torch.get_rng_state = counted
+    try:
+        yield
+    finally:
+        torch.get_rng_state = original
 
 
 def _count_cpu(rec: Any, inside: bool) -> None:

@@ -52,7 +52,7 @@ from gradscope._analyses.predict.copies import (
     _to_meta,
 )
 from gradscope._analyses.predict.kernels import _TARGET, _autocast_message, _kernel_choices
-from gradscope._analyses.predict.on_meta import _AsOnTheDevice, _count_cpu, _optimizer_steps_on
+from gradscope._analyses.predict.on_meta import _AsOnTheDevice, _count_cpu, _optimizer_steps_on, rng_states_counted
 from gradscope._base.errors import GradscopeError
 from gradscope._base.units import parse_size
 from gradscope._model.recording import Recording, Where
@@ -187,7 +187,7 @@ class Prediction(Recording):
 # The prediction's notes send the reader here: these two NOTEs say what a step run on meta
 # (gradscope._analyses.predict.on_meta) counts that no operator output holds, and what it runs on CPU.
 #
-# NOTE [ bytes no operator output holds ]: on CPU, three kinds of allocation are made where no
+# NOTE [ bytes no operator output holds ]: on CPU, four kinds of allocation are made where no
 # dispatch mode sees an operator output, and on meta none of them is made at all (measured with
 # the profiler's allocation events, torch 2.13):
 # - a Python number passed where an operator takes a Tensor (``exp_avg_sq.mul_(beta2)``,
@@ -205,10 +205,13 @@ class Prediction(Recording):
 #   op's common dtype before allocating the output (``.to(common)``): a wrapped double becomes a
 #   4-byte float32, a bool mask multiplied into float32 becomes a float32 mask of its size; an
 #   in-place op whose own dtype is not the common one also computes into a temporary of it;
-# - the step counters of optimizers (see NOTE [ optimizer steps keep the default device ]).
+# - the step counters of optimizers (see NOTE [ optimizer steps keep the default device ]);
+# - the CPU generator's state that ``torch.get_rng_state()`` returns (5,056 bytes), which non-reentrant
+#   checkpointing keeps for each checkpointed segment until it is recomputed
+#   (:func:`gradscope._analyses.predict.on_meta.rng_states_counted`).
 # For ``device="cpu"`` each of the first two is counted as alive for the duration of its op
-# (:func:`gradscope._analyses.predict.on_meta._unseen_on_cpu`) and the counters are counted as CPU
-# tensors, so that the prediction matches the CPU allocator's events. On a GPU, wrapped numbers live in CPU memory and kernels
+# (:func:`gradscope._analyses.predict.on_meta._unseen_on_cpu`), the counters are counted as CPU
+# tensors and the random states from the call until they are freed, so that the prediction matches the CPU allocator's events. On a GPU, wrapped numbers live in CPU memory and kernels
 # read them as scalars: nothing is counted for ``device="cuda"``.
 #
 # NOTE [ meta kernels stricter than the CPU's ]: some meta kernels check the rules of the CUDA
@@ -356,6 +359,7 @@ def _run(
             _kernel_choices(device),
             _AsOnTheDevice(rec, device) as device_mode,
             _optimizer_steps_on(outside, functools.partial(_count_cpu, rec) if device == "cpu" else None),
+            rng_states_counted(rec) if device == "cpu" else contextlib.nullcontext(),
         ):
             _TARGET.autocast = None
             fn(*meta_args)
