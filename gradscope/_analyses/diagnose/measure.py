@@ -655,8 +655,8 @@ class Bench:
         """The user's step with its next run measured too (see NOTE [ the user's step's next run ])."""
         user = self.user()
         if not user.complete:
-            self._user = self.complete(user)
-        return self._user
+            user = self._user = self.complete(user)
+        return user
 
     def run(self, code: str, *, setup: str = "", tolerance: float = _TOLERANCE, least: int | None = None,
             reorders: bool = False) -> Trial:

@@ -13,9 +13,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from gradscope._analyses.predict.values import known_from
 from gradscope._base import compat as _compat
 from gradscope._base.compat import storage_key as _storage_key
-from gradscope._analyses.predict.values import known_from
 from gradscope._base.errors import GradscopeError
 
 
