@@ -1,7 +1,7 @@
 """The diagnosis's time against the step's own, side by side in one process, before and after its speed-ups.
 
 Run: ``python benchmarks/bench_diagnose.py [docs] [notebook] [6x384] [tracker] [allocator] [before]
-[diagnosis]`` (default: every example, every variant). For the GPT-2 example of docs/diagnosis.md (2 layers, as
+[twice] [diagnosis]`` (default: every example, every variant). For the GPT-2 example of docs/diagnosis.md (2 layers, as
 ``transformers`` builds it: train mode, dropout on) and the notebook's GPT-2 (4 layers, d128, batch
 8 x 64), under a budget each does not fit: the step's own time (a plain run of the block's code on a copy
 of the objects, median of 15 after one warm-up), the recorded block that ran out of memory, and
@@ -13,8 +13,12 @@ NOTE [ runs a fix needs ] in gradscope._analyses.diagnose.measure), ``allocator`
 counter of the compiled hooks, ``before`` runs each fix only as often as what it shows needs (the
 diagnosis of 2026-11-28 before its copies and comparisons were made cheaper: copies by ``copy.deepcopy``
 alone, results cloned and compared a tensor at a time, a micro-batched step run with dropout on before
-it is compared with dropout off), ``diagnosis`` is the diagnosis as it is (see NOTE [ a module's
-containers copied ahead ] and ``Bench.verify``). The first three have the copies and comparisons of ``before``. Times are the main thread's CPU time (other work on the machine moves wall times
+it is compared with dropout off), ``twice`` the diagnosis at the end of that day (its copies and
+comparisons made cheaper, but the user's step run twice at once and no values known on meta, so that
+``transformers``' checkpointing ran on CPU copies), ``diagnosis`` is the diagnosis as it is (see NOTE [ a
+module's containers copied ahead ], ``Bench.verify``, NOTE [ the user's step's next run ] and NOTE [ values
+known on meta ]). The first three have the copies and comparisons of ``before``; the first four run the user's
+step twice at once and know no values on meta. Times are the main thread's CPU time (other work on the machine moves wall times
 by up to 2x). The issue's target: at most 5x on the docs' example. Collections run outside the timed
 regions. The third example's block allocates over SMALL_STEP_ALLOCATED, so its fixes are measured on
 meta (see NOTE [ meta or a CPU copy ] in gradscope._analyses.diagnose.measure): the counter does not count
@@ -95,11 +99,25 @@ def _variant(name: str) -> Any:
 
     measure = importlib.import_module("gradscope._analyses.diagnose.measure")
     copies = importlib.import_module("gradscope._analyses.diagnose.copies")
+    on_meta = importlib.import_module("gradscope._analyses.predict.on_meta")
+    meta_copies = importlib.import_module("gradscope._analyses.predict.copies")
     saved = (_native.counter, measure.Bench.measure, measure.Bench.least)
     before = (copies._containers_ahead, _compat.largest_differences, measure._results, measure.Bench.run)
+    late = (measure.Bench.user, on_meta._keep_values, meta_copies.known_from)
     try:
-        if name != "diagnosis":  # copies by deepcopy alone, results cloned and compared a tensor at a time,
-            # micro-batches compared with dropout on first
+        if name != "diagnosis":  # the user's step run twice at once, no values known on meta
+            def user(self: Any) -> Any:
+                u = late[0](self)
+                if not u.complete:
+                    u = self._user = self.complete(u)
+                return u
+
+            measure.Bench.user = user
+            on_meta._keep_values = lambda *args: None
+            meta_copies.known_from = lambda *args: None
+        if name not in ("diagnosis", "twice"):
+            # copies by deepcopy alone, results cloned and compared a tensor at a time, micro-batches
+            # compared with dropout on first
             copies._containers_ahead = lambda objs, memo: None
             _compat.largest_differences = lambda xs, ys: None  # type: ignore[assignment]
             measure._results = lambda env, names, clone=True: before[2](env, names)
@@ -123,11 +141,12 @@ def _variant(name: str) -> Any:
             measure.Bench.least = lambda self, *args, **kwargs: None
         yield
     finally:
+        measure.Bench.user, on_meta._keep_values, meta_copies.known_from = late
         _native.counter, measure.Bench.measure, measure.Bench.least = saved
         copies._containers_ahead, _compat.largest_differences, measure._results, measure.Bench.run = before
 
 
-VARIANTS = ("tracker", "allocator", "before", "diagnosis")
+VARIANTS = ("tracker", "allocator", "before", "twice", "diagnosis")
 
 
 def main() -> None:
