@@ -22,6 +22,7 @@ import contextlib
 import copy
 import functools
 import re
+import warnings
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -386,6 +387,66 @@ def test_prediction_of_a_step_that_reads_values_says_so(arch: str) -> None:
     with pytest.raises(gs.GradscopeError, match=r"reads values") as info:
         gs.predict(_step, model, opt, _built(arch)[1], device="cpu")
     assert "item()" in str(info.value)
+
+
+def _checkpointed(arch: str) -> tuple[nn.Module, torch.optim.Optimizer] | None:
+    """A fresh copy of the architecture's model with its own activation checkpointing on (non-reentrant,
+    by the name the installed transformers documents), or None where it has none."""
+    model, _ = _fresh(arch)
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        if callable(getattr(model, "activation_checkpointing_enable", None)):
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+
+
+def _events_of(run: Callable[[], None]) -> tuple[tuple[int, int, int, tuple[tuple[str, int], ...]], ...]:
+    """The profiler's CPU allocation events over ``run()``, as _profiler_events reads them."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        run()
+    events = []
+    stack: list[tuple[Any, tuple[tuple[str, int], ...]]] = [
+        (e, ()) for e in prof.profiler.kineto_results.experimental_event_tree()
+    ]
+    while stack:
+        e, chain = stack.pop()
+        if e.tag == _EventType.Allocation:
+            if e.extra_fields.device.type == "cpu":
+                events.append((e.start_time_ns, int(e.extra_fields.alloc_size), int(e.extra_fields.ptr), chain))
+        else:
+            stack.extend((c, ((e.name, e.start_time_ns), *chain)) for c in e.children)
+    events.sort(key=lambda x: x[0])
+    return tuple(events)
+
+
+@pytest.mark.parametrize("arch", [a for a in ARCHS if a not in READS_VALUES])
+def test_prediction_of_a_checkpointed_step_equals_the_real_peak_but_for_what_its_notes_name(arch: str) -> None:
+    """transformers' own checkpointing turns the model's cache off, and some models then read their
+    position ids' values (a packed-sequence check): known on meta (NOTE [ values known on meta ]), so the
+    step is predicted, and its prediction equals the profiler's count of a real run of it."""
+    made = _checkpointed(arch)
+    if made is None:
+        pytest.skip(f"{arch}: no activation checkpointing of its own")
+    model, opt = made
+    inputs = _built(arch)[1]
+    p = gs.predict(_step, model, opt, inputs, device="cpu")
+    warm = _checkpointed(arch)
+    assert warm is not None
+    _seed()
+    _step(*warm, inputs)
+    real = _checkpointed(arch)
+    assert real is not None
+    _seed()
+    events = _events_of(lambda: _step(*real, inputs))
+    expected = _running_peak(events, _kernel_temporaries(events, " ".join(p.notes)))
+    assert p.peak_bytes == expected, (p.peak_bytes, expected, _running_peak(events))
+    assert all(q.grad is None for q in model.parameters()) and not opt.state
 
 
 # ----------------------------------------------------------------------------------------------
