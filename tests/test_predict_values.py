@@ -162,3 +162,33 @@ def test_the_diagnosis_measures_a_checkpointed_transformers_step_on_meta_as_the_
     assert on_meta.error is None and on_meta.how == "meta", on_meta.error
     assert on_cpu.error is None and on_cpu.how == "cpu copy"
     assert on_meta.peak == on_cpu.peak
+
+
+def test_predictions_on_threads_at_once_count_their_own_random_states_and_unpatch() -> None:
+    """Two checkpointed predictions on two threads at once, as ``gs.predict`` may be called from a
+    thread pool: each equals the one made alone, and ``torch.get_rng_state`` is PyTorch's again."""
+    import threading
+
+    before = torch.get_rng_state
+    model, opt, ids = _gpt2(True)
+    alone = gs.predict(_train_step, model, opt, ids, device="cpu").peak_bytes
+    got: list[int] = []
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(2)
+
+    def run() -> None:
+        try:
+            m, o, i = _gpt2(True)
+            barrier.wait()
+            got.append(gs.predict(_train_step, m, o, i, device="cpu").peak_bytes)
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert got == [alone, alone]
+    assert torch.get_rng_state is before
