@@ -268,16 +268,21 @@ def _saved_bytes(arch: str, under_mode: bool) -> int:
 def _profiler_events(arch: str) -> tuple[tuple[int, int, int, tuple[tuple[str, int], ...]], ...]:
     """The profiler's CPU allocation events over the unrecorded step, in time order:
     ``(time_ns, size, address, enclosing ops innermost first as (name, start_ns))``."""
-    from torch.profiler import ProfilerActivity, profile
-
     inputs = _built(arch)[1]
     model, opt = _fresh(arch)
     _seed()
     _step(model, opt, inputs)  # warm up
     model, opt = _fresh(arch)
     _seed()
+    return _events_of(lambda: _step(model, opt, inputs))
+
+
+def _events_of(run: Callable[[], None]) -> tuple[tuple[int, int, int, tuple[tuple[str, int], ...]], ...]:
+    """The profiler's CPU allocation events over ``run()``, in time order (see _profiler_events)."""
+    from torch.profiler import ProfilerActivity, profile
+
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        _step(model, opt, inputs)
+        run()
     events = []
     stack: list[tuple[Any, tuple[tuple[str, int], ...]]] = [
         (e, ()) for e in prof.profiler.kineto_results.experimental_event_tree()
@@ -402,27 +407,6 @@ def _checkpointed(arch: str) -> tuple[nn.Module, torch.optim.Optimizer] | None:
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model, torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
-
-
-def _events_of(run: Callable[[], None]) -> tuple[tuple[int, int, int, tuple[tuple[str, int], ...]], ...]:
-    """The profiler's CPU allocation events over ``run()``, as _profiler_events reads them."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        run()
-    events = []
-    stack: list[tuple[Any, tuple[tuple[str, int], ...]]] = [
-        (e, ()) for e in prof.profiler.kineto_results.experimental_event_tree()
-    ]
-    while stack:
-        e, chain = stack.pop()
-        if e.tag == _EventType.Allocation:
-            if e.extra_fields.device.type == "cpu":
-                events.append((e.start_time_ns, int(e.extra_fields.alloc_size), int(e.extra_fields.ptr), chain))
-        else:
-            stack.extend((c, ((e.name, e.start_time_ns), *chain)) for c in e.children)
-    events.sort(key=lambda x: x[0])
-    return tuple(events)
 
 
 @pytest.mark.parametrize("arch", [a for a in ARCHS if a not in READS_VALUES])

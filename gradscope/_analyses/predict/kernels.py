@@ -1,11 +1,12 @@
 """The kernels a device would choose, chosen on meta: attention and dropout take the fused kernels of
-their dtype (NOTE [ patching the attention function ]), and autocast is refused by name (NOTE
-[ autocast is refused by name ])."""
+their dtype (NOTE [ patching the attention function ]), autocast is refused by name (NOTE
+[ autocast is refused by name ]), and the CPU random states a step takes are counted on CPU."""
 
 from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,8 +17,14 @@ from gradscope._base.errors import GradscopeError
 
 
 @contextlib.contextmanager
-def _kernel_choices(device: str) -> Iterator[None]:
-    """On meta tensors, attention and dropout take the kernels the target device would take.
+def _kernel_choices(device: str, counts_rng: Any = None) -> Iterator[None]:
+    """On meta tensors, attention and dropout take the kernels the target device would take; with
+    ``counts_rng`` (a recorder, for ``device="cpu"``), each CPU random state this thread's step takes
+    (``torch.get_rng_state()``: the 5,056 bytes of the generator's state that non-reentrant
+    checkpointing keeps for every checkpointed segment until its recomputation) is counted by its
+    memory source from the call until the tensor is freed: PyTorch makes it outside any operator, so
+    no dispatch mode sees it, and the CPU allocator does (see NOTE [ bytes no operator output holds ]
+    in gradscope._analyses.predict.predictor).
 
     ``scaled_dot_product_attention`` asks a per-device function which fused kernel to use; the
     meta device has none, so it always takes the unfused math path, which saves the whole attention
@@ -46,18 +53,20 @@ def _kernel_choices(device: str) -> Iterator[None]:
     with _PATCH_LOCK:
         if _PATCH_DEPTH == 0:
             originals: dict[str, Any] = {"sdpa": F.scaled_dot_product_attention, "dropout": F.dropout,
-                                         "autocast": torch.amp.autocast_mode.autocast.__init__}
+                                         "autocast": torch.amp.autocast_mode.autocast.__init__,
+                                         "rng": torch.get_rng_state}
             _ORIGINALS.append(originals)
             F.scaled_dot_product_attention = _patched_sdpa(originals["sdpa"])
             F.dropout = _patched_dropout(originals["dropout"])
             torch.amp.autocast_mode.autocast.__init__ = _refused_autocast(originals["autocast"])  # type: ignore[method-assign]
+            torch.get_rng_state = _counted_rng_state(originals["rng"])
         _PATCH_DEPTH += 1
-    previous = getattr(_TARGET, "device", None)
-    _TARGET.device = device
+    previous = getattr(_TARGET, "device", None), getattr(_TARGET, "rng_rec", None)
+    _TARGET.device, _TARGET.rng_rec = device, counts_rng
     try:
         yield
     finally:
-        _TARGET.device = previous
+        _TARGET.device, _TARGET.rng_rec = previous
         with _PATCH_LOCK:
             _PATCH_DEPTH -= 1
             if _PATCH_DEPTH == 0:
@@ -65,6 +74,21 @@ def _kernel_choices(device: str) -> Iterator[None]:
                 F.scaled_dot_product_attention = originals["sdpa"]
                 F.dropout = originals["dropout"]
                 torch.amp.autocast_mode.autocast.__init__ = originals["autocast"]  # type: ignore[method-assign]
+                torch.get_rng_state = originals["rng"]
+
+
+def _counted_rng_state(original: Any) -> Any:
+    def get_rng_state() -> torch.Tensor:
+        state = original()
+        rec = getattr(_TARGET, "rng_rec", None)
+        src = None if rec is None else rec.memory_source
+        if src is not None and hasattr(src, "count_unseen"):
+            nbytes = state.untyped_storage().nbytes()
+            key = src.count_unseen(nbytes, "torch.get_rng_state (the CPU generator's state)")
+            weakref.finalize(state, src.end_unseen, key, nbytes)
+        return state
+
+    return get_rng_state
 
 
 def _patched_sdpa(original: Any) -> Any:

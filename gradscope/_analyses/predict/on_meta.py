@@ -425,49 +425,6 @@ def _unseen_on_cpu(func: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) ->
     return out
 
 
-_RNG = threading.local()  # .rec: the recorder of this thread's prediction that counts random states
-_RNG_LOCK = threading.Lock()
-_RNG_PATCH: list[Any] = []  # [PyTorch's get_rng_state, how many predictions use the patch]
-
-
-def _counted_rng_state() -> torch.Tensor:
-    state = _RNG_PATCH[0]() if _RNG_PATCH else torch.random.get_rng_state()
-    rec = getattr(_RNG, "rec", None)
-    src = None if rec is None else rec.memory_source
-    if src is not None and hasattr(src, "count_unseen"):
-        nbytes = state.untyped_storage().nbytes()
-        key = src.count_unseen(nbytes, "torch.get_rng_state (the CPU generator's state)")
-        weakref.finalize(state, src.end_unseen, key, nbytes)
-    return state
-
-
-@contextlib.contextmanager
-def rng_states_counted(rec: Any) -> Iterator[None]:
-    """For ``device="cpu"``: each CPU random state the step takes (``torch.get_rng_state()``: the
-    5,056 bytes of the generator's state that non-reentrant checkpointing keeps for every
-    checkpointed segment until its recomputation) counted from the call until the tensor is freed.
-    PyTorch makes it outside any operator, so no dispatch mode sees it; the CPU allocator does (see
-    NOTE [ bytes no operator output holds ] in gradscope._analyses.predict.predictor). The patch of
-    ``torch.get_rng_state`` is shared by predictions running at once on several threads (each counts
-    its own thread's calls) and taken away by the last to end."""
-    with _RNG_LOCK:
-        if not _RNG_PATCH:
-            _RNG_PATCH[:] = [torch.get_rng_state, 0]
-            torch.get_rng_state = _counted_rng_state
-        _RNG_PATCH[1] += 1
-    outer = getattr(_RNG, "rec", None)
-    _RNG.rec = rec
-    try:
-        yield
-    finally:
-        _RNG.rec = outer
-        with _RNG_LOCK:
-            _RNG_PATCH[1] -= 1
-            if _RNG_PATCH[1] == 0:
-                torch.get_rng_state = _RNG_PATCH[0]
-                _RNG_PATCH.clear()
-
-
 def _count_cpu(rec: Any, inside: bool) -> None:
     """Inside an optimizer step of a ``device="cpu"`` prediction, CPU tensors count as the meta ones
     do: see NOTE [ optimizer steps keep the default device ]."""

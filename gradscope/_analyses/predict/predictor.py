@@ -51,13 +51,12 @@ from gradscope._analyses.predict.copies import (
     _resize,
     _to_meta,
 )
-from gradscope._analyses.predict.kernels import _TARGET, _autocast_message, _kernel_choices
-from gradscope._analyses.predict.on_meta import (
-    _AsOnTheDevice,
-    _count_cpu,
-    _optimizer_steps_on,
-    rng_states_counted,
+from gradscope._analyses.predict.kernels import (
+    _TARGET,
+    _autocast_message,
+    _kernel_choices,
 )
+from gradscope._analyses.predict.on_meta import _AsOnTheDevice, _count_cpu, _optimizer_steps_on
 from gradscope._base.errors import GradscopeError
 from gradscope._base.units import parse_size
 from gradscope._model.recording import Recording, Where
@@ -213,7 +212,7 @@ class Prediction(Recording):
 # - the step counters of optimizers (see NOTE [ optimizer steps keep the default device ]);
 # - the CPU generator's state that ``torch.get_rng_state()`` returns (5,056 bytes), which non-reentrant
 #   checkpointing keeps for each checkpointed segment until it is recomputed
-#   (:func:`gradscope._analyses.predict.on_meta.rng_states_counted`).
+#   (``counts_rng`` of :func:`gradscope._analyses.predict.kernels._kernel_choices`).
 # For ``device="cpu"`` each of the first two is counted as alive for the duration of its op
 # (:func:`gradscope._analyses.predict.on_meta._unseen_on_cpu`), the counters are counted as CPU
 # tensors and the random states from the call until they are freed, so that the prediction matches the CPU allocator's events. On a GPU, wrapped numbers live in CPU memory and kernels
@@ -361,10 +360,9 @@ def _run(
         with (
             rec,
             torch.device("meta"),
-            _kernel_choices(device),
+            _kernel_choices(device, rec if device == "cpu" else None),
             _AsOnTheDevice(rec, device) as device_mode,
             _optimizer_steps_on(outside, functools.partial(_count_cpu, rec) if device == "cpu" else None),
-            rng_states_counted(rec) if device == "cpu" else contextlib.nullcontext(),
         ):
             _TARGET.autocast = None
             fn(*meta_args)
