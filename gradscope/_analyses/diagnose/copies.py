@@ -9,6 +9,7 @@ import contextlib
 import copy
 import logging
 import math
+import re
 import types
 from collections.abc import Mapping
 from typing import Any
@@ -24,7 +25,13 @@ _TOLERANCE = 1e-4  # largest relative difference of a result counted as equal (f
 # epsilon turns a rounding difference of 1e-7 into a move of a few percent of the learning rate; and
 # it would not see a gradient scaled by two at all. Gradients, optimizer state and buffers are
 # compared at 1e-4 (relative to each tensor's largest value); parameters, which the step moved, at
-# 1e-3. A finding's ``tolerance`` says when a fix needs more (autocast).
+# 1e-3. A finding's ``tolerance`` says when a fix needs more (autocast). A parameter whose optimizer
+# state (its moments: Adam's exp_avg and exp_avg_sq, a momentum buffer; the step count left out)
+# agrees within 1e-4 is not compared itself: the state holds the gradients the steps received
+# (exp_avg is (1 - beta1) * g after a first step), and the same optimizer moved the parameter from
+# them, by m / sqrt(v) where the gradient is near zero (GPT-2 6 x 384's micro-batches of 2 left a
+# layer norm's bias 7e-3 apart, relative, whose moments agreed). A fix that changed the gradients
+# changes the state.
 PARAMETER_TOLERANCE = 1e-3
 _PARAM = "#parameter"
 _GRAPH = " (with its graph)"
@@ -274,7 +281,10 @@ def _clones_as_deepcopy(t: torch.Tensor, storages: Mapping[int, int]) -> bool:
     return ptr != 0 and storages.get(ptr) == 1  # (``storages``: how many of the objects' tensors are on each)
 
 
-def _tensors_of(name: str, v: Any, out: dict[str, torch.Tensor], params: set[str] | None = None) -> None:
+def _tensors_of(name: str, v: Any, out: dict[str, torch.Tensor], params: set[str] | None = None,
+                named: Mapping[int, str] | None = None) -> None:
+    """The tensors ``v`` holds, under names that start with ``name``; an optimizer's state under the
+    names of its parameters where ``named`` (parameters by id) has them."""
     if isinstance(v, torch.Tensor):
         out[name] = v
         if v.is_leaf and v.grad is not None:
@@ -289,32 +299,35 @@ def _tensors_of(name: str, v: Any, out: dict[str, torch.Tensor], params: set[str
         for k, b in v.named_buffers():
             out[f"{name}.{k}"] = b
     elif isinstance(v, torch.optim.Optimizer):
-        for i, st in enumerate(v.state.values()):
+        for i, (param, st) in enumerate(v.state.items()):
+            which = (named or {}).get(id(param), str(i))
             for k, t in st.items():
                 if isinstance(t, torch.Tensor):
-                    out[f"{name}.state[{i}][{k!r}]"] = t
+                    out[f"{name}.state[{which}][{k!r}]"] = t
     elif isinstance(v, bool):
         return
     elif isinstance(v, int | float):  # a number where the step kept a tensor (`losses.append(loss.item())`)
         out[name] = torch.tensor(float(v), dtype=torch.float64)
     elif isinstance(v, list | tuple):
         for i, x in enumerate(v[:10_000]):
-            _tensors_of(f"{name}[{i}]", x, out, params)
+            _tensors_of(f"{name}[{i}]", x, out, params, named)
     elif isinstance(v, dict):
         for i, (k, x) in enumerate(list(v.items())[:10_000]):
             # a key that is no plain value (a parameter: the optimizer in backward's ``opt_of``) by its place
             key = repr(k) if isinstance(k, str | int | float | bool | tuple) or k is None else f"<{type(k).__name__} {i}>"
-            _tensors_of(f"{name}[{key}]", x, out, params)
+            _tensors_of(f"{name}[{key}]", x, out, params, named)
 
 
 def _results(env: Mapping[str, Any], names: set[str], *, clone: bool = True) -> dict[str, dict[str, torch.Tensor]]:
     """Every tensor the named variables hold (see ``_tensors_of``), detached: copies where the
     variables run on (``clone``), the tensors themselves where nothing runs in ``env`` again."""
     out: dict[str, dict[str, torch.Tensor]] = {}
+    named = {id(p): f"{n}.{k}" for n in sorted(names) if isinstance(env[n], nn.Module)
+             for k, p in env[n].named_parameters()}
     for name in names:
         flat: dict[str, torch.Tensor] = {}
         params: set[str] = set()
-        _tensors_of(name, env[name], flat, params)
+        _tensors_of(name, env[name], flat, params, named)
         # a result that carries a graph (a loss kept for a later backward) differs from one that does
         # not, whatever its value: the later backward would fail
         out[name] = {k + (_PARAM if k in params else _GRAPH if t.requires_grad else ""):
@@ -328,11 +341,13 @@ def _compare(a: Mapping[str, Any], b: Mapping[str, Any], objects: set[str]) -> t
     worst, where = 0.0, ""
     differs: list[str] = []
     freed = 0
-    for name in sorted(set(a) & set(b)):
+    found = {name: _differences(a[name], b[name]) for name in sorted(set(a) & set(b))}
+    agreed = _moments_agree(found)  # see NOTE [ parameters after an optimizer's step ]
+    for name, each in found.items():
         ta, tb = a[name], b[name]
         if name in objects:
             freed += sum(1 for k in set(ta) - set(tb) if k.endswith(".grad"))
-        d = _difference(ta, tb)
+        d = _worst(each, agreed)
         if name in objects:
             if d[0] > worst:
                 worst, where = d[0], d[1]
@@ -346,13 +361,13 @@ def _marked(t: torch.Tensor) -> torch.Tensor:
     return t.nan_to_num(0.0, 1.0, -1.0)
 
 
-def _difference(ta: Mapping[str, torch.Tensor], tb: Mapping[str, torch.Tensor]) -> tuple[float, str]:
+def _differences(ta: Mapping[str, torch.Tensor], tb: Mapping[str, torch.Tensor]) -> dict[str, float]:
     """Gradients the fix left freed (None) where the step kept them are not a difference: the fix
     applied them already (the finding says so through ``Trial.freed``). Each tensor's difference is its
     largest one relative to its largest value (parameters scaled, see NOTE [ parameters after an
     optimizer's step ]); NaN and inf are the same where both hold them at the same places."""
     if set(tb) - set(ta) or any(not k.endswith(".grad") for k in set(ta) - set(tb)):
-        return math.inf, ", ".join(sorted(set(ta) ^ set(tb))[:3])
+        return {", ".join(sorted(set(ta) ^ set(tb))[:3]): math.inf}
     found: list[tuple[str, float | None]] = []  # each tensor's difference (None: a float one, worked out below)
     pairs: list[tuple[torch.Tensor, torch.Tensor]] = []  # the float ones' tensors, in order
     for k in ta:
@@ -362,7 +377,7 @@ def _difference(ta: Mapping[str, torch.Tensor], tb: Mapping[str, torch.Tensor]) 
         if x.dim() == 0 and y.dim() == 0 and x.is_floating_point() and y.is_floating_point():
             x, y = x.double(), y.double()  # a number and a 0-dim tensor of the same value are the same result
         if x.shape != y.shape or x.dtype != y.dtype:
-            return math.inf, k.removesuffix(_PARAM)
+            return {k: math.inf}
         if not x.is_floating_point():
             found.append((k, 0.0 if torch.equal(x, y) else math.inf))
         elif x.numel() == 0:
@@ -373,22 +388,50 @@ def _difference(ta: Mapping[str, torch.Tensor], tb: Mapping[str, torch.Tensor]) 
             found.append((k, None))
             pairs.append((x, y))
     floats = iter(zip(pairs, _largest(pairs), strict=True))
-    worst, where = 0.0, ""
+    out: dict[str, float] = {}
     for k, d in found:
         if d is None:
             (x, y), (scale, most) = next(floats)
             if not (math.isfinite(scale) and math.isfinite(most)):  # NaN or inf: the same where both have them
                 fx, fy = x.isfinite(), y.isfinite()
                 if not torch.equal(fx, fy) or not torch.equal(_marked(x[~fx]), _marked(y[~fy])):
-                    return math.inf, k.removesuffix(_PARAM)
+                    return {k: math.inf}
                 x, y = x.where(fx, 0.0), y.where(fy, 0.0)
                 scale, most = torch.stack([x.abs().max(), (x - y).abs().max()]).double().tolist()
             d = most / scale if scale > 0 else most
             if k.endswith(_PARAM):
                 d *= _TOLERANCE / PARAMETER_TOLERANCE  # see NOTE [ parameters after an optimizer's step ]
-        if d > worst:
+        out[k] = d
+    return out
+
+
+def _worst(each: Mapping[str, float], agreed: set[str] = frozenset()) -> tuple[float, str]:  # type: ignore[assignment]
+    """The largest of a variable's differences (``_differences``) and where, the parameters in
+    ``agreed`` left out (see NOTE [ parameters after an optimizer's step ])."""
+    worst, where = 0.0, ""
+    for k, d in each.items():
+        if k not in agreed and d > worst:
             worst, where = d, k.removesuffix(_PARAM)
     return worst, where
+
+
+def _difference(ta: Mapping[str, torch.Tensor], tb: Mapping[str, torch.Tensor]) -> tuple[float, str]:
+    return _worst(_differences(ta, tb))
+
+
+_STATE = re.compile(r"^[^.\[]+\.state\[(?P<param>.+)\]\[(?P<key>'[^']*')\]$")
+
+
+def _moments_agree(found: Mapping[str, Mapping[str, float]]) -> set[str]:
+    """Parameters (as their results are named) whose optimizer state other than its step count agrees
+    within _TOLERANCE: see NOTE [ parameters after an optimizer's step ]."""
+    states: dict[str, list[float]] = {}
+    for each in found.values():
+        for k, d in each.items():
+            m = _STATE.match(k)
+            if m is not None and m.group("key") != "'step'":
+                states.setdefault(m.group("param"), []).append(d)
+    return {p + _PARAM for p, ds in states.items() if ds and max(ds) <= _TOLERANCE}
 
 
 def _largest(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[float, float]]:
