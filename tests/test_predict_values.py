@@ -192,3 +192,15 @@ def test_predictions_on_threads_at_once_count_their_own_random_states_and_unpatc
     assert not errors, errors
     assert got == [alone, alone]
     assert torch.get_rng_state is before
+
+
+def _written_by_a_foreach_op(x: torch.Tensor) -> None:
+    idx = [torch.zeros(1, dtype=torch.long), torch.ones(1, dtype=torch.long)]
+    torch._foreach_add_(idx, [x.argmax().reshape(1), x.argmin().reshape(1)])  # values of data: not known
+    y = x[: int(idx[0].item()) + 1].sum()
+    y.backward()
+
+
+def test_a_foreach_op_that_writes_unknown_values_drops_the_known_ones() -> None:
+    with pytest.raises(gs.GradscopeError, match="cannot be predicted"):
+        gs.predict(_written_by_a_foreach_op, torch.randn(16, requires_grad=True), device="cpu")

@@ -120,9 +120,7 @@ class _AsOnTheDevice(_compat.torch_dispatch_mode()):  # type: ignore[misc]
                 with _compat.no_dispatch_modes():
                     return func(*cpu[0], **cpu[1])
         out = self._dispatch_meta(func, args, kwargs)
-        first = out[0] if isinstance(out, tuple) and out else out
-        if isinstance(first, torch.Tensor) and first.device.type == "meta":
-            _keep_values(func, args, kwargs, out)
+        _keep_values(func, args, kwargs, out)
         return out
 
     def _dispatch_meta(self, func: Any, args: Any, kwargs: Any) -> Any:
@@ -238,7 +236,7 @@ def _keep_values(func: Any, args: Any, kwargs: Any, out: Any) -> None:
     """After ``func`` ran on meta: the values of its integer and boolean outputs, computed by the CPU
     kernel where its meta inputs' values are known; the values of what it wrote into dropped where
     they are not (see NOTE [ values known on meta ] in gradscope._analyses.predict.values)."""
-    outs = out if isinstance(out, tuple) else (out,)
+    outs = tuple(out) if isinstance(out, tuple | list) else (out,)
     wanted = any(isinstance(t, torch.Tensor) and t.device.type == "meta" and _values.exact(t) for t in outs)
     written = _written(func)
     if not wanted and not (written and _values.any_known()):
@@ -251,8 +249,9 @@ def _keep_values(func: Any, args: Any, kwargs: Any, out: Any) -> None:
     if cpu is None:
         for i, n in written:
             t = args[i] if i < len(args) else kwargs.get(n)
-            if isinstance(t, torch.Tensor):
-                _values.forget_storage_of(t)
+            for w in (t if isinstance(t, list | tuple) else (t,)):  # (a foreach op writes into a list)
+                if isinstance(w, torch.Tensor):
+                    _values.forget_storage_of(w)
         return
     try:
         with _compat.no_dispatch_modes(), torch.no_grad():
