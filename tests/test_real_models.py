@@ -409,7 +409,17 @@ def _checkpointed(arch: str) -> tuple[nn.Module, torch.optim.Optimizer] | None:
     return model, torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
 
 
-@pytest.mark.parametrize("arch", [a for a in ARCHS if a not in READS_VALUES])
+# On torch 2.6 checkpointing recomputes Swin's segments without the prediction's meta default device: a
+# tensor its forward made on meta (an empty one) is made on the CPU again, and the recomputation's check
+# refuses it; the prediction says so (its error names CheckpointError). torch 2.13 and 2.15 recompute on meta.
+_RECOMPUTES_OFF_META = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) < (2, 13)
+
+
+@pytest.mark.parametrize("arch", [
+    pytest.param(a, marks=pytest.mark.xfail(_RECOMPUTES_OFF_META and a.startswith("swin"), raises=gs.GradscopeError,
+                                           reason="torch < 2.13 recomputes a checkpointed Swin segment off meta",
+                                           strict=True))
+    for a in ARCHS if a not in READS_VALUES])
 def test_prediction_of_a_checkpointed_step_equals_the_real_peak_but_for_what_its_notes_name(arch: str) -> None:
     """transformers' own checkpointing turns the model's cache off, and some models then read their
     position ids' values (a packed-sequence check): known on meta (NOTE [ values known on meta ]), so the
