@@ -107,6 +107,20 @@ def profiler_peak(step: Any) -> int:
     return running_peak((size, ptr) for _, size, ptr in profiler_cpu_allocations(step))
 
 
+def recorded_peak(step: Any, *args: Any, memory: str = "cpu") -> int:
+    """The recorded peak of a real run of ``step`` on deep copies of ``args`` (``memory="cpu"``: the CPU
+    allocator's own reports; the tensors the copies hold counted as resident, as gs.predict counts them)."""
+    import copy
+
+    import gradscope as gs
+
+    args = copy.deepcopy(args)
+    with gs.record(memory=memory) as rec:
+        step(*args)
+    assert rec.recording is not None
+    return rec.recording.peak_bytes
+
+
 def running_peak(events: Any) -> int:
     """Peak of the running sum of ``(size, address)`` allocation events (frees negative), counting
     only memory allocated among them (a free of an address not allocated there is ignored)."""

@@ -723,11 +723,15 @@ def test_a_replica_is_what_deepcopy_makes_of_the_objects() -> None:
 
 @pytest.mark.parametrize("foreach", [True, False], ids=["foreach", "one_at_a_time"])
 def test_a_results_difference_is_the_largest_relative_one(foreach: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A result's difference (``_difference`` in gradscope._analyses.diagnose.copies) against one worked out in float64
+    """A result's difference (``_worst`` of ``_differences`` in gradscope._analyses.diagnose.copies) against one worked out in float64
     tensor by tensor here, with PyTorch's foreach operators and without them: each tensor's largest difference
     relative to its largest value, parameters scaled (NOTE [ parameters after an optimizer's step ]), NaN and inf
     the same only at the same places, integers equal or not."""
     measure = importlib.import_module("gradscope._analyses.diagnose.copies")
+
+    def difference(x: dict[str, torch.Tensor], y: dict[str, torch.Tensor]) -> tuple[float, str]:
+        return measure._worst(measure._differences(x, y))
+
     if not foreach:
         monkeypatch.setattr(measure._compat, "largest_differences", lambda xs, ys: None)
     torch.manual_seed(0)
@@ -744,14 +748,14 @@ def test_a_results_difference_is_the_largest_relative_one(foreach: bool, monkeyp
         return d * measure._TOLERANCE / measure.PARAMETER_TOLERANCE if k.endswith("#parameter") else d
 
     worst = max(["w#parameter", "g", "h"], key=expected)
-    got = measure._difference(a, b)
+    got = difference(a, b)
     assert got[1] == worst.removesuffix("#parameter") and got[0] == pytest.approx(expected(worst), rel=1e-3)
-    assert measure._difference({"g": a["g"]}, {"g": b["g"]})[0] == pytest.approx(expected("g"), rel=1e-6)
-    assert measure._difference(a, a) == (0.0, "")
+    assert difference({"g": a["g"]}, {"g": b["g"]})[0] == pytest.approx(expected("g"), rel=1e-6)
+    assert difference(a, a) == (0.0, "")
     nan = torch.tensor([1.0, float("nan"), float("inf"), 2.0])
-    assert measure._difference({"x": nan}, {"x": nan.clone()}) == (0.0, "")
-    assert measure._difference({"x": nan}, {"x": nan.flip(0)})[0] == float("inf")
-    assert measure._difference({"i": a["i"]}, {"i": a["i"] + 1}) == (float("inf"), "i")
+    assert difference({"x": nan}, {"x": nan.clone()}) == (0.0, "")
+    assert difference({"x": nan}, {"x": nan.flip(0)})[0] == float("inf")
+    assert difference({"i": a["i"]}, {"i": a["i"] + 1}) == (float("inf"), "i")
 
 
 def test_micro_batches_measured_on_meta_are_compared_with_dropout_off_without_a_run_with_it_on() -> None:

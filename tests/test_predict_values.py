@@ -5,24 +5,14 @@ written with an unknown value) still stops the prediction with gradscope's error
 
 from __future__ import annotations
 
-import copy
 import warnings
 
 import pytest
 import torch
+from conftest import recorded_peak
 from torch import nn
 
 import gradscope as gs
-
-
-def _allocator_peak(step, *args) -> int:  # noqa: ANN001
-    """The CPU allocator's peak of a real run of ``step`` on copies of ``args`` (the tensors they
-    hold counted as resident, as gs.predict counts them)."""
-    args = copy.deepcopy(args)
-    with gs.record(memory="cpu") as rec:
-        step(*args)
-    assert rec.recording is not None
-    return rec.recording.peak_bytes
 
 
 def _gpt2(checkpointed: bool) -> tuple[nn.Module, torch.optim.Optimizer, torch.Tensor]:
@@ -56,13 +46,13 @@ def test_a_transformers_step_is_predicted_to_the_allocators_byte(checkpointed: b
     # ids' values (packed sequences?): on meta that read was refused before their values were known
     model, opt, ids = _gpt2(checkpointed)
     p = gs.predict(_train_step, model, opt, ids, device="cpu")
-    assert p.peak_bytes == _allocator_peak(_train_step, model, opt, ids)
+    assert p.peak_bytes == recorded_peak(_train_step, model, opt, ids)
 
 
 def test_a_checkpointed_step_holds_less_than_the_plain_one_as_predicted_and_as_run() -> None:
     plain, checkpointed = _gpt2(False), _gpt2(True)
     predicted = [gs.predict(_train_step, *a, device="cpu").peak_bytes for a in (plain, checkpointed)]
-    real = [_allocator_peak(_train_step, *a) for a in (plain, checkpointed)]
+    real = [recorded_peak(_train_step, *a) for a in (plain, checkpointed)]
     assert predicted == real and real[1] < real[0]
 
 
@@ -84,7 +74,7 @@ def test_branches_on_known_integers_take_the_way_the_real_run_takes(zeros: bool)
     if zeros:
         mask[3, 0] = 0
     p = gs.predict(_branching, x, mask, device="cpu")
-    assert p.peak_bytes == _allocator_peak(_branching, x, mask)
+    assert p.peak_bytes == recorded_peak(_branching, x, mask)
 
 
 def test_the_two_branches_differ_so_the_value_was_read() -> None:
@@ -94,7 +84,7 @@ def test_the_two_branches_differ_so_the_value_was_read() -> None:
     some[0, 0] = 0
     a, b = (gs.predict(_branching, x, m, device="cpu").peak_bytes for m in (ones, some))
     assert b - a > 64 * 512 * 4  # the concatenation holds a second [64, 512] at least
-    assert b - a == _allocator_peak(_branching, x, some) - _allocator_peak(_branching, x, ones)
+    assert b - a == recorded_peak(_branching, x, some) - recorded_peak(_branching, x, ones)
 
 
 def _reads_a_float(x: torch.Tensor) -> None:

@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 import torch
 import transformers as tf
-from conftest import independent_nodes, profiler_peak, running_peak
+from conftest import independent_nodes, profiler_peak, recorded_peak, running_peak
 from torch import nn
 from torch._C._profiler import _EventType
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -446,13 +446,6 @@ def test_prediction_of_a_checkpointed_step_equals_the_real_peak_but_for_what_its
 # ----------------------------------------------------------------------------------------------
 # what the real models showed in gs.predict, each in miniature
 # ----------------------------------------------------------------------------------------------
-def _real_cpu_peak(step: Callable[..., None], *args: Any, memory: str = "cpu") -> int:
-    args = copy.deepcopy(args)
-    with gs.record(memory=memory) as rec:
-        step(*args)
-    return rec.recording.peak_bytes
-
-
 class _BiasedAttention(nn.Module):
     """Attention whose additive mask is a learnt bias (as Swin's relative position bias)."""
 
@@ -479,7 +472,7 @@ def test_an_attention_mask_that_requires_grad_takes_the_cpu_math_kernel_in_predi
     assert torch._fused_sdp_choice(q, q, q, attn_mask=model.bias) == 0
     p = gs.predict(step, model, x, device="cpu")
     # the tracker's count of the real step (the CPU math kernel's own buffers are not outputs)
-    assert p.peak_bytes == _real_cpu_peak(step, model, x, memory="tracker")
+    assert p.peak_bytes == recorded_peak(step, model, x, memory="tracker")
     assert not any("_scaled_dot_product_flash" in a.label for a in p.allocations)
 
 
@@ -503,7 +496,7 @@ def test_an_op_whose_meta_kernel_is_stricter_than_the_cpus_runs_as_the_cpu_kerne
     except RuntimeError as e:
         stricter = "BF16" in str(e)
     p = gs.predict(_grouped, w, x, offs, device="cpu")
-    assert p.peak_bytes == _real_cpu_peak(_grouped, w, x, offs)
+    assert p.peak_bytes == recorded_peak(_grouped, w, x, offs)
     if not stricter:
         assert not [n for n in p.notes if "meta kernels reject" in n]
         return

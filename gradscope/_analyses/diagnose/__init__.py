@@ -537,10 +537,7 @@ def _toolbox(ctx: Context) -> list[Finding]:
     shape = shape_of(bench.source)
     user = bench.user()
     if shape is None or user.error is not None or user.peak is None:
-        note = (f"your step could not be run on copies of your objects ({user.error}): fixes that rewrite it were "
-                "not tried.")
-        if note not in ctx.notes:  # (said already where a fix's failure ran it a second time: _fails_again)
-            ctx.notes.append(note)
+        _could_not_run(ctx, user.error)
         return []
     room = _room(ctx, user)
     ctx.measured = (user.peak, user.resident, room)
@@ -608,11 +605,16 @@ def _fails_again(ctx: Context, bench: Bench) -> bool:
     user = bench.user_complete()
     if user.error is None:
         return False
-    note = (f"your step could not be run on copies of your objects ({user.error}): fixes that rewrite it were "
-            "not tried.")
+    _could_not_run(ctx, user.error)
+    return True
+
+
+def _could_not_run(ctx: Context, error: str | None) -> None:
+    """The note (once: a fix's failure may have said it already, see ``_fails_again``) that the user's
+    step could not be run on copies, so no fix that rewrites it was tried."""
+    note = f"your step could not be run on copies of your objects ({error}): fixes that rewrite it were not tried."
     if note not in ctx.notes:
         ctx.notes.append(note)
-    return True
 
 
 def _failed_on_copies(ctx: Context, pattern: str, error: str) -> str:

@@ -415,10 +415,6 @@ def _worst(each: Mapping[str, float], agreed: set[str] = frozenset()) -> tuple[f
     return worst, where
 
 
-def _difference(ta: Mapping[str, torch.Tensor], tb: Mapping[str, torch.Tensor]) -> tuple[float, str]:
-    return _worst(_differences(ta, tb))
-
-
 _STATE = re.compile(r"^[^.\[]+\.state\[(?P<param>.+)\]\[(?P<key>'[^']*')\]$")
 
 

@@ -518,7 +518,7 @@ class Bench:
             try:
                 with (counted_on_meta(self.device, counter.source) if isinstance(counter, _TrackerCount)
                       and pending.meta else contextlib.nullcontext()):
-                    held, later, seconds, _ = self._run_once(pending.env, pending.pieces, counter)
+                    held, later, _, _ = self._run_once(pending.env, pending.pieces, counter)
             finally:
                 counter.stop()
         return dataclasses.replace(trial, later=later, later_resident=held)

@@ -51,11 +51,7 @@ from gradscope._analyses.predict.copies import (
     _resize,
     _to_meta,
 )
-from gradscope._analyses.predict.kernels import (
-    _TARGET,
-    _autocast_message,
-    _kernel_choices,
-)
+from gradscope._analyses.predict.kernels import _TARGET, _autocast_message, _kernel_choices
 from gradscope._analyses.predict.on_meta import _AsOnTheDevice, _count_cpu, _optimizer_steps_on
 from gradscope._base.errors import GradscopeError
 from gradscope._base.units import parse_size
