@@ -6,8 +6,9 @@ memory mode, and the recording says what it could not see."""
 
 from __future__ import annotations
 
+import gc
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -272,6 +273,17 @@ def _global_hooks_warning() -> Any:
     return none_shown()
 
 
+@pytest.fixture
+def fresh_compiler() -> Iterator[None]:
+    """The compiler's caches emptied before and after: its recompile limit (8 per code object on
+    torch 2.6) counts every compiled module a whole suite left alive, and past it a module runs
+    eagerly, so what these tests see would depend on what earlier tests and the collector did."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+    gc.collect()
+
+
 def _compile_available() -> bool:
     try:
         torch.compile(lambda t: t + 1, backend="aot_eager")(torch.ones(1))
@@ -280,6 +292,7 @@ def _compile_available() -> bool:
     return True
 
 
+@pytest.mark.usefixtures("fresh_compiler")
 def test_compiled_module_same_results_stays_compiled_and_says_what_it_hid() -> None:
     if not _compile_available():
         # No compiler here: a compiled call fails the same way with and without recording, and
@@ -317,6 +330,7 @@ def test_compiled_module_same_results_stays_compiled_and_says_what_it_hid() -> N
         assert type(compiled(x).grad_fn).__name__ == "CompiledFunctionBackward"
 
 
+@pytest.mark.usefixtures("fresh_compiler")
 def test_compiled_module_first_compiled_inside_a_recording() -> None:
     if not _compile_available():
         pytest.skip("torch.compile cannot run here; covered by the test above")
@@ -385,6 +399,7 @@ def test_users_own_disable_saved_tensors_hooks_inside_a_block() -> None:
 
 @pytest.mark.skipif(not __import__("os").environ.get("GRADSCOPE_SLOW_TESTS"),
                     reason="inductor compiles C++ (~15 s here); set GRADSCOPE_SLOW_TESTS=1")
+@pytest.mark.usefixtures("fresh_compiler")
 def test_inductor_compiled_module_bit_identical_in_every_memory_mode() -> None:
     """With inductor, eager and compiled numerics differ: a recording that made the module fall
     back to eager (as a dispatch mode once did, for good) would change the gradients."""
