@@ -351,6 +351,54 @@ def test_compiled_module_first_compiled_inside_a_recording() -> None:
     assert leftovers() == []
 
 
+def _dynamo_filters() -> list[Any]:
+    import logging
+
+    return list(logging.getLogger("torch._dynamo.convert_frame").filters)
+
+
+@pytest.mark.usefixtures("fresh_compiler")
+@pytest.mark.parametrize("memory", ["off", "cpu"])
+def test_a_recompile_limit_reached_in_the_block_is_said(memory: str) -> None:
+    """torch.compile gives up on a function past its recompile limit and runs it eagerly: a block
+    in which that happens says so by name, and the same values come out as without recording."""
+    if not _compile_available():
+        pytest.skip("torch.compile cannot run here")
+    import torch._dynamo.config as dconfig
+
+    limit = "recompile_limit" if hasattr(dconfig, "recompile_limit") else "cache_size_limit"
+
+    def scaled(t: torch.Tensor, n: int) -> torch.Tensor:
+        return (t * n).tanh()
+
+    f = torch.compile(scaled, backend="aot_eager", dynamic=False)
+    x = _input(requires_grad=True)
+    expected = [scaled(x, n).sum() for n in (1, 2, 3)]
+    before = _dynamo_filters()
+    with dconfig.patch(**{limit: 1}):
+        f(x, 1)  # compiled once before the block: the block's first call needs no compile
+        with gs.record(memory=memory) as rec:
+            got = [f(x, n).sum() for n in (1, 2, 3)]  # n=2 would compile again: past the limit of 1
+    assert [g.item() for g in got] == [e.item() for e in expected]
+    said = [n for n in rec.recording.notes if "recompile limit" in n]
+    assert len(said) == 1 and "'scaled'" in said[0] and "ran eagerly" in said[0], rec.recording.notes
+    assert _dynamo_filters() == before and leftovers() == []  # the watch is gone with the block
+    with dconfig.patch(**{limit: 1}):  # and a block where nothing reaches it says nothing
+        with gs.record(memory=memory) as rec:
+            f(x, 1)
+    assert not [n for n in rec.recording.notes if "recompile limit" in n]
+
+
+@pytest.mark.usefixtures("fresh_compiler")
+def test_the_recompile_limit_watch_is_gone_after_an_exception() -> None:
+    before = _dynamo_filters()
+    with pytest.raises(ZeroDivisionError):
+        with gs.record(memory="cpu"):
+            _model()(_input()).sum()
+            1 / 0  # noqa: B018 - the block raises
+    assert _dynamo_filters() == before and leftovers() == []
+
+
 def test_gs_graph_does_not_recompute_a_checkpointed_segment() -> None:
     calls = []
     model = _model()

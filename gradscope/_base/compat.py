@@ -607,6 +607,41 @@ def force_eager_stance() -> Any:
         return None
 
 
+# NOTE [ the recompile limit in a block ]: torch.compile compiles a function again when a guard of
+# what it compiled fails, and past a limit per code object (config.cache_size_limit on torch 2.6,
+# recompile_limit later; 8) it gives up and runs that function eagerly from then on, logging a
+# warning. A recording can be what tips it: on torch 2.6 the module hooks a block installs fail the
+# guard on the global hooks, so a compiled module compiles once more in its first recorded block,
+# and a process that already compiled eight modules of one code object (nn.Module.__call__'s,
+# shared by all) ran the ninth eagerly while recorded (measured: a ninth live compiled Sequential
+# ran compiled outside the block and eagerly inside it). The watch reads that warning, which has
+# kept one shape from 2.6 to 2.15, so that the recording says so.
+_LIMIT_HIT = "torch._dynamo hit config."
+
+
+def watch_recompile_limit(hit: Callable[[str], None]) -> Callable[[], None]:
+    """``hit(function)`` for each time torch.compile gives up on a function, on the calling
+    thread, because it reached its recompile limit (see NOTE [ the recompile limit in a block ]),
+    until the returned undo runs. The warning itself still reaches the user's handlers."""
+    import logging
+
+    logger = logging.getLogger("torch._dynamo.convert_frame")
+    thread = threading.get_ident()
+
+    def seen(record: logging.LogRecord) -> bool:
+        try:
+            if record.thread == thread and isinstance(record.msg, str) and record.msg.startswith(_LIMIT_HIT):
+                message = record.getMessage()
+                start = message.find("function: ")
+                hit(message[start + 10:].split("\n", 1)[0].strip() if start >= 0 else "?")
+        except Exception:  # a watch never breaks torch's logging
+            pass
+        return True  # never filters anything out
+
+    logger.addFilter(seen)
+    return lambda: logger.removeFilter(seen)
+
+
 def compiled_saves_observable() -> bool:
     """Whether this torch has the AOTAutograd step :func:`observe_compiled_saves` observes (torch
     2.13 and 2.15 do; 2.6 does this bookkeeping inline)."""

@@ -187,9 +187,26 @@ class Observer:
         self.partitions: list[dict[str, Any]] = []
         self.observed = False
         self.eager_set = False
+        self.limit_hits: list[str] = []  # see NOTE [ the recompile limit in a block ] in gradscope._base.compat
 
     def start(self) -> Callable[[], None]:
         """Begin observing (or set compilation aside); returns the undo (run also on errors)."""
+        unwatch = _compat.watch_recompile_limit(self.limit_hits.append)
+        try:
+            undo = self._start()
+        except BaseException:
+            unwatch()
+            raise
+
+        def both() -> None:
+            try:
+                undo()
+            finally:
+                unwatch()
+
+        return both
+
+    def _start(self) -> Callable[[], None]:
         if self.mode == "eager":
             handle = _compat.force_eager_stance()
             self.eager_set = handle is not None
@@ -208,8 +225,18 @@ class Observer:
 
     def attach(self, rec: Any) -> Any:
         """The recording with ``extra["compiled"]`` and its notes (unchanged when nothing is
-        compiled and compilation was not set aside)."""
+        compiled, compilation was not set aside and no recompile limit was reached)."""
         notes = list(rec.notes)
+        if self.limit_hits:
+            functions = ", ".join(dict.fromkeys(self.limit_hits))
+            notes.append(
+                f"torch.compile reached its recompile limit {len(self.limit_hits)} time(s) in the block "
+                f"({functions}): those functions ran eagerly from then on, so their operators show as "
+                "eager nodes here, and PyTorch logged why. A recording can cause one of those recompiles "
+                "(on torch 2.6 a compiled module compiles again for the module hooks a block installs); "
+                "torch._dynamo.reset() or a higher torch._dynamo.config recompile limit before the block "
+                "lets them run compiled."
+            )
         if self.mode == "eager":
             notes.append(EAGER_NOTE if self.eager_set else (
                 "compiled='eager' was asked for, but this torch has no torch.compiler.set_stance: "
@@ -218,7 +245,7 @@ class Observer:
         if not nodes:
             if self.mode == "eager":
                 return replace(rec, notes=tuple(notes), extra={**rec.extra, "compiled": {"mode": self.mode}})
-            return rec
+            return replace(rec, notes=tuple(notes)) if self.limit_hits else rec
         by_node: dict[int, dict[int, Any]] = {}
         for s in rec.saved:
             if s.attribute.startswith("saved_tensors["):
