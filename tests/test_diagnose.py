@@ -7,6 +7,7 @@ import importlib
 import re
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -761,8 +762,9 @@ def test_a_results_difference_is_the_largest_relative_one(foreach: bool, monkeyp
 def test_micro_batches_measured_on_meta_are_compared_with_dropout_off_without_a_run_with_it_on() -> None:
     """Micro-batches draw dropout's masks slice by slice, in another order than the step: their results are
     compared with dropout off (see NOTE [ results where randomness allows ] in gradscope._analyses.diagnose.measure). Where
-    their memory was measured on meta, they are not run for real with dropout on first: three real runs (the
-    user's step with dropout on and off, the fix with it off) where four ran before, and the same comparison."""
+    their memory was measured on meta, neither they nor the user's step are run for real with dropout on (see NOTE
+    [ one reference with dropout off ]): two real runs (the user's step and the fix with dropout off) where four
+    ran before, and the same comparison."""
     measure = importlib.import_module("gradscope._analyses.diagnose.measure")
     source = "out = model(x)\nout.square().mean().backward()\nopt.step()\nopt.zero_grad()\n"
     micro = ("for start in range(0, 256, 128):\n"
@@ -785,10 +787,81 @@ def test_micro_batches_measured_on_meta_are_compared_with_dropout_off_without_a_
         trial = bench.settled(trial)
         found[reorders] = (trial, runs.count("run"))
     for trial, _ in found.values():
-        assert trial.compared == measure.COMPARED_OFF and trial.same is True and trial.later is not None
+        assert trial.same is True and trial.later is not None
         assert trial.seconds is not None and trial.seconds > 0
+    assert found[True][0].compared == measure.COMPARED_OFF and found[False][0].compared == measure.COMPARED_OFF_ONCE
     assert found[True][0].worst == found[False][0].worst and found[True][0].worst_at == found[False][0].worst_at
-    assert (found[True][1], found[False][1]) == (3, 4)
+    assert (found[True][1], found[False][1]) == (2, 2)
+
+
+def _meta_bench(source: str) -> tuple[Any, list[str], dict[str, Any]]:
+    measure = importlib.import_module("gradscope._analyses.diagnose.measure")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 256), nn.Dropout(0.2), nn.ReLU(), nn.Linear(256, 256), nn.Dropout(0.1),
+                          nn.ReLU(), nn.Linear(256, 8))
+    ns = {"model": model, "opt": torch.optim.Adam(model.parameters(), lr=1e-3), "x": torch.randn(256, 32),
+          "checkpoint": torch.utils.checkpoint.checkpoint}
+    runs: list[str] = []
+    bench = measure.Bench(source, ns, progress=runs.append)
+    bench._is_small = False  # measured on meta (a step this small would run on CPU copies)
+    return bench, runs, ns
+
+
+def test_fixes_measured_on_meta_share_one_run_of_the_step_with_dropout_off() -> None:
+    """NOTE [ one reference with dropout off ]: a fix that replays dropout's masks (checkpointing) and one
+    that draws them in another order (micro-batches), both measured on meta, are compared with dropout off
+    against one real run of the user's step: three real runs in all, where four ran (the user's step with
+    dropout on as well). A fix that changes the results is still found so, and the comparison agrees with
+    one made independently: the step and the fix run on deep copies with every dropout's p set to 0."""
+    measure = importlib.import_module("gradscope._analyses.diagnose.measure")
+    source = "out = model(x)\nout.square().mean().backward()\nopt.step()\nopt.zero_grad()\n"
+    ckpt = "out = checkpoint(model, x, use_reentrant=False)\nout.square().mean().backward()\nopt.step()\nopt.zero_grad()\n"
+    doubled = "out = model(x)\n(2 * out.square().mean()).backward()\nopt.step()\nopt.zero_grad()\n"
+    micro = ("for start in range(0, 256, 128):\n"
+             "    out = model(x[start:start + 128])\n"
+             "    (out.square().mean() * (128 / 256)).backward()\n"
+             "opt.step()\n"
+             "opt.zero_grad()\n")
+    bench, runs, ns = _meta_bench(source)
+    assert bench.user().how == "meta"
+    trials = {}
+    for name, code in (("ckpt", ckpt), ("micro", micro), ("doubled", doubled)):
+        trial = bench.run(code, reorders=name == "micro")
+        assert trial.how == "meta"
+        trials[name] = bench.settled(trial)
+    assert runs.count("run") == 4  # the user's step with dropout off once, each fix once
+    assert trials["ckpt"].compared == measure.COMPARED_OFF_ONCE and trials["ckpt"].same is True
+    assert trials["micro"].compared == measure.COMPARED_OFF and trials["micro"].same is True
+    assert trials["doubled"].same is False  # Adam's moments of twice the gradients differ
+    assert bench.user().seconds is not None and all(t.seconds for t in trials.values())
+
+    def independent(code: str) -> list[torch.Tensor]:
+        env = copy.deepcopy({k: v for k, v in ns.items() if k != "checkpoint"})
+        for m in env["model"].modules():
+            if isinstance(m, nn.Dropout):
+                m.p = 0.0
+        env["checkpoint"] = ns["checkpoint"]
+        exec(code, env)
+        return [p.detach() for p in env["model"].parameters()] + [
+            t for st in env["opt"].state.values() for t in st.values() if torch.is_tensor(t)]
+
+    ref = independent(source)
+    for name, code in (("ckpt", ckpt), ("micro", micro), ("doubled", doubled)):
+        agree = all(torch.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(ref, independent(code), strict=True))
+        assert agree is (name != "doubled"), name
+
+
+def test_a_step_that_draws_with_dropout_off_is_compared_as_before_on_meta() -> None:
+    """Where the user's step draws random numbers of its own (noise), its run with dropout off cannot be the
+    reference: a checkpointed fix measured on meta is then compared with dropout on, from the same random
+    state, as before."""
+    measure = importlib.import_module("gradscope._analyses.diagnose.measure")
+    source = "out = model(x + 0.1 * torch.randn_like(x))\nout.square().mean().backward()\nopt.step()\nopt.zero_grad()\n"
+    ckpt = source.replace("model(x + 0.1 * torch.randn_like(x))",
+                          "checkpoint(model, x + 0.1 * torch.randn_like(x), use_reentrant=False)")
+    bench, runs, _ = _meta_bench(source)
+    trial = bench.settled(bench.run(ckpt))
+    assert trial.compared == measure.COMPARED_ON and trial.same is True
 
 
 def test_a_fix_that_ran_out_of_memory_on_copies_names_what_the_variables_hold() -> None:

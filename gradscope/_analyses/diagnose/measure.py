@@ -97,13 +97,23 @@ _NOT_ON_META = ("autocast", "forward_ad", "jvp", "jacfwd", "input_grad", "mixed_
 # a model with two dropout modules or more draw their masks in another order whatever the values
 # (``Trial.reorders``): they are compared with dropout off at once, so that a micro-batched step whose
 # memory was measured on meta is not run for real with dropout on for a comparison that cannot agree
-# (GPT-2 6 x 384's diagnosis: six real runs of a step, seven before). The user's step with dropout off
-# runs once for every fix compared so; a fix not run with dropout on has as its time its run's over the
-# user's with dropout off.
+# (one real run of a step fewer). The user's step with dropout off runs once for every fix compared
+# so; a fix not run with dropout on has as its time its run's over the user's with dropout off.
+# NOTE [ one reference with dropout off ]: where the user's step and a fix were both measured on meta
+# (a large step: see NOTE [ meta or a CPU copy ]) and the step's models hold dropout to turn off, the
+# real runs are there only to compare results and times: memory was counted on meta, with dropout on,
+# as the user runs it. Every such fix is then compared with dropout off at once, against one real run
+# of the user's step with dropout off, and its time is its run's over that one's. The user's step is
+# not also run with dropout on for the fixes that replay dropout's masks (checkpointing), which saves
+# one real run of the step (GPT-2 6 x 384: four real runs where five ran, the step 5 s). What that
+# gives up: such a fix's comparison with dropout on (the masks it replays). Where the run with dropout
+# off still draws random numbers, the fix is compared as above.
 COMPARED_PLAIN = "compared from the same state"  # the step draws no random numbers
 COMPARED_ON = "compared with dropout as you have it, from the same random state"
 COMPARED_OFF = ("compared with dropout off: with it on, the fix draws dropout's random masks in another order than "
                 "your step")
+COMPARED_OFF_ONCE = ("compared with dropout off: your step's memory was measured on meta, without running it, and "
+                     "one real run of it with dropout off is what every fix is compared with")
 NOT_COMPARED = ("not compared: your step draws random numbers that the fix draws in another order, so no two runs "
                 "of them can be compared")
 
@@ -271,6 +281,7 @@ class Bench:
         self.progress = progress if progress is not None else (lambda what: None)
         self._user: Trial | None = None
         self._real: dict[bool, _Real | None] = {}  # the user's step run for real, by dropout on/off
+        self._dropout_on: bool | None = None  # its models hold dropout to turn off (Bench._off_at_once)
         self._measured: dict[tuple[str, str], Trial] = {}
         self._reals: dict[tuple[str, str], _Real] = {}  # first runs of the CPU copies, counted
         self._is_small: bool | None = None
@@ -646,8 +657,10 @@ class Bench:
             self.room = self._room_of(self._user) if self._room_of is not None and self._user.peak is not None else None
             if self.room is not None and self.room.fits_first(int(self._user.peak or 0)):
                 self._user = self.complete(self._user)  # whether it fits: both runs (see Room.fits)
-        ref = self._real.get(True)
-        if ref is not None and self._user.seconds is None:  # (measured on meta: its time is that of a real run)
+        # (measured on meta: its time is that of a real run; where only its run with dropout off ran
+        # for real, that one's: see NOTE [ one reference with dropout off ])
+        ref = self._real.get(True) or (self._real.get(False) if True not in self._real else None)
+        if ref is not None and self._user.seconds is None:
             self._user = dataclasses.replace(self._user, seconds=ref.seconds)
         return self._user
 
@@ -674,10 +687,14 @@ class Bench:
         with dropout on for a comparison that cannot agree (a micro-batched step measured on meta)."""
         if trial.error is not None or trial.verified or trial.bound is not None:
             return trial
+        objects = set(self._split(self.source)[0])
+        if self._off_at_once(trial):
+            done = self._compared_off(trial, objects, None)
+            if done is not None:
+                return done if trial.reorders else dataclasses.replace(done, compared=COMPARED_OFF_ONCE)
         ref = self.reference()
         if ref is None:
             return dataclasses.replace(trial, verified=True)
-        objects = set(self._split(self.source)[0])
         if trial.reorders and ref.drew:
             done = self._compared_off(trial, objects, ref)
             if done is not None:
@@ -699,11 +716,28 @@ class Bench:
                                    differs=differs, freed=freed, seconds=trial.seconds or mine.seconds, compared=compared,
                                    verified=True)
 
-    def _compared_off(self, trial: Trial, objects: set[str], ref: _Real, seconds: float | None = None) -> Trial | None:
+    def _off_at_once(self, trial: Trial) -> bool:
+        """Whether ``trial`` is compared with dropout off before any run with it on (see NOTE [ one
+        reference with dropout off ]): the user's step and the fix were measured on meta, the user's
+        step has not run for real with dropout on, and its models hold dropout to turn off."""
+        if trial.how != "meta" or self._user is None or self._user.how != "meta" or self._real.get(True):
+            return False
+        if self._dropout_on is None:
+            copied, _ = self._split(self.source)
+            self._dropout_on = any(
+                (isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0)
+                or any("dropout" in k and isinstance(a, float) and a > 0 for k, a in vars(m).items())
+                for v in copied.values() if isinstance(v, nn.Module) for m in v.modules() if m.training)
+        return self._dropout_on
+
+    def _compared_off(self, trial: Trial, objects: set[str], ref: _Real | None,
+                      seconds: float | None = None) -> Trial | None:
         """``trial`` compared with the user's step with dropout off, both run again so (the user's
         run once for every fix compared so); None where either fails or still draws random numbers.
         Its ``seconds``, where it was not run with dropout on (its memory measured on meta): the user's
-        step's times the fix's over the user's step's with dropout off."""
+        step's times the fix's over the user's step's with dropout off; without a run of the user's step
+        with dropout on (``ref`` None), the fix's with dropout off, the user's step's time being its run's
+        with dropout off (:meth:`user`)."""
         off = self.reference(dropout=False)
         if off is None or off.drew:
             return None
@@ -714,7 +748,10 @@ class Bench:
         if mine.drew:
             return None
         worst, where, differs, freed = _compare(off.state, mine.state, objects)
-        seconds = seconds or trial.seconds or (mine.seconds * ref.seconds / off.seconds if off.seconds > 0 else None)
+        if ref is None:
+            seconds = seconds or trial.seconds or mine.seconds
+        else:
+            seconds = seconds or trial.seconds or (mine.seconds * ref.seconds / off.seconds if off.seconds > 0 else None)
         return dataclasses.replace(trial, same=worst <= trial.tolerance, worst=worst, worst_at=where, differs=differs,
                                    freed=freed, seconds=seconds, compared=COMPARED_OFF, verified=True)
 
