@@ -1,13 +1,13 @@
 """The diagnosis's time against the step's own, side by side in one process, before and after its speed-ups.
 
 Run: ``python benchmarks/bench_diagnose.py [docs] [notebook] [6x384] [tracker] [allocator] [before]
-[twice] [diagnosis]`` (default: every example, every variant). For the GPT-2 example of docs/diagnosis.md (2 layers, as
+[twice] [on-too] [diagnosis]`` (default: every example, every variant). For the GPT-2 example of docs/diagnosis.md (2 layers, as
 ``transformers`` builds it: train mode, dropout on) and the notebook's GPT-2 (4 layers, d128, batch
 8 x 64), under a budget each does not fit: the step's own time (a plain run of the block's code on a copy
 of the objects, median of 15 after one warm-up), the recorded block that ran out of memory, and
 ``gs.diagnose`` of it (median of 3, each a fresh diagnosis: nothing is cached between them), with how
 many runs of a step the diagnosis measured on meta and ran for real. Prints the ratio diagnosis / step
-for four variants, interleaved: ``tracker`` counts every run on CPU copies with the tracker and runs
+for six variants, interleaved: ``tracker`` counts every run on CPU copies with the tracker and runs
 every fix twice (the diagnosis before its speed-ups: see NOTE [ the CPU allocator counts a run ] and
 NOTE [ runs a fix needs ] in gradscope._analyses.diagnose.measure), ``allocator`` counts them with the allocator's
 counter of the compiled hooks, ``before`` runs each fix only as often as what it shows needs (the
@@ -16,10 +16,14 @@ alone, results cloned and compared a tensor at a time, a micro-batched step run 
 it is compared with dropout off), ``twice`` the diagnosis at the end of that day (its copies and
 comparisons made cheaper, but the user's step run twice at once, no values known on meta, so that
 ``transformers``' checkpointing ran on CPU copies, and parameters compared whatever their optimizer's state
-says), ``diagnosis`` is the diagnosis as it is (see NOTE [ a module's containers copied ahead ],
-``Bench.verify``, NOTE [ the user's step's next run ], NOTE [ values known on meta ] and NOTE [ parameters after
-an optimizer's step ]). The first three have the copies and comparisons of ``before``; the first four run the
-user's step twice at once, know no values on meta and compare every parameter. Times are the main thread's CPU time (other work on the machine moves wall times
+says), ``on-too`` the diagnosis of 2026-11-29 before its fixes measured on meta shared one run of the
+user's step with dropout off (see NOTE [ one reference with dropout off ]; it also ran that step with dropout
+on), ``diagnosis`` is the diagnosis as it is (see NOTE [ a module's containers copied ahead ],
+``Bench.verify``, NOTE [ the user's step's next run ], NOTE [ values known on meta ], NOTE [ parameters after
+an optimizer's step ] and NOTE [ one reference with dropout off ]). The first three have the copies and
+comparisons of ``before``; the first four run the user's step twice at once, know no values on meta and
+compare every parameter; all but the last run the user's step with dropout on where fixes measured on meta
+replay dropout's masks. Times are the main thread's CPU time (other work on the machine moves wall times
 by up to 2x). The issue's target: at most 5x on the docs' example. Collections run outside the timed
 regions. The third example's block allocates over SMALL_STEP_ALLOCATED, so its fixes are measured on
 meta (see NOTE [ meta or a CPU copy ] in gradscope._analyses.diagnose.measure): the counter does not count
@@ -105,9 +109,13 @@ def _variant(name: str) -> Any:
     saved = (_native.counter, measure.Bench.measure, measure.Bench.least)
     before = (copies._containers_ahead, _compat.largest_differences, measure._results, measure.Bench.run)
     late = (measure.Bench.user, on_meta._keep_values, meta_copies.known_from, copies._moments_agree)
+    off_at_once = measure.Bench._off_at_once
     try:
-        if name != "diagnosis":  # the user's step run twice at once, no values known on meta, parameters
-            # compared whatever their optimizer's state says
+        if name != "diagnosis":  # the user's step run with dropout on too, for the fixes that replay masks
+            measure.Bench._off_at_once = lambda self, trial: False
+        if name not in ("diagnosis", "on-too"):
+            # the user's step run twice at once, no values known on meta, parameters compared
+            # whatever their optimizer's state says
             def user(self: Any) -> Any:
                 u = late[0](self)
                 if not u.complete:
@@ -118,7 +126,7 @@ def _variant(name: str) -> Any:
             on_meta._keep_values = lambda *args: None
             meta_copies.known_from = lambda *args: None
             copies._moments_agree = lambda found: set()
-        if name not in ("diagnosis", "twice"):
+        if name not in ("diagnosis", "on-too", "twice"):
             # copies by deepcopy alone, results cloned and compared a tensor at a time, micro-batches
             # compared with dropout on first
             copies._containers_ahead = lambda objs, memo: None
@@ -144,12 +152,13 @@ def _variant(name: str) -> Any:
             measure.Bench.least = lambda self, *args, **kwargs: None
         yield
     finally:
+        measure.Bench._off_at_once = off_at_once
         measure.Bench.user, on_meta._keep_values, meta_copies.known_from, copies._moments_agree = late
         _native.counter, measure.Bench.measure, measure.Bench.least = saved
         copies._containers_ahead, _compat.largest_differences, measure._results, measure.Bench.run = before
 
 
-VARIANTS = ("tracker", "allocator", "before", "twice", "diagnosis")
+VARIANTS = ("tracker", "allocator", "before", "twice", "on-too", "diagnosis")
 
 
 def main() -> None:
