@@ -774,13 +774,7 @@ def test_micro_batches_measured_on_meta_are_compared_with_dropout_off_without_a_
              "opt.zero_grad()\n")
     found = {}
     for reorders in (True, False):
-        torch.manual_seed(0)
-        model = nn.Sequential(nn.Linear(32, 256), nn.Dropout(0.2), nn.ReLU(), nn.Linear(256, 256), nn.Dropout(0.1),
-                              nn.ReLU(), nn.Linear(256, 8))
-        ns = {"model": model, "opt": torch.optim.Adam(model.parameters(), lr=1e-3), "x": torch.randn(256, 32)}
-        runs: list[str] = []
-        bench = measure.Bench(source, ns, progress=runs.append)
-        bench._is_small = False  # measured on meta (a step this small would run on CPU copies)
+        bench, runs, _ = _meta_bench(source)
         assert bench.user().how == "meta"
         trial = bench.run(micro, reorders=reorders)
         assert trial.how == "meta"

@@ -229,15 +229,17 @@ def _replica(objs: Mapping[str, Any], *, dropout: bool = True,
         if isinstance(twin, torch.Tensor) and t.is_leaf and t.grad is not None and twin.grad is None:
             twin.grad = t.grad.detach().clone()
     if not dropout:
-        for v in out.values():
-            if isinstance(v, nn.Module):
-                for m in v.modules():
-                    if isinstance(m, nn.modules.dropout._DropoutNd):
-                        m.p = 0.0
-                    for k, a in list(vars(m).items()):
-                        if "dropout" in k and isinstance(a, float):
-                            setattr(m, k, 0.0)
+        for m, k in _dropouts(out):
+            setattr(m, k, 0.0)
     return out
+
+
+def _dropouts(objs: Mapping[str, Any]) -> list[tuple[nn.Module, str]]:
+    """Where the objects' modules hold dropout, as (module, attribute): each dropout module's ``p``
+    and each float attribute named dropout (what a copy with dropout off sets to 0)."""
+    return [(m, k) for v in objs.values() if isinstance(v, nn.Module) for m in v.modules()
+            for k in (("p",) if isinstance(m, nn.modules.dropout._DropoutNd) else ())
+            + tuple(k for k, a in vars(m).items() if "dropout" in k and isinstance(a, float))]
 
 
 # NOTE [ a module's containers copied ahead ]: ``copy.deepcopy`` of a module rebuilds each of its

@@ -19,6 +19,7 @@ from gradscope._analyses.diagnose.copies import (
     _TOLERANCE,
     _closure_objects,
     _compare,
+    _dropouts,
     _global_reads,
     _passed_as_is,
     _Rebuilt,
@@ -724,10 +725,7 @@ class Bench:
             return False
         if self._dropout_on is None:
             copied, _ = self._split(self.source)
-            self._dropout_on = any(
-                (isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0)
-                or any("dropout" in k and isinstance(a, float) and a > 0 for k, a in vars(m).items())
-                for v in copied.values() if isinstance(v, nn.Module) for m in v.modules() if m.training)
+            self._dropout_on = any(m.training and getattr(m, k) > 0 for m, k in _dropouts(copied))
         return self._dropout_on
 
     def _compared_off(self, trial: Trial, objects: set[str], ref: _Real | None,
