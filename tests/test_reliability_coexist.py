@@ -399,6 +399,66 @@ def test_the_recompile_limit_watch_is_gone_after_an_exception() -> None:
     assert _dynamo_filters() == before and leftovers() == []
 
 
+@pytest.mark.usefixtures("fresh_compiler")
+def test_tracker_blocks_on_two_threads_ending_out_of_order_leave_torch_compile_working() -> None:
+    """Two tracker blocks on two threads, the first ending while the second runs: PyTorch's
+    process-wide dispatch-mode flags and torch.compile's stance are as they were before both (see
+    NOTE [ dispatch-mode flags across threads ] and NOTE [ one eager stance for all blocks ]), and a
+    function compiled afterwards runs compiled (on torch 2.6 it ran eagerly for the rest of the
+    process)."""
+    import threading
+
+    from torch.utils import _python_dispatch as pd
+
+    if not _compile_available():
+        pytest.skip("torch.compile cannot run here")
+    flags = {k: v for k, v in vars(pd).items() if k.startswith("_is_in_") and isinstance(v, bool)}
+    stance = getattr(getattr(torch._dynamo, "eval_frame", None), "_stance", None)
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def first() -> None:
+        try:
+            with gs.record(memory="tracker"):
+                torch.ones(2).sum()
+                first_in.set()
+                assert second_in.wait(30)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+        finally:
+            first_in.set()
+            first_out.set()
+
+    def second() -> None:
+        try:
+            assert first_in.wait(30)
+            with gs.record(memory="tracker"):
+                torch.ones(2).sum()
+                second_in.set()
+                assert first_out.wait(30)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+        finally:
+            second_in.set()
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors and not any(t.is_alive() for t in threads)
+    assert {k: getattr(pd, k) for k in flags} == flags
+    if stance is not None:
+        assert torch._dynamo.eval_frame._stance == stance
+
+    def doubled(t: torch.Tensor) -> torch.Tensor:
+        return (t * 2).tanh()
+
+    out = torch.compile(doubled, backend="aot_eager")(_input(requires_grad=True))
+    assert type(out.grad_fn).__name__ == "CompiledFunctionBackward"
+    assert leftovers() == []
+
+
 def test_gs_graph_does_not_recompute_a_checkpointed_segment() -> None:
     calls = []
     model = _model()

@@ -515,10 +515,69 @@ def node_scope() -> Any:
 
 
 # ----------------------------------------------------------------------------- dispatch modes
+# NOTE [ dispatch-mode flags across threads ]: PyTorch keeps whether a dispatch mode is active in
+# process-wide flags (``torch.utils._python_dispatch._is_in_torch_dispatch_mode`` and its kin), and a
+# mode's exit puts back the values its enter found. Modes on two threads that end out of order (two
+# tracker blocks, the first ending while the second runs) left them set after both had ended: the
+# second found the first's "active" and put it back last. torch 2.6's Dynamo reads them, compiles
+# nothing while they say a mode is active, and marks each function it meets so as one never to
+# compile (measured: a function compiled after two such blocks ran eagerly, whatever was reset).
+# So gradscope's modes count themselves across threads, and when the last of them ends the flags get
+# back the values they had before the first began.
+_MODE_LOCK = threading.Lock()
+_MODES_ACTIVE = [0]  # gradscope's dispatch modes active, on every thread
+_FLAGS_OUTSIDE: dict[str, bool] = {}  # the flags as the first of them found them
+
+
+def _mode_flags() -> dict[str, bool]:
+    from torch.utils import _python_dispatch as pd
+
+    return {k: v for k, v in vars(pd).items() if k.startswith("_is_in_") and isinstance(v, bool)}
+
+
+def _put_mode_flags(flags: dict[str, bool]) -> None:
+    from torch.utils import _python_dispatch as pd
+
+    for k, v in flags.items():
+        setattr(pd, k, v)
+    mirror = getattr(pd, "set_is_in_mode_without_ignore_compile_internals", None)  # (its C twin, 2.13 on)
+    if callable(mirror) and "_is_in_any_mode_without_ignore_compile_internals" in flags:
+        mirror(flags["_is_in_any_mode_without_ignore_compile_internals"])
+
+
+@functools.cache
 def torch_dispatch_mode() -> type:
+    """The base of gradscope's dispatch modes: PyTorch's, counted across threads (see NOTE
+    [ dispatch-mode flags across threads ])."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    return TorchDispatchMode
+    class _CountedMode(TorchDispatchMode):  # type: ignore[misc]
+        def __enter__(self) -> Any:
+            with _MODE_LOCK:
+                if _MODES_ACTIVE[0] == 0:
+                    _FLAGS_OUTSIDE.clear()
+                    _FLAGS_OUTSIDE.update(_mode_flags())
+                _MODES_ACTIVE[0] += 1
+            try:
+                return super().__enter__()
+            except BaseException:
+                _left_mode()
+                raise
+
+        def __exit__(self, *exc: Any) -> Any:
+            try:
+                return super().__exit__(*exc)
+            finally:
+                _left_mode()
+
+    return _CountedMode
+
+
+def _left_mode() -> None:
+    with _MODE_LOCK:
+        _MODES_ACTIVE[0] -= 1
+        if _MODES_ACTIVE[0] == 0:
+            _put_mode_flags(_FLAGS_OUTSIDE)
 
 
 def has_ignore_compile_internals() -> bool:
@@ -540,20 +599,21 @@ def eager_compile_stance() -> Any:
     inside the block would be marked too)."""
     if has_ignore_compile_internals():
         return None
-    set_stance = getattr(getattr(torch, "compiler", None), "set_stance", None)
-    if set_stance is None:
-        return None
-    try:
-        with no_dispatch_modes():  # importing Dynamo runs ops: a program's own mode must not see them
-            return set_stance("force_eager")  # sets it now; its __exit__ puts the previous one back
-    except Exception:
-        return None
+    return force_eager_stance()
 
 
 def restore_compile_stance(handle: Any) -> None:
-    """Put back the stance :func:`eager_compile_stance` replaced (None: nothing to do)."""
-    if handle is not None:
-        handle.__exit__(None, None, None)
+    """Give back a hold of :func:`force_eager_stance` or :func:`eager_compile_stance` (None:
+    nothing to do); the last one held puts the previous stance back."""
+    if handle is None:
+        return
+    with _STANCE_LOCK:
+        _STANCE_HOLDS.remove(handle)
+        if _STANCE_HOLDS:
+            return
+        stance = _STANCE[0]
+        _STANCE.clear()
+    stance.__exit__(None, None, None)
 
 
 _MODULE_HOOK_KEY = -0x6773  # gradscope's one key in torch's global module-hook dicts (never a handle's id)
@@ -593,18 +653,36 @@ def remove_global_module_hooks() -> None:
 _PUBLIC_MODULE_HOOKS: list[Any] = []
 
 
+# NOTE [ one eager stance for all blocks ]: torch.compile's stance is process-wide, and each
+# ``set_stance`` puts back the stance it found. Blocks on several threads that each set and put back
+# their own (two tracker blocks on torch 2.6, each forcing eager) ended out of order: the second
+# block found "force_eager", the first's and put it back last, and torch.compile ran eagerly in the
+# whole process from then on (measured: a function compiled after two such blocks ran eagerly). So
+# the stance is held: the first hold sets it, the others count, and the last one given back puts
+# back the stance the first found.
+_STANCE_LOCK = threading.Lock()
+_STANCE: list[Any] = []  # the first hold's set_stance context, whose exit puts back the stance it found
+_STANCE_HOLDS: list[object] = []  # one token per hold not given back yet
+
+
 def force_eager_stance() -> Any:
-    """Set torch.compile's stance to ``"force_eager"`` (compiled functions and modules run their
-    Python code eagerly) and return the handle whose ``__exit__`` puts the previous stance back;
-    None where this torch has no ``torch.compiler.set_stance`` (nothing changed)."""
+    """Hold torch.compile's stance at ``"force_eager"`` (compiled functions and modules run their
+    Python code eagerly; see NOTE [ one eager stance for all blocks ]) and return the hold for
+    :func:`restore_compile_stance`; None where this torch has no ``torch.compiler.set_stance``
+    (nothing changed)."""
     set_stance = getattr(getattr(torch, "compiler", None), "set_stance", None)
     if set_stance is None:
         return None
-    try:
-        with no_dispatch_modes():
-            return set_stance("force_eager")
-    except Exception:
-        return None
+    with _STANCE_LOCK:
+        if not _STANCE:
+            try:
+                with no_dispatch_modes():  # importing Dynamo runs ops: a program's own mode must not see them
+                    _STANCE.append(set_stance("force_eager"))  # sets it now; its exit puts the previous one back
+            except Exception:
+                return None
+        hold = object()
+        _STANCE_HOLDS.append(hold)
+        return hold
 
 
 # NOTE [ the recompile limit in a block ]: torch.compile compiles a function again when a guard of
