@@ -205,3 +205,39 @@ def test_nesting_in_one_thread_is_refused_and_leaves_the_outer_block_intact() ->
     assert [n.name for n in outer.recording.nodes] == [n.name for n in base.nodes]
     assert outer.recording.backward_passes == 1
     assert leftovers() == []
+
+
+@pytest.mark.parametrize("memory", ["off", "tracker"])
+def test_a_block_starting_and_ending_on_another_thread_during_an_optimizer_step(memory: str) -> None:
+    """torch iterates its global optimizer hooks during every ``optimizer.step()``: a block that
+    starts and ends on another thread meanwhile changes nothing there (see NOTE [ one pair of
+    optimizer hooks ]); before, its own pair was added and removed, and the step raised
+    "OrderedDict mutated during iteration" (two predictions on two threads at once)."""
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    model, x = _main_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    errors: list[BaseException] = []
+
+    def other_block() -> None:
+        try:
+            with gs.record(memory=memory):
+                nn.Linear(3, 3)(torch.ones(2, 3)).sum().backward()
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    def during_the_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+        t = threading.Thread(target=other_block)
+        t.start()
+        t.join(60)
+
+    handle = register_optimizer_step_pre_hook(during_the_step)  # iterated before gradscope's pair
+    try:
+        with gs.record(memory=memory) as rec:
+            model(x).sum().backward()
+            opt.step()
+    finally:
+        handle.remove()
+    assert not errors and rec.recording.complete
+    assert all(p.grad is not None for p in model.parameters())
+    assert leftovers() == []

@@ -80,6 +80,49 @@ def _module_post(module: nn.Module, args: Any, output: Any) -> None:
         post(module, args, output)
 
 
+# NOTE [ one pair of optimizer hooks ]: torch keeps global optimizer step hooks in an OrderedDict that
+# every ``optimizer.step()`` iterates; a block that registered and removed its own pair mutated it
+# while a step on another thread iterated it ("OrderedDict mutated during iteration": two
+# predictions on two threads at once). As with module hooks, the active blocks' hooks go through
+# one registered pair, registered with the first block and removed with the last.
+_OPT_HOOKS: list[tuple[Callable[..., Any], Callable[..., Any]]] = []  # the active blocks', in order
+_OPT_HANDLES: list[Any] = []  # torch's handles of the one pair, while any block records
+
+
+def _opt_pre(optimizer: Any, args: Any, kwargs: Any) -> None:
+    for pre, _ in tuple(_OPT_HOOKS):
+        pre(optimizer, args, kwargs)
+
+
+def _opt_post(optimizer: Any, args: Any, kwargs: Any) -> None:
+    for _, post in tuple(_OPT_HOOKS):
+        post(optimizer, args, kwargs)
+
+
+class _OptimizerHooks:
+    """One block's optimizer step hooks among the active blocks' (see NOTE [ one pair of optimizer
+    hooks ])."""
+
+    def __init__(self, pre: Callable[..., Any], post: Callable[..., Any]) -> None:
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        self.entry = (pre, post)
+        with _MODULE_HOOKS_LOCK:
+            if not _OPT_HOOKS:
+                _OPT_HANDLES[:] = [register_optimizer_step_pre_hook(_opt_pre),
+                                   register_optimizer_step_post_hook(_opt_post)]
+            _OPT_HOOKS.append(self.entry)
+
+    def remove(self) -> None:
+        with _MODULE_HOOKS_LOCK:
+            if self.entry in _OPT_HOOKS:
+                _OPT_HOOKS.remove(self.entry)
+            if not _OPT_HOOKS:
+                for h in _OPT_HANDLES:
+                    h.remove()
+                _OPT_HANDLES.clear()
+
+
 class _ModuleHooks:
     """One block's module hooks among the active blocks' (see NOTE [ one key for module hooks ])."""
 

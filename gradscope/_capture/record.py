@@ -95,6 +95,7 @@ from gradscope._capture.memory.source import MemorySource
 from gradscope._capture.modules import (
     ModuleTracking,
     _ModuleHooks,
+    _OptimizerHooks,
     _outside_compilers,
     _quiet_global_hook_warning,
 )
@@ -560,10 +561,7 @@ class record:  # noqa: N801 - as torch.no_grad
         self._mod_entry = _ModuleHooks(mod_pre, mod_post)  # see NOTE [ one key for module hooks ]
         b.handles.append(self._mod_entry)
         b.undo.append(_quiet_global_hook_warning())
-        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
-
-        b.handles.append(register_optimizer_step_pre_hook(self._opt_pre))
-        b.handles.append(register_optimizer_step_post_hook(self._opt_post))
+        b.handles.append(_OptimizerHooks(self._opt_pre, self._opt_post))  # see NOTE [ one pair of optimizer hooks ]
         self._route = EngineRoute(self._engine)
         self._engine._patch_engine(self._route)
         b.undo.append(self._compiled.start())
