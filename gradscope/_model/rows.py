@@ -320,6 +320,9 @@ class HeldAllocation:
     reused: bool = False
 
 
+_ROW_FIELDS = tuple(f.name for f in dataclasses.fields(HeldAllocation))  # (HeldMemory.to_dict reads them)
+
+
 @dataclass(frozen=True, slots=True)
 class HeldMemory:
     """What held the block's memory at its peak (``moment="peak"``) or at the allocation that
@@ -352,7 +355,8 @@ class HeldMemory:
         """The JSON form (schema 1's ``extra["held"]`` layout, which diagnosis code reads)."""
         rows = []
         for r in self.rows:
-            d = {k: v for k, v in dataclasses.asdict(r).items() if v is not None and v is not False}
+            # (its fields read directly: ``dataclasses.asdict`` copies each value deeply, a row holds plain ones)
+            d = {k: v for k in _ROW_FIELDS if (v := getattr(r, k)) is not None and v is not False}
             if r.shape is not None:
                 d["shape"] = list(r.shape)
             rows.append(d)

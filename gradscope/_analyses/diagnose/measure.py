@@ -249,6 +249,24 @@ class _Real:
     # timed under the tracker (a first run that measured memory too: 3x a plain run); one the allocator's
     # counter counted times as a plain run does (see NOTE [ the CPU allocator counts a run ] in gradscope._analyses.diagnose.counts)
     tracked: bool = False
+    # ``state`` holds the tensors of variables that may run again (a first run's, kept for its next): they
+    # are copied only before they do (``own``), which most never do (see NOTE [ results copied late ])
+    shared: bool = False
+
+    def own(self) -> None:
+        """``state`` made of copies, before the variables it was read from run again."""
+        if self.shared:
+            for name, tensors in self.state.items():
+                self.state[name] = {k: t.clone() for k, t in tensors.items()}
+            self.shared = False
+
+
+# NOTE [ results copied late ]: a first run on a CPU copy is also the run its results are compared
+# from, and its variables are kept for its next run, which changes them in place (an optimizer's step).
+# Its results are read as they are (detached, not copied) and copied only before its next run starts:
+# a fix's results are compared before its next run, and the user's step runs its next run only where
+# it is wanted (see NOTE [ the user's step's next run ]). On the docs' GPT-2 example that leaves two
+# copies of some hundred tensors out of every diagnosis.
 
 
 # NOTE [ the bench is one piece ]: Bench is longer than a class should be (about 470 lines) and stays
@@ -487,6 +505,7 @@ class Bench:
         trial = Trial(peak=peak, resident=held, later_resident=held, seconds=seconds,
                       through=through if parts is not None else None)
         if self._complete:
+            self._own((setup, code))
             later_held, later, _, _ = self._run_once(env, pieces, counter)
             return dataclasses.replace(trial, later=later, later_resident=later_held)
         if user or not self._hopeless(peak):
@@ -522,6 +541,7 @@ class Bench:
         pending = self._pending.pop(key, None)
         if pending is None:
             return None
+        self._own(key)
         from gradscope._analyses.predict.predictor import counted_on_meta
 
         counter = _TrackerCount("meta") if pending.meta else self._counter()
@@ -534,6 +554,12 @@ class Bench:
             finally:
                 counter.stop()
         return dataclasses.replace(trial, later=later, later_resident=held)
+
+    def _own(self, key: tuple[str, str]) -> None:
+        """The results of a first run copied before its variables run again (see NOTE [ results copied late ])."""
+        real = self._reals.get(key)
+        if real is not None:
+            real.own()
 
     def close(self) -> None:
         """Let go of the variables kept for next runs."""
@@ -586,8 +612,8 @@ class Bench:
 
         def first_run(seconds: float, rng: torch.Tensor) -> None:
             drew = not torch.equal(rng, torch.get_rng_state())
-            state = _results(env, set(copies) | {k for k in set(env) - before if not k.startswith("_")})
-            self._reals[(setup, code)] = _Real(state, seconds, drew, tracked=counter.name == "tracker")
+            state = _results(env, set(copies) | {k for k in set(env) - before if not k.startswith("_")}, clone=False)
+            self._reals[(setup, code)] = _Real(state, seconds, drew, tracked=counter.name == "tracker", shared=True)
 
         with self._quiet(), self.random_state.used():
             counter.start()
