@@ -1,13 +1,13 @@
 """The diagnosis's time against the step's own, side by side in one process, before and after its speed-ups.
 
 Run: ``python benchmarks/bench_diagnose.py [docs] [notebook] [6x384] [tracker] [allocator] [before]
-[twice] [on-too] [diagnosis]`` (default: every example, every variant). For the GPT-2 example of docs/diagnosis.md (2 layers, as
+[twice] [on-too] [alternatives] [diagnosis]`` (default: every example, every variant). For the GPT-2 example of docs/diagnosis.md (2 layers, as
 ``transformers`` builds it: train mode, dropout on) and the notebook's GPT-2 (4 layers, d128, batch
 8 x 64), under a budget each does not fit: the step's own time (a plain run of the block's code on a copy
 of the objects, median of 15 after one warm-up), the recorded block that ran out of memory, and
 ``gs.diagnose`` of it (median of 3, each a fresh diagnosis: nothing is cached between them), with how
 many runs of a step the diagnosis measured on meta and ran for real. Prints the ratio diagnosis / step
-for six variants, interleaved: ``tracker`` counts every run on CPU copies with the tracker and runs
+for seven variants, interleaved: ``tracker`` counts every run on CPU copies with the tracker and runs
 every fix twice (the diagnosis before its speed-ups: see NOTE [ the CPU allocator counts a run ] and
 NOTE [ runs a fix needs ] in gradscope._analyses.diagnose.measure), ``allocator`` counts them with the allocator's
 counter of the compiled hooks, ``before`` runs each fix only as often as what it shows needs (the
@@ -18,11 +18,14 @@ comparisons made cheaper, but the user's step run twice at once, no values known
 ``transformers``' checkpointing ran on CPU copies, and parameters compared whatever their optimizer's state
 says), ``on-too`` the diagnosis of 2026-11-29 before its fixes measured on meta shared one run of the
 user's step with dropout off (see NOTE [ one reference with dropout off ]; it also ran that step with dropout
-on), ``diagnosis`` is the diagnosis as it is (see NOTE [ a module's containers copied ahead ],
+on), ``alternatives`` the diagnosis as it is but trying every fix, as every variant before it does
+(``gs.diagnose(..., alternatives=True)``: before it stopped at the first fix that fits the budget), ``diagnosis`` is the
+diagnosis as it is (see NOTE [ the first fix that fits ], NOTE [ modules copied ahead ], NOTE [ results copied
+late ], NOTE [ a module's containers copied ahead ],
 ``Bench.verify``, NOTE [ the user's step's next run ], NOTE [ values known on meta ], NOTE [ parameters after
 an optimizer's step ] and NOTE [ one reference with dropout off ]). The first three have the copies and
 comparisons of ``before``; the first four run the user's step twice at once, know no values on meta and
-compare every parameter; all but the last run the user's step with dropout on where fixes measured on meta
+compare every parameter; all but the last two run the user's step with dropout on where fixes measured on meta
 replay dropout's masks. Times are the main thread's CPU time (other work on the machine moves wall times
 by up to 2x). The issue's target: at most 5x on the docs' example. Collections run outside the timed
 regions. The third example's block allocates over SMALL_STEP_ALLOCATED, so its fixes are measured on
@@ -111,9 +114,9 @@ def _variant(name: str) -> Any:
     late = (measure.Bench.user, on_meta._keep_values, meta_copies.known_from, copies._moments_agree)
     off_at_once = measure.Bench._off_at_once
     try:
-        if name != "diagnosis":  # the user's step run with dropout on too, for the fixes that replay masks
+        if name not in ("diagnosis", "alternatives"):  # the user's step run with dropout on too, for the fixes that replay masks
             measure.Bench._off_at_once = lambda self, trial: False
-        if name not in ("diagnosis", "on-too"):
+        if name not in ("diagnosis", "alternatives", "on-too"):
             # the user's step run twice at once, no values known on meta, parameters compared
             # whatever their optimizer's state says
             def user(self: Any) -> Any:
@@ -126,7 +129,7 @@ def _variant(name: str) -> Any:
             on_meta._keep_values = lambda *args: None
             meta_copies.known_from = lambda *args: None
             copies._moments_agree = lambda found: set()
-        if name not in ("diagnosis", "on-too", "twice"):
+        if name not in ("diagnosis", "alternatives", "on-too", "twice"):
             # copies by deepcopy alone, results cloned and compared a tensor at a time, micro-batches
             # compared with dropout on first
             copies._containers_ahead = lambda objs, memo: None
@@ -158,7 +161,7 @@ def _variant(name: str) -> Any:
         copies._containers_ahead, _compat.largest_differences, measure._results, measure.Bench.run = before
 
 
-VARIANTS = ("tracker", "allocator", "before", "twice", "on-too", "diagnosis")
+VARIANTS = ("tracker", "allocator", "before", "twice", "on-too", "alternatives", "diagnosis")
 
 
 def main() -> None:
@@ -209,7 +212,10 @@ def main() -> None:
                         if v == "diagnosis":
                             module._Progress.__call__ = counting
                         try:
-                            took[v].append(_timed(lambda: gs.diagnose(rec, namespace=ns, progress=False)))  # noqa: B023
+                            # every variant but the last tries every fix (as the diagnosis did before it
+                            # stopped at the first that fits: NOTE [ the first fix that fits ])
+                            took[v].append(_timed(lambda: gs.diagnose(  # noqa: B023
+                                rec, namespace=ns, progress=False, alternatives=v != "diagnosis")))  # noqa: B023
                         finally:
                             module._Progress.__call__ = original
             med = {v: statistics.median(t) for v, t in took.items()}

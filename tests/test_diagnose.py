@@ -7,6 +7,7 @@ import importlib
 import re
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -878,3 +879,76 @@ def test_a_fix_that_ran_out_of_memory_on_copies_names_what_the_variables_hold() 
                     "longer need (del ...) and diagnose again.")
     assert "`out` 500.8 MiB" in note and "138.49 GiB" not in note
     assert "beside" not in _oom_on_copies_note("autocast", error, {})
+
+
+def _dropout_blocks() -> dict[str, Any]:
+    """Six Linear-Tanh-Dropout blocks in train mode, their Adam optimizer and a batch of 512."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(256, 256), nn.Tanh(), nn.Dropout(0.1)) for _ in range(6)],
+                          nn.Linear(256, 1))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    return {"model": model, "opt": opt, "x": torch.randn(512, 256), "y": torch.randn(512, 1), "nn": nn, "gs": gs}
+
+
+_BLOCKS_STEP = ("loss = nn.functional.mse_loss(model(x), y)\n"
+                "loss.backward()\n"
+                "opt.step()\n"
+                "opt.zero_grad()\n")
+
+
+def _dropout_blocks_step(alternatives: bool, runs: list[str], tmp_path: Path) -> Diagnosis:
+    """The blocks' step over a 6 MiB budget it does not fit, run from a file (where the diagnosis reads
+    its code) and diagnosed (``runs`` collects the diagnosis's progress events)."""
+    ns = _dropout_blocks()
+    path = tmp_path / "blocks.py"
+    path.write_text("with gs.record(memory='tracker', budget='6MiB') as rec:\n"
+                    + "".join("    " + line + "\n" for line in _BLOCKS_STEP.splitlines()))
+    with pytest.raises(torch.OutOfMemoryError):
+        exec(compile(path.read_text(), str(path), "exec"), ns)
+    module = importlib.import_module("gradscope._analyses.diagnose")
+    original = module._Progress.__call__
+
+    def counting(self: Any, what: str) -> None:
+        runs.append(what)
+        original(self, what)
+
+    module._Progress.__call__ = counting
+    try:
+        return gs.diagnose(ns["rec"].recording, namespace=ns, progress=False, alternatives=alternatives)
+    finally:
+        module._Progress.__call__ = original
+
+
+def test_the_diagnosis_stops_at_the_first_fix_that_fits_and_alternatives_tries_the_rest(tmp_path: Path) -> None:
+    """Under a budget the toolbox stops at its first fix that fits (checkpointing here), names the fixes it
+    did not try, and runs the step fewer times; ``alternatives=True`` tries them (micro-batches fit too),
+    and the fix both show is the same, measured the same. The fix shown fits pasted verbatim, in train
+    mode, for a first step and the next."""
+    first_runs: list[str] = []
+    alt_runs: list[str] = []
+    d = _dropout_blocks_step(False, first_runs, tmp_path)
+    alt = _dropout_blocks_step(True, alt_runs, tmp_path)
+    assert [f.pattern for f in d.findings] == ["deep_activations"]
+    assert {f.pattern for f in alt.findings} == {"deep_activations", "micro_batches"}
+    assert all(f.fits for f in alt.findings)
+    (same,) = [f for f in alt.findings if f.pattern == "deep_activations"]
+    (f,) = d.findings
+    assert (f.code, f.fits, f.peak_before, f.peak_after) == (same.code, same.fits, same.peak_before, same.peak_after)
+    toolbox = importlib.import_module("gradscope._analyses.diagnose.toolbox").TOOLBOX
+    patterns = [t.PATTERN for t in toolbox]
+    rest = patterns[patterns.index("deep_activations") + 1:]
+    assert f"[deep_activations] fits the budget: the fixes after it ({', '.join(rest)}) were not tried" in "\n".join(
+        d.notes)
+    assert not any("fits the budget: the fixes after it" in n for n in alt.notes)
+    assert 0 < first_runs.count("run") < alt_runs.count("run")
+    # pasted as printed, from the objects as they were built: a first step and the next fit the budget
+    env = _dropout_blocks()
+    assert env["model"].training
+    exec(f.setup, env)
+    for _ in range(2):
+        with gs.record(memory="tracker", budget="6MiB"):
+            exec(f.step, env)
+    with gs.record(memory="tracker") as rec:
+        torch.ones(8, requires_grad=True).exp().sum().backward()
+    with pytest.raises(gs.GradscopeError, match=r"diagnose\(alternatives=...\) takes True or False"):
+        gs.diagnose(rec.recording, alternatives="yes")  # type: ignore[arg-type]

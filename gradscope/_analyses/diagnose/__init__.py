@@ -87,6 +87,7 @@ if TYPE_CHECKING:
 def diagnose(
     recording: Recording | Job | Any, namespace: Mapping[str, Any] | None = None, *, top: int = 8,
     toolbox: bool | None = None, progress: bool | None = None, budget: int | str | None = None,
+    alternatives: bool = False,
 ) -> Diagnosis | SnapshotDiagnosis | JobDiagnosis:
     """Say what held memory when a recorded block failed (or at its peak) and what to change.
 
@@ -103,6 +104,10 @@ def diagnose(
             objects with the block's own code before it is shown. Default: when the block failed
             (a budget or an out-of-memory error); ``True`` also at the peak of a step that fits.
         progress: a line on stderr while fixes run on copies. Default: in a terminal or a notebook.
+        alternatives: under a budget, also try the toolbox's fixes after the first that fits it (by
+            default the diagnosis stops there and names the fixes it did not try: each fix tried costs
+            a few runs of the step; see NOTE [ the first fix that fits ] in
+            gradscope._analyses.diagnose.measure).
         budget: for a job, the device size every rank is held against (a rank that completed
             would not fit when its resident bytes plus its peak exceed it). A recording is
             diagnosed against the budget it was recorded with.
@@ -147,8 +152,11 @@ def diagnose(
         namespace = {**frame.f_globals, **frame.f_locals}
     if toolbox is not None and not isinstance(toolbox, bool):
         raise GradscopeError(f"gradscope: diagnose(toolbox=...) takes True, False or None, not {toolbox!r}.")
+    if not isinstance(alternatives, bool):
+        raise GradscopeError(f"gradscope: diagnose(alternatives=...) takes True or False, not {alternatives!r}.")
     ctx = Context(rec, namespace, top)
     ctx.toolbox = toolbox
+    ctx.alternatives = alternatives
     ctx.progress = _Progress(_interactive() if progress is None else bool(progress))
     try:
         return _run(ctx)
@@ -552,7 +560,10 @@ def _toolbox(ctx: Context) -> list[Finding]:
                          f"{format_bytes(max(first, later or 0))} at once, within the {format_bytes(room.allowed)} "
                          "it may allocate: the failure depended on state the copies do not have.")
     out: list[Finding] = []
-    for fix in TOOLBOX:
+    for i, fix in enumerate(TOOLBOX):
+        if out and out[-1].fits and not ctx.alternatives:  # see NOTE [ the first fix that fits ] in measure
+            ctx.notes.append(_not_tried(out[-1].pattern, [f.PATTERN for f in TOOLBOX[i:]]))
+            break
         for f, trial in fix.propose(ctx, bench, shape, room):
             if trial.error is not None:
                 if _fails_again(ctx, bench):
@@ -594,7 +605,16 @@ def _toolbox(ctx: Context) -> list[Finding]:
                 time_ratio=ratio, message=f.message + note, compared=trial.compared,
                 allocates_before=_most(room, user), allocates_after=_most(room, trial),
                 tolerance=f.tolerance if f.tolerance is not None and f.tolerance > 1e-4 else None))
+            if fits:
+                break  # a fix that fits: the fix's other candidates are not wanted
     return out
+
+
+def _not_tried(fitting: str, rest: Sequence[str]) -> str:
+    """The note for the toolbox's fixes not tried after one fitted (see NOTE [ the first fix that fits ]
+    in gradscope._analyses.diagnose.measure)."""
+    return (f"[{fitting}] fits the budget: the fixes after it ({', '.join(rest)}) were not tried, each a few more "
+            "runs of your step; gs.diagnose(..., alternatives=True) tries them too.")
 
 
 def _fails_again(ctx: Context, bench: Bench) -> bool:

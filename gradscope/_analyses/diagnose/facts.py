@@ -143,6 +143,7 @@ class Context:
     modules: list[tuple[str, nn.Module]]
     optimizers: list[tuple[str, torch.optim.Optimizer]]
     toolbox: bool | None = None  # try the toolbox's fixes (None: at a failure)
+    alternatives: bool = False  # also try the toolbox's fixes after the first that fits the budget
     measured: tuple[int, int, Any] | None = None  # the user's step on copies: peak, resident, room (measure.Room)
     measured_user: Any = None  # the user's step's measure.Trial
     progress: Any = None  # called once per run on copies (the diagnosis's progress line)

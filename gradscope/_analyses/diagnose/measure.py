@@ -208,13 +208,26 @@ class Room:
 # the fix changes; the optimizer step in backward runs the backward call itself with at most the
 # parameters' gradients less alive (it frees each once applied; the optimizer's state and temporaries it
 # makes there only add). Where that bound alone keeps a fix from being shown, it is not run at all and a
-# note gives the bound. GPT-2 of the docs: the optimizer step in backward, whose step allocates 6.3 MiB
+# note gives the bound. GPT-2 of the docs, every fix tried (``alternatives=True``; by default the
+# diagnosis stops at checkpointing, which fits: NOTE [ the first fix that fits ]): the optimizer step in backward, whose step allocates 6.3 MiB
 # before its backward and could save at most the 532 KiB of gradients, is not run; micro-batches of 4 and
 # checkpointing run twice each, the user's step once, and micro-batches' results compared with dropout
 # off take two runs: seven runs of the step in all, each of them one that something shown needs (their
 # memory on CPU copies: see NOTE [ meta or a CPU copy ]): 8.4 of the 10.3 step-times of a profiled
 # diagnosis; the copies of the objects (see NOTE [ a module's containers copied ahead ] in gradscope._analyses.diagnose.copies), the results
 # and their comparisons most of the rest.
+# NOTE [ the first fix that fits ]: under a budget, the diagnosis stops at the first fix that fits it
+# (run, compared and its next run measured, as above): the toolbox's fixes after it are not tried, and a
+# note names them (``gs.diagnose(..., alternatives=True)`` tries them too). A pattern's fix (a forum
+# thread's rewriting) does not stop the toolbox: a fix of the toolbox may cost less (a MAML loss summed
+# over tasks: checkpointing each call of the model fits, and so does a backward in each iteration,
+# which costs no time). The toolbox's order (``TOOLBOX`` in
+# gradscope._analyses.diagnose.toolbox) puts first the fixes that change least and cost no time: forwards
+# put under no_grad, a loop's backward per iteration, then checkpointing (a recomputed forward),
+# micro-batches, the optimizer step in backward, set_to_none, and autocast (results change) last.
+# Each fix shown costs two to four runs of the step (its first and next run, and with dropout off two more
+# for micro-batches): the docs' GPT-2 example showed checkpointing and micro-batches, seven runs of the step
+# in all, and shows checkpointing now, three runs (9.6x its step's time -> 4.8x: see benchmarks/RESULTS.md).
 def worth_showing(user: Trial, peak: int, room: Room | None, fits: bool) -> bool:
     """Whether a fix whose first run holds ``peak`` at once is shown next to the user's step, ``fits``
     saying whether it fits the room (see NOTE [ runs a fix needs ])."""

@@ -46,9 +46,10 @@ def _collect_tensors(obj: Any, out: dict[int, torch.Tensor], seen: set[int]) -> 
         if isinstance(o, torch.Tensor):
             out[id(o)] = o
         elif isinstance(o, nn.Module):
-            for t in (*o.parameters(), *o.buffers()):
-                out[id(t)] = t
-            for m in o.modules():
+            for m in o.modules():  # (one walk over the modules: their parameters, buffers, tensor attributes)
+                for t in (*m._parameters.values(), *m._buffers.values()):
+                    if t is not None:
+                        out[id(t)] = t
                 stack.extend(v for v in vars(m).values() if isinstance(v, torch.Tensor))
         elif isinstance(o, torch.optim.Optimizer):
             for g in o.param_groups:

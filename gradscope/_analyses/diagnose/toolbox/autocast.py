@@ -11,6 +11,8 @@ from gradscope._analyses.diagnose.measure import Bench, Room
 from gradscope._analyses.diagnose.result import Finding
 from gradscope._analyses.diagnose.step import Shape, autocast
 
+PATTERN = "autocast"  # the name its finding and notes go by
+
 ACCEPTED = 0.05  # largest relative difference of a result shown as acceptable for bfloat16
 
 
@@ -22,7 +24,7 @@ def propose(ctx: Context, bench: Bench, shape: Shape, room: Room | None) -> list
     code = autocast(shape, bench.device, "bfloat16")
     trial = bench.run(code, tolerance=ACCEPTED)
     return [(Finding(
-        pattern="autocast",
+        pattern=PATTERN,
         bytes=0,
         message="the forward runs in float32: every saved activation takes 4 bytes per element",
         suggestion="run the forward under torch.autocast with bfloat16",

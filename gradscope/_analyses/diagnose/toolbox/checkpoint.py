@@ -18,6 +18,8 @@ from gradscope._analyses.diagnose.toolbox._common import has_batch_norm, models
 from gradscope._model.names import code_path
 from gradscope._model.recording import Category
 
+PATTERN = "deep_activations"  # the name its finding and notes go by
+
 _KEEP_BN = (
     "class KeepBatchNormStats:  # the recompute must not move the running statistics a second time\n"
     "    def __init__(self, module):\n"
@@ -139,7 +141,7 @@ def propose(ctx: Context, bench: Bench, shape: Shape, room: Room | None) -> list
         user = bench.user()
         saved = None if user.peak is None or trial.peak is None else user.peak - trial.peak
         out.append((Finding(
-            pattern="deep_activations",
+            pattern=PATTERN,
             bytes=0 if saved is None else max(saved, 0),
             message=message,
             suggestion=(f"checkpoint {what}: their activations are recomputed in backward, one block at a time "

@@ -14,6 +14,8 @@ from gradscope._analyses.diagnose.measure import Bench, Room
 from gradscope._analyses.diagnose.result import Finding
 from gradscope._analyses.diagnose.step import Shape, under_no_grad
 
+PATTERN = "forward_without_backward"  # the name its finding and notes go by
+
 
 def propose(ctx: Context, bench: Bench, shape: Shape, room: Room | None) -> list[tuple[Finding, Any]]:
     if shape.backward is None:
@@ -26,7 +28,7 @@ def propose(ctx: Context, bench: Bench, shape: Shape, room: Room | None) -> list
         if code is None:
             continue
         out.append((Finding(
-            pattern="forward_without_backward",
+            pattern=PATTERN,
             bytes=0,
             variable=name,
             module=name,

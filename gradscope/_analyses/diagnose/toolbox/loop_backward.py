@@ -13,6 +13,8 @@ from gradscope._analyses.diagnose.measure import Bench, Room
 from gradscope._analyses.diagnose.result import Finding
 from gradscope._analyses.diagnose.step import Shape, backward_per_iteration
 
+PATTERN = "loop_backward"  # the name its finding and notes go by
+
 
 def propose(ctx: Context, bench: Bench, shape: Shape, room: Room | None) -> list[tuple[Finding, Any]]:
     found = backward_per_iteration(shape)
@@ -20,7 +22,7 @@ def propose(ctx: Context, bench: Bench, shape: Shape, room: Room | None) -> list
         return []
     code, name = found
     return [(Finding(
-        pattern="loop_backward",
+        pattern=PATTERN,
         bytes=0,
         variable=name,
         message=f"the loop's iterations keep their graphs alive together for one backward of {name} after it",

@@ -13,6 +13,8 @@ from gradscope._analyses.diagnose.result import Finding
 from gradscope._analyses.diagnose.step import Shape, batch_inputs, micro_batched
 from gradscope._analyses.diagnose.toolbox._common import dropouts_in_turn
 
+PATTERN = "micro_batches"  # the name its finding and notes go by
+
 
 def propose(ctx: Context, bench: Bench, shape: Shape, room: Room | None) -> list[tuple[Finding, Any]]:
     found = batch_inputs(shape, ctx.ns)
@@ -39,7 +41,7 @@ def propose(ctx: Context, bench: Bench, shape: Shape, room: Room | None) -> list
     m, code, trial = best
     names = ", ".join(sorted(tensors | dicts))
     return [(Finding(
-        pattern="micro_batches",
+        pattern=PATTERN,
         bytes=0,
         message=f"the step's activations grow with its batch of {n} ({names})",
         suggestion=(f"run forward and backward in micro-batches of {m}, each loss scaled by its share of the "

@@ -9,13 +9,15 @@ from gradscope._analyses.diagnose.measure import Bench, Room
 from gradscope._analyses.diagnose.result import Finding
 from gradscope._analyses.diagnose.step import Shape, replaced_zero_grad
 
+PATTERN = "set_to_none"  # the name its finding and notes go by
+
 
 def propose(ctx: Context, bench: Bench, shape: Shape, room: Room | None) -> list[tuple[Finding, Any]]:
     code = replaced_zero_grad(shape, ctx.ns)
     if code is None:
         return []
     return [(Finding(
-        pattern="set_to_none",
+        pattern=PATTERN,
         bytes=0,
         message="zero_grad(set_to_none=False) keeps every gradient allocated, filled with zeros",
         suggestion="zero_grad(set_to_none=True): gradients freed until backward makes them again",

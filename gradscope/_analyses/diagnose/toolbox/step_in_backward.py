@@ -16,6 +16,8 @@ from gradscope._analyses.diagnose.result import Finding
 from gradscope._analyses.diagnose.step import Shape, compose, statements, without
 from gradscope._analyses.diagnose.toolbox._common import models
 
+PATTERN = "optimizer_state"  # the name its finding and notes go by
+
 
 def _arguments(opt: torch.optim.Optimizer) -> list[str]:
     """The constructor arguments an optimizer's param groups hold (those its class accepts) that
@@ -92,7 +94,7 @@ def propose(ctx: Context, bench: Bench, shape: Shape, room: Room | None) -> list
     code = compose(setup, step)
     trial = bench.run(step, setup=setup, least=_least(ctx, bench, step, opt))
     return [(Finding(
-        pattern="optimizer_state",
+        pattern=PATTERN,
         bytes=0,
         variable=name,
         message=f"every gradient is alive next to {cls.__name__}'s state until {name}.step()",
