@@ -79,6 +79,37 @@ def test_the_readme_diagnosis_example_prints_what_the_readme_shows(tmp_path: Pat
     assert r.stdout.split() [-3 * len(fitting):] == " ".join(f"fix {k} fits" for k in range(len(fitting))).split()
 
 
+@pytest.mark.skipif(_PINNED is None or torch.__version__.split("+")[0] != _PINNED.group(1),
+                    reason="the page's findings are the pinned torch's")
+def test_the_readme_example_with_alternatives_shows_what_the_page_says(tmp_path: Path) -> None:
+    """The page says that ``alternatives=True`` also shows micro-batches of 4, which fit too, and a note on
+    the optimizer step in backward: the page's example, diagnosed so, does;
+    every fix it says fits fits pasted into a fresh process, under the same budget, a first step and the next."""
+    pytest.importorskip("transformers")
+    code, _ = _blocks()
+    script = tmp_path / "gpt2_oom.py"
+    script.write_text(code.replace("print(gs.diagnose(rec))", "print(gs.diagnose(rec, alternatives=True))"))
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = r.stdout.rstrip("\n").splitlines()
+    findings = [line for line in out if re.match(r"^  \d+\. \[", line)]
+    assert [re.search(r"\[(\w+)\]", f).group(1) for f in findings] == ["deep_activations", "micro_batches"]  # type: ignore[union-attr]
+    assert sum(", fits the 4.0 MiB, time x" in line for line in out) == 2  # both fit
+    assert any("micro-batches of 4" in line for line in out)
+    assert any(line.startswith("note: [optimizer_state] not run:") for line in out)
+    assert not any("were not tried" in line for line in out)
+    fitting = _fitting_fixes(out)
+    assert len(fitting) == 2
+    setup = code[: code.index("try:")]
+    for k, (setup_code, step) in enumerate(fitting):
+        pasted = (setup + "assert model.training\n" + setup_code + "for _ in range(2):\n"
+                  + "    with gs.record(memory='tracker', budget='4MiB') as rec:\n"
+                  + "".join("        " + line + "\n" for line in step.splitlines()) + "print('fits')\n")
+        (tmp_path / f"fix{k}.py").write_text(pasted)
+        r = subprocess.run([sys.executable, f"fix{k}.py"], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+        assert r.returncode == 0 and r.stdout.split()[-1] == "fits", r.stderr[-3000:]
+
+
 def _fitting_fixes(out: list[str]) -> list[tuple[str, str]]:
     """(set-up, step) of each finding whose measured line says it fits, from the printed report."""
     fixes: list[tuple[str, str]] = []
