@@ -428,6 +428,9 @@ def _differences(ta: Mapping[str, torch.Tensor], tb: Mapping[str, torch.Tensor])
         if k not in tb:
             continue
         x, y = ta[k].detach(), tb[k].detach()
+        if x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y):  # (the same values: most results of a
+            found.append((k, 0.0))  # fix that replays the step, checkpointing's; one pass, not four)
+            continue
         if x.dim() == 0 and y.dim() == 0 and x.is_floating_point() and y.is_floating_point():
             x, y = x.double(), y.double()  # a number and a 0-dim tensor of the same value are the same result
         if x.shape != y.shape or x.dtype != y.dtype:
