@@ -561,9 +561,6 @@ def _toolbox(ctx: Context) -> list[Finding]:
                          "it may allocate: the failure depended on state the copies do not have.")
     out: list[Finding] = []
     for i, fix in enumerate(TOOLBOX):
-        if out and out[-1].fits and not ctx.alternatives:  # see NOTE [ the first fix that fits ] in measure
-            ctx.notes.append(_not_tried(out[-1].pattern, [f.PATTERN for f in TOOLBOX[i:]]))
-            break
         for f, trial in fix.propose(ctx, bench, shape, room):
             if trial.error is not None:
                 if _fails_again(ctx, bench):
@@ -605,8 +602,11 @@ def _toolbox(ctx: Context) -> list[Finding]:
                 time_ratio=ratio, message=f.message + note, compared=trial.compared,
                 allocates_before=_most(room, user), allocates_after=_most(room, trial),
                 tolerance=f.tolerance if f.tolerance is not None and f.tolerance > 1e-4 else None))
-            if fits:
-                break  # a fix that fits: the fix's other candidates are not wanted
+            if fits and not ctx.alternatives:  # see NOTE [ the first fix that fits ] in measure
+                rest = [t.PATTERN for t in TOOLBOX[i + 1:]]
+                if rest:
+                    ctx.notes.append(_not_tried(f.pattern, rest))
+                return out
     return out
 
 

@@ -275,18 +275,18 @@ class _Real:
             self.shared = False
 
 
-@functools.lru_cache(maxsize=256)
-def _compiled(code: str) -> types.CodeType:
-    """A step's code compiled once for all its runs (code objects do not change)."""
-    return compile(code, "<gradscope fix>", "exec")
-
-
 # NOTE [ results copied late ]: a first run on a CPU copy is also the run its results are compared
 # from, and its variables are kept for its next run, which changes them in place (an optimizer's step).
 # Its results are read as they are (detached, not copied) and copied only before its next run starts:
 # a fix's results are compared before its next run (and let go once compared), and the user's step runs
 # its next run only where it is wanted (see NOTE [ the user's step's next run ]). On the docs' GPT-2 example that leaves two
 # copies of some hundred tensors out of every diagnosis.
+
+
+@functools.lru_cache(maxsize=256)
+def _compiled(code: str) -> types.CodeType:
+    """A step's code compiled once for all its runs (code objects do not change)."""
+    return compile(code, "<gradscope fix>", "exec")
 
 
 # NOTE [ the bench is one piece ]: Bench is longer than a class should be (about 470 lines) and stays
